@@ -1,0 +1,20 @@
+#![doc = include_str!("../README.md")]
+#![no_std]
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+extern crate alloc;
+#[cfg(feature = "std")]
+extern crate std;
+
+pub mod error;
+pub mod rng;
+pub mod time;
+
+#[cfg(feature = "model")]
+pub mod model;
+
+pub use error::{ConfigError, ReleaseError};
+pub use rng::Rng;
+pub use time::Instant;

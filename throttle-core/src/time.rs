@@ -1,0 +1,223 @@
+//! Time: our own monotonic [`Instant`] and the saturating span arithmetic every machine uses.
+//!
+//! The core never reads a clock. The adapter picks an epoch (process start, say) and hands
+//! every input `now` as nanoseconds since that epoch. All arithmetic saturates: `Instant::MAX`
+//! plus anything is `Instant::MAX`, and a span that would be negative is zero.
+
+use core::fmt;
+use core::ops::{Add, AddAssign, Sub};
+use core::time::Duration;
+
+/// A point on the one monotonic timeline, in nanoseconds from an epoch the adapter chooses.
+///
+/// ```
+/// use core::time::Duration;
+/// use throttle_core::Instant;
+///
+/// let t = Instant::from_nanos(1_000);
+/// assert_eq!(t + Duration::from_nanos(500), Instant::from_nanos(1_500));
+/// assert_eq!(Instant::MAX + Duration::from_secs(1), Instant::MAX); // saturates
+/// assert_eq!(t - Instant::from_nanos(5_000), Duration::ZERO); // never negative
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Instant(u64);
+
+impl Instant {
+    /// The epoch itself.
+    pub const ZERO: Instant = Instant(0);
+    /// The last representable instant (about 584 years after the epoch).
+    pub const MAX: Instant = Instant(u64::MAX);
+
+    /// The instant `nanos` nanoseconds after the epoch.
+    #[inline]
+    pub const fn from_nanos(nanos: u64) -> Self {
+        Instant(nanos)
+    }
+
+    /// The instant `millis` milliseconds after the epoch, saturating at [`Instant::MAX`].
+    #[inline]
+    pub const fn from_millis(millis: u64) -> Self {
+        Instant(millis.saturating_mul(1_000_000))
+    }
+
+    /// Nanoseconds since the epoch.
+    #[inline]
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// `self + d`, or `None` if that is past [`Instant::MAX`].
+    #[inline]
+    pub fn checked_add(self, d: Duration) -> Option<Instant> {
+        let n = u64::try_from(d.as_nanos()).ok()?;
+        self.0.checked_add(n).map(Instant)
+    }
+
+    /// `self + d`, saturating at [`Instant::MAX`].
+    #[inline]
+    pub fn saturating_add(self, d: Duration) -> Instant {
+        Instant(self.0.saturating_add(duration_to_nanos(d)))
+    }
+
+    /// `self - d`, or `None` if that is before the epoch.
+    #[inline]
+    pub fn checked_sub(self, d: Duration) -> Option<Instant> {
+        let n = u64::try_from(d.as_nanos()).ok()?;
+        self.0.checked_sub(n).map(Instant)
+    }
+
+    /// `self - d`, saturating at the epoch.
+    #[inline]
+    pub fn saturating_sub(self, d: Duration) -> Instant {
+        Instant(self.0.saturating_sub(duration_to_nanos(d)))
+    }
+
+    /// The span from `earlier` to `self`, or `None` if `earlier` is later.
+    #[inline]
+    pub fn checked_duration_since(self, earlier: Instant) -> Option<Duration> {
+        self.0.checked_sub(earlier.0).map(Duration::from_nanos)
+    }
+
+    /// The span from `earlier` to `self`, or zero if `earlier` is later.
+    #[inline]
+    pub fn saturating_duration_since(self, earlier: Instant) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl fmt::Debug for Instant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Instant({}ns)", self.0)
+    }
+}
+
+impl Add<Duration> for Instant {
+    type Output = Instant;
+    /// Saturating: see [`Instant::saturating_add`].
+    #[inline]
+    fn add(self, d: Duration) -> Instant {
+        self.saturating_add(d)
+    }
+}
+
+impl AddAssign<Duration> for Instant {
+    #[inline]
+    fn add_assign(&mut self, d: Duration) {
+        *self = self.saturating_add(d);
+    }
+}
+
+impl Sub<Duration> for Instant {
+    type Output = Instant;
+    /// Saturating: see [`Instant::saturating_sub`].
+    #[inline]
+    fn sub(self, d: Duration) -> Instant {
+        self.saturating_sub(d)
+    }
+}
+
+impl Sub<Instant> for Instant {
+    type Output = Duration;
+    /// Saturating: see [`Instant::saturating_duration_since`].
+    #[inline]
+    fn sub(self, earlier: Instant) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
+/// A span in whole nanoseconds, saturating at `u64::MAX` (about 584 years).
+#[inline]
+pub(crate) fn duration_to_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A span in whole milliseconds, rounded **up**: a closed gate never reports 0 ms.
+///
+/// ```
+/// use core::time::Duration;
+/// assert_eq!(throttle_core::time::ceil_millis(Duration::from_nanos(1)), 1);
+/// assert_eq!(throttle_core::time::ceil_millis(Duration::from_millis(7)), 7);
+/// assert_eq!(throttle_core::time::ceil_millis(Duration::ZERO), 0);
+/// ```
+#[inline]
+pub fn ceil_millis(d: Duration) -> u64 {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// The latest time a machine has seen; clamps time that runs backwards.
+///
+/// Every machine keeps one and passes each input's `now` through [`Clock::observe`], so a
+/// caller whose clock steps back sees the machine behave as if no time had passed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(dead_code)] // used by every machine module
+pub(crate) struct Clock {
+    last: Instant,
+}
+
+#[allow(dead_code)]
+impl Clock {
+    /// `max(now, last seen)`, remembering it.
+    #[inline]
+    pub(crate) fn observe(&mut self, now: Instant) -> Instant {
+        if now > self.last {
+            self.last = now;
+        }
+        self.last
+    }
+
+    /// `max(now, last seen)` without remembering it (for `&self` queries).
+    #[inline]
+    pub(crate) fn peek(&self, now: Instant) -> Instant {
+        if now > self.last { now } else { self.last }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arithmetic_saturates_at_both_ends() {
+        assert_eq!(Instant::MAX + Duration::MAX, Instant::MAX);
+        assert_eq!(Instant::ZERO - Duration::from_nanos(1), Instant::ZERO);
+        assert_eq!(Instant::MAX.checked_add(Duration::from_nanos(1)), None);
+        assert_eq!(Instant::ZERO.checked_sub(Duration::from_nanos(1)), None);
+        assert_eq!(
+            Instant::from_nanos(10).checked_add(Duration::MAX),
+            None,
+            "a span past u64 nanos does not fit"
+        );
+        assert_eq!(Instant::from_millis(u64::MAX), Instant::MAX);
+        let mut t = Instant::from_nanos(u64::MAX - 1);
+        t += Duration::from_secs(1);
+        assert_eq!(t, Instant::MAX);
+    }
+
+    #[test]
+    fn spans_between_instants_are_never_negative() {
+        let a = Instant::from_nanos(5);
+        let b = Instant::from_nanos(9);
+        assert_eq!(b - a, Duration::from_nanos(4));
+        assert_eq!(a - b, Duration::ZERO);
+        assert_eq!(a.checked_duration_since(b), None);
+        assert_eq!(b.checked_duration_since(a), Some(Duration::from_nanos(4)));
+    }
+
+    #[test]
+    fn ceil_millis_rounds_up_and_saturates() {
+        assert_eq!(ceil_millis(Duration::from_nanos(1_000_001)), 2);
+        assert_eq!(ceil_millis(Duration::from_nanos(999_999)), 1);
+        assert_eq!(ceil_millis(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn clock_clamps_time_that_runs_backwards() {
+        let mut c = Clock::default();
+        assert_eq!(c.observe(Instant::from_nanos(10)), Instant::from_nanos(10));
+        assert_eq!(c.observe(Instant::from_nanos(3)), Instant::from_nanos(10));
+        assert_eq!(c.peek(Instant::from_nanos(4)), Instant::from_nanos(10));
+        assert_eq!(c.peek(Instant::from_nanos(40)), Instant::from_nanos(40));
+        assert_eq!(c.observe(Instant::MAX), Instant::MAX);
+    }
+}
