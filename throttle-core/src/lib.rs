@@ -8,6 +8,7 @@ extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
+pub mod backoff;
 pub mod error;
 pub mod rng;
 pub mod time;
@@ -15,6 +16,7 @@ pub mod time;
 #[cfg(feature = "model")]
 pub mod model;
 
+pub use backoff::{Backoff, BackoffConfig, Jitter};
 pub use error::{ConfigError, ReleaseError};
 pub use rng::Rng;
 pub use time::Instant;

@@ -1,0 +1,1417 @@
+//! Exponential backoff with injected, integer-only jitter.
+//!
+//! A [`BackoffConfig`] says how delays grow; a [`Backoff`] is one retry sequence (its attempt
+//! count, previous delay, drawn additive offset and the budget it has spent). Neither reads a
+//! clock: they hand out spans, and the caller turns a span into a deadline on its own timeline.
+//!
+//! # How one delay is computed
+//!
+//! For the 0-based attempt `a`, every step in nanoseconds, in this order:
+//!
+//! 1. **Base.** `d₀ = initial`, `dₐ₊₁ = min(max, ⌊dₐ·num/den⌋)`, exact in `u128`. The attempt at
+//!    which the base stops changing is found when the config is built, so a sequence costs O(1)
+//!    per delay and any attempt (`u32::MAX` included) costs at most [`MAX_RAMP_ATTEMPTS`] steps.
+//! 2. **Jitter** ([`Jitter`]), drawn from the caller's RNG, then **clamped to `max`**: `max`
+//!    includes jitter for every strategy.
+//! 3. **Floor**: `max(floor, ·)`. Validation keeps `floor ≤ max`, so this never exceeds `max`.
+//! 4. **Truncation** down to a multiple of `resolution`. Validation requires `floor` to be a
+//!    multiple of `resolution`, so truncating never drops below `floor`.
+//! 5. **Budget** (only in [`Backoff::next_delay`]): a delay larger than what is left of the
+//!    optional total budget is refused.
+//!
+//! So every delay lies in `[floor, max]` and is a multiple of `resolution`, except that an
+//! `initial` of zero disables the backoff: every delay is zero (see
+//! [`BackoffConfig::is_disabled`]).
+//!
+//! ```
+//! use core::time::Duration;
+//! use throttle_core::backoff::{Backoff, BackoffConfig, Jitter};
+//! use throttle_core::rng::SplitMix64;
+//!
+//! let cfg = BackoffConfig::builder()
+//!     .initial(Duration::from_secs(1))
+//!     .max(Duration::from_secs(5))
+//!     .jitter(Jitter::None)
+//!     .build()?;
+//! let mut rng = SplitMix64::new(1);
+//! let mut backoff = Backoff::new();
+//! let secs: Vec<u64> = (0..5)
+//!     .filter_map(|_| backoff.next_delay(&cfg, &mut rng))
+//!     .map(|d| d.as_secs())
+//!     .collect();
+//! assert_eq!(secs, [1, 2, 4, 5, 5]); // capped exactly at 5 s
+//! # Ok::<(), throttle_core::ConfigError>(())
+//! ```
+
+use core::time::Duration;
+
+use crate::error::ConfigError;
+use crate::rng::{Rng, below, between_inclusive};
+use crate::time::duration_to_nanos;
+
+/// The most attempts the base delay may take to settle (reach `max` or stop growing).
+///
+/// A multiplier so close to 1 that the base keeps growing past this many attempts is refused
+/// at validation; this bounds the work of [`BackoffConfig::delay_for`] for any attempt.
+pub const MAX_RAMP_ATTEMPTS: u32 = 4096;
+
+const PPM: u64 = 1_000_000;
+const NS_PER_MS: u64 = 1_000_000;
+/// Fluss validates its backoff options as Java `int` milliseconds.
+const FLUSS_MAX_NS: u64 = 2_147_483_647 * NS_PER_MS;
+
+/// How a delay is randomised around its base.
+///
+/// Ratios are integer parts per million; every draw is an exact integer (no floats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Jitter {
+    /// No randomness: the delay is the base.
+    None,
+    /// `base · f` with `f` uniform in `[1 − ppm/10⁶, 1 + ppm/10⁶)` (Fluss, Kafka and gRPC's
+    /// ±20 % is `ppm: 200_000`), clamped to `max`. A config with `initial == max` is fixed and
+    /// draws nothing.
+    Proportional {
+        /// Half-width of the factor's range, at most 1 000 000.
+        ppm: u32,
+    },
+    /// An offset `U[0, range)` drawn **once per sequence** (at its first delay and again after
+    /// [`Backoff::reset`]) and added to `initial`; every later delay grows from that jittered
+    /// start: `min(max, ⌊base·(initial + offset)/initial⌋)`. The whole sequence is thus
+    /// decorrelated and never earlier than the unjittered one. Capped at `max`, like Gobblin's
+    /// `maxDelay`; sequences that reach the cap keep the phase their offset gave them.
+    Additive {
+        /// Width of the offset's range; zero means no offset.
+        range: Duration,
+    },
+    /// Full jitter: `U[0, base]`.
+    Full,
+    /// Equal jitter: `U[⌊base/2⌋, base]`.
+    Equal,
+    /// Decorrelated jitter: `min(max, U[initial, 3·prev])`, where `prev` is the previous delay
+    /// of the sequence (`initial` before the first).
+    Decorrelated,
+}
+
+/// Option names and preset-specific bounds a config is validated against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Rules {
+    initial: &'static str,
+    max: &'static str,
+    multiplier: &'static str,
+    jitter: &'static str,
+    floor: &'static str,
+    resolution: &'static str,
+    /// Smallest `initial` allowed, in ns.
+    initial_min: u64,
+    /// Largest `max` allowed, in ns.
+    max_max: u64,
+}
+
+const GENERAL: Rules = Rules {
+    initial: "backoff.initial",
+    max: "backoff.max",
+    multiplier: "backoff.multiplier",
+    jitter: "backoff.jitter",
+    floor: "backoff.floor",
+    resolution: "backoff.resolution",
+    initial_min: 0,
+    max_max: u64::MAX,
+};
+
+const FLUSS_DISK: Rules = Rules {
+    initial: "client.writer.disk-write-locked.backoff",
+    max: "client.writer.disk-write-locked.backoff-max",
+    multiplier: "client.writer.disk-write-locked.backoff.multiplier",
+    jitter: "client.writer.disk-write-locked.backoff.jitter",
+    floor: "client.writer.disk-write-locked.backoff.floor",
+    resolution: "client.writer.disk-write-locked.backoff.resolution",
+    initial_min: NS_PER_MS,
+    max_max: FLUSS_MAX_NS,
+};
+
+const FLUSS_RETRY: Rules = Rules {
+    initial: "client.writer.retry-backoff",
+    max: "client.writer.retry-backoff-max",
+    multiplier: "client.writer.retry-backoff.multiplier",
+    jitter: "client.writer.retry-backoff.jitter",
+    floor: "client.writer.retry-backoff.floor",
+    resolution: "client.writer.retry-backoff.resolution",
+    initial_min: 0,
+    max_max: FLUSS_MAX_NS,
+};
+
+const KAFKA: Rules = Rules {
+    initial: "retry.backoff.ms",
+    max: "retry.backoff.max.ms",
+    multiplier: "retry.backoff.multiplier",
+    jitter: "retry.backoff.jitter",
+    floor: "retry.backoff.floor",
+    resolution: "retry.backoff.resolution",
+    ..GENERAL
+};
+
+const GRPC: Rules = Rules {
+    initial: "grpc.connection-backoff.initial",
+    max: "grpc.connection-backoff.max",
+    multiplier: "grpc.connection-backoff.multiplier",
+    jitter: "grpc.connection-backoff.jitter",
+    floor: "grpc.connection-backoff.floor",
+    resolution: "grpc.connection-backoff.resolution",
+    ..GENERAL
+};
+
+const GOBBLIN: Rules = Rules {
+    initial: "gobblin.throttling-client.retry.initial-delay",
+    max: "gobblin.throttling-client.retry.max-delay",
+    multiplier: "gobblin.throttling-client.retry.multiplier",
+    jitter: "gobblin.throttling-client.retry.initial-delay-range",
+    floor: "gobblin.throttling-client.retry.floor",
+    resolution: "gobblin.throttling-client.retry.resolution",
+    ..GENERAL
+};
+
+/// How backoff delays grow, are jittered, floored, truncated and budgeted.
+///
+/// Built by a preset, [`BackoffConfig::builder`], or [`BackoffConfig::to_builder`] (which keeps
+/// a preset's option names and bounds). A built config is always valid. `Default` is the Fluss
+/// disk-write-locked preset. See the [module docs](self) for the order of operations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BackoffConfig {
+    initial: u64,
+    max: u64,
+    num: u32,
+    den: u32,
+    jitter: Jitter,
+    floor: u64,
+    resolution: u64,
+    budget: Option<u64>,
+    /// First attempt whose base is final (`max`, or a value the multiplier cannot grow).
+    settle: u32,
+    /// The base of every attempt from `settle` on.
+    settled: u64,
+    rules: Rules,
+}
+
+impl Default for BackoffConfig {
+    fn default() -> Self {
+        Self::fluss_disk_write_locked()
+    }
+}
+
+const fn ms(n: u64) -> u64 {
+    n * NS_PER_MS
+}
+
+/// ±20 %, the jitter Fluss, Kafka and gRPC use.
+const TWENTY_PERCENT: Jitter = Jitter::Proportional { ppm: 200_000 };
+
+impl BackoffConfig {
+    /// Fluss `DISK_WRITE_LOCKED`: 1 s → 10 s, ×2, ±20 %, floor 1 ms; validated as
+    /// `1 ms ≤ initial ≤ max ≤ 2 147 483 647 ms`.
+    pub fn fluss_disk_write_locked() -> Self {
+        BackoffConfigBuilder::preset(FLUSS_DISK, ms(1_000), ms(10_000), (2, 1), TWENTY_PERCENT)
+            .floor(Duration::from_millis(1))
+            .assemble()
+    }
+
+    /// Fluss retriable write errors: 100 ms → 1 s, ×2, ±20 %; validated as
+    /// `0 ≤ initial ≤ max ≤ 2 147 483 647 ms`, where `initial = 0` disables the backoff.
+    pub fn fluss_retriable_write() -> Self {
+        BackoffConfigBuilder::preset(FLUSS_RETRY, ms(100), ms(1_000), (2, 1), TWENTY_PERCENT)
+            .assemble()
+    }
+
+    /// Kafka client retries (`retry.backoff.ms` 100, `retry.backoff.max.ms` 1000, ×2, ±20 %).
+    pub fn kafka_retry() -> Self {
+        BackoffConfigBuilder::preset(KAFKA, ms(100), ms(1_000), (2, 1), TWENTY_PERCENT).assemble()
+    }
+
+    /// gRPC connection backoff: 1 s, ×1.6, ±20 %, at most 120 s.
+    pub fn grpc_connection() -> Self {
+        BackoffConfigBuilder::preset(GRPC, ms(1_000), ms(120_000), (16, 10), TWENTY_PERCENT)
+            .assemble()
+    }
+
+    /// Gobblin throttling client: 500 ms plus an additive offset in `[0, 500 ms)` drawn once
+    /// per sequence, ×2, at most 10 s.
+    ///
+    /// Upstream grows by `α·d + 1` ms; this grows by exactly `α·d` (500, 1000, 2000 … ms).
+    pub fn gobblin_throttling_client() -> Self {
+        let jitter = Jitter::Additive {
+            range: Duration::from_millis(500),
+        };
+        BackoffConfigBuilder::preset(GOBBLIN, ms(500), ms(10_000), (2, 1), jitter).assemble()
+    }
+
+    /// A builder with general rules (`initial ≤ max`, no preset bounds), starting from
+    /// 1 s → 10 s, ×2, ±20 %, floor 0, resolution 1 ms, no budget.
+    pub fn builder() -> BackoffConfigBuilder {
+        BackoffConfigBuilder::preset(GENERAL, ms(1_000), ms(10_000), (2, 1), TWENTY_PERCENT)
+    }
+
+    /// A builder holding this config's values, option names and bounds (a Fluss preset's
+    /// builder keeps refusing `initial < 1 ms`).
+    pub fn to_builder(&self) -> BackoffConfigBuilder {
+        BackoffConfigBuilder {
+            initial: self.initial,
+            max: self.max,
+            num: self.num,
+            den: self.den,
+            jitter: self.jitter,
+            floor: self.floor,
+            resolution: self.resolution,
+            budget: self.budget,
+            rules: self.rules,
+        }
+    }
+
+    /// Delay for 0-based `attempt` as the first draw of a fresh sequence.
+    ///
+    /// A fresh sequence has no additive offset yet, so [`Jitter::Additive`] draws a new one;
+    /// [`Jitter::Decorrelated`] has no previous delay, so the base of `attempt − 1` stands in
+    /// for it (`initial` at attempt 0, which is exactly a sequence's first draw). No budget
+    /// applies here. Bounded work for every attempt.
+    pub fn delay_for<R: Rng + ?Sized>(&self, attempt: u32, rng: &mut R) -> Duration {
+        let base = self.base_at(attempt);
+        let prev = self.stand_in_prev(attempt);
+        Duration::from_nanos(self.draw(base, prev, &mut None, rng))
+    }
+
+    /// The unjittered base delay of `attempt`: step 1 only (no floor, no truncation).
+    pub fn base_delay(&self, attempt: u32) -> Duration {
+        Duration::from_nanos(self.base_at(attempt))
+    }
+
+    /// The first attempt whose base delay is final: from it on every base is the same (`max`,
+    /// or a value the multiplier can no longer grow). At most [`MAX_RAMP_ATTEMPTS`].
+    pub fn cap_attempt(&self) -> u32 {
+        self.settle
+    }
+
+    /// Whether `initial` is zero, which disables the backoff: every delay is zero, without
+    /// jitter, floor or budget, and nothing is drawn.
+    pub fn is_disabled(&self) -> bool {
+        self.initial == 0
+    }
+
+    /// The first base delay.
+    pub fn initial(&self) -> Duration {
+        Duration::from_nanos(self.initial)
+    }
+
+    /// The largest delay, jitter included.
+    pub fn max(&self) -> Duration {
+        Duration::from_nanos(self.max)
+    }
+
+    /// The growth factor as `(num, den)`.
+    pub fn multiplier(&self) -> (u32, u32) {
+        (self.num, self.den)
+    }
+
+    /// The jitter strategy.
+    pub fn jitter(&self) -> Jitter {
+        self.jitter
+    }
+
+    /// The smallest delay (applied after jitter).
+    pub fn floor(&self) -> Duration {
+        Duration::from_nanos(self.floor)
+    }
+
+    /// Delays are truncated down to a multiple of this.
+    pub fn resolution(&self) -> Duration {
+        Duration::from_nanos(self.resolution)
+    }
+
+    /// The hard total budget of one sequence, if any.
+    pub fn total_budget(&self) -> Option<Duration> {
+        self.budget.map(Duration::from_nanos)
+    }
+
+    /// Base of `attempt`: the settled value from `settle` on, otherwise at most `settle`
+    /// steps of the recurrence.
+    fn base_at(&self, attempt: u32) -> u64 {
+        if attempt >= self.settle {
+            return self.settled;
+        }
+        let mut d = self.initial;
+        for _ in 0..attempt {
+            d = grow(d, self.num, self.den, self.max);
+        }
+        d
+    }
+
+    /// What stands in for the previous delay of `attempt` outside a sequence.
+    fn stand_in_prev(&self, attempt: u32) -> u64 {
+        match (self.jitter, attempt.checked_sub(1)) {
+            (Jitter::Decorrelated, Some(a)) => self.base_at(a),
+            _ => self.initial,
+        }
+    }
+
+    /// Steps 2–4: jitter around `base`, clamp, floor, truncate. `offset` is the sequence's
+    /// additive offset, drawn here if it has none yet.
+    fn draw<R: Rng + ?Sized>(
+        &self,
+        base: u64,
+        prev: u64,
+        offset: &mut Option<u64>,
+        rng: &mut R,
+    ) -> u64 {
+        if self.is_disabled() {
+            return 0;
+        }
+        let raw = match self.jitter {
+            Jitter::None => base,
+            // A fixed backoff (initial == max) stays fixed: jittering it could only shorten it.
+            Jitter::Proportional { .. } if self.initial == self.max => base,
+            Jitter::Proportional { ppm } => {
+                let half = u64::from(ppm).min(PPM);
+                let factor = PPM - half + below(rng, 2 * half);
+                mul_div(base, factor, PPM)
+            }
+            Jitter::Additive { range } => {
+                let off = *offset.get_or_insert_with(|| below(rng, duration_to_nanos(range)));
+                mul_div(base, self.initial.saturating_add(off), self.initial)
+            }
+            Jitter::Full => between_inclusive(rng, 0, base),
+            Jitter::Equal => between_inclusive(rng, base / 2, base),
+            Jitter::Decorrelated => between_inclusive(rng, self.initial, prev.saturating_mul(3)),
+        };
+        let v = raw.min(self.max).max(self.floor);
+        v - v.checked_rem(self.resolution).unwrap_or(0)
+    }
+}
+
+/// `min(cap, ⌊d·num/den⌋)`, exact; a zero `den` (never in a built config) leaves `d` alone.
+fn grow(d: u64, num: u32, den: u32, cap: u64) -> u64 {
+    mul_div(d, u64::from(num), u64::from(den)).min(cap)
+}
+
+/// `⌊a·b/c⌋` in `u128`, saturating at `u64::MAX`; `a` when `c == 0`.
+fn mul_div(a: u64, b: u64, c: u64) -> u64 {
+    let q = (u128::from(a) * u128::from(b))
+        .checked_div(u128::from(c))
+        .unwrap_or(u128::from(a));
+    u64::try_from(q).unwrap_or(u64::MAX)
+}
+
+/// Where the base settles: `(settle, settled)`, or `None` if it is still growing after
+/// [`MAX_RAMP_ATTEMPTS`] attempts.
+fn ramp(initial: u64, max: u64, num: u32, den: u32) -> Option<(u32, u64)> {
+    let mut d = initial;
+    for a in 0..=MAX_RAMP_ATTEMPTS {
+        let next = grow(d, num, den, max);
+        if next == d {
+            return Some((a, d));
+        }
+        d = next;
+    }
+    None
+}
+
+/// Builds a [`BackoffConfig`], validating it exactly (in nanoseconds, before truncation).
+///
+/// ```
+/// use core::time::Duration;
+/// use throttle_core::backoff::BackoffConfig;
+///
+/// let err = BackoffConfig::fluss_disk_write_locked()
+///     .to_builder()
+///     .initial(Duration::from_nanos(999_999))
+///     .build()
+///     .unwrap_err();
+/// assert!(err.to_string().contains("client.writer.disk-write-locked.backoff"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct BackoffConfigBuilder {
+    initial: u64,
+    max: u64,
+    num: u32,
+    den: u32,
+    jitter: Jitter,
+    floor: u64,
+    resolution: u64,
+    budget: Option<u64>,
+    rules: Rules,
+}
+
+impl BackoffConfigBuilder {
+    const fn preset(
+        rules: Rules,
+        initial: u64,
+        max: u64,
+        (num, den): (u32, u32),
+        jitter: Jitter,
+    ) -> Self {
+        BackoffConfigBuilder {
+            initial,
+            max,
+            num,
+            den,
+            jitter,
+            floor: 0,
+            resolution: NS_PER_MS,
+            budget: None,
+            rules,
+        }
+    }
+
+    /// The first base delay; zero disables the backoff (where the rules allow it).
+    pub fn initial(mut self, initial: Duration) -> Self {
+        self.initial = duration_to_nanos(initial);
+        self
+    }
+
+    /// The largest delay, jitter included.
+    pub fn max(mut self, max: Duration) -> Self {
+        self.max = duration_to_nanos(max);
+        self
+    }
+
+    /// The growth factor `num/den` (at least 1: `num ≥ den > 0`), e.g. `(2, 1)` or `(16, 10)`.
+    pub fn multiplier(mut self, num: u32, den: u32) -> Self {
+        self.num = num;
+        self.den = den;
+        self
+    }
+
+    /// The jitter strategy.
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// The smallest delay, applied after jitter (at most `max`, a multiple of `resolution`).
+    pub fn floor(mut self, floor: Duration) -> Self {
+        self.floor = duration_to_nanos(floor);
+        self
+    }
+
+    /// Delays are truncated down to a multiple of this (at least 1 ns).
+    pub fn resolution(mut self, resolution: Duration) -> Self {
+        self.resolution = duration_to_nanos(resolution);
+        self
+    }
+
+    /// A hard total budget per sequence: [`Backoff::next_delay`] refuses a delay larger than
+    /// what is left of it. Unlike Gobblin's `maxWait`, which lets the wait that crosses it run.
+    pub fn total_budget(mut self, budget: Option<Duration>) -> Self {
+        self.budget = budget.map(duration_to_nanos);
+        self
+    }
+
+    /// Checks every rule, in the order listed on [`BackoffConfigBuilder::build`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check().map(|_| ())
+    }
+
+    /// The config, or the first rule it breaks: resolution ≥ 1 ns; the preset's bounds on
+    /// `initial` and `max`; `initial ≤ max`; `num ≥ den > 0`; jitter ppm ≤ 1 000 000;
+    /// `floor ≤ max`; `floor` a multiple of `resolution`; the base settles within
+    /// [`MAX_RAMP_ATTEMPTS`] attempts. Durations past `u64::MAX` ns count as `u64::MAX` ns.
+    pub fn build(self) -> Result<BackoffConfig, ConfigError> {
+        let (settle, settled) = self.check()?;
+        Ok(self.finish(settle, settled))
+    }
+
+    fn check(&self) -> Result<(u32, u64), ConfigError> {
+        let r = &self.rules;
+        if self.resolution == 0 {
+            return Err(ConfigError::OutOfRange {
+                option: r.resolution,
+                got: 0,
+                min: 1,
+                max: u64::MAX,
+                unit: "ns",
+            });
+        }
+        if self.initial < r.initial_min {
+            return Err(ConfigError::OutOfRange {
+                option: r.initial,
+                got: self.initial,
+                min: r.initial_min,
+                max: r.max_max,
+                unit: "ns",
+            });
+        }
+        if self.max > r.max_max {
+            return Err(ConfigError::OutOfRange {
+                option: r.max,
+                got: self.max,
+                min: r.initial_min,
+                max: r.max_max,
+                unit: "ns",
+            });
+        }
+        if self.initial > self.max {
+            return Err(ConfigError::Inverted {
+                option: r.initial,
+                limit: r.max,
+            });
+        }
+        if self.den == 0 {
+            return Err(ConfigError::Invalid {
+                option: r.multiplier,
+                reason: "the denominator must be positive",
+            });
+        }
+        if self.num < self.den {
+            return Err(ConfigError::Invalid {
+                option: r.multiplier,
+                reason: "must be at least 1 (num >= den)",
+            });
+        }
+        if let Jitter::Proportional { ppm } = self.jitter
+            && u64::from(ppm) > PPM
+        {
+            return Err(ConfigError::OutOfRange {
+                option: r.jitter,
+                got: u64::from(ppm),
+                min: 0,
+                max: PPM,
+                unit: "ppm",
+            });
+        }
+        if self.floor > self.max {
+            return Err(ConfigError::Inverted {
+                option: r.floor,
+                limit: r.max,
+            });
+        }
+        if !self.floor.is_multiple_of(self.resolution) {
+            return Err(ConfigError::Invalid {
+                option: r.floor,
+                reason: "must be a multiple of the resolution",
+            });
+        }
+        ramp(self.initial, self.max, self.num, self.den).ok_or(ConfigError::Invalid {
+            option: r.multiplier,
+            reason: "grows too slowly: the delay must settle within 4096 attempts",
+        })
+    }
+
+    /// A preset's config; presets are checked by `presets_pass_their_own_validation`.
+    fn assemble(self) -> BackoffConfig {
+        let (settle, settled) = ramp(self.initial, self.max, self.num, self.den)
+            .unwrap_or((MAX_RAMP_ATTEMPTS, self.max));
+        self.finish(settle, settled)
+    }
+
+    fn finish(self, settle: u32, settled: u64) -> BackoffConfig {
+        BackoffConfig {
+            initial: self.initial,
+            max: self.max,
+            num: self.num,
+            den: self.den,
+            jitter: self.jitter,
+            floor: self.floor,
+            resolution: self.resolution,
+            budget: self.budget,
+            settle,
+            settled,
+            rules: self.rules,
+        }
+    }
+}
+
+/// One backoff sequence: attempt count, previous delay, drawn additive offset, spent budget.
+///
+/// # Driving contract
+///
+/// - **Input**: [`Backoff::next_delay`] once per failure, before retrying; wait the returned
+///   span (the caller turns it into a deadline on its own clock), then retry. `None` means the
+///   hard total budget refuses the retry: give up. The refusal sticks until `reset`.
+/// - **Input**: [`Backoff::reset`] after a success (or to start over): attempt 0, a fresh
+///   additive offset on the next delay, the whole budget again.
+/// - **Queries** (`&self`): [`Backoff::attempt`], [`Backoff::delay_for`] (what an attempt would
+///   get in this sequence, without advancing it), [`Backoff::offset`], [`Backoff::spent`],
+///   [`Backoff::remaining_budget`], [`Backoff::is_exhausted`].
+///
+/// Use one config per `Backoff`: a different config continues from the stored base, capped
+/// by the new `max`. The RNG is passed in and never stored, so a `Backoff` is `Clone`,
+/// comparable and replayable.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Backoff {
+    /// Delays handed out in this sequence, saturating; the next delay is for this attempt.
+    attempt: u32,
+    /// Base of the last attempt handed out.
+    base: u64,
+    /// The last delay handed out (the `prev` of decorrelated jitter).
+    prev: u64,
+    /// The additive offset of this sequence, once drawn.
+    offset: Option<u64>,
+    /// Sum of the delays handed out, saturating.
+    spent: u64,
+    /// The budget refused a delay; every later call refuses until `reset`.
+    exhausted: bool,
+}
+
+impl Backoff {
+    /// A fresh sequence at attempt 0.
+    pub const fn new() -> Self {
+        Backoff {
+            attempt: 0,
+            base: 0,
+            prev: 0,
+            offset: None,
+            spent: 0,
+            exhausted: false,
+        }
+    }
+
+    /// Next delay of the sequence; `None` when the hard total budget refuses it.
+    ///
+    /// O(1): the base grows from the previous one. A refusal changes nothing but marks the
+    /// sequence exhausted.
+    pub fn next_delay<R: Rng + ?Sized>(
+        &mut self,
+        cfg: &BackoffConfig,
+        rng: &mut R,
+    ) -> Option<Duration> {
+        if self.exhausted {
+            return None;
+        }
+        let base = if self.attempt == 0 {
+            cfg.initial
+        } else if self.attempt >= cfg.settle {
+            cfg.settled
+        } else {
+            grow(self.base, cfg.num, cfg.den, cfg.max)
+        };
+        let prev = if self.attempt == 0 {
+            cfg.initial
+        } else {
+            self.prev
+        };
+        let mut offset = self.offset;
+        let delay = cfg.draw(base, prev, &mut offset, rng);
+        if let Some(budget) = cfg.budget
+            && delay > budget.saturating_sub(self.spent)
+        {
+            self.exhausted = true;
+            return None;
+        }
+        self.attempt = self.attempt.saturating_add(1);
+        self.base = base;
+        self.prev = delay;
+        self.offset = offset;
+        self.spent = self.spent.saturating_add(delay);
+        Some(Duration::from_nanos(delay))
+    }
+
+    /// The delay `attempt` would get in this sequence, without advancing it.
+    ///
+    /// It uses this sequence's additive offset (a throwaway one is drawn if none is yet) and,
+    /// for decorrelated jitter, this sequence's previous delay when `attempt` is the next one
+    /// (otherwise the stand-in of [`BackoffConfig::delay_for`]). With the same RNG state,
+    /// `delay_for(cfg, self.attempt(), rng)` is what `next_delay` returns, budget aside.
+    pub fn delay_for<R: Rng + ?Sized>(
+        &self,
+        cfg: &BackoffConfig,
+        attempt: u32,
+        rng: &mut R,
+    ) -> Duration {
+        let base = cfg.base_at(attempt);
+        let prev = if attempt == self.attempt && attempt > 0 {
+            self.prev
+        } else {
+            cfg.stand_in_prev(attempt)
+        };
+        let mut offset = self.offset;
+        Duration::from_nanos(cfg.draw(base, prev, &mut offset, rng))
+    }
+
+    /// Delays handed out since the last reset (saturating at `u32::MAX`).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Starts a new sequence: attempt 0, no offset, nothing spent, not exhausted.
+    pub fn reset(&mut self) {
+        *self = Backoff::new();
+    }
+
+    /// The additive offset drawn for this sequence, if one has been.
+    pub fn offset(&self) -> Option<Duration> {
+        self.offset.map(Duration::from_nanos)
+    }
+
+    /// The sum of the delays handed out since the last reset (saturating).
+    pub fn spent(&self) -> Duration {
+        Duration::from_nanos(self.spent)
+    }
+
+    /// What is left of `cfg`'s total budget, or `None` if it has none.
+    pub fn remaining_budget(&self, cfg: &BackoffConfig) -> Option<Duration> {
+        cfg.budget
+            .map(|b| Duration::from_nanos(b.saturating_sub(self.spent)))
+    }
+
+    /// Whether the budget has refused a delay (every later `next_delay` is `None` until reset).
+    pub fn is_exhausted(&self) -> bool {
+        self.exhausted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SplitMix64;
+    use alloc::vec::Vec;
+
+    fn ms_of(d: Duration) -> u128 {
+        d.as_millis()
+    }
+
+    fn unjittered(cfg: BackoffConfig) -> BackoffConfig {
+        cfg.to_builder().jitter(Jitter::None).build().unwrap()
+    }
+
+    /// The first `n` delays of a fresh sequence, in whole ms (asserting they are whole ms).
+    fn sequence_ms(cfg: &BackoffConfig, n: usize, seed: u64) -> Vec<u128> {
+        let mut rng = SplitMix64::new(seed);
+        let mut b = Backoff::new();
+        (0..n)
+            .map(|_| {
+                let d = b.next_delay(cfg, &mut rng).unwrap();
+                assert_eq!(d.as_nanos() % 1_000_000, 0, "{d:?} is not whole ms");
+                ms_of(d)
+            })
+            .collect()
+    }
+
+    fn builder_ns(initial: u64, max: u64) -> BackoffConfigBuilder {
+        BackoffConfig::builder()
+            .initial(Duration::from_nanos(initial))
+            .max(Duration::from_nanos(max))
+            .resolution(Duration::from_nanos(1))
+            .jitter(Jitter::None)
+    }
+
+    #[test]
+    fn presets_pass_their_own_validation() {
+        for cfg in [
+            BackoffConfig::fluss_disk_write_locked(),
+            BackoffConfig::fluss_retriable_write(),
+            BackoffConfig::kafka_retry(),
+            BackoffConfig::grpc_connection(),
+            BackoffConfig::gobblin_throttling_client(),
+            BackoffConfig::default(),
+        ] {
+            assert_eq!(cfg.to_builder().build(), Ok(cfg.clone()));
+        }
+        assert_eq!(
+            BackoffConfig::default(),
+            BackoffConfig::fluss_disk_write_locked()
+        );
+    }
+
+    #[test]
+    fn disk_preset_doubles_from_1s_and_caps_at_10s() {
+        // Fluss DISK_WRITE_LOCKED: 1 s doubling to the 10 s maximum.
+        let cfg = unjittered(BackoffConfig::fluss_disk_write_locked());
+        assert_eq!(
+            sequence_ms(&cfg, 7, 1),
+            [1000, 2000, 4000, 8000, 10000, 10000, 10000]
+        );
+        assert_eq!(cfg.cap_attempt(), 4);
+        assert_eq!(cfg.floor(), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn one_to_five_seconds_caps_exactly_at_5000_ms() {
+        // Upstream ends this ramp at 4999 ms; we cap exactly.
+        let cfg = BackoffConfig::builder()
+            .initial(Duration::from_secs(1))
+            .max(Duration::from_secs(5))
+            .jitter(Jitter::None)
+            .build()
+            .unwrap();
+        assert_eq!(sequence_ms(&cfg, 5, 1), [1000, 2000, 4000, 5000, 5000]);
+        assert_eq!(cfg.base_delay(3), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn retriable_write_and_kafka_presets_double_from_100ms_to_1s() {
+        // Fluss retriable write and Kafka retry.backoff.ms = 100, retry.backoff.max.ms = 1000.
+        for cfg in [
+            BackoffConfig::fluss_retriable_write(),
+            BackoffConfig::kafka_retry(),
+        ] {
+            assert_eq!(
+                sequence_ms(&unjittered(cfg), 6, 1),
+                [100, 200, 400, 800, 1000, 1000]
+            );
+        }
+    }
+
+    #[test]
+    fn grpc_preset_grows_by_1_6_to_120s_in_whole_ms() {
+        // gRPC connection backoff: 1 s, ×1.6, capped at 120 s; 6553.6 ms truncates to 6553.
+        let cfg = unjittered(BackoffConfig::grpc_connection());
+        assert_eq!(
+            sequence_ms(&cfg, 13, 1),
+            [
+                1000, 1600, 2560, 4096, 6553, 10485, 16777, 26843, 42949, 68719, 109951, 120000,
+                120000
+            ]
+        );
+        // The base itself is exact to the nanosecond (truncation is the last step).
+        assert_eq!(cfg.base_delay(4), Duration::from_nanos(6_553_600_000));
+        assert_eq!(cfg.base_delay(10), Duration::from_nanos(109_951_162_777));
+        assert_eq!(cfg.cap_attempt(), 11);
+    }
+
+    #[test]
+    fn gobblin_preset_unjittered_is_500ms_doubling_to_10s() {
+        // Gobblin's 500 ms start, ×2, 10 s max, without its α·d + 1 growth.
+        let cfg = unjittered(BackoffConfig::gobblin_throttling_client());
+        assert_eq!(
+            sequence_ms(&cfg, 7, 1),
+            [500, 1000, 2000, 4000, 8000, 10000, 10000]
+        );
+    }
+
+    #[test]
+    fn proportional_jitter_stays_within_twenty_percent_and_max() {
+        let cfg = BackoffConfig::fluss_disk_write_locked();
+        let mut rng = SplitMix64::new(7);
+        let (mut lo, mut hi) = (u128::MAX, 0);
+        for _ in 0..2000 {
+            let d = ms_of(cfg.delay_for(0, &mut rng));
+            assert!((800..1200).contains(&d), "{d} ms outside [800, 1200)");
+            lo = lo.min(d);
+            hi = hi.max(d);
+        }
+        assert!(
+            lo < 810 && hi > 1190,
+            "the draws span the range: {lo}..{hi}"
+        );
+        // At the cap, max includes jitter: draws above 10 s clamp to it.
+        let mut at_max = 0;
+        for _ in 0..2000 {
+            let d = ms_of(cfg.delay_for(10, &mut rng));
+            assert!((8000..=10000).contains(&d), "{d} ms");
+            at_max += usize::from(d == 10000);
+        }
+        assert!(at_max > 800, "about half the draws clamp to max: {at_max}");
+    }
+
+    #[test]
+    fn proportional_jitter_is_not_applied_when_initial_equals_max() {
+        let cfg = BackoffConfig::kafka_retry()
+            .to_builder()
+            .max(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(3);
+        let before = rng.clone();
+        for a in [0, 1, 7, u32::MAX] {
+            assert_eq!(cfg.delay_for(a, &mut rng), Duration::from_millis(100));
+        }
+        assert_eq!(rng, before, "a fixed backoff draws nothing");
+    }
+
+    #[test]
+    fn full_jitter_spans_zero_to_base() {
+        let cfg = builder_ns(1_000, 1_000_000)
+            .jitter(Jitter::Full)
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(11);
+        let (mut saw0, mut saw_top) = (false, false);
+        for _ in 0..20_000 {
+            let d = cfg.delay_for(1, &mut rng).as_nanos();
+            assert!(d <= 2_000);
+            saw0 |= d == 0;
+            saw_top |= d == 2_000;
+        }
+        assert!(saw0 && saw_top, "both ends of [0, base] are reachable");
+    }
+
+    #[test]
+    fn equal_jitter_spans_half_base_to_base() {
+        let cfg = builder_ns(1_001, 1_000_000)
+            .jitter(Jitter::Equal)
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(12);
+        let (mut lo, mut hi) = (u128::MAX, 0);
+        for _ in 0..20_000 {
+            let d = cfg.delay_for(0, &mut rng).as_nanos();
+            lo = lo.min(d);
+            hi = hi.max(d);
+        }
+        assert_eq!((lo, hi), (500, 1_001));
+    }
+
+    #[test]
+    fn decorrelated_jitter_draws_between_initial_and_three_times_previous() {
+        let cfg = BackoffConfig::builder()
+            .initial(Duration::from_millis(100))
+            .max(Duration::from_secs(20))
+            .jitter(Jitter::Decorrelated)
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(5);
+        for _ in 0..200 {
+            let mut b = Backoff::new();
+            let mut prev = 100;
+            for _ in 0..30 {
+                let d = ms_of(b.next_delay(&cfg, &mut rng).unwrap());
+                assert!(d >= 100 && d <= (3 * prev).min(20_000), "{d} after {prev}");
+                prev = d;
+            }
+        }
+        // Outside a sequence, the base of the previous attempt stands in for `prev`.
+        let d = ms_of(cfg.delay_for(3, &mut rng));
+        assert!((100..=1200).contains(&d), "{d}");
+    }
+
+    #[test]
+    fn additive_offset_is_drawn_once_per_sequence_and_redrawn_after_reset() {
+        let cfg = BackoffConfig::gobblin_throttling_client();
+        let mut rng = SplitMix64::new(9);
+        let mut b = Backoff::new();
+        assert_eq!(b.offset(), None);
+        let first = b.next_delay(&cfg, &mut rng).unwrap();
+        let off = b.offset().unwrap();
+        assert!(off < Duration::from_millis(500));
+        assert_eq!(
+            first.as_millis(),
+            (Duration::from_millis(500) + off).as_millis()
+        );
+        let start = 500_000_000 + duration_to_nanos(off);
+        for a in 1..8u32 {
+            let d = b.next_delay(&cfg, &mut rng).unwrap();
+            assert_eq!(
+                b.offset(),
+                Some(off),
+                "the offset is kept within a sequence"
+            );
+            // Growth from the jittered start, capped at max: never below the unjittered base.
+            let expect = (u128::from(start) << a).min(10_000_000_000) / 1_000_000;
+            assert_eq!(d.as_millis(), expect);
+            assert!(d >= cfg.base_delay(a));
+        }
+        b.reset();
+        assert_eq!(b.offset(), None);
+        b.next_delay(&cfg, &mut rng).unwrap();
+        let redrawn = b.offset().unwrap();
+        assert_ne!(redrawn, off, "a new sequence draws a new offset");
+    }
+
+    #[test]
+    fn additive_offsets_decorrelate_clients() {
+        let cfg = BackoffConfig::gobblin_throttling_client();
+        let firsts: Vec<u128> = (0..50)
+            .map(|seed| {
+                ms_of(
+                    Backoff::new()
+                        .next_delay(&cfg, &mut SplitMix64::new(seed))
+                        .unwrap(),
+                )
+            })
+            .collect();
+        assert!(firsts.iter().all(|&d| (500..1000).contains(&d)));
+        let distinct = firsts
+            .iter()
+            .collect::<alloc::collections::BTreeSet<_>>()
+            .len();
+        assert!(
+            distinct > 40,
+            "clients do not retry in lockstep: {distinct} distinct"
+        );
+    }
+
+    #[test]
+    fn backoff_delay_for_reuses_the_sequence_offset_and_matches_next_delay() {
+        for cfg in [
+            BackoffConfig::fluss_disk_write_locked(),
+            BackoffConfig::grpc_connection(),
+            BackoffConfig::gobblin_throttling_client(),
+            BackoffConfig::builder()
+                .jitter(Jitter::Decorrelated)
+                .build()
+                .unwrap(),
+        ] {
+            let mut rng = SplitMix64::new(21);
+            let mut b = Backoff::new();
+            for _ in 0..15 {
+                let predicted = b.delay_for(&cfg, b.attempt(), &mut rng.clone());
+                assert_eq!(b.next_delay(&cfg, &mut rng), Some(predicted));
+            }
+        }
+        let cfg = BackoffConfig::gobblin_throttling_client();
+        let mut rng = SplitMix64::new(4);
+        let mut b = Backoff::new();
+        b.next_delay(&cfg, &mut rng);
+        let start = Duration::from_millis(500) + b.offset().unwrap();
+        let d = b.delay_for(&cfg, 2, &mut rng);
+        assert_eq!(d.as_millis(), (start * 4).as_millis());
+        assert_eq!(b.attempt(), 1, "a query does not advance the sequence");
+    }
+
+    #[test]
+    fn floor_applies_after_jitter() {
+        // 1 ms ±20 % could give 0.8 ms; the 1 ms floor lifts it (Fluss's smallest backoff).
+        let cfg = BackoffConfig::fluss_disk_write_locked()
+            .to_builder()
+            .initial(Duration::from_millis(1))
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(2);
+        for _ in 0..500 {
+            assert_eq!(cfg.delay_for(0, &mut rng), Duration::from_millis(1));
+        }
+        let full = builder_ns(1_000, 10_000)
+            .jitter(Jitter::Full)
+            .floor(Duration::from_nanos(700))
+            .build()
+            .unwrap();
+        for _ in 0..500 {
+            assert!(full.delay_for(0, &mut rng) >= Duration::from_nanos(700));
+        }
+    }
+
+    #[test]
+    fn resolution_truncates_delays_down() {
+        let cfg = builder_ns(1_500, 1_000_000)
+            .multiplier(3, 1)
+            .resolution(Duration::from_nanos(1_000))
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(0);
+        let mut b = Backoff::new();
+        let got: Vec<u64> = (0..5)
+            .map(|_| duration_to_nanos(b.next_delay(&cfg, &mut rng).unwrap()))
+            .collect();
+        // Bases 1500, 4500, 13500, 40500, 121500 ns.
+        assert_eq!(got, [1_000, 4_000, 13_000, 40_000, 121_000]);
+    }
+
+    #[test]
+    fn initial_zero_disables_retriable_write_backoff() {
+        let cfg = BackoffConfig::fluss_retriable_write()
+            .to_builder()
+            .initial(Duration::ZERO)
+            .floor(Duration::from_millis(1))
+            .total_budget(Some(Duration::ZERO))
+            .build()
+            .unwrap();
+        assert!(cfg.is_disabled());
+        assert!(!BackoffConfig::fluss_retriable_write().is_disabled());
+        let mut rng = SplitMix64::new(1);
+        let before = rng.clone();
+        let mut b = Backoff::new();
+        for _ in 0..5 {
+            assert_eq!(b.next_delay(&cfg, &mut rng), Some(Duration::ZERO));
+        }
+        assert_eq!(cfg.delay_for(u32::MAX, &mut rng), Duration::ZERO);
+        assert_eq!(b.attempt(), 5);
+        assert_eq!(rng, before, "a disabled backoff draws nothing");
+    }
+
+    #[test]
+    fn attempt_u32_max_is_capped_and_bounded() {
+        for cfg in [
+            BackoffConfig::fluss_disk_write_locked(),
+            BackoffConfig::fluss_retriable_write(),
+            BackoffConfig::kafka_retry(),
+            BackoffConfig::grpc_connection(),
+            BackoffConfig::gobblin_throttling_client(),
+        ] {
+            let mut rng = SplitMix64::new(8);
+            assert!(cfg.delay_for(u32::MAX, &mut rng) <= cfg.max());
+            assert_eq!(cfg.base_delay(u32::MAX), cfg.max());
+            assert_eq!(
+                unjittered(cfg.clone()).delay_for(u32::MAX, &mut rng),
+                cfg.max()
+            );
+        }
+        // The slowest ramp allowed still answers any attempt in at most 4096 steps.
+        let slow = builder_ns(10_000, 14_096)
+            .multiplier(10_001, 10_000)
+            .build()
+            .unwrap();
+        assert_eq!(slow.cap_attempt(), MAX_RAMP_ATTEMPTS);
+        assert_eq!(slow.base_delay(4095), Duration::from_nanos(14_095));
+        assert_eq!(slow.base_delay(u32::MAX), Duration::from_nanos(14_096));
+    }
+
+    #[test]
+    fn attempt_counter_saturates_at_u32_max() {
+        let cfg = unjittered(BackoffConfig::kafka_retry());
+        let mut b = Backoff {
+            attempt: u32::MAX - 1,
+            base: 1_000 * NS_PER_MS,
+            prev: 1_000 * NS_PER_MS,
+            ..Backoff::new()
+        };
+        let mut rng = SplitMix64::new(0);
+        for _ in 0..3 {
+            assert_eq!(b.next_delay(&cfg, &mut rng), Some(Duration::from_secs(1)));
+        }
+        assert_eq!(b.attempt(), u32::MAX);
+    }
+
+    #[test]
+    fn huge_values_saturate_instead_of_overflowing() {
+        let cfg = BackoffConfig::builder()
+            .initial(Duration::MAX)
+            .max(Duration::MAX)
+            .multiplier(u32::MAX, 1)
+            .jitter(Jitter::Proportional { ppm: 1_000_000 })
+            .resolution(Duration::from_nanos(1))
+            .total_budget(Some(Duration::MAX))
+            .build()
+            .unwrap();
+        assert_eq!(cfg.max(), Duration::from_nanos(u64::MAX));
+        let mut rng = SplitMix64::new(1);
+        let mut b = Backoff::new();
+        let top = Some(Duration::from_nanos(u64::MAX));
+        assert_eq!(b.next_delay(&cfg, &mut rng), top);
+        assert_eq!(b.spent(), Duration::from_nanos(u64::MAX));
+        assert_eq!(
+            b.next_delay(&cfg, &mut rng),
+            None,
+            "the whole budget is spent"
+        );
+        let unbudgeted = cfg.to_builder().total_budget(None).build().unwrap();
+        let mut b = Backoff::new();
+        for _ in 0..10 {
+            assert_eq!(b.next_delay(&unbudgeted, &mut rng), top);
+        }
+        assert_eq!(b.spent(), Duration::from_nanos(u64::MAX), "spent saturates");
+
+        let grow = BackoffConfig::builder()
+            .initial(Duration::from_nanos(3))
+            .max(Duration::MAX)
+            .multiplier(u32::MAX, 1)
+            .jitter(Jitter::Additive {
+                range: Duration::MAX,
+            })
+            .resolution(Duration::from_nanos(1))
+            .build()
+            .unwrap();
+        assert_eq!(grow.base_delay(2), Duration::from_nanos(u64::MAX));
+        for a in [0, 1, 2, u32::MAX] {
+            assert!(grow.delay_for(a, &mut rng) >= grow.base_delay(a));
+        }
+        let deco = grow
+            .to_builder()
+            .jitter(Jitter::Decorrelated)
+            .build()
+            .unwrap();
+        let mut b = Backoff::new();
+        for _ in 0..70 {
+            assert!(b.next_delay(&deco, &mut rng).is_some());
+        }
+    }
+
+    #[test]
+    fn budget_refuses_a_delay_larger_than_what_is_left() {
+        // Gobblin's maxWait would let the crossing wait run; ours refuses it.
+        let cfg = unjittered(BackoffConfig::fluss_disk_write_locked())
+            .to_builder()
+            .total_budget(Some(Duration::from_millis(3_500)))
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(0);
+        let mut b = Backoff::new();
+        assert_eq!(b.next_delay(&cfg, &mut rng), Some(Duration::from_secs(1)));
+        assert_eq!(b.next_delay(&cfg, &mut rng), Some(Duration::from_secs(2)));
+        assert_eq!(b.remaining_budget(&cfg), Some(Duration::from_millis(500)));
+        let before = b.clone();
+        assert_eq!(
+            b.next_delay(&cfg, &mut rng),
+            None,
+            "4 s exceeds the 0.5 s left"
+        );
+        assert!(b.is_exhausted());
+        assert_eq!((b.attempt(), b.spent()), (before.attempt(), before.spent()));
+        assert_eq!(b.next_delay(&cfg, &mut rng), None, "the refusal sticks");
+        b.reset();
+        assert_eq!(b.next_delay(&cfg, &mut rng), Some(Duration::from_secs(1)));
+        assert_eq!(b.remaining_budget(&BackoffConfig::default()), None);
+    }
+
+    #[test]
+    fn budget_allows_a_delay_equal_to_what_is_left() {
+        let cfg = unjittered(BackoffConfig::kafka_retry())
+            .to_builder()
+            .total_budget(Some(Duration::from_millis(300)))
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(0);
+        let mut b = Backoff::new();
+        assert_eq!(
+            b.next_delay(&cfg, &mut rng),
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(
+            b.next_delay(&cfg, &mut rng),
+            Some(Duration::from_millis(200))
+        );
+        assert_eq!(b.remaining_budget(&cfg), Some(Duration::ZERO));
+        assert_eq!(b.next_delay(&cfg, &mut rng), None);
+    }
+
+    #[test]
+    fn fluss_bounds_are_exact_in_nanoseconds() {
+        let disk = BackoffConfig::fluss_disk_write_locked().to_builder();
+        // 999 999 ns is below 1 ms: refused before any truncation could round it.
+        assert_eq!(
+            disk.clone().initial(Duration::from_nanos(999_999)).build(),
+            Err(ConfigError::OutOfRange {
+                option: "client.writer.disk-write-locked.backoff",
+                got: 999_999,
+                min: 1_000_000,
+                max: FLUSS_MAX_NS,
+                unit: "ns",
+            })
+        );
+        assert!(
+            disk.clone()
+                .initial(Duration::from_millis(1))
+                .build()
+                .is_ok()
+        );
+        let top = Duration::from_millis(2_147_483_647);
+        assert!(disk.clone().max(top).build().is_ok());
+        assert_eq!(
+            disk.clone().max(top + Duration::from_nanos(1)).validate(),
+            Err(ConfigError::OutOfRange {
+                option: "client.writer.disk-write-locked.backoff-max",
+                got: FLUSS_MAX_NS + 1,
+                min: 1_000_000,
+                max: FLUSS_MAX_NS,
+                unit: "ns",
+            })
+        );
+        let retry = BackoffConfig::fluss_retriable_write().to_builder();
+        assert!(retry.clone().initial(Duration::ZERO).build().is_ok());
+        assert!(retry.clone().max(top).build().is_ok());
+        assert!(retry.max(top + Duration::from_nanos(1)).build().is_err());
+        // General rules have no such bounds.
+        assert!(
+            BackoffConfig::builder()
+                .initial(Duration::ZERO)
+                .build()
+                .is_ok()
+        );
+        assert!(BackoffConfig::builder().max(Duration::MAX).build().is_ok());
+    }
+
+    #[test]
+    fn general_validation_edges() {
+        let b = || builder_ns(1_000, 2_000);
+        assert!(b().initial(Duration::from_nanos(2_000)).build().is_ok());
+        assert_eq!(
+            b().initial(Duration::from_nanos(2_001)).build(),
+            Err(ConfigError::Inverted {
+                option: "backoff.initial",
+                limit: "backoff.max"
+            })
+        );
+        assert!(b().multiplier(7, 7).build().is_ok());
+        assert!(matches!(
+            b().multiplier(6, 7).build(),
+            Err(ConfigError::Invalid {
+                option: "backoff.multiplier",
+                ..
+            })
+        ));
+        assert!(matches!(
+            b().multiplier(0, 0).build(),
+            Err(ConfigError::Invalid {
+                option: "backoff.multiplier",
+                ..
+            })
+        ));
+        assert!(
+            b().jitter(Jitter::Proportional { ppm: 1_000_000 })
+                .build()
+                .is_ok()
+        );
+        assert_eq!(
+            b().jitter(Jitter::Proportional { ppm: 1_000_001 }).build(),
+            Err(ConfigError::OutOfRange {
+                option: "backoff.jitter",
+                got: 1_000_001,
+                min: 0,
+                max: 1_000_000,
+                unit: "ppm",
+            })
+        );
+        assert!(b().floor(Duration::from_nanos(2_000)).build().is_ok());
+        assert_eq!(
+            b().floor(Duration::from_nanos(2_001)).build(),
+            Err(ConfigError::Inverted {
+                option: "backoff.floor",
+                limit: "backoff.max"
+            })
+        );
+        let coarse = b().resolution(Duration::from_nanos(500));
+        assert!(
+            coarse
+                .clone()
+                .floor(Duration::from_nanos(1_500))
+                .build()
+                .is_ok()
+        );
+        assert!(matches!(
+            coarse.floor(Duration::from_nanos(1_501)).build(),
+            Err(ConfigError::Invalid {
+                option: "backoff.floor",
+                ..
+            })
+        ));
+        assert!(b().resolution(Duration::from_nanos(1)).build().is_ok());
+        assert!(matches!(
+            b().resolution(Duration::ZERO).build(),
+            Err(ConfigError::OutOfRange {
+                option: "backoff.resolution",
+                got: 0,
+                min: 1,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn multiplier_that_settles_after_4096_attempts_is_refused() {
+        // ×1.0001 from 10 µs grows by exactly 1 ns per attempt here.
+        let slow = |max| builder_ns(10_000, max).multiplier(10_001, 10_000).build();
+        assert_eq!(slow(14_096).map(|c| c.cap_attempt()), Ok(4096));
+        assert_eq!(
+            slow(14_097),
+            Err(ConfigError::Invalid {
+                option: "backoff.multiplier",
+                reason: "grows too slowly: the delay must settle within 4096 attempts",
+            })
+        );
+        // Too small to grow at all (⌊9·1.1⌋ = 9) is a fixed point, not a slow ramp.
+        let stuck = builder_ns(9, u64::MAX).multiplier(11, 10).build().unwrap();
+        assert_eq!(stuck.cap_attempt(), 0);
+        assert_eq!(stuck.base_delay(u32::MAX), Duration::from_nanos(9));
+    }
+
+    #[test]
+    fn validation_names_the_preset_option() {
+        let e = BackoffConfig::grpc_connection()
+            .to_builder()
+            .multiplier(1, 2)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            alloc::string::ToString::to_string(&e),
+            "`grpc.connection-backoff.multiplier`: must be at least 1 (num >= den)"
+        );
+    }
+}
