@@ -12,6 +12,8 @@ use core::time::Duration;
 
 use crate::time::Instant;
 
+pub mod backoff;
+
 /// A disagreement between a machine and its reference model, described for a human.
 pub type Divergence = String;
 
