@@ -4,7 +4,7 @@
 //! The reference shares no code with the machine: it keeps its own table of preset values
 //! and bounds, decides validity from the rules as written, recomputes every base delay by
 //! iterating the recurrence from attempt 0 (a plain loop, stopped at a fixed point or after
-//! [`REF_STEPS`] steps; it never uses the machine's precomputed settle attempt), and checks
+//! 5000 steps; it never uses the machine's precomputed settle attempt), and checks
 //! every delay against its strategy's bounds, `max`, `floor`, the resolution grid, the budget,
 //! and that the additive offset stays constant within a sequence.
 
