@@ -13,6 +13,7 @@ extern crate std;
 
 pub mod backoff;
 pub mod error;
+pub mod pending_bytes;
 pub mod rng;
 pub mod time;
 
@@ -21,5 +22,6 @@ pub mod model;
 
 pub use backoff::{Backoff, BackoffConfig, Jitter};
 pub use error::{ConfigError, ReleaseError};
+pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;
 pub use time::Instant;
