@@ -80,7 +80,7 @@ impl Ticket {
     }
 
     /// A ticket the limiter never issued, for tests and the model checker.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "model"))]
     pub(crate) const fn forged(id: u64, slot: usize) -> Self {
         Ticket { id, slot }
     }
@@ -109,7 +109,7 @@ impl Grant {
     }
 
     /// A grant the limiter never issued, for tests and the model checker.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "model"))]
     pub(crate) const fn forged(ticket: Ticket, charged: u64) -> Self {
         Grant { ticket, charged }
     }

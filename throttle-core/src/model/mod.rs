@@ -7,6 +7,8 @@
 //!
 //! Each `check(bytes)` returns `Err(Divergence)` describing the first disagreement.
 
+pub mod pending_bytes;
+
 use alloc::string::String;
 use core::time::Duration;
 
