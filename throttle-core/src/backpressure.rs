@@ -4,8 +4,8 @@
 //! Two halves cooperate so a slow RocksDB column family slows its producers down before its own
 //! write stall can block an RPC handler:
 //!
-//! - **Server half** (`ServerPressure`, configured by `PressureConfig`): the column family's
-//!   L0 file count becomes a `Decision`. Below the trigger `Tf` a write is accepted with no
+//! - **Server half** ([`ServerPressure`], configured by [`PressureConfig`]): the column family's
+//!   L0 file count becomes a [`Decision`]. Below the trigger `Tf` a write is accepted with no
 //!   pressure; from `Tf` up to RocksDB's `level0_slowdown_writes_trigger` `Tr` it is accepted
 //!   and carries the pressure `(L0 − Tf)/(Tr − Tf)`; at `L0 ≥ Tr` it is rejected with a
 //!   retriable storage-backpressure error, so the handler never blocks.
@@ -18,6 +18,22 @@
 //! Every decision is integer arithmetic; floats appear only in [`Signal::from_f32`] and
 //! [`Signal::to_f32`], at the wire.
 //!
+//! ```
+//! use core::time::Duration;
+//! use throttle_core::backpressure::{PressureConfig, ServerPressure, Signal, ThrottleCurve};
+//!
+//! // Server: Fluss's landed trigger (Tf = 8) below RocksDB's slowdown trigger (Tr = 20).
+//! let mut server = ServerPressure::new(PressureConfig::fluss_landed());
+//! server.handle_l0(14);
+//! let signal = server.decide().signal();
+//! assert_eq!(signal, Signal::Pressure(500_000)); // (14 − 8) / (20 − 8) = 0.5
+//!
+//! // Client: the landed quadratic curve, 3000 ms ceiling.
+//! let curve = ThrottleCurve::fluss_landed();
+//! assert_eq!(curve.delay(signal), Duration::from_millis(750));
+//! server.handle_l0(20);
+//! assert_eq!(curve.delay(server.decide().signal()), Duration::from_millis(3000));
+//! ```
 
 use core::time::Duration;
 
@@ -25,6 +41,9 @@ use crate::error::ConfigError;
 
 /// One whole in parts per million: the pressure of a full (rejecting) server.
 const PPM_ONE: u32 = 1_000_000;
+
+/// Pressure a latched server reports at least (0.8), whatever its L0 count.
+const LATCH_FLOOR_PPM: u32 = 800_000;
 
 // ---------------------------------------------------------------------------------------------
 // Wire signal
@@ -129,6 +148,409 @@ impl Signal {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Server half
+// ---------------------------------------------------------------------------------------------
+
+/// What the server does with one write to a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Decision {
+    /// Apply the write and piggyback `pressure_ppm` on its response (0: no pressure; always
+    /// below 1 000 000).
+    Accept {
+        /// The pressure to report, in ppm.
+        pressure_ppm: u32,
+    },
+    /// Refuse the write with a retriable storage-backpressure error without touching RocksDB,
+    /// so the handler never blocks in RocksDB's own write stall. The client sees
+    /// [`Signal::Full`].
+    Reject {
+        /// Which rule refused it.
+        reason: RejectReason,
+    },
+}
+
+impl Decision {
+    /// The signal the client receives for this decision: the accepted pressure, or `Full` for a
+    /// rejection.
+    pub const fn signal(self) -> Signal {
+        match self {
+            Decision::Accept { pressure_ppm } => Signal::from_ppm(pressure_ppm),
+            Decision::Reject { .. } => Signal::Full,
+        }
+    }
+
+    /// Whether the write is refused.
+    pub const fn is_reject(self) -> bool {
+        matches!(self, Decision::Reject { .. })
+    }
+}
+
+impl From<Decision> for Signal {
+    fn from(decision: Decision) -> Signal {
+        decision.signal()
+    }
+}
+
+/// Why [`ServerPressure::decide`] refused a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// L0 reached RocksDB's `level0_slowdown_writes_trigger`.
+    SlowdownTrigger,
+    /// L0 plus the files the pending memtables will flush into, plus the write-buffer
+    /// headroom, reached the slowdown trigger (opt-in, [`PressureConfigBuilder::flush_budget`]).
+    FlushBudget,
+    /// RocksDB refused a `no_slowdown` write and no flush has completed since.
+    Latched,
+}
+
+/// The opt-in flush budget: reject once
+/// `L0 + ⌈pending_bytes / write_buffer_size⌉ + max_write_buffers ≥ Tr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct FlushBudget {
+    /// Bytes per memtable (RocksDB `write_buffer_size`; at least 1).
+    pub write_buffer_size: u64,
+    /// Memtables counted as headroom (RocksDB `max_write_buffer_number`; below `Tr`).
+    pub max_write_buffers: u32,
+}
+
+const OPT_L0_TRIGGER: &str = "kv.backpressure.l0-slowdown-trigger";
+const OPT_SLOWDOWN_TRIGGER: &str = "kv.rocksdb.level0-slowdown-writes-trigger";
+const OPT_WRITE_BUFFER_SIZE: &str = "kv.rocksdb.writebuffer.size";
+const OPT_WRITE_BUFFER_COUNT: &str = "kv.rocksdb.writebuffer.count";
+
+/// The largest L0 trigger accepted: RocksDB's triggers are C `int`s.
+const MAX_TRIGGER: u32 = i32::MAX as u32;
+
+/// Configuration of the server half: the two L0 triggers and the optional flush budget.
+///
+/// Default: `Tf = 12`, `Tr = 20` (RocksDB's default), no flush budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PressureConfig {
+    l0_trigger: u32,
+    slowdown_trigger: u32,
+    flush_budget: Option<FlushBudget>,
+}
+
+impl Default for PressureConfig {
+    fn default() -> Self {
+        PressureConfig {
+            l0_trigger: 12,
+            slowdown_trigger: 20,
+            flush_budget: None,
+        }
+    }
+}
+
+impl PressureConfig {
+    /// The trigger Fluss landed, `Tf = 8` (with `Tr = 20`, no flush budget). Pair it with
+    /// [`ThrottleCurve::fluss_landed`] on the client. The landed flush budget stays opt-in:
+    /// add it with [`PressureConfigBuilder::flush_budget`].
+    pub const fn fluss_landed() -> Self {
+        PressureConfig {
+            l0_trigger: 8,
+            slowdown_trigger: 20,
+            flush_budget: None,
+        }
+    }
+
+    /// A builder starting from the default configuration.
+    pub fn builder() -> PressureConfigBuilder {
+        PressureConfigBuilder {
+            cfg: PressureConfig::default(),
+            flush_budget: None,
+        }
+    }
+
+    /// A builder starting from this configuration.
+    pub fn to_builder(&self) -> PressureConfigBuilder {
+        PressureConfigBuilder {
+            cfg: *self,
+            flush_budget: self
+                .flush_budget
+                .map(|b| (b.write_buffer_size, b.max_write_buffers)),
+        }
+    }
+
+    /// `Tf`: the L0 file count at which pressure starts.
+    pub const fn l0_trigger(&self) -> u32 {
+        self.l0_trigger
+    }
+
+    /// `Tr`: RocksDB's `level0_slowdown_writes_trigger`, at which writes are rejected.
+    pub const fn l0_slowdown_writes_trigger(&self) -> u32 {
+        self.slowdown_trigger
+    }
+
+    /// The flush budget, if enabled.
+    pub const fn flush_budget(&self) -> Option<FlushBudget> {
+        self.flush_budget
+    }
+}
+
+/// Builds a validated [`PressureConfig`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct PressureConfigBuilder {
+    cfg: PressureConfig,
+    flush_budget: Option<(u64, u32)>,
+}
+
+impl PressureConfigBuilder {
+    /// `Tf`, in `1..=i32::MAX` and below `Tr`.
+    pub fn l0_trigger(mut self, files: u32) -> Self {
+        self.cfg.l0_trigger = files;
+        self
+    }
+
+    /// `Tr`, RocksDB's `level0_slowdown_writes_trigger`, in `1..=i32::MAX` and above `Tf`.
+    pub fn l0_slowdown_writes_trigger(mut self, files: u32) -> Self {
+        self.cfg.slowdown_trigger = files;
+        self
+    }
+
+    /// Enables the flush budget with RocksDB's `write_buffer_size` (bytes, at least 1) and
+    /// `max_write_buffer_number` (`1..=i32::MAX`, below `Tr`).
+    pub fn flush_budget(mut self, write_buffer_size: u64, max_write_buffers: u32) -> Self {
+        self.flush_budget = Some((write_buffer_size, max_write_buffers));
+        self
+    }
+
+    /// Disables the flush budget (the default).
+    pub fn without_flush_budget(mut self) -> Self {
+        self.flush_budget = None;
+        self
+    }
+
+    /// The configuration, or the first option out of range.
+    pub fn build(self) -> Result<PressureConfig, ConfigError> {
+        let mut cfg = self.cfg;
+        trigger_in_range(OPT_L0_TRIGGER, cfg.l0_trigger)?;
+        trigger_in_range(OPT_SLOWDOWN_TRIGGER, cfg.slowdown_trigger)?;
+        // Upstream only logs a warning for Tr ≤ Tf and then reports pressure 0; we refuse it.
+        if cfg.l0_trigger >= cfg.slowdown_trigger {
+            return Err(ConfigError::Invalid {
+                option: OPT_L0_TRIGGER,
+                reason: "must be below `kv.rocksdb.level0-slowdown-writes-trigger`",
+            });
+        }
+        cfg.flush_budget = match self.flush_budget {
+            None => None,
+            Some((write_buffer_size, max_write_buffers)) => {
+                if write_buffer_size == 0 {
+                    return Err(ConfigError::OutOfRange {
+                        option: OPT_WRITE_BUFFER_SIZE,
+                        got: 0,
+                        min: 1,
+                        max: u64::MAX,
+                        unit: "bytes",
+                    });
+                }
+                trigger_in_range(OPT_WRITE_BUFFER_COUNT, max_write_buffers)?;
+                // With the headroom alone at Tr, every write would be refused forever.
+                if max_write_buffers >= cfg.slowdown_trigger {
+                    return Err(ConfigError::Invalid {
+                        option: OPT_WRITE_BUFFER_COUNT,
+                        reason: "must be below `kv.rocksdb.level0-slowdown-writes-trigger`",
+                    });
+                }
+                Some(FlushBudget {
+                    write_buffer_size,
+                    max_write_buffers,
+                })
+            }
+        };
+        Ok(cfg)
+    }
+}
+
+fn trigger_in_range(option: &'static str, got: u32) -> Result<(), ConfigError> {
+    if (1..=MAX_TRIGGER).contains(&got) {
+        Ok(())
+    } else {
+        Err(ConfigError::OutOfRange {
+            option,
+            got: u64::from(got),
+            min: 1,
+            max: u64::from(MAX_TRIGGER),
+            unit: "files",
+        })
+    }
+}
+
+/// The server half of KV backpressure for one column family (one bucket's RocksDB).
+///
+/// It holds the latest storage readings and the rejection latch, and answers what to do with a
+/// write. It takes no time: nothing in it expires, every change is driven by an event.
+///
+/// # Driving contract
+///
+/// - **Inputs** (`&mut self`), in any order, as often as wanted; each replaces what it
+///   reports:
+///   - [`handle_l0`](Self::handle_l0): the column family's current L0 file count (upstream
+///     reads it once per write request);
+///   - [`handle_pending_bytes`](Self::handle_pending_bytes): bytes in memtables not yet
+///     flushed (only the flush budget reads it);
+///   - [`handle_write_rejected`](Self::handle_write_rejected): RocksDB refused a write issued
+///     with `no_slowdown` (it would have stalled). Sets the latch;
+///   - [`handle_flush_completed`](Self::handle_flush_completed): a memtable flush succeeded.
+///     Clears the latch.
+/// - **Queries** (`&self`): [`decide`](Self::decide) for each write, after feeding that
+///   request's readings; [`pressure`](Self::pressure) for the gauge; `is_latched`,
+///   `l0_files`, `pending_bytes`.
+///
+/// A typical write handler: `handle_l0(l0)`, `handle_pending_bytes(b)` (with a flush budget),
+/// then `decide()`: on `Reject` answer the retriable error, on `Accept` write with
+/// `no_slowdown` and call `handle_write_rejected()` if RocksDB refuses it. The storage's flush
+/// listener calls `handle_flush_completed()`.
+///
+/// # Rules, in the order `decide` applies them
+///
+/// 1. `L0 ≥ Tr` → `Reject(SlowdownTrigger)`;
+/// 2. with a flush budget, `L0 + ⌈pending / write_buffer_size⌉ + max_write_buffers ≥ Tr` →
+///    `Reject(FlushBudget)` (saturating: any reading is safe);
+/// 3. latched → `Reject(Latched)`;
+/// 4. otherwise `Accept` with `0` below `Tf` and `(L0 − Tf)/(Tr − Tf)` in ppm from `Tf` on,
+///    rounded to the nearest ppm (ties upward) and kept below 10⁶.
+///
+/// Rounding to nearest makes the direct path (`decide().signal()`) agree with upstream's wire
+/// path (the same ratio as an `f32`, decoded by [`Signal::from_f32`]) for both presets; for
+/// spans of hundreds of files the `f32` itself is rounded and may differ by 1 ppm.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServerPressure {
+    cfg: PressureConfig,
+    l0_files: u64,
+    pending_bytes: u64,
+    latched: bool,
+}
+
+impl ServerPressure {
+    /// A server with no L0 files, nothing pending and the latch clear.
+    pub const fn new(cfg: PressureConfig) -> Self {
+        ServerPressure {
+            cfg,
+            l0_files: 0,
+            pending_bytes: 0,
+            latched: false,
+        }
+    }
+
+    /// Its configuration.
+    pub const fn config(&self) -> &PressureConfig {
+        &self.cfg
+    }
+
+    /// Input: the current L0 file count.
+    pub fn handle_l0(&mut self, l0_files: u64) {
+        self.l0_files = l0_files;
+    }
+
+    /// Input: bytes written to memtables and not yet flushed.
+    pub fn handle_pending_bytes(&mut self, bytes: u64) {
+        self.pending_bytes = bytes;
+    }
+
+    /// Input: RocksDB refused a `no_slowdown` write. Until the next completed flush, writes
+    /// are rejected and the pressure is at least 0.8.
+    pub fn handle_write_rejected(&mut self) {
+        self.latched = true;
+    }
+
+    /// Input: a memtable flush completed successfully; clears the latch.
+    pub fn handle_flush_completed(&mut self) {
+        self.latched = false;
+    }
+
+    /// The latest L0 file count.
+    pub const fn l0_files(&self) -> u64 {
+        self.l0_files
+    }
+
+    /// The latest pending (unflushed) byte count.
+    pub const fn pending_bytes(&self) -> u64 {
+        self.pending_bytes
+    }
+
+    /// Whether the rejection latch is set.
+    pub const fn is_latched(&self) -> bool {
+        self.latched
+    }
+
+    /// What to do with a write now.
+    pub fn decide(&self) -> Decision {
+        let slowdown = u64::from(self.cfg.slowdown_trigger);
+        if self.l0_files >= slowdown {
+            return Decision::Reject {
+                reason: RejectReason::SlowdownTrigger,
+            };
+        }
+        if let Some(budget) = self.cfg.flush_budget {
+            let files_after_flush = self
+                .l0_files
+                .saturating_add(ceil_div(self.pending_bytes, budget.write_buffer_size))
+                .saturating_add(u64::from(budget.max_write_buffers));
+            if files_after_flush >= slowdown {
+                return Decision::Reject {
+                    reason: RejectReason::FlushBudget,
+                };
+            }
+        }
+        if self.latched {
+            return Decision::Reject {
+                reason: RejectReason::Latched,
+            };
+        }
+        Decision::Accept {
+            pressure_ppm: self.l0_pressure_ppm(),
+        }
+    }
+
+    /// The pressure gauge: the L0 ramp (`Full` from `Tr` on), raised to at least 0.8 while
+    /// latched. The flush budget refuses writes but does not raise the gauge.
+    pub fn pressure(&self) -> Signal {
+        let ppm = self.l0_pressure_ppm();
+        if self.latched {
+            Signal::from_ppm(ppm.max(LATCH_FLOOR_PPM))
+        } else {
+            Signal::from_ppm(ppm)
+        }
+    }
+
+    /// `(L0 − Tf)/(Tr − Tf)` in ppm: 0 below `Tf`, 10⁶ from `Tr` on, otherwise rounded to
+    /// nearest (ties up) and at most 999 999.
+    fn l0_pressure_ppm(&self) -> u32 {
+        let trigger = u64::from(self.cfg.l0_trigger);
+        let slowdown = u64::from(self.cfg.slowdown_trigger);
+        if self.l0_files < trigger {
+            return 0;
+        }
+        if self.l0_files >= slowdown {
+            return PPM_ONE;
+        }
+        // Both below 2^31 (validated triggers), so 2·above·10⁶ + span < 2^53.
+        let above = self.l0_files - trigger;
+        let span = slowdown - trigger;
+        let doubled = above
+            .saturating_mul(2 * u64::from(PPM_ONE))
+            .saturating_add(span);
+        let ppm = doubled / span.saturating_mul(2).max(1);
+        // With a span over 2·10⁶ files, L0 = Tr − 1 would round up to a whole; an accepted
+        // write never reports full pressure.
+        u32::try_from(ppm).map_or(PPM_ONE - 1, |p| p.min(PPM_ONE - 1))
+    }
+}
+
+/// `⌈n / d⌉`, saturating; `u64::MAX` for `d = 0` (validation never lets that through).
+fn ceil_div(n: u64, d: u64) -> u64 {
+    match (n.checked_div(d), n.checked_rem(d)) {
+        (Some(q), Some(r)) => q.saturating_add(u64::from(r != 0)),
+        _ => u64::MAX,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Client half
 // ---------------------------------------------------------------------------------------------
 
@@ -180,7 +602,7 @@ impl ThrottleCurve {
     pub const MAX_EXPONENT: u32 = 4;
 
     /// The curve Fluss landed: quadratic (`k = 2`), 3000 ms ceiling. Pair it with
-    /// the landed server trigger on the server.
+    /// [`PressureConfig::fluss_landed`] on the server.
     pub const fn fluss_landed() -> Self {
         ThrottleCurve {
             exponent: 2,
@@ -320,6 +742,43 @@ mod tests {
             Ok(c) => c,
             Err(e) => panic!("test curve refused: {e}"),
         }
+    }
+
+    fn config(tf: u32, tr: u32) -> PressureConfig {
+        match PressureConfig::builder()
+            .l0_trigger(tf)
+            .l0_slowdown_writes_trigger(tr)
+            .build()
+        {
+            Ok(c) => c,
+            Err(e) => panic!("test config refused: {e}"),
+        }
+    }
+
+    fn budget(tr: u32, write_buffer_size: u64, max_write_buffers: u32) -> PressureConfig {
+        match PressureConfig::builder()
+            .l0_slowdown_writes_trigger(tr)
+            .flush_budget(write_buffer_size, max_write_buffers)
+            .build()
+        {
+            Ok(c) => c,
+            Err(e) => panic!("test budget refused: {e}"),
+        }
+    }
+
+    fn decide_at(cfg: PressureConfig, l0: u64) -> Decision {
+        let mut server = ServerPressure::new(cfg);
+        server.handle_l0(l0);
+        server.decide()
+    }
+
+    const ACCEPT_CLEAR: Decision = Decision::Accept { pressure_ppm: 0 };
+    const REJECT_TR: Decision = Decision::Reject {
+        reason: RejectReason::SlowdownTrigger,
+    };
+
+    fn accept(pressure_ppm: u32) -> Decision {
+        Decision::Accept { pressure_ppm }
     }
 
     // ---- wire signal --------------------------------------------------------------------
@@ -579,5 +1038,331 @@ mod tests {
         assert_eq!(landed.to_builder().build(), Ok(landed));
         let changed = landed.to_builder().max_throttle(ms(1_000)).build();
         assert_eq!(changed, Ok(curve(2, 1_000)));
+    }
+
+    // ---- server half --------------------------------------------------------------------
+
+    #[test]
+    fn default_preset_ramp_at_every_l0_through_tr_plus_2() {
+        // Tf = 12, Tr = 20: p = (L0 − 12)/8; client 5000 ms · p³ (the proposal's cubic ramp).
+        let table: [(u64, Decision, u64); 23] = [
+            (0, ACCEPT_CLEAR, 0),
+            (1, ACCEPT_CLEAR, 0),
+            (2, ACCEPT_CLEAR, 0),
+            (3, ACCEPT_CLEAR, 0),
+            (4, ACCEPT_CLEAR, 0),
+            (5, ACCEPT_CLEAR, 0),
+            (6, ACCEPT_CLEAR, 0),
+            (7, ACCEPT_CLEAR, 0),
+            (8, ACCEPT_CLEAR, 0),
+            (9, ACCEPT_CLEAR, 0),
+            (10, ACCEPT_CLEAR, 0),
+            (11, ACCEPT_CLEAR, 0),
+            (12, ACCEPT_CLEAR, 0), // at Tf the ramp starts from zero
+            (13, accept(125_000), 9),
+            (14, accept(250_000), 78),
+            (15, accept(375_000), 263),
+            (16, accept(500_000), 625),
+            (17, accept(625_000), 1_220),
+            (18, accept(750_000), 2_109),
+            (19, accept(875_000), 3_349), // (Tr − Tf − 1)/(Tr − Tf) = 7/8
+            (20, REJECT_TR, 5_000),
+            (21, REJECT_TR, 5_000),
+            (22, REJECT_TR, 5_000),
+        ];
+        let client = ThrottleCurve::default();
+        for (l0, decision, delay_ms) in table {
+            let got = decide_at(PressureConfig::default(), l0);
+            assert_eq!(got, decision, "L0 {l0}");
+            assert_eq!(client.delay(got.signal()), ms(delay_ms), "L0 {l0}");
+        }
+    }
+
+    #[test]
+    fn landed_preset_ramp_at_every_l0_through_tr_plus_2() {
+        // Tf = 8, Tr = 20: p = (L0 − 8)/12 to the nearest ppm; client k = 2 at 3000 ms (the
+        // landed curve) and at 1000 ms (upstream's example ceiling).
+        let table: [(u64, Decision, u64, u64); 23] = [
+            (0, ACCEPT_CLEAR, 0, 0),
+            (1, ACCEPT_CLEAR, 0, 0),
+            (2, ACCEPT_CLEAR, 0, 0),
+            (3, ACCEPT_CLEAR, 0, 0),
+            (4, ACCEPT_CLEAR, 0, 0),
+            (5, ACCEPT_CLEAR, 0, 0),
+            (6, ACCEPT_CLEAR, 0, 0),
+            (7, ACCEPT_CLEAR, 0, 0),
+            (8, ACCEPT_CLEAR, 0, 0),
+            (9, accept(83_333), 20, 6),
+            (10, accept(166_667), 83, 27),
+            (11, accept(250_000), 187, 62),
+            (12, accept(333_333), 333, 111),
+            (13, accept(416_667), 520, 173),
+            (14, accept(500_000), 750, 250), // p 0.5 → 250 ms at 1000 ms
+            (15, accept(583_333), 1_020, 340),
+            (16, accept(666_667), 1_333, 444),
+            (17, accept(750_000), 1_687, 562),
+            (18, accept(833_333), 2_083, 694),
+            (19, accept(916_667), 2_520, 840),
+            (20, REJECT_TR, 3_000, 1_000),
+            (21, REJECT_TR, 3_000, 1_000),
+            (22, REJECT_TR, 3_000, 1_000),
+        ];
+        let landed = ThrottleCurve::fluss_landed();
+        let at_1000 = curve(2, 1_000);
+        for (l0, decision, landed_ms, ms_1000) in table {
+            let got = decide_at(PressureConfig::fluss_landed(), l0);
+            assert_eq!(got, decision, "L0 {l0}");
+            assert_eq!(landed.delay(got.signal()), ms(landed_ms), "L0 {l0}");
+            assert_eq!(at_1000.delay(got.signal()), ms(ms_1000), "L0 {l0}");
+        }
+    }
+
+    #[test]
+    fn ramp_agrees_with_upstreams_float_wire_path() {
+        // Upstream sends (L0 − Tf)/(Tr − Tf) as an f32; decoding it gives our ppm for the
+        // presets and small spans, and is at most 1 ppm off for any span (the f32 ratio is
+        // itself rounded: 277/997 is 277 833.5005 ppm, its f32 277 833.4998).
+        for (tf, tr) in [(12, 20), (8, 20), (1, 2), (1, 3), (7, 10), (1, 50)] {
+            for l0 in tf..tr {
+                let wire = (l0 - tf) as f32 / (tr - tf) as f32;
+                let direct = decide_at(config(tf, tr), u64::from(l0)).signal();
+                assert_eq!(Signal::from_f32(wire), direct, "Tf {tf} Tr {tr} L0 {l0}");
+            }
+        }
+        for (tf, tr) in [(3, 1_000), (1, 100_000)] {
+            for l0 in tf..tr {
+                let wire = Signal::from_f32((l0 - tf) as f32 / (tr - tf) as f32).ppm();
+                let direct = decide_at(config(tf, tr), u64::from(l0)).signal().ppm();
+                assert!(wire.abs_diff(direct) <= 1, "Tf {tf} Tr {tr} L0 {l0}");
+            }
+        }
+        assert_eq!(decide_at(config(3, 1_000), 280), accept(277_834));
+    }
+
+    #[test]
+    fn accepted_pressure_stays_below_a_whole_for_the_widest_span() {
+        let widest = config(1, MAX_TRIGGER);
+        let last = u64::from(MAX_TRIGGER) - 1;
+        // (Tr − Tf − 1)/(Tr − Tf) is 0.9999999995 here, which would round to a whole.
+        assert_eq!(decide_at(widest, last), accept(999_999));
+        // One file over Tf is 0.0005 ppm: accepted without pressure.
+        assert_eq!(decide_at(widest, 2), ACCEPT_CLEAR);
+        assert_eq!(decide_at(widest, u64::from(MAX_TRIGGER)), REJECT_TR);
+    }
+
+    #[test]
+    fn huge_l0_counts_are_rejected_without_overflow() {
+        for l0 in [u64::from(u32::MAX), u64::MAX - 1, u64::MAX] {
+            assert_eq!(decide_at(PressureConfig::default(), l0), REJECT_TR);
+            let mut server = ServerPressure::new(budget(20, 1, 2));
+            server.handle_l0(l0);
+            server.handle_pending_bytes(u64::MAX);
+            assert_eq!(server.decide(), REJECT_TR);
+            assert_eq!(server.pressure(), Signal::Full);
+        }
+    }
+
+    #[test]
+    fn server_validation_bounds_on_both_sides() {
+        let out = |option, got| ConfigError::OutOfRange {
+            option,
+            got,
+            min: 1,
+            max: u64::from(MAX_TRIGGER),
+            unit: "files",
+        };
+        let build = |tf: u32, tr: u32| {
+            PressureConfig::builder()
+                .l0_trigger(tf)
+                .l0_slowdown_writes_trigger(tr)
+                .build()
+        };
+        let not_below = ConfigError::Invalid {
+            option: "kv.backpressure.l0-slowdown-trigger",
+            reason: "must be below `kv.rocksdb.level0-slowdown-writes-trigger`",
+        };
+        let tf = "kv.backpressure.l0-slowdown-trigger";
+        let tr = "kv.rocksdb.level0-slowdown-writes-trigger";
+        assert_eq!(build(0, 20), Err(out(tf, 0)));
+        assert_eq!(build(1, 20).map(|c| c.l0_trigger()), Ok(1));
+        assert_eq!(build(19, 20).map(|c| c.l0_trigger()), Ok(19));
+        assert_eq!(build(MAX_TRIGGER + 1, 20), Err(out(tf, 1 << 31)));
+        assert_eq!(build(1, 0), Err(out(tr, 0)));
+        assert_eq!(
+            build(1, MAX_TRIGGER).map(|c| c.l0_slowdown_writes_trigger()),
+            Ok(MAX_TRIGGER)
+        );
+        assert_eq!(build(1, MAX_TRIGGER + 1), Err(out(tr, 1 << 31)));
+        assert_eq!(build(20, 20), Err(not_below)); // upstream: a warning and pressure 0
+        assert_eq!(build(21, 20), Err(not_below));
+        assert_eq!(build(1, 1), Err(not_below));
+        assert_eq!(build(MAX_TRIGGER, MAX_TRIGGER), Err(not_below));
+    }
+
+    #[test]
+    fn flush_budget_validation_bounds_on_both_sides() {
+        let with = |size: u64, count: u32| {
+            PressureConfig::builder()
+                .flush_budget(size, count)
+                .build()
+                .map(|c| c.flush_budget())
+        };
+        assert_eq!(
+            with(0, 2),
+            Err(ConfigError::OutOfRange {
+                option: "kv.rocksdb.writebuffer.size",
+                got: 0,
+                min: 1,
+                max: u64::MAX,
+                unit: "bytes",
+            })
+        );
+        let ok = |size, count| {
+            Ok(Some(FlushBudget {
+                write_buffer_size: size,
+                max_write_buffers: count,
+            }))
+        };
+        assert_eq!(with(1, 2), ok(1, 2));
+        assert_eq!(with(u64::MAX, 2), ok(u64::MAX, 2));
+        let count = |got| ConfigError::OutOfRange {
+            option: "kv.rocksdb.writebuffer.count",
+            got,
+            min: 1,
+            max: u64::from(MAX_TRIGGER),
+            unit: "files",
+        };
+        assert_eq!(with(64 << 20, 0), Err(count(0)));
+        assert_eq!(with(64 << 20, 1), ok(64 << 20, 1));
+        assert_eq!(with(64 << 20, 19), ok(64 << 20, 19)); // Tr − 1
+        let not_below = Err(ConfigError::Invalid {
+            option: "kv.rocksdb.writebuffer.count",
+            reason: "must be below `kv.rocksdb.level0-slowdown-writes-trigger`",
+        });
+        assert_eq!(with(64 << 20, 20), not_below); // Tr: every write would be refused
+        assert_eq!(with(64 << 20, MAX_TRIGGER + 1), Err(count(1 << 31)));
+        // The builder can drop it again; the default and landed presets have none.
+        let dropped = PressureConfig::builder()
+            .flush_budget(0, 0)
+            .without_flush_budget()
+            .build();
+        assert_eq!(dropped, Ok(PressureConfig::default()));
+        assert_eq!(PressureConfig::fluss_landed().flush_budget(), None);
+        let landed = PressureConfig::fluss_landed().to_builder().build();
+        assert_eq!(landed, Ok(PressureConfig::fluss_landed()));
+    }
+
+    #[test]
+    fn flush_budget_rejects_exactly_when_l0_plus_pending_files_plus_headroom_reach_tr() {
+        const MIB64: u64 = 64 << 20;
+        let cfg = budget(20, MIB64, 2);
+        // (L0, pending bytes, decision): reject iff L0 + ⌈pending / 64 MiB⌉ + 2 ≥ 20.
+        let flush_budget = Decision::Reject {
+            reason: RejectReason::FlushBudget,
+        };
+        let cases = [
+            (17, 0, accept(625_000)),          // 17 + 0 + 2 = 19
+            (17, 1, flush_budget),             // 17 + 1 + 2 = 20
+            (16, MIB64, accept(500_000)),      // 16 + 1 + 2 = 19
+            (16, MIB64 + 1, flush_budget),     // 16 + 2 + 2 = 20
+            (18, 0, flush_budget),             // the headroom alone: 18 + 0 + 2
+            (0, 17 * MIB64, ACCEPT_CLEAR),     // 0 + 17 + 2 = 19
+            (0, 17 * MIB64 + 1, flush_budget), // before Tf, nothing soft came first
+            (0, u64::MAX, flush_budget),
+            (19, u64::MAX, flush_budget),
+            (20, 0, REJECT_TR), // the slowdown trigger is named first
+        ];
+        for (l0, pending, decision) in cases {
+            let mut server = ServerPressure::new(cfg);
+            server.handle_l0(l0);
+            server.handle_pending_bytes(pending);
+            assert_eq!(server.decide(), decision, "L0 {l0} pending {pending}");
+            assert_eq!(server.pending_bytes(), pending);
+        }
+        // The largest memtable size counts any pending amount as one file.
+        let mut server = ServerPressure::new(budget(20, u64::MAX, 2));
+        server.handle_l0(17);
+        server.handle_pending_bytes(u64::MAX);
+        assert_eq!(server.decide(), flush_budget);
+        server.handle_l0(16);
+        assert_eq!(server.decide(), accept(500_000));
+    }
+
+    #[test]
+    fn flush_budget_is_off_by_default_and_never_raises_the_gauge() {
+        let mut server = ServerPressure::new(PressureConfig::default());
+        server.handle_l0(19);
+        server.handle_pending_bytes(u64::MAX);
+        assert_eq!(server.decide(), accept(875_000));
+
+        let mut server = ServerPressure::new(budget(20, 1, 2));
+        server.handle_l0(13);
+        server.handle_pending_bytes(u64::MAX);
+        assert!(server.decide().is_reject());
+        assert_eq!(server.decide().signal(), Signal::Full);
+        assert_eq!(server.pressure(), Signal::Pressure(125_000));
+    }
+
+    #[test]
+    fn rejection_latch_rejects_with_at_least_0_8_until_a_flush_completes() {
+        let latched = Decision::Reject {
+            reason: RejectReason::Latched,
+        };
+        let mut server = ServerPressure::new(PressureConfig::default());
+        server.handle_l0(3);
+        assert_eq!(server.decide(), ACCEPT_CLEAR);
+        assert_eq!(server.pressure(), Signal::Clear);
+
+        server.handle_write_rejected();
+        assert!(server.is_latched());
+        assert_eq!(server.decide(), latched);
+        assert_eq!(server.pressure(), Signal::Pressure(800_000));
+        // L0 falling (compaction) does not clear it: only a flush does.
+        server.handle_l0(0);
+        assert_eq!(server.decide(), latched);
+        // A ramp above 0.8 shows through; at Tr the gauge is full and Tr is named.
+        server.handle_l0(19);
+        assert_eq!(server.pressure(), Signal::Pressure(875_000));
+        server.handle_l0(20);
+        assert_eq!(server.pressure(), Signal::Full);
+        assert_eq!(server.decide(), REJECT_TR);
+        // Repeated rejections keep one latch; one flush clears it.
+        server.handle_l0(14);
+        server.handle_write_rejected();
+        server.handle_write_rejected();
+        assert_eq!(server.pressure(), Signal::Pressure(800_000));
+        server.handle_flush_completed();
+        assert!(!server.is_latched());
+        assert_eq!(server.decide(), accept(250_000));
+        assert_eq!(server.pressure(), Signal::Pressure(250_000));
+        // A flush with no latch changes nothing.
+        server.handle_flush_completed();
+        assert_eq!(server.decide(), accept(250_000));
+    }
+
+    #[test]
+    fn latched_decision_feeds_the_client_the_full_ceiling() {
+        let mut server = ServerPressure::new(PressureConfig::fluss_landed());
+        server.handle_l0(9);
+        server.handle_write_rejected();
+        let signal: Signal = server.decide().into();
+        assert_eq!(signal, Signal::Full);
+        assert_eq!(ThrottleCurve::fluss_landed().delay(signal), ms(3_000));
+    }
+
+    #[test]
+    fn new_server_is_clear_and_keeps_its_config() {
+        let server = ServerPressure::new(PressureConfig::fluss_landed());
+        assert_eq!(server.config(), &PressureConfig::fluss_landed());
+        assert_eq!((server.l0_files(), server.pending_bytes()), (0, 0));
+        assert!(!server.is_latched());
+        assert_eq!(server.decide(), ACCEPT_CLEAR);
+        assert!(!server.decide().is_reject());
+        let defaults = PressureConfig::default();
+        assert_eq!(
+            (defaults.l0_trigger(), defaults.l0_slowdown_writes_trigger()),
+            (12, 20)
+        );
+        assert_eq!(PressureConfig::fluss_landed().l0_trigger(), 8);
     }
 }

@@ -22,7 +22,7 @@ pub mod time;
 pub mod model;
 
 pub use backoff::{Backoff, BackoffConfig, Jitter};
-pub use backpressure::{Signal, ThrottleCurve};
+pub use backpressure::{Decision, PressureConfig, ServerPressure, Signal, ThrottleCurve};
 pub use error::{ConfigError, ReleaseError};
 pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;
