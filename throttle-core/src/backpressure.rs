@@ -1118,6 +1118,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn ramp_agrees_with_upstreams_float_wire_path() {
         // Upstream sends (L0 − Tf)/(Tr − Tf) as an f32; decoding it gives our ppm for the
         // presets and small spans, and is at most 1 ppm off for any span (the f32 ratio is

@@ -33,7 +33,8 @@ fn scripted_sequences_match_the_naive_reference() {
         0, 4, // L0 at Tr
     ];
     assert_eq!(check(script), Ok(()));
-    for seed in 0u8..=255 {
+    let seeds = if cfg!(miri) { 0u8..=3 } else { 0u8..=255 };
+    for seed in seeds {
         let bytes: Vec<u8> = (0u8..200)
             .map(|i| i.wrapping_mul(seed).wrapping_add(seed))
             .collect();
