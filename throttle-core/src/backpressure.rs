@@ -51,7 +51,7 @@ const LATCH_FLOOR_PPM: u32 = 800_000;
 
 /// The backpressure a server reports for one bucket, in parts per million (ppm).
 ///
-/// The three variants are ordered by severity. `Pressure(ppm)` is meant to hold
+/// The variants are listed by severity. `Pressure(ppm)` is meant to hold
 /// `0 < ppm < 1_000_000`; constructors here always normalise (see [`Signal::from_ppm`]), and
 /// every consumer treats an out-of-range payload as its neighbour: `Pressure(0)` as `Clear`,
 /// `Pressure(≥ 1_000_000)` as `Full`.
@@ -109,8 +109,8 @@ impl Signal {
         let ppm = if shift >= 64 {
             0 // below 2^-40: far under half a ppm
         } else {
-            // Round half up: add half of the divisor before shifting (cannot overflow: < 2^63 + 2^44).
-            scaled.saturating_add(1u64 << (shift - 1)) >> shift
+            // Round half up: add half the divisor before shifting (< 2^62 + 2^44, no overflow).
+            scaled.saturating_add(1u64 << shift.saturating_sub(1)) >> shift
         };
         Signal::from_ppm(u32::try_from(ppm).unwrap_or(PPM_ONE))
     }
