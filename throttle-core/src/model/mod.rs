@@ -7,14 +7,13 @@
 //!
 //! Each `check(bytes)` returns `Err(Divergence)` describing the first disagreement.
 
-pub mod backpressure;
-
 use alloc::string::String;
 use core::time::Duration;
 
 use crate::time::Instant;
 
 pub mod backoff;
+pub mod backpressure;
 pub mod pending_bytes;
 
 /// A disagreement between a machine and its reference model, described for a human.
