@@ -12,6 +12,7 @@ extern crate alloc;
 extern crate std;
 
 pub mod backoff;
+pub mod backpressure;
 pub mod error;
 pub mod pending_bytes;
 pub mod rng;
@@ -21,6 +22,7 @@ pub mod time;
 pub mod model;
 
 pub use backoff::{Backoff, BackoffConfig, Jitter};
+pub use backpressure::{Decision, PressureConfig, ServerPressure, Signal, ThrottleCurve};
 pub use error::{ConfigError, ReleaseError};
 pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;

@@ -13,6 +13,7 @@ use core::time::Duration;
 use crate::time::Instant;
 
 pub mod backoff;
+pub mod backpressure;
 pub mod pending_bytes;
 
 /// A disagreement between a machine and its reference model, described for a human.
