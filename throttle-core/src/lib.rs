@@ -12,6 +12,7 @@ extern crate alloc;
 extern crate std;
 
 pub mod backoff;
+pub mod batcher;
 pub mod dispatch_window;
 pub mod error;
 pub mod pending_bytes;
@@ -22,6 +23,7 @@ pub mod time;
 pub mod model;
 
 pub use backoff::{Backoff, BackoffConfig, Jitter};
+pub use batcher::{Batch, BatchAction, BatchKind, Batcher, BatcherConfig, FailReason};
 pub use dispatch_window::{CreditId, Dispatch, DispatchWindow, SubmitError, WindowConfig};
 pub use error::{ConfigError, ReleaseError};
 pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
