@@ -93,7 +93,7 @@ impl CreditId {
     }
 
     /// Builds an arbitrary id: for tests and model checkers that forge bogus credits.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "model"))]
     pub(crate) fn forge(slot: u32, generation: u64) -> Self {
         CreditId { slot, generation }
     }
@@ -514,18 +514,18 @@ where
     }
 
     /// Moves the credit-id counter forward, to test the end of the id space.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "model"))]
     pub(crate) fn skip_generations_to(&mut self, next_generation: u64) {
         self.credits.next_generation = self.credits.next_generation.max(next_generation);
     }
 }
 
 /// A small deterministic hasher for tests and model checkers (the crate has no default one).
-#[cfg(test)]
+#[cfg(any(test, feature = "model"))]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct FnvHasher(u64);
 
-#[cfg(test)]
+#[cfg(any(test, feature = "model"))]
 impl core::hash::Hasher for FnvHasher {
     fn finish(&self) -> u64 {
         self.0
@@ -541,7 +541,7 @@ impl core::hash::Hasher for FnvHasher {
 }
 
 /// The hasher builder tests and model checkers pass as `S`.
-#[cfg(test)]
+#[cfg(any(test, feature = "model"))]
 pub(crate) type TestHasher = core::hash::BuildHasherDefault<FnvHasher>;
 
 #[cfg(test)]
