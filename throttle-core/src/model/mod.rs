@@ -7,6 +7,7 @@
 //!
 //! Each `check(bytes)` returns `Err(Divergence)` describing the first disagreement.
 
+pub mod batcher;
 pub mod dispatch_window;
 
 use alloc::string::String;
