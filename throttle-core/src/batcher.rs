@@ -227,6 +227,13 @@ pub enum BatchAction<Shard, H> {
 #[error("batcher is closed")]
 pub struct Closed<H>(pub H);
 
+impl<H> Closed<H> {
+    /// The refused operation's handle.
+    pub fn into_handle(self) -> H {
+        self.0
+    }
+}
+
 #[derive(Clone, Debug)]
 struct InFlight<H> {
     credit: CreditId,
@@ -258,6 +265,31 @@ struct InFlight<H> {
 ///   [`FailReason::BatchFailed`]. Either releases the batch's credit exactly once (through
 ///   [`DispatchWindow::complete`], the single point of truth) and may `Send` the next batch.
 /// - There is no timer: `now` only stamps [`Batch::opened_at`].
+///
+/// ```
+/// use throttle_core::{BatchAction, Batcher, BatcherConfig, FailReason, Instant};
+/// # use core::hash::BuildHasherDefault;
+/// # #[derive(Default)] struct H(u64);
+/// # impl core::hash::Hasher for H {
+/// #     fn finish(&self) -> u64 { self.0 }
+/// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+/// # }
+/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads()).unwrap();
+/// let now = Instant::ZERO;
+/// b.handle_op(now, 1, "get a", 0).unwrap();
+/// b.handle_op(now, 1, "get b", 0).unwrap();
+/// b.flush(now); // input queue empty and shard 1 has credit: the batch goes out now
+/// let Some(BatchAction::Send { shard: 1, credit }) = b.poll_action() else { unreachable!() };
+/// assert_eq!(b.batch(credit).unwrap().ops(), ["get a", "get b"]);
+///
+/// b.handle_response(now, credit, [0]).unwrap(); // the response covered only position 0
+/// assert_eq!(b.poll_action(), Some(BatchAction::Deliver { handle: "get a", position: 0 }));
+/// assert_eq!(
+///     b.poll_action(),
+///     Some(BatchAction::Fail { handle: "get b", reason: FailReason::NoResponse })
+/// );
+/// assert_eq!(b.poll_action(), None);
+/// ```
 #[derive(Clone, Debug)]
 pub struct Batcher<Shard, H, S> {
     cfg: BatcherConfig,

@@ -100,7 +100,10 @@ impl CreditId {
 }
 
 /// A batch to send now, under `credit`. Returned, never sent by the window itself.
+///
+/// Dropping it without sending leaks its credit until [`DispatchWindow::complete`] is called.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "send the batch, then complete its credit exactly once"]
 #[non_exhaustive]
 pub struct Dispatch<Shard, B> {
     /// The shard the batch is for.
