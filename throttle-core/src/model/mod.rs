@@ -7,15 +7,14 @@
 //!
 //! Each `check(bytes)` returns `Err(Divergence)` describing the first disagreement.
 
-pub mod batcher;
-pub mod dispatch_window;
-
 use alloc::string::String;
 use core::time::Duration;
 
 use crate::time::Instant;
 
 pub mod backoff;
+pub mod batcher;
+pub mod dispatch_window;
 pub mod pending_bytes;
 
 /// A disagreement between a machine and its reference model, described for a human.
