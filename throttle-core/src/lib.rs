@@ -13,6 +13,8 @@ extern crate std;
 
 pub mod backoff;
 pub mod backpressure;
+pub mod batcher;
+pub mod dispatch_window;
 pub mod error;
 pub mod pending_bytes;
 pub mod rng;
@@ -23,6 +25,8 @@ pub mod model;
 
 pub use backoff::{Backoff, BackoffConfig, Jitter};
 pub use backpressure::{Decision, PressureConfig, ServerPressure, Signal, ThrottleCurve};
+pub use batcher::{Batch, BatchAction, BatchKind, Batcher, BatcherConfig, FailReason};
+pub use dispatch_window::{CreditId, Dispatch, DispatchWindow, SubmitError, WindowConfig};
 pub use error::{ConfigError, ReleaseError};
 pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;

@@ -14,6 +14,8 @@ use crate::time::Instant;
 
 pub mod backoff;
 pub mod backpressure;
+pub mod batcher;
+pub mod dispatch_window;
 pub mod pending_bytes;
 
 /// A disagreement between a machine and its reference model, described for a human.

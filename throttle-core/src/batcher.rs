@@ -1,0 +1,1056 @@
+//! Rate-adaptive batcher: per-shard open batches that grow while the shard's dispatch window is
+//! exhausted, so the batch size follows the server's service rate instead of flooding it with
+//! tiny RPCs.
+//!
+//! Operations go into their shard's *open batch*. A batch is *full* at
+//! `max_requests_per_batch` operations or, for writes, when the next operation would take it
+//! past `max_batch_bytes` (an operation larger than that travels alone). Full batches go to the
+//! [`DispatchWindow`]: sent at once if the shard has credit, else queued FIFO. When the driver's
+//! input queue is empty it calls [`flush`](Batcher::flush): open batches of shards with credit
+//! go out at once (there is no linger timer); open batches of exhausted shards are parked in the
+//! window and keep growing, since the next operation for that shard reclaims the parked batch
+//! rather than starting a new one behind it.
+//!
+//! The batcher owns every operation's caller handle `H` from [`handle_op`](Batcher::handle_op)
+//! until it ends, and ends each exactly once: [`BatchAction::Deliver`] (a response arrived) or
+//! [`BatchAction::Fail`] (no response, the batch failed, or the batcher closed).
+//!
+//! See `docs/dispatch-window.md` for the state diagram.
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+use core::hash::{BuildHasher, Hash};
+
+use hashbrown::HashMap;
+
+use crate::dispatch_window::{CreditId, Dispatch, DispatchWindow, WindowConfig};
+use crate::error::{ConfigError, ReleaseError};
+use crate::time::{Clock, Instant};
+
+const MAX_REQUESTS_OPTION: &str = "client.batch.max-requests-per-batch";
+const MAX_BYTES_OPTION: &str = "client.batch.max-batch-bytes";
+
+/// Emptied operation buffers kept for the next batches, so steady traffic does not allocate.
+const SPARE_BATCHES: usize = 8;
+
+/// The open-batch map keeps at least this many entries of capacity when it shrinks.
+const MIN_MAP_CAPACITY: usize = 16;
+
+/// Which limits a batcher applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BatchKind {
+    /// Read batches are bounded by operation count only.
+    Read,
+    /// Write batches are bounded by operation count and by `max_batch_bytes`.
+    Write,
+}
+
+/// Configuration of a [`Batcher`]: batch limits and the dispatch window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatcherConfig {
+    kind: BatchKind,
+    max_requests_per_batch: u32,
+    max_batch_bytes: u64,
+    window: WindowConfig,
+}
+
+impl Default for BatcherConfig {
+    /// The seed's write defaults: 1000 operations, 128 KiB, 4 batches in flight per shard.
+    fn default() -> Self {
+        BatcherConfig {
+            kind: BatchKind::Write,
+            max_requests_per_batch: 1000,
+            max_batch_bytes: 128 * 1024,
+            window: WindowConfig::default(),
+        }
+    }
+}
+
+impl BatcherConfig {
+    /// The defaults for writes (same as `Default`).
+    pub fn writes() -> Self {
+        Self::default()
+    }
+
+    /// The defaults for reads: 1000 operations per batch, no byte limit, 4 in flight.
+    pub fn reads() -> Self {
+        BatcherConfig {
+            kind: BatchKind::Read,
+            ..Self::default()
+        }
+    }
+
+    /// At most `n` operations per batch (at least 1).
+    #[must_use]
+    pub fn with_max_requests_per_batch(mut self, n: u32) -> Self {
+        self.max_requests_per_batch = n;
+        self
+    }
+
+    /// Write batches stop before exceeding `bytes` (at least 1; ignored for reads).
+    #[must_use]
+    pub fn with_max_batch_bytes(mut self, bytes: u64) -> Self {
+        self.max_batch_bytes = bytes;
+        self
+    }
+
+    /// The per-shard dispatch window.
+    #[must_use]
+    pub fn with_window(mut self, window: WindowConfig) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// Read or write limits.
+    pub fn kind(&self) -> BatchKind {
+        self.kind
+    }
+
+    /// Operations per batch at most.
+    pub fn max_requests_per_batch(&self) -> u32 {
+        self.max_requests_per_batch
+    }
+
+    /// Bytes per write batch at most (an operation larger than this goes alone).
+    pub fn max_batch_bytes(&self) -> u64 {
+        self.max_batch_bytes
+    }
+
+    /// The per-shard dispatch window.
+    pub fn window(&self) -> WindowConfig {
+        self.window
+    }
+
+    /// Refuses zero limits and an invalid window.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_requests_per_batch == 0 {
+            return Err(ConfigError::OutOfRange {
+                option: MAX_REQUESTS_OPTION,
+                got: 0,
+                min: 1,
+                max: u64::from(u32::MAX),
+                unit: "operations",
+            });
+        }
+        if self.max_batch_bytes == 0 {
+            return Err(ConfigError::OutOfRange {
+                option: MAX_BYTES_OPTION,
+                got: 0,
+                min: 1,
+                max: u64::MAX,
+                unit: "bytes",
+            });
+        }
+        self.window.validate()
+    }
+}
+
+/// A batch of operations for one shard, in arrival order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch<H> {
+    ops: Vec<H>,
+    bytes: u64,
+    opened_at: Instant,
+}
+
+impl<H> Batch<H> {
+    /// The operations' handles, in arrival order; a response's position indexes this slice.
+    pub fn ops(&self) -> &[H] {
+        &self.ops
+    }
+
+    /// Number of operations.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether the batch holds no operation.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Sum of the operations' sizes (saturating).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// When the first operation arrived (the batcher's clamped clock).
+    pub fn opened_at(&self) -> Instant {
+        self.opened_at
+    }
+}
+
+/// Why an operation ended without a response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailReason {
+    /// Its batch completed but the response did not cover it.
+    NoResponse,
+    /// Its batch failed as a whole.
+    BatchFailed,
+    /// The batcher closed before the operation was sent.
+    Closed,
+}
+
+/// What the driver must do next, drained with [`Batcher::poll_action`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BatchAction<Shard, H> {
+    /// Send the batch held under `credit` (read it with [`Batcher::batch`]); report its end
+    /// with [`Batcher::handle_response`] or [`Batcher::handle_failure`] exactly once.
+    Send {
+        /// The shard to send to.
+        shard: Shard,
+        /// The batch's credit.
+        credit: CreditId,
+    },
+    /// Hand the operation its response: entry `position` of its batch's response.
+    Deliver {
+        /// The operation's handle.
+        handle: H,
+        /// Its position in the batch (and in the response).
+        position: usize,
+    },
+    /// End the operation with an error.
+    Fail {
+        /// The operation's handle.
+        handle: H,
+        /// Why it failed.
+        reason: FailReason,
+    },
+}
+
+/// An operation refused because the batcher is closed; the handle is handed back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("batcher is closed")]
+pub struct Closed<H>(pub H);
+
+impl<H> Closed<H> {
+    /// The refused operation's handle.
+    pub fn into_handle(self) -> H {
+        self.0
+    }
+}
+
+#[derive(Clone, Debug)]
+struct InFlight<H> {
+    credit: CreditId,
+    batch: Batch<H>,
+}
+
+/// Per-shard batching in front of a [`DispatchWindow`].
+///
+/// Generic over the shard key, the caller's per-operation handle `H` (a response channel, an
+/// operation id, …) and the hasher `S`. Use one batcher for reads and another for writes, each
+/// with its own window, as the seed does.
+///
+/// # Driving contract
+///
+/// - Inputs: [`handle_op`](Self::handle_op) for each operation; [`flush`](Self::flush) whenever
+///   the driver's input queue is empty; [`handle_response`](Self::handle_response) or
+///   [`handle_failure`](Self::handle_failure) exactly once per sent batch;
+///   [`fail_all`](Self::fail_all) to close.
+/// - Output: after every input, drain [`poll_action`](Self::poll_action) until `None`. For a
+///   `Send`, read the batch with [`batch`](Self::batch) and put it on the wire after the drain
+///   loop or from within it; nothing re-enters the batcher.
+/// - Queries (`&self`): [`batch`](Self::batch), [`window`](Self::window),
+///   [`open_batches`](Self::open_batches), [`open_ops`](Self::open_ops),
+///   [`is_closed`](Self::is_closed).
+/// - Completion: `handle_response(now, credit, positions)` names the positions (indexes into
+///   [`Batch::ops`]) that got a response; each of those is `Deliver`ed once, every other
+///   operation of the batch `Fail`s with [`FailReason::NoResponse`]. Out-of-range and repeated
+///   positions are ignored. `handle_failure` fails every operation with
+///   [`FailReason::BatchFailed`]. Either releases the batch's credit exactly once (through
+///   [`DispatchWindow::complete`], the single point of truth) and may `Send` the next batch.
+/// - There is no timer: `now` only stamps [`Batch::opened_at`].
+///
+/// ```
+/// use throttle_core::{BatchAction, Batcher, BatcherConfig, FailReason, Instant};
+/// # use core::hash::BuildHasherDefault;
+/// # #[derive(Default)] struct H(u64);
+/// # impl core::hash::Hasher for H {
+/// #     fn finish(&self) -> u64 { self.0 }
+/// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+/// # }
+/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads()).unwrap();
+/// let now = Instant::ZERO;
+/// b.handle_op(now, 1, "get a", 0).unwrap();
+/// b.handle_op(now, 1, "get b", 0).unwrap();
+/// b.flush(now); // input queue empty and shard 1 has credit: the batch goes out now
+/// let Some(BatchAction::Send { shard: 1, credit }) = b.poll_action() else { unreachable!() };
+/// assert_eq!(b.batch(credit).unwrap().ops(), ["get a", "get b"]);
+///
+/// b.handle_response(now, credit, [0]).unwrap(); // the response covered only position 0
+/// assert_eq!(b.poll_action(), Some(BatchAction::Deliver { handle: "get a", position: 0 }));
+/// assert_eq!(
+///     b.poll_action(),
+///     Some(BatchAction::Fail { handle: "get b", reason: FailReason::NoResponse })
+/// );
+/// assert_eq!(b.poll_action(), None);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Batcher<Shard, H, S> {
+    cfg: BatcherConfig,
+    clock: Clock,
+    window: DispatchWindow<Shard, Batch<H>, S>,
+    /// Shards with an open batch in the batcher (`None`: the last one just left as full).
+    open: HashMap<Shard, Option<Batch<H>>, S>,
+    /// Exactly the keys of `open`, so `flush` never scans every shard ever seen.
+    open_list: Vec<Shard>,
+    /// Batches in flight, indexed by their credit's slot.
+    sent: Vec<Option<InFlight<H>>>,
+    actions: VecDeque<BatchAction<Shard, H>>,
+    spare_ops: Vec<Vec<H>>,
+    responded: Vec<bool>,
+    closed: bool,
+}
+
+impl<Shard, H, S> Batcher<Shard, H, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    /// A batcher with the default hasher of `S`.
+    pub fn new(cfg: BatcherConfig) -> Result<Self, ConfigError>
+    where
+        S: Default,
+    {
+        Self::with_hasher(cfg, S::default())
+    }
+
+    /// A batcher hashing shard keys with `hasher`.
+    pub fn with_hasher(cfg: BatcherConfig, hasher: S) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        Ok(Batcher {
+            cfg,
+            clock: Clock::default(),
+            window: DispatchWindow::with_hasher(cfg.window, hasher.clone())?,
+            open: HashMap::with_hasher(hasher),
+            open_list: Vec::new(),
+            sent: Vec::new(),
+            actions: VecDeque::new(),
+            spare_ops: Vec::new(),
+            responded: Vec::new(),
+            closed: false,
+        })
+    }
+
+    /// Adds an operation of `bytes` bytes for `shard`. A batch that becomes full is handed to
+    /// the window at once (poll for a `Send`). Refused after [`fail_all`](Self::fail_all).
+    pub fn handle_op(
+        &mut self,
+        now: Instant,
+        shard: Shard,
+        handle: H,
+        bytes: u64,
+    ) -> Result<(), Closed<H>> {
+        let now = self.clock.observe(now);
+        if self.closed {
+            return Err(Closed(handle));
+        }
+        if !self.open.contains_key(&shard) {
+            // Reclaim the parked batch so newer operations join it instead of queueing behind.
+            let parked = self.window.reclaim(&shard);
+            self.open.insert(shard.clone(), parked);
+            self.open_list.push(shard.clone());
+        }
+        let by_bytes = self.cfg.kind == BatchKind::Write;
+        let max_bytes = self.cfg.max_batch_bytes;
+        let max_ops = usize::try_from(self.cfg.max_requests_per_batch).unwrap_or(usize::MAX);
+        let Some(slot) = self.open.get_mut(&shard) else {
+            // Unreachable: inserted above. Hand the operation back rather than lose it.
+            return Err(Closed(handle));
+        };
+        // An operation that would push a non-empty write batch past the byte limit closes it.
+        let mut overflowed = None;
+        if by_bytes
+            && let Some(batch) = slot
+            && !batch.ops.is_empty()
+            && batch.bytes.saturating_add(bytes) > max_bytes
+        {
+            overflowed = slot.take();
+        }
+        let batch = match slot {
+            Some(batch) => batch,
+            None => slot.insert(Batch {
+                ops: self.spare_ops.pop().unwrap_or_default(),
+                bytes: 0,
+                opened_at: now,
+            }),
+        };
+        batch.ops.push(handle);
+        batch.bytes = batch.bytes.saturating_add(bytes);
+        let full = batch.ops.len() >= max_ops || (by_bytes && batch.bytes >= max_bytes);
+        let full = if full { slot.take() } else { None };
+        if let Some(b) = overflowed {
+            self.submit_full(shard.clone(), b);
+        }
+        if let Some(b) = full {
+            self.submit_full(shard, b);
+        }
+        Ok(())
+    }
+
+    /// The driver's input queue is empty: send every open batch whose shard has credit; park
+    /// the others in the window, where they keep growing.
+    pub fn flush(&mut self, now: Instant) {
+        self.clock.observe(now);
+        let mut list = core::mem::take(&mut self.open_list);
+        for shard in list.drain(..) {
+            let Some(Some(batch)) = self.open.remove(&shard) else {
+                continue;
+            };
+            match self.window.submit_or_park(shard, batch) {
+                Ok(Some(d)) => self.record(d),
+                Ok(None) => {}
+                Err(e) => {
+                    // Closed (id space spent) or, impossibly, already parked: never lose ops.
+                    self.end_ops(e.into_batch(), FailReason::Closed);
+                    self.close_if_window_closed();
+                }
+            }
+        }
+        self.open_list = list;
+        self.shrink_open();
+    }
+
+    /// The batch under `credit` got a response covering `positions` (indexes into its
+    /// [`Batch::ops`]). Delivers those, fails the rest with [`FailReason::NoResponse`], and
+    /// releases the credit (which may `Send` the shard's next batch).
+    ///
+    /// An unknown or already-released credit is an `Err`; nothing changes and `positions` is
+    /// not read.
+    pub fn handle_response<I>(
+        &mut self,
+        now: Instant,
+        credit: CreditId,
+        positions: I,
+    ) -> Result<(), ReleaseError>
+    where
+        I: IntoIterator<Item = usize>,
+    {
+        self.clock.observe(now);
+        let next = self.window.complete(credit)?;
+        if let Some(flight) = self.take_sent(credit) {
+            self.responded.clear();
+            self.responded.resize(flight.batch.ops.len(), false);
+            for p in positions {
+                if let Some(r) = self.responded.get_mut(p) {
+                    *r = true;
+                }
+            }
+            let mut ops = flight.batch.ops;
+            for (position, handle) in ops.drain(..).enumerate() {
+                let action = if self.responded.get(position).copied().unwrap_or(false) {
+                    BatchAction::Deliver { handle, position }
+                } else {
+                    BatchAction::Fail {
+                        handle,
+                        reason: FailReason::NoResponse,
+                    }
+                };
+                self.actions.push_back(action);
+            }
+            self.recycle(ops);
+        }
+        self.after_release(next);
+        Ok(())
+    }
+
+    /// The batch under `credit` failed as a whole: fails every operation with
+    /// [`FailReason::BatchFailed`] and releases the credit (which may `Send` the next batch).
+    /// An unknown or already-released credit is an `Err` and changes nothing.
+    pub fn handle_failure(&mut self, now: Instant, credit: CreditId) -> Result<(), ReleaseError> {
+        self.clock.observe(now);
+        let next = self.window.complete(credit)?;
+        if let Some(flight) = self.take_sent(credit) {
+            self.end_ops(flight.batch, FailReason::BatchFailed);
+        }
+        self.after_release(next);
+        Ok(())
+    }
+
+    /// Closes the batcher: every operation not yet sent (open, queued or parked) fails with
+    /// [`FailReason::Closed`]. Batches in flight are untouched; complete them as usual. Later
+    /// operations are refused.
+    pub fn fail_all(&mut self) {
+        self.closed = true;
+        let mut list = core::mem::take(&mut self.open_list);
+        for shard in list.drain(..) {
+            if let Some(Some(batch)) = self.open.remove(&shard) {
+                self.end_ops(batch, FailReason::Closed);
+            }
+        }
+        self.open_list = list;
+        for (_, batch) in self.window.fail_all() {
+            self.end_ops(batch, FailReason::Closed);
+        }
+        self.shrink_open();
+    }
+
+    /// The next thing to do, or `None` when there is nothing left.
+    pub fn poll_action(&mut self) -> Option<BatchAction<Shard, H>> {
+        self.actions.pop_front()
+    }
+
+    /// The batch in flight under `credit`, to put on the wire after a `Send`.
+    pub fn batch(&self, credit: CreditId) -> Option<&Batch<H>> {
+        match self.sent.get(credit.slot()) {
+            Some(Some(f)) if f.credit == credit => Some(&f.batch),
+            _ => None,
+        }
+    }
+
+    /// The dispatch window (credits, queued and parked batches per shard).
+    pub fn window(&self) -> &DispatchWindow<Shard, Batch<H>, S> {
+        &self.window
+    }
+
+    /// Shards with an open batch held by the batcher (not counting parked ones).
+    pub fn open_batches(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Operations in `shard`'s open batch, whether held here or parked in the window.
+    pub fn open_ops(&self, shard: &Shard) -> usize {
+        match self.open.get(shard) {
+            Some(Some(b)) => b.len(),
+            Some(None) => 0,
+            None => self.window.parked(shard).map_or(0, Batch::len),
+        }
+    }
+
+    /// Whether operations are refused (after [`fail_all`](Self::fail_all), or once the window
+    /// ran out of credit ids).
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    fn submit_full(&mut self, shard: Shard, batch: Batch<H>) {
+        match self.window.submit(shard, batch) {
+            Ok(Some(d)) => self.record(d),
+            Ok(None) => {}
+            Err(e) => {
+                self.end_ops(e.into_batch(), FailReason::Closed);
+                self.close_if_window_closed();
+            }
+        }
+    }
+
+    fn record(&mut self, d: Dispatch<Shard, Batch<H>>) {
+        let slot = d.credit.slot();
+        if self.sent.len() <= slot {
+            self.sent.resize_with(slot.saturating_add(1), || None);
+        }
+        if let Some(entry) = self.sent.get_mut(slot) {
+            *entry = Some(InFlight {
+                credit: d.credit,
+                batch: d.batch,
+            });
+            self.actions.push_back(BatchAction::Send {
+                shard: d.shard,
+                credit: d.credit,
+            });
+        }
+    }
+
+    fn take_sent(&mut self, credit: CreditId) -> Option<InFlight<H>> {
+        let entry = self.sent.get_mut(credit.slot())?;
+        if entry.as_ref().is_some_and(|f| f.credit == credit) {
+            entry.take()
+        } else {
+            None
+        }
+    }
+
+    fn after_release(&mut self, next: Option<Dispatch<Shard, Batch<H>>>) {
+        if let Some(d) = next {
+            self.record(d);
+        }
+        self.close_if_window_closed();
+    }
+
+    /// The window closes itself when its credit ids run out; fail what it still holds.
+    fn close_if_window_closed(&mut self) {
+        if self.window.is_closed() && !self.closed {
+            self.fail_all();
+        }
+    }
+
+    fn end_ops(&mut self, batch: Batch<H>, reason: FailReason) {
+        let mut ops = batch.ops;
+        for handle in ops.drain(..) {
+            self.actions.push_back(BatchAction::Fail { handle, reason });
+        }
+        self.recycle(ops);
+    }
+
+    fn recycle(&mut self, ops: Vec<H>) {
+        if ops.capacity() > 0 && self.spare_ops.len() < SPARE_BATCHES {
+            self.spare_ops.push(ops);
+        }
+    }
+
+    fn shrink_open(&mut self) {
+        let cap = self.open.capacity();
+        if cap > MIN_MAP_CAPACITY && self.open.len() < cap / 4 {
+            self.open
+                .shrink_to(self.open.len().saturating_mul(2).max(MIN_MAP_CAPACITY));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch_window::TestHasher;
+    use alloc::vec;
+
+    type B = Batcher<u32, u32, TestHasher>;
+    type Action = BatchAction<u32, u32>;
+
+    const T0: Instant = Instant::ZERO;
+
+    fn batcher(cfg: BatcherConfig) -> B {
+        match B::new(cfg) {
+            Ok(b) => b,
+            Err(e) => panic!("valid config refused: {e}"),
+        }
+    }
+
+    fn reads(max_in_flight: u32) -> B {
+        batcher(
+            BatcherConfig::reads()
+                .with_window(WindowConfig::default().with_max_in_flight(max_in_flight)),
+        )
+    }
+
+    fn drain(b: &mut B) -> Vec<Action> {
+        core::iter::from_fn(|| b.poll_action()).collect()
+    }
+
+    /// The `(shard, credit, ops)` of every `Send` in `actions`.
+    fn sends(b: &B, actions: &[Action]) -> Vec<(u32, CreditId, Vec<u32>)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                BatchAction::Send { shard, credit } => Some((
+                    *shard,
+                    *credit,
+                    b.batch(*credit)
+                        .map(|x| x.ops().to_vec())
+                        .unwrap_or_default(),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Drains the actions and returns the sends among them.
+    fn take_sends(b: &mut B) -> Vec<(u32, CreditId, Vec<u32>)> {
+        let a = drain(b);
+        sends(b, &a)
+    }
+
+    fn op(b: &mut B, shard: u32, handle: u32, bytes: u64) {
+        assert_eq!(b.handle_op(T0, shard, handle, bytes), Ok(()));
+    }
+
+    #[test]
+    fn defaults_match_the_seed_and_zero_limits_are_refused() {
+        let c = BatcherConfig::default();
+        assert_eq!(c.kind(), BatchKind::Write);
+        assert_eq!(c.max_requests_per_batch(), 1000);
+        assert_eq!(c.max_batch_bytes(), 128 * 1024);
+        assert_eq!(c.window().max_in_flight(), 4);
+        assert_eq!(BatcherConfig::reads().kind(), BatchKind::Read);
+        for bad in [
+            c.with_max_requests_per_batch(0),
+            c.with_max_batch_bytes(0),
+            c.with_window(WindowConfig::default().with_max_in_flight(0)),
+        ] {
+            assert!(matches!(
+                bad.validate(),
+                Err(ConfigError::OutOfRange { got: 0, .. })
+            ));
+            assert!(B::new(bad).is_err());
+        }
+    }
+
+    #[test]
+    fn seed_1500_reads_behind_four_in_flight_go_out_as_two_rpcs() {
+        // Seed: "at most maxReadBatchesInFlight (default 4) read batches may be outstanding per
+        // shard"; while exhausted "the open read batch keeps accumulating toward
+        // maxRequestsPerBatch" (1000). So 1500 reads become 1000 + 500, not 1500 tiny RPCs.
+        for flush_between in [false, true] {
+            let mut b = reads(4);
+            let mut first = vec![];
+            for h in 0..4 {
+                op(&mut b, 1, h, 10);
+                b.flush(T0);
+                let a = drain(&mut b);
+                first.extend(sends(&b, &a));
+            }
+            assert_eq!(first.len(), 4);
+            for h in 4..1504 {
+                op(&mut b, 1, h, 10);
+                if flush_between {
+                    b.flush(T0);
+                }
+                assert!(b.window().in_flight(&1) <= 4);
+            }
+            b.flush(T0);
+            assert!(
+                take_sends(&mut b).is_empty(),
+                "nothing more while exhausted"
+            );
+            assert_eq!((b.window().queued(&1), b.open_ops(&1)), (1, 500));
+            let mut more = vec![];
+            for (_, credit, ops) in first {
+                assert_eq!(b.handle_response(T0, credit, 0..ops.len()), Ok(()));
+                more.extend(take_sends(&mut b));
+                assert!(b.window().in_flight(&1) <= 4);
+            }
+            let sizes: Vec<usize> = more.iter().map(|s| s.2.len()).collect();
+            assert_eq!(sizes, [1000, 500], "flush_between = {flush_between}");
+            assert_eq!(more[0].2.first(), Some(&4), "oldest operations first");
+            assert_eq!(more[1].2.last(), Some(&1503));
+        }
+    }
+
+    #[test]
+    fn flush_sends_open_batch_at_once_when_shard_has_credit() {
+        let mut b = reads(4);
+        op(&mut b, 1, 7, 0);
+        assert!(drain(&mut b).is_empty(), "an open batch waits for flush");
+        b.flush(T0);
+        let a = drain(&mut b);
+        assert_eq!(sends(&b, &a), [(1, CreditId::forge(0, 1), vec![7])]);
+        assert_eq!(b.open_batches(), 0);
+    }
+
+    #[test]
+    fn parked_batch_keeps_growing_ahead_of_newer_operations() {
+        let mut b = reads(1);
+        op(&mut b, 1, 1, 0);
+        b.flush(T0);
+        let first = take_sends(&mut b);
+        op(&mut b, 1, 2, 0);
+        b.flush(T0);
+        assert!(b.window().is_parked(&1));
+        op(&mut b, 1, 3, 0); // reclaims the parked batch instead of starting a new one
+        assert!(!b.window().is_parked(&1));
+        b.flush(T0);
+        assert_eq!(b.open_ops(&1), 2);
+        assert_eq!(b.handle_response(T0, first[0].1, [0]), Ok(()));
+        let a = drain(&mut b);
+        assert_eq!(
+            a[0],
+            BatchAction::Deliver {
+                handle: 1,
+                position: 0
+            }
+        );
+        assert_eq!(sends(&b, &a).first().map(|s| s.2.clone()), Some(vec![2, 3]));
+    }
+
+    #[test]
+    fn full_batches_queue_fifo_behind_the_window() {
+        let mut b = batcher(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(2)
+                .with_window(WindowConfig::default().with_max_in_flight(1)),
+        );
+        for h in 0..7 {
+            op(&mut b, 1, h, 0);
+        }
+        b.flush(T0);
+        let mut got = take_sends(&mut b);
+        assert_eq!(got.len(), 1);
+        assert_eq!(b.window().queued(&1), 2);
+        let mut order = vec![];
+        while let Some((_, credit, ops)) = got.pop() {
+            order.push(ops);
+            assert_eq!(b.handle_failure(T0, credit), Ok(()));
+            got = take_sends(&mut b);
+        }
+        assert_eq!(order, [vec![0, 1], vec![2, 3], vec![4, 5], vec![6]]);
+        assert_eq!((b.window().shard_count(), b.open_batches()), (0, 0));
+    }
+
+    #[test]
+    fn oversized_write_operation_travels_alone() {
+        let cfg = BatcherConfig::writes().with_max_batch_bytes(100);
+        let mut b = batcher(cfg);
+        op(&mut b, 1, 1, 30);
+        op(&mut b, 1, 2, 500); // closes [1] and goes out alone
+        op(&mut b, 1, 3, 60);
+        op(&mut b, 1, 4, 40); // exactly 100: full
+        op(&mut b, 1, 5, u64::MAX); // closes nothing (empty batch), goes alone
+        op(&mut b, 1, 6, 1);
+        b.flush(T0);
+        let got: Vec<Vec<u32>> = take_sends(&mut b).into_iter().map(|s| s.2).collect();
+        assert_eq!(got, [vec![1], vec![2], vec![3, 4], vec![5]]);
+        assert!(b.window().is_parked(&1), "four in flight: [6] waits");
+        assert_eq!(b.open_ops(&1), 1, "[6] parked");
+    }
+
+    #[test]
+    fn reads_are_bounded_by_count_only() {
+        let mut b = batcher(
+            BatcherConfig::reads()
+                .with_max_batch_bytes(1)
+                .with_max_requests_per_batch(3),
+        );
+        for h in 0..4 {
+            op(&mut b, 1, h, u64::MAX);
+        }
+        let got = take_sends(&mut b);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].2, [0, 1, 2]);
+        assert_eq!(
+            b.batch(got[0].1).map(Batch::bytes),
+            Some(u64::MAX),
+            "sizes saturate"
+        );
+    }
+
+    #[test]
+    fn response_delivers_answered_positions_and_fails_the_rest() {
+        let mut b = reads(4);
+        for h in [10, 11, 12] {
+            op(&mut b, 1, h, 0);
+        }
+        b.flush(T0);
+        let credit = take_sends(&mut b)[0].1;
+        assert_eq!(
+            b.handle_response(T0, credit, [2, 0, 0, 99, usize::MAX]),
+            Ok(())
+        );
+        assert_eq!(
+            drain(&mut b),
+            [
+                BatchAction::Deliver {
+                    handle: 10,
+                    position: 0
+                },
+                BatchAction::Fail {
+                    handle: 11,
+                    reason: FailReason::NoResponse
+                },
+                BatchAction::Deliver {
+                    handle: 12,
+                    position: 2
+                },
+            ]
+        );
+        assert_eq!(b.batch(credit), None);
+    }
+
+    #[test]
+    fn failed_batch_fails_exactly_its_operations() {
+        let mut b = batcher(BatcherConfig::reads().with_max_requests_per_batch(2));
+        for h in 0..4 {
+            op(&mut b, 1, h, 0);
+        }
+        let got = take_sends(&mut b);
+        assert_eq!(got.len(), 2);
+        assert_eq!(b.handle_failure(T0, got[1].1), Ok(()));
+        assert_eq!(
+            drain(&mut b),
+            [
+                BatchAction::Fail {
+                    handle: 2,
+                    reason: FailReason::BatchFailed
+                },
+                BatchAction::Fail {
+                    handle: 3,
+                    reason: FailReason::BatchFailed
+                },
+            ]
+        );
+        assert_eq!(
+            b.batch(got[0].1).map(|x| x.ops().to_vec()),
+            Some(vec![0, 1])
+        );
+    }
+
+    #[test]
+    fn fail_all_fails_held_back_operations_and_leaves_in_flight_ones() {
+        let mut b = batcher(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(2)
+                .with_window(WindowConfig::default().with_max_in_flight(1)),
+        );
+        for h in 0..5 {
+            op(&mut b, 1, h, 0); // [0,1] sent, [2,3] queued, [4] parked after flush
+        }
+        b.flush(T0);
+        op(&mut b, 2, 9, 0); // open, never flushed
+        let sent = take_sends(&mut b);
+        b.fail_all();
+        let mut failed: Vec<u32> = drain(&mut b)
+            .into_iter()
+            .map(|a| match a {
+                BatchAction::Fail {
+                    handle,
+                    reason: FailReason::Closed,
+                } => handle,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        failed.sort_unstable();
+        assert_eq!(failed, [2, 3, 4, 9]);
+        assert!(b.is_closed());
+        assert_eq!(b.handle_op(T0, 1, 42, 0), Err(Closed(42)));
+        assert_eq!(b.handle_response(T0, sent[0].1, [0, 1]), Ok(()));
+        assert_eq!(
+            drain(&mut b),
+            [
+                BatchAction::Deliver {
+                    handle: 0,
+                    position: 0
+                },
+                BatchAction::Deliver {
+                    handle: 1,
+                    position: 1
+                }
+            ]
+        );
+        assert_eq!((b.window().shard_count(), b.open_batches()), (0, 0));
+    }
+
+    #[test]
+    fn double_bogus_and_after_close_completions_end_nothing() {
+        let mut b = reads(2);
+        op(&mut b, 1, 1, 0);
+        b.flush(T0);
+        op(&mut b, 1, 2, 0);
+        b.flush(T0);
+        let got = take_sends(&mut b);
+        assert_eq!(b.handle_failure(T0, got[0].1), Ok(()));
+        drain(&mut b);
+        assert_eq!(
+            b.handle_failure(T0, got[0].1),
+            Err(ReleaseError::AlreadyReleased)
+        );
+        assert_eq!(
+            b.handle_response(T0, got[0].1, [0]),
+            Err(ReleaseError::AlreadyReleased)
+        );
+        assert_eq!(
+            b.handle_response(T0, CreditId::forge(5, 77), [0]),
+            Err(ReleaseError::Unknown)
+        );
+        assert!(drain(&mut b).is_empty());
+        assert_eq!(b.window().in_flight(&1), 1);
+        b.fail_all();
+        assert_eq!(b.handle_response(T0, got[1].1, [0]), Ok(()));
+        assert_eq!(
+            drain(&mut b),
+            [BatchAction::Deliver {
+                handle: 2,
+                position: 0
+            }]
+        );
+        assert_eq!(
+            b.handle_response(T0, got[1].1, [0]),
+            Err(ReleaseError::AlreadyReleased)
+        );
+        assert!(drain(&mut b).is_empty());
+    }
+
+    #[test]
+    fn exhausted_shard_never_delays_another() {
+        let mut b = reads(1);
+        op(&mut b, 1, 1, 0);
+        b.flush(T0);
+        op(&mut b, 1, 2, 0);
+        op(&mut b, 2, 3, 0);
+        b.flush(T0);
+        let got = take_sends(&mut b);
+        assert_eq!(got.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(b.handle_response(T0, got[1].1, [0]), Ok(()));
+        assert!(
+            take_sends(&mut b).is_empty(),
+            "shard 2's release does not send shard 1's batch"
+        );
+        assert!(b.window().is_parked(&1));
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn idle_shards_leave_no_state() {
+        let mut b = reads(4);
+        for shard in 0..10_000u32 {
+            op(&mut b, shard, shard, 0);
+            b.flush(T0);
+            let credit = take_sends(&mut b)[0].1;
+            assert_eq!(b.handle_response(T0, credit, [0]), Ok(()));
+            drain(&mut b);
+        }
+        assert_eq!(
+            (
+                b.window().shard_count(),
+                b.open_batches(),
+                b.window().live_credits()
+            ),
+            (0, 0, 0)
+        );
+        assert!(b.sent.len() <= 1 && b.open.capacity() <= 2 * MIN_MAP_CAPACITY);
+    }
+
+    #[test]
+    fn backwards_time_and_extreme_limits_are_defined() {
+        let mut b = batcher(
+            BatcherConfig::writes()
+                .with_max_requests_per_batch(u32::MAX)
+                .with_max_batch_bytes(u64::MAX),
+        );
+        assert_eq!(b.handle_op(Instant::MAX, 1, 1, u64::MAX), Ok(())); // exactly the limit: full
+        assert_eq!(b.handle_op(Instant::from_nanos(5), 1, 2, u64::MAX), Ok(()));
+        b.flush(Instant::ZERO);
+        let got = take_sends(&mut b);
+        assert_eq!(got.len(), 2);
+        let stamps: Vec<Instant> = got
+            .iter()
+            .filter_map(|s| b.batch(s.1))
+            .map(Batch::opened_at)
+            .collect();
+        assert_eq!(
+            stamps,
+            [Instant::MAX, Instant::MAX],
+            "time running backwards is clamped"
+        );
+    }
+
+    #[test]
+    fn running_out_of_credit_ids_fails_held_operations_and_closes() {
+        let mut b = reads(1);
+        b.window.skip_generations_to(u64::MAX - 1);
+        op(&mut b, 1, 1, 0);
+        b.flush(T0);
+        let last = take_sends(&mut b)[0].1;
+        op(&mut b, 1, 2, 0);
+        b.flush(T0); // parked
+        assert_eq!(b.handle_response(T0, last, [0]), Ok(()));
+        assert_eq!(
+            drain(&mut b),
+            [
+                BatchAction::Deliver {
+                    handle: 1,
+                    position: 0
+                },
+                BatchAction::Fail {
+                    handle: 2,
+                    reason: FailReason::Closed
+                },
+            ]
+        );
+        assert!(b.is_closed());
+        assert_eq!(b.handle_op(T0, 1, 3, 0), Err(Closed(3)));
+        assert_eq!((b.window().shard_count(), b.open_batches()), (0, 0));
+    }
+}

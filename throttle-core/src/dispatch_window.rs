@@ -1,0 +1,815 @@
+//! Per-shard dispatch window: at most `max_in_flight` batches outstanding per shard, with
+//! exactly-once credit release.
+//!
+//! A batch going out consumes one credit of its shard's window and carries a [`CreditId`].
+//! Completing that credit ([`DispatchWindow::complete`]) frees the slot and returns the next
+//! batch to send, if one was held back. The window never sends anything itself: every dispatch
+//! is a value ([`Dispatch`]) the caller acts on after the call returns, so nothing re-enters the
+//! machine while it is being updated.
+//!
+//! Held-back batches are of two kinds. *Queued* batches are full: they wait in FIFO order.
+//! The *parked* batch is the shard's still-open batch: the caller parks it when the shard has
+//! no credit and may [`reclaim`](DispatchWindow::reclaim) it to keep adding operations. A
+//! release dispatches the oldest queued batch first, then the parked one, so operations leave
+//! in the order they arrived.
+//!
+//! See `docs/dispatch-window.md` for the state diagram.
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+use core::hash::{BuildHasher, Hash};
+
+use hashbrown::HashMap;
+
+use crate::error::{ConfigError, ReleaseError};
+
+/// Option name used in configuration errors.
+const MAX_IN_FLIGHT_OPTION: &str = "client.dispatch.max-batches-in-flight";
+
+/// Empty queues kept for reuse when a shard's window is removed, so a shard that goes idle and
+/// busy again does not allocate each time.
+const SPARE_QUEUES: usize = 16;
+
+/// The shard map keeps at least this many entries of capacity when it shrinks.
+const MIN_MAP_CAPACITY: usize = 16;
+
+/// Configuration of a [`DispatchWindow`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WindowConfig {
+    max_in_flight: u32,
+}
+
+impl Default for WindowConfig {
+    /// The seed's `maxReadBatchesInFlight` / `maxWriteBatchesInFlight` default: 4.
+    fn default() -> Self {
+        WindowConfig { max_in_flight: 4 }
+    }
+}
+
+impl WindowConfig {
+    /// At most `n` batches outstanding per shard (must be at least 1).
+    #[must_use]
+    pub fn with_max_in_flight(mut self, n: u32) -> Self {
+        self.max_in_flight = n;
+        self
+    }
+
+    /// Batches allowed outstanding per shard.
+    pub fn max_in_flight(&self) -> u32 {
+        self.max_in_flight
+    }
+
+    /// Refuses a window of zero batches (it could never send anything).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_in_flight == 0 {
+            return Err(ConfigError::OutOfRange {
+                option: MAX_IN_FLIGHT_OPTION,
+                got: 0,
+                min: 1,
+                max: u64::from(u32::MAX),
+                unit: "batches",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One credit of a shard's window, held by exactly one batch in flight.
+///
+/// Ids are never reused by the window that issued them: each carries a generation drawn from
+/// a counter that only grows. Ids from a different window are meaningless to this one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CreditId {
+    slot: u32,
+    generation: u64,
+}
+
+impl CreditId {
+    /// The slab slot this credit occupies while it is live (dense, reused after release).
+    #[inline]
+    pub(crate) fn slot(self) -> usize {
+        self.slot as usize
+    }
+
+    /// Builds an arbitrary id: for tests and model checkers that forge bogus credits.
+    #[cfg(any(test, feature = "model"))]
+    pub(crate) fn forge(slot: u32, generation: u64) -> Self {
+        CreditId { slot, generation }
+    }
+}
+
+/// A batch to send now, under `credit`. Returned, never sent by the window itself.
+///
+/// Dropping it without sending leaks its credit until [`DispatchWindow::complete`] is called.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "send the batch, then complete its credit exactly once"]
+#[non_exhaustive]
+pub struct Dispatch<Shard, B> {
+    /// The shard the batch is for.
+    pub shard: Shard,
+    /// The credit the batch holds; pass it to [`DispatchWindow::complete`] exactly once.
+    pub credit: CreditId,
+    /// The batch itself.
+    pub batch: B,
+}
+
+/// A batch the window refused; the batch is handed back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError<B> {
+    /// The window was closed by [`DispatchWindow::fail_all`] (or ran out of credit ids).
+    #[error("dispatch window is closed")]
+    Closed(B),
+    /// `submit_or_park` found a batch already parked for the shard; reclaim it first.
+    #[error("the shard already has a parked batch")]
+    AlreadyParked(B),
+}
+
+impl<B> SubmitError<B> {
+    /// The refused batch.
+    pub fn into_batch(self) -> B {
+        match self {
+            SubmitError::Closed(b) | SubmitError::AlreadyParked(b) => b,
+        }
+    }
+}
+
+/// What a shard's window holds. Removed from the map as soon as all three are empty.
+#[derive(Clone, Debug)]
+struct ShardWindow<B> {
+    in_flight: u32,
+    queued: VecDeque<B>,
+    parked: Option<B>,
+}
+
+impl<B> ShardWindow<B> {
+    fn is_idle(&self) -> bool {
+        self.in_flight == 0 && self.queued.is_empty() && self.parked.is_none()
+    }
+}
+
+/// Live credits: a slab of slots, each remembering the generation and shard of its credit.
+///
+/// The slab never holds more slots than the peak number of credits live at once; freed slots
+/// are reused. Ids stay unique because the generation comes from one counter for the whole
+/// window, not from the slot.
+#[derive(Clone, Debug)]
+struct CreditSlab<Shard> {
+    slots: Vec<Option<(u64, Shard)>>,
+    free: Vec<u32>,
+    live: usize,
+    /// Generation of the next credit; generations `1..next_generation` have been issued.
+    next_generation: u64,
+}
+
+impl<Shard> CreditSlab<Shard> {
+    fn new() -> Self {
+        CreditSlab {
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            next_generation: 1,
+        }
+    }
+
+    /// A fresh credit for `shard`, or `None` once the id space is spent (after
+    /// `u64::MAX - 1` credits, or `u32::MAX` credits live at once).
+    fn issue(&mut self, shard: Shard) -> Option<CreditId> {
+        let generation = self.next_generation;
+        if generation == u64::MAX {
+            return None;
+        }
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let slot = u32::try_from(self.slots.len()).ok()?;
+                self.slots.push(None);
+                slot
+            }
+        };
+        match self.slots.get_mut(slot as usize) {
+            Some(entry) => *entry = Some((generation, shard)),
+            None => {
+                // Unreachable: free slots and fresh pushes are in range. Keep the slot free.
+                self.free.push(slot);
+                return None;
+            }
+        }
+        self.next_generation = generation.saturating_add(1);
+        self.live = self.live.saturating_add(1);
+        Some(CreditId { slot, generation })
+    }
+
+    /// Frees a live credit and returns its shard. Nothing changes on error.
+    ///
+    /// A credit that is not live is `AlreadyReleased` when its generation has been issued
+    /// (`1..next_generation`), `Unknown` otherwise. A forged id whose generation was issued to
+    /// a different slot is therefore reported as `AlreadyReleased`; telling the two apart
+    /// exactly would mean remembering every credit ever issued.
+    fn release(&mut self, credit: CreditId) -> Result<Shard, ReleaseError> {
+        let entry = self.slots.get_mut(credit.slot());
+        if let Some(entry) = entry
+            && matches!(entry, Some((g, _)) if *g == credit.generation)
+            && let Some((_, shard)) = entry.take()
+        {
+            self.free.push(credit.slot);
+            self.live = self.live.saturating_sub(1);
+            return Ok(shard);
+        }
+        if credit.generation >= 1 && credit.generation < self.next_generation {
+            Err(ReleaseError::AlreadyReleased)
+        } else {
+            Err(ReleaseError::Unknown)
+        }
+    }
+}
+
+/// Per-shard credit windows with FIFO hold-back of batches that find no credit.
+///
+/// Generic over the shard key `Shard`, the batch type `B` (opaque to the window) and the
+/// hasher `S` (shard keys may come from remote metadata, so pick a keyed hasher).
+///
+/// # Driving contract
+///
+/// - Inputs: [`submit`](Self::submit) (a full batch), [`submit_or_park`](Self::submit_or_park)
+///   (the shard's open batch), [`reclaim`](Self::reclaim), [`complete`](Self::complete) (once
+///   per credit, when the batch's RPC ends for any reason), [`fail_all`](Self::fail_all) (close).
+/// - Outputs: each input that may send returns `Ok(Some(Dispatch))`; send it after the call
+///   returns. There is at most one dispatch per call, so there is no `poll_action`.
+/// - Queries (`&self`): [`in_flight`](Self::in_flight), [`available`](Self::available),
+///   [`queued`](Self::queued), [`is_parked`](Self::is_parked),
+///   [`shard_count`](Self::shard_count), [`live_credits`](Self::live_credits),
+///   [`is_closed`](Self::is_closed).
+/// - The window keeps no time; it has no timeouts.
+///
+/// Invariants after every call: per shard `in_flight + available == capacity`; a shard with
+/// available credit holds nothing back; a shard with nothing in flight, queued or parked has
+/// no entry (so memory follows the shards active now, not every shard ever seen).
+///
+/// ```
+/// use throttle_core::dispatch_window::{DispatchWindow, WindowConfig};
+/// # use core::hash::BuildHasherDefault;
+/// # #[derive(Default)] struct H(u64);
+/// # impl core::hash::Hasher for H {
+/// #     fn finish(&self) -> u64 { self.0 }
+/// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+/// # }
+/// let cfg = WindowConfig::default().with_max_in_flight(1);
+/// let mut w: DispatchWindow<u32, &str, BuildHasherDefault<H>> = DispatchWindow::new(cfg).unwrap();
+/// let first = w.submit(7, "a").unwrap().expect("credit available: sent at once");
+/// assert_eq!(w.submit(7, "b").unwrap(), None); // exhausted: queued
+/// let next = w.complete(first.credit).unwrap().expect("the release sends the queued batch");
+/// assert_eq!(next.batch, "b");
+/// assert!(w.complete(first.credit).is_err()); // a second release changes nothing
+/// ```
+#[derive(Clone, Debug)]
+pub struct DispatchWindow<Shard, B, S> {
+    cfg: WindowConfig,
+    shards: HashMap<Shard, ShardWindow<B>, S>,
+    credits: CreditSlab<Shard>,
+    closed: bool,
+    spare_queues: Vec<VecDeque<B>>,
+}
+
+impl<Shard, B, S> DispatchWindow<Shard, B, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    /// A window with the default hasher of `S`.
+    pub fn new(cfg: WindowConfig) -> Result<Self, ConfigError>
+    where
+        S: Default,
+    {
+        Self::with_hasher(cfg, S::default())
+    }
+
+    /// A window hashing shard keys with `hasher`.
+    pub fn with_hasher(cfg: WindowConfig, hasher: S) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        Ok(DispatchWindow {
+            cfg,
+            shards: HashMap::with_hasher(hasher),
+            credits: CreditSlab::new(),
+            closed: false,
+            spare_queues: Vec::new(),
+        })
+    }
+
+    /// Sends a full batch at once if the shard has credit, else queues it behind the shard's
+    /// older held-back batches (FIFO). `Ok(None)` means queued.
+    pub fn submit(
+        &mut self,
+        shard: Shard,
+        batch: B,
+    ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
+        self.enter(shard, batch, false)
+    }
+
+    /// Sends the shard's open batch at once if the shard has credit, else parks it, where it
+    /// can be [`reclaim`](Self::reclaim)ed to keep growing. `Ok(None)` means parked.
+    ///
+    /// A shard has at most one parked batch: a second one is refused with
+    /// [`SubmitError::AlreadyParked`].
+    pub fn submit_or_park(
+        &mut self,
+        shard: Shard,
+        batch: B,
+    ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
+        self.enter(shard, batch, true)
+    }
+
+    fn enter(
+        &mut self,
+        shard: Shard,
+        batch: B,
+        park: bool,
+    ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
+        if self.closed {
+            return Err(SubmitError::Closed(batch));
+        }
+        let cap = self.cfg.max_in_flight;
+        if let Some(w) = self.shards.get_mut(&shard) {
+            if park && w.parked.is_some() {
+                return Err(SubmitError::AlreadyParked(batch));
+            }
+            let has_credit = w.in_flight < cap && w.queued.is_empty() && w.parked.is_none();
+            if !has_credit {
+                if park {
+                    w.parked = Some(batch);
+                } else {
+                    w.queued.push_back(batch);
+                }
+                return Ok(None);
+            }
+            let Some(credit) = self.credits.issue(shard.clone()) else {
+                self.closed = true;
+                return Err(SubmitError::Closed(batch));
+            };
+            w.in_flight = w.in_flight.saturating_add(1);
+            return Ok(Some(Dispatch {
+                shard,
+                credit,
+                batch,
+            }));
+        }
+        // First use of this shard (cap >= 1, so it has credit).
+        let Some(credit) = self.credits.issue(shard.clone()) else {
+            self.closed = true;
+            return Err(SubmitError::Closed(batch));
+        };
+        let queued = self.spare_queues.pop().unwrap_or_default();
+        self.shards.insert(
+            shard.clone(),
+            ShardWindow {
+                in_flight: 1,
+                queued,
+                parked: None,
+            },
+        );
+        Ok(Some(Dispatch {
+            shard,
+            credit,
+            batch,
+        }))
+    }
+
+    /// Takes the shard's parked batch back (to add operations to it), if there is one.
+    pub fn reclaim(&mut self, shard: &Shard) -> Option<B> {
+        let w = self.shards.get_mut(shard)?;
+        let batch = w.parked.take()?;
+        if w.is_idle() {
+            self.remove(shard);
+        }
+        Some(batch)
+    }
+
+    /// Releases `credit` exactly once and returns the shard's next batch to send: the oldest
+    /// queued one, else the parked one, else nothing.
+    ///
+    /// Call it once per dispatched batch when its RPC ends, whatever the outcome.
+    /// An unknown or already-released credit is an `Err` and changes nothing; a forged id is
+    /// never mistaken for a live one. After [`fail_all`](Self::fail_all) a live credit is
+    /// still released (`Ok(None)`): its slot frees and nothing is sent.
+    pub fn complete(
+        &mut self,
+        credit: CreditId,
+    ) -> Result<Option<Dispatch<Shard, B>>, ReleaseError> {
+        let shard = self.credits.release(credit)?;
+        let Some(w) = self.shards.get_mut(&shard) else {
+            // Unreachable: a live credit's shard always has a window. Nothing to release there.
+            return Ok(None);
+        };
+        w.in_flight = w.in_flight.saturating_sub(1);
+        let mut next = None;
+        if !self.closed {
+            let (batch, from_queue) = match w.queued.pop_front() {
+                Some(b) => (Some(b), true),
+                None => (w.parked.take(), false),
+            };
+            if let Some(batch) = batch {
+                match self.credits.issue(shard.clone()) {
+                    Some(credit) => {
+                        w.in_flight = w.in_flight.saturating_add(1);
+                        next = Some(Dispatch {
+                            shard: shard.clone(),
+                            credit,
+                            batch,
+                        });
+                    }
+                    None => {
+                        // Id space spent: put the batch back and close; fail_all hands it out.
+                        if from_queue {
+                            w.queued.push_front(batch);
+                        } else {
+                            w.parked = Some(batch);
+                        }
+                        self.closed = true;
+                    }
+                }
+            }
+        }
+        if w.is_idle() {
+            self.remove(&shard);
+        }
+        Ok(next)
+    }
+
+    /// Closes the window and returns every held-back batch (queued, then parked, per shard;
+    /// shards in no particular order). None of them was ever dispatched. Batches in flight are
+    /// untouched: complete their credits as usual (`Ok(None)`). Later submits are refused
+    /// with [`SubmitError::Closed`], which hands the batch back.
+    pub fn fail_all(&mut self) -> Vec<(Shard, B)> {
+        self.closed = true;
+        let mut out = Vec::new();
+        for (shard, w) in self.shards.iter_mut() {
+            for batch in w.queued.drain(..) {
+                out.push((shard.clone(), batch));
+            }
+            if let Some(batch) = w.parked.take() {
+                out.push((shard.clone(), batch));
+            }
+        }
+        self.shards.retain(|_, w| !w.is_idle());
+        out
+    }
+
+    fn remove(&mut self, shard: &Shard) {
+        if let Some(w) = self.shards.remove(shard)
+            && w.queued.capacity() > 0
+            && self.spare_queues.len() < SPARE_QUEUES
+        {
+            self.spare_queues.push(w.queued);
+        }
+        // Shrink once below a quarter of capacity (with hysteresis, so it is amortised).
+        let cap = self.shards.capacity();
+        if cap > MIN_MAP_CAPACITY && self.shards.len() < cap / 4 {
+            self.shards
+                .shrink_to(self.shards.len().saturating_mul(2).max(MIN_MAP_CAPACITY));
+        }
+    }
+
+    /// Batches allowed outstanding per shard.
+    pub fn capacity(&self) -> u32 {
+        self.cfg.max_in_flight
+    }
+
+    /// Batches of `shard` in flight (holding a credit).
+    pub fn in_flight(&self, shard: &Shard) -> u32 {
+        self.shards.get(shard).map_or(0, |w| w.in_flight)
+    }
+
+    /// Credits of `shard` not in use: `capacity() - in_flight(shard)`.
+    pub fn available(&self, shard: &Shard) -> u32 {
+        self.cfg.max_in_flight.saturating_sub(self.in_flight(shard))
+    }
+
+    /// Full batches of `shard` waiting for credit.
+    pub fn queued(&self, shard: &Shard) -> usize {
+        self.shards.get(shard).map_or(0, |w| w.queued.len())
+    }
+
+    /// Whether `shard` has a parked open batch.
+    pub fn is_parked(&self, shard: &Shard) -> bool {
+        self.parked(shard).is_some()
+    }
+
+    /// `shard`'s parked open batch, if any.
+    pub fn parked(&self, shard: &Shard) -> Option<&B> {
+        self.shards.get(shard).and_then(|w| w.parked.as_ref())
+    }
+
+    /// Shards with anything in flight, queued or parked (the only ones with state).
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Credits live across all shards.
+    pub fn live_credits(&self) -> usize {
+        self.credits.live
+    }
+
+    /// Whether submits are refused: after [`fail_all`](Self::fail_all), or once the window
+    /// has issued `u64::MAX - 1` credits (then call `fail_all` to collect held-back batches).
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Moves the credit-id counter forward, to test the end of the id space.
+    #[cfg(any(test, feature = "model"))]
+    pub(crate) fn skip_generations_to(&mut self, next_generation: u64) {
+        self.credits.next_generation = self.credits.next_generation.max(next_generation);
+    }
+}
+
+/// A small deterministic hasher for tests and model checkers (the crate has no default one).
+#[cfg(any(test, feature = "model"))]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FnvHasher(u64);
+
+#[cfg(any(test, feature = "model"))]
+impl core::hash::Hasher for FnvHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        if self.0 == 0 {
+            self.0 = 0xcbf2_9ce4_8422_2325;
+        }
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+/// The hasher builder tests and model checkers pass as `S`.
+#[cfg(any(test, feature = "model"))]
+pub(crate) type TestHasher = core::hash::BuildHasherDefault<FnvHasher>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+
+    type Window = DispatchWindow<u32, &'static str, TestHasher>;
+
+    fn window(max_in_flight: u32) -> Window {
+        match Window::new(WindowConfig::default().with_max_in_flight(max_in_flight)) {
+            Ok(w) => w,
+            Err(e) => panic!("valid config refused: {e}"),
+        }
+    }
+
+    /// Sends at once, or fails the test.
+    fn sent(
+        r: Result<Option<Dispatch<u32, &'static str>>, SubmitError<&'static str>>,
+    ) -> Dispatch<u32, &'static str> {
+        match r {
+            Ok(Some(d)) => d,
+            other => panic!("expected a dispatch, got {other:?}"),
+        }
+    }
+
+    fn conserved(w: &Window, shards: &[u32]) {
+        for s in shards {
+            assert_eq!(w.in_flight(s) + w.available(s), w.capacity(), "shard {s}");
+        }
+    }
+
+    #[test]
+    fn default_is_four_and_zero_is_refused() {
+        assert_eq!(WindowConfig::default().max_in_flight(), 4);
+        let err = WindowConfig::default().with_max_in_flight(0).validate();
+        assert!(matches!(
+            err,
+            Err(ConfigError::OutOfRange {
+                option: "client.dispatch.max-batches-in-flight",
+                got: 0,
+                min: 1,
+                ..
+            })
+        ));
+        assert!(Window::new(WindowConfig::default().with_max_in_flight(0)).is_err());
+    }
+
+    #[test]
+    fn exhausted_shard_dispatches_queued_batches_fifo() {
+        let mut w = window(2);
+        let a = sent(w.submit(1, "a"));
+        let b = sent(w.submit(1, "b"));
+        for x in ["c", "d", "e"] {
+            assert_eq!(w.submit(1, x), Ok(None));
+        }
+        assert_eq!((w.in_flight(&1), w.available(&1), w.queued(&1)), (2, 0, 3));
+        let c = w.complete(a.credit).ok().flatten().map(|d| d.batch);
+        assert_eq!(c, Some("c"));
+        let mut order = vec![];
+        let mut credit = b.credit;
+        while let Ok(Some(d)) = w.complete(credit) {
+            order.push(d.batch);
+            credit = d.credit;
+            conserved(&w, &[1]);
+            assert!(w.in_flight(&1) <= 2);
+        }
+        assert_eq!(order, ["d", "e"]);
+    }
+
+    #[test]
+    fn release_dispatches_queued_before_parked() {
+        let mut w = window(1);
+        let a = sent(w.submit(1, "a"));
+        assert_eq!(w.submit_or_park(1, "open"), Ok(None));
+        assert_eq!(w.submit(1, "full"), Ok(None));
+        assert!(w.is_parked(&1));
+        let next = sent(Ok(w.complete(a.credit).unwrap_or(None)));
+        assert_eq!(next.batch, "full");
+        let last = sent(Ok(w.complete(next.credit).unwrap_or(None)));
+        assert_eq!(last.batch, "open");
+        assert!(!w.is_parked(&1));
+        assert_eq!(w.complete(last.credit), Ok(None));
+        assert_eq!(w.shard_count(), 0);
+    }
+
+    #[test]
+    fn reclaimed_batch_is_not_dispatched_by_release_and_next_submit_goes_at_once() {
+        let mut w = window(1);
+        let a = sent(w.submit(1, "a"));
+        assert_eq!(w.submit_or_park(1, "open"), Ok(None));
+        assert_eq!(w.reclaim(&1), Some("open"));
+        assert_eq!(w.reclaim(&1), None, "reclaim takes it exactly once");
+        assert_eq!(
+            w.complete(a.credit),
+            Ok(None),
+            "nothing held back: the release sends nothing"
+        );
+        assert_eq!(w.shard_count(), 0);
+        let d = sent(w.submit_or_park(1, "open+more"));
+        assert_eq!(d.batch, "open+more");
+        conserved(&w, &[1]);
+    }
+
+    #[test]
+    fn second_park_is_refused_and_hands_the_batch_back() {
+        let mut w = window(1);
+        let _a = sent(w.submit(1, "a"));
+        assert_eq!(w.submit_or_park(1, "p"), Ok(None));
+        let err = w.submit_or_park(1, "q");
+        assert_eq!(err, Err(SubmitError::AlreadyParked("q")));
+        assert_eq!(err.map_err(SubmitError::into_batch), Err("q"));
+        assert_eq!(w.reclaim(&1), Some("p"));
+    }
+
+    #[test]
+    fn fail_all_returns_held_back_batches_and_leaves_in_flight_ones() {
+        let mut w = window(1);
+        let a = sent(w.submit(1, "a"));
+        assert_eq!(w.submit(1, "q1"), Ok(None));
+        assert_eq!(w.submit(1, "q2"), Ok(None));
+        assert_eq!(w.submit_or_park(1, "p"), Ok(None));
+        let b = sent(w.submit(2, "b"));
+        let mut held = w.fail_all();
+        held.sort_by_key(|(s, _)| *s); // shard order is unspecified; per-shard order is not
+        assert_eq!(held, [(1, "q1"), (1, "q2"), (1, "p")]);
+        assert!(w.is_closed());
+        assert_eq!(
+            (w.in_flight(&1), w.in_flight(&2)),
+            (1, 1),
+            "in-flight batches untouched"
+        );
+        assert_eq!((w.queued(&1), w.is_parked(&1)), (0, false));
+        assert_eq!(w.submit(1, "late"), Err(SubmitError::Closed("late")));
+        assert_eq!(
+            w.submit_or_park(3, "late"),
+            Err(SubmitError::Closed("late"))
+        );
+        assert_eq!(
+            w.complete(a.credit),
+            Ok(None),
+            "after close a live credit frees its slot"
+        );
+        assert_eq!(w.complete(a.credit), Err(ReleaseError::AlreadyReleased));
+        assert_eq!(w.complete(b.credit), Ok(None));
+        assert_eq!((w.shard_count(), w.live_credits()), (0, 0));
+        assert!(w.fail_all().is_empty());
+    }
+
+    #[test]
+    fn double_and_bogus_completions_change_nothing() {
+        let mut w = window(2);
+        let a = sent(w.submit(1, "a"));
+        let b = sent(w.submit(1, "b"));
+        assert_eq!(w.submit(1, "c"), Ok(None));
+        let c = sent(Ok(w.complete(a.credit).unwrap_or(None)));
+        let before = (w.in_flight(&1), w.queued(&1), w.live_credits());
+        assert_eq!(w.complete(a.credit), Err(ReleaseError::AlreadyReleased));
+        assert_eq!(c.credit.slot(), a.credit.slot(), "the slot is reused ...");
+        assert_ne!(
+            c.credit, a.credit,
+            "... under a new id, so the stale id cannot free it"
+        );
+        for bogus in [
+            CreditId::forge(0, 0),
+            CreditId::forge(0, 999),
+            CreditId::forge(u32::MAX, u64::MAX),
+            CreditId::forge(7, u64::MAX - 1),
+        ] {
+            assert_eq!(w.complete(bogus), Err(ReleaseError::Unknown), "{bogus:?}");
+        }
+        // A forged id with an issued generation but the wrong slot: reported as released.
+        assert_eq!(
+            w.complete(CreditId::forge(9, 1)),
+            Err(ReleaseError::AlreadyReleased)
+        );
+        assert_eq!((w.in_flight(&1), w.queued(&1), w.live_credits()), before);
+        assert_eq!(w.complete(b.credit), Ok(None));
+        assert_eq!(w.complete(c.credit), Ok(None));
+        assert_eq!(w.complete(c.credit), Err(ReleaseError::AlreadyReleased));
+        assert_eq!(w.shard_count(), 0);
+    }
+
+    #[test]
+    fn exhausted_shard_never_delays_another() {
+        let mut w = window(1);
+        let a = sent(w.submit(1, "a"));
+        assert_eq!(w.submit(1, "a2"), Ok(None));
+        assert_eq!(w.submit_or_park(1, "a3"), Ok(None));
+        let b = sent(w.submit(2, "b"));
+        assert_eq!(
+            w.complete(b.credit),
+            Ok(None),
+            "shard 2's release never sends shard 1's work"
+        );
+        assert_eq!(w.queued(&1), 1);
+        assert!(sent(w.submit_or_park(2, "b2")).batch == "b2");
+        assert_eq!(sent(Ok(w.complete(a.credit).unwrap_or(None))).shard, 1);
+        conserved(&w, &[1, 2]);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn idle_windows_are_removed_and_memory_follows_active_shards() {
+        let mut w = window(4);
+        for shard in 0..10_000u32 {
+            let d = sent(w.submit(shard, "x"));
+            assert_eq!(w.shard_count(), 1);
+            assert_eq!(w.complete(d.credit), Ok(None));
+            assert_eq!(w.shard_count(), 0);
+        }
+        assert_eq!(w.live_credits(), 0);
+        assert!(w.credits.slots.len() <= 1, "the slab reuses slots");
+        assert!(w.shards.capacity() <= 2 * MIN_MAP_CAPACITY);
+    }
+
+    #[test]
+    fn credit_ids_are_never_reused() {
+        let mut w = window(3);
+        let mut seen = vec![];
+        let mut live: vec::Vec<CreditId> = vec![];
+        for i in 0..3_000u32 {
+            if live.len() == 3 || i % 5 == 4 {
+                let c = live.remove(0);
+                assert!(w.complete(c).is_ok());
+            }
+            if let Ok(Some(d)) = w.submit(i % 2, "x") {
+                seen.push(d.credit);
+                live.push(d.credit);
+            }
+        }
+        let n = seen.len();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), n);
+        assert!(w.credits.slots.len() <= 6);
+    }
+
+    #[test]
+    fn extreme_capacity_and_end_of_id_space_are_defined() {
+        let mut w = window(u32::MAX);
+        for _ in 0..100 {
+            let _ = sent(w.submit(1, "x"));
+        }
+        assert_eq!(w.available(&1), u32::MAX - 100);
+        conserved(&w, &[1]);
+
+        let mut w = window(1);
+        w.skip_generations_to(u64::MAX - 2);
+        let a = sent(w.submit(1, "a"));
+        assert_eq!(a.credit.generation, u64::MAX - 2);
+        assert_eq!(w.submit(1, "q"), Ok(None));
+        let q = sent(Ok(w.complete(a.credit).unwrap_or(None)));
+        assert_eq!(q.credit.generation, u64::MAX - 1, "the last id");
+        assert_eq!(w.submit(1, "r"), Ok(None));
+        // No id left for "r": the release frees the slot, keeps "r" and closes the window.
+        assert_eq!(w.complete(q.credit), Ok(None));
+        assert!(w.is_closed());
+        conserved(&w, &[1]);
+        assert_eq!(w.submit(2, "s"), Err(SubmitError::Closed("s")));
+        assert_eq!(w.fail_all(), [(1, "r")]);
+        assert_eq!(w.shard_count(), 0);
+        assert_eq!(
+            w.complete(CreditId::forge(0, u64::MAX)),
+            Err(ReleaseError::Unknown)
+        );
+    }
+}

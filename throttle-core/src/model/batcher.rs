@@ -1,0 +1,535 @@
+//! Model check of [`Batcher`] against a naive reference.
+//!
+//! The reference keeps open batches, queued batches and batches in flight in plain `Vec`s of
+//! `(shard, ops)` and decides every cut, send, park and end from the rules in DESIGN §3.4 by
+//! scanning them. It shares no code with the machine (no window, no maps, no credit slab).
+//!
+//! Checked after every operation: the batches sent (per shard, in order, with their operations,
+//! bytes and opening time), every operation's end (delivered at its position, or failed with
+//! the right reason), exactly one end per operation, FIFO per shard (a shard's sent operations
+//! only ever increase), never more than `max_in_flight` per shard with credits conserved,
+//! double and bogus completions ending nothing, and no state left for idle shards.
+
+use alloc::format;
+use alloc::vec::Vec;
+
+use super::{Cursor, Divergence};
+use crate::batcher::{BatchAction, Batcher, BatcherConfig, Closed, FailReason};
+use crate::dispatch_window::{CreditId, TestHasher, WindowConfig};
+use crate::error::ReleaseError;
+use crate::time::Instant;
+
+const SHARDS: u8 = 4;
+
+type Machine = Batcher<u8, u32, TestHasher>;
+
+/// How an operation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum End {
+    Delivered(usize),
+    NoResponse,
+    BatchFailed,
+    Closed,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct RefBatch {
+    ops: Vec<u32>,
+    bytes: u64,
+    opened_at: Instant,
+}
+
+#[derive(Debug)]
+struct Reference {
+    write: bool,
+    max_ops: u64,
+    max_bytes: u64,
+    cap: u64,
+    closed: bool,
+    clock: Instant,
+    /// One open batch per shard at most; `true` when it sits parked in the window.
+    open: Vec<(u8, RefBatch, bool)>,
+    /// Full batches waiting for credit, in global arrival order.
+    queued: Vec<(u8, RefBatch)>,
+    in_flight: Vec<(CreditId, u8, RefBatch)>,
+    /// Every credit ever seen, and the ones already completed.
+    credits: Vec<CreditId>,
+    released: Vec<CreditId>,
+    /// Sends decided during the current operation, waiting for the machine's credits.
+    to_send: Vec<(u8, RefBatch)>,
+    /// Ends decided during the current operation.
+    to_end: Vec<(u32, End)>,
+    /// Operations that ended, and the ones refused (handed back) after close.
+    ended: Vec<u32>,
+    refused: Vec<u32>,
+    /// Highest operation sent per shard (FIFO: sends only ever increase).
+    last_sent: Vec<(u8, u32)>,
+}
+
+impl Reference {
+    fn in_flight_of(&self, shard: u8) -> u64 {
+        let a = self
+            .in_flight
+            .iter()
+            .filter(|(_, s, _)| *s == shard)
+            .count();
+        let b = self.to_send.iter().filter(|(s, _)| *s == shard).count();
+        u64::try_from(a.saturating_add(b)).unwrap_or(u64::MAX)
+    }
+
+    fn holds_back(&self, shard: u8) -> bool {
+        self.queued.iter().any(|(s, _)| *s == shard)
+            || self
+                .open
+                .iter()
+                .any(|(s, _, parked)| *s == shard && *parked)
+    }
+
+    fn submit_full(&mut self, shard: u8, batch: RefBatch) {
+        if self.in_flight_of(shard) < self.cap && !self.holds_back(shard) {
+            self.to_send.push((shard, batch));
+        } else {
+            self.queued.push((shard, batch));
+        }
+    }
+
+    fn op(&mut self, shard: u8, handle: u32, bytes: u64) {
+        let clock = self.clock;
+        let i = match self.open.iter().position(|(s, _, _)| *s == shard) {
+            Some(i) => i,
+            None => {
+                let empty = RefBatch {
+                    ops: Vec::new(),
+                    bytes: 0,
+                    opened_at: clock,
+                };
+                self.open.push((shard, empty, false));
+                self.open.len() - 1
+            }
+        };
+        let Some(entry) = self.open.get_mut(i) else {
+            return;
+        };
+        entry.2 = false; // reclaimed
+        if self.write
+            && !entry.1.ops.is_empty()
+            && entry.1.bytes.saturating_add(bytes) > self.max_bytes
+        {
+            let fresh = RefBatch {
+                ops: Vec::new(),
+                bytes: 0,
+                opened_at: clock,
+            };
+            let old = core::mem::replace(&mut entry.1, fresh);
+            self.submit_full(shard, old);
+        }
+        let Some(entry) = self.open.get_mut(i) else {
+            return;
+        };
+        entry.1.ops.push(handle);
+        entry.1.bytes = entry.1.bytes.saturating_add(bytes);
+        let n = u64::try_from(entry.1.ops.len()).unwrap_or(u64::MAX);
+        if n >= self.max_ops || (self.write && entry.1.bytes >= self.max_bytes) {
+            let (_, full, _) = self.open.remove(i);
+            self.submit_full(shard, full);
+        }
+    }
+
+    fn flush(&mut self) {
+        let mut i = 0;
+        while i < self.open.len() {
+            let Some(&(shard, _, parked)) = self.open.get(i) else {
+                break;
+            };
+            if parked {
+                i += 1;
+                continue;
+            }
+            let others_held = self.queued.iter().any(|(s, _)| *s == shard);
+            if self.in_flight_of(shard) < self.cap && !others_held {
+                let (_, batch, _) = self.open.remove(i);
+                self.to_send.push((shard, batch));
+            } else if let Some(entry) = self.open.get_mut(i) {
+                entry.2 = true;
+                i += 1;
+            }
+        }
+    }
+
+    /// Ends the batch of a live credit and releases it; `None` for not-live credits.
+    fn complete(&mut self, credit: CreditId, positions: Option<&[usize]>) -> bool {
+        let Some(i) = self.in_flight.iter().position(|(c, _, _)| *c == credit) else {
+            return false;
+        };
+        let (_, shard, batch) = self.in_flight.remove(i);
+        self.released.push(credit);
+        for (pos, h) in batch.ops.iter().enumerate() {
+            let end = match positions {
+                Some(ps) if ps.contains(&pos) => End::Delivered(pos),
+                Some(_) => End::NoResponse,
+                None => End::BatchFailed,
+            };
+            self.to_end.push((*h, end));
+        }
+        if !self.closed {
+            if let Some(q) = self.queued.iter().position(|(s, _)| *s == shard) {
+                let (_, b) = self.queued.remove(q);
+                self.to_send.push((shard, b));
+            } else if let Some(p) = self
+                .open
+                .iter()
+                .position(|(s, _, parked)| *s == shard && *parked)
+            {
+                let (_, b, _) = self.open.remove(p);
+                self.to_send.push((shard, b));
+            }
+        }
+        true
+    }
+
+    fn fail_all(&mut self) {
+        self.closed = true;
+        for (_, b, _) in core::mem::take(&mut self.open) {
+            self.to_end.extend(b.ops.iter().map(|h| (*h, End::Closed)));
+        }
+        for (_, b) in core::mem::take(&mut self.queued) {
+            self.to_end.extend(b.ops.iter().map(|h| (*h, End::Closed)));
+        }
+    }
+}
+
+/// Decodes `data` into batcher operations, drives the machine and the reference, and returns
+/// the first disagreement.
+pub fn check(data: &[u8]) -> Result<(), Divergence> {
+    let mut c = Cursor::new(data);
+    let write = c.bool();
+    let max_ops = match c.below(8) {
+        0 => u32::MAX,
+        n => u32::from(n),
+    };
+    let max_bytes = match c.below(8) {
+        0 => u64::MAX,
+        1 => 1,
+        n => u64::from(n) * 16,
+    };
+    let cap = match c.below(8) {
+        0 => u32::MAX,
+        n => u32::from(n % 3) + 1,
+    };
+    let base = if write {
+        BatcherConfig::writes()
+    } else {
+        BatcherConfig::reads()
+    };
+    let cfg = base
+        .with_max_requests_per_batch(max_ops)
+        .with_max_batch_bytes(max_bytes)
+        .with_window(WindowConfig::default().with_max_in_flight(cap));
+    let Ok(mut m) = Machine::new(cfg) else {
+        return Err(format!("config refused: {cfg:?}"));
+    };
+    let mut r = Reference {
+        write,
+        max_ops: u64::from(max_ops),
+        max_bytes,
+        cap: u64::from(cap),
+        closed: false,
+        clock: Instant::ZERO,
+        open: Vec::new(),
+        queued: Vec::new(),
+        in_flight: Vec::new(),
+        credits: Vec::new(),
+        released: Vec::new(),
+        to_send: Vec::new(),
+        to_end: Vec::new(),
+        ended: Vec::new(),
+        refused: Vec::new(),
+        last_sent: Vec::new(),
+    };
+    let mut now = Instant::ZERO;
+    let mut next_handle: u32 = 0;
+    let mut step = 0usize;
+    while !c.is_empty() {
+        step += 1;
+        let mut flushed = false;
+        match c.below(16) {
+            0..=6 => {
+                let shard = c.below(SHARDS);
+                let bytes = match c.below(8) {
+                    0 => u64::MAX,
+                    1 => 0,
+                    _ => u64::from(c.u8() % 64),
+                };
+                now = c.time_step(now);
+                let handle = next_handle;
+                next_handle = next_handle.wrapping_add(1);
+                let got = m.handle_op(now, shard, handle, bytes);
+                r.clock = r.clock.max(now);
+                if r.closed {
+                    r.refused.push(handle);
+                    if got != Err(Closed(handle)) {
+                        return Err(format!(
+                            "step {step}: op after close = {got:?}, want Closed({handle})"
+                        ));
+                    }
+                } else {
+                    if got.is_err() {
+                        return Err(format!("step {step}: op refused while open: {got:?}"));
+                    }
+                    r.op(shard, handle, bytes);
+                }
+            }
+            7..=8 => {
+                now = c.time_step(now);
+                m.flush(now);
+                r.clock = r.clock.max(now);
+                r.flush();
+                flushed = true;
+            }
+            9..=13 => {
+                let credit = pick_credit(&mut c, &r);
+                let fail = c.below(4) == 0;
+                let len = r
+                    .in_flight
+                    .iter()
+                    .find(|(x, _, _)| *x == credit)
+                    .map_or(0, |(_, _, b)| b.ops.len());
+                let mut positions = Vec::new();
+                for _ in 0..c.below(6) {
+                    positions.push(match c.below(8) {
+                        0 => usize::MAX,
+                        _ => usize::from(c.u8()) % len.saturating_add(2),
+                    });
+                }
+                now = c.time_step(now);
+                let got = if fail {
+                    m.handle_failure(now, credit)
+                } else {
+                    m.handle_response(now, credit, positions.iter().copied())
+                };
+                r.clock = r.clock.max(now);
+                let want_released = r.released.contains(&credit);
+                let live = r.complete(credit, if fail { None } else { Some(&positions) });
+                match (live, got) {
+                    (true, Ok(())) => {}
+                    (false, Err(ReleaseError::AlreadyReleased)) if want_released => {}
+                    (false, Err(_)) if !want_released => {}
+                    (_, got) => {
+                        return Err(format!(
+                            "step {step}: completing {credit:?} (live {live}, released {want_released}) = {got:?}"
+                        ));
+                    }
+                }
+            }
+            14 if c.below(4) == 0 => {
+                m.fail_all();
+                r.fail_all();
+                flushed = true;
+            }
+            _ => {}
+        }
+        settle(&mut m, &mut r, flushed).map_err(|e| format!("step {step}: {e}"))?;
+    }
+    // Close and complete everything in flight: every operation must have ended exactly once.
+    m.fail_all();
+    r.fail_all();
+    settle(&mut m, &mut r, true)?;
+    while let Some(&(credit, _, _)) = r.in_flight.first() {
+        if m.handle_response(now, credit, [0]).is_err() {
+            return Err(format!("live {credit:?} refused at the end"));
+        }
+        r.complete(credit, Some(&[0]));
+        settle(&mut m, &mut r, true)?;
+    }
+    for h in 0..next_handle {
+        let n = r.ended.iter().filter(|x| **x == h).count()
+            + r.refused.iter().filter(|x| **x == h).count();
+        if n != 1 {
+            return Err(format!("operation {h} ended {n} times"));
+        }
+    }
+    let w = m.window();
+    if w.shard_count() != 0 || w.live_credits() != 0 || m.open_batches() != 0 {
+        return Err(format!(
+            "state left at the end: {} shards, {} credits, {} open",
+            w.shard_count(),
+            w.live_credits(),
+            m.open_batches()
+        ));
+    }
+    Ok(())
+}
+
+fn pick_credit(c: &mut Cursor<'_>, r: &Reference) -> CreditId {
+    match c.below(8) {
+        0 => CreditId::forge(c.u32() % 8, u64::from(c.u8())),
+        1 => CreditId::forge(u32::MAX, u64::MAX),
+        2 | 3 => {
+            let n = r.credits.len().max(1);
+            r.credits
+                .get(usize::from(c.u16()) % n)
+                .copied()
+                .unwrap_or(CreditId::forge(0, 0))
+        }
+        _ => {
+            let n = r.in_flight.len().max(1);
+            r.in_flight
+                .get(usize::from(c.u8()) % n)
+                .map_or(CreditId::forge(0, 0), |x| x.0)
+        }
+    }
+}
+
+/// Drains the machine's actions and checks them against what the reference decided, then
+/// compares the state.
+fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Result<(), Divergence> {
+    let mut sends: Vec<(u8, CreditId)> = Vec::new();
+    let mut ends: Vec<(u32, End)> = Vec::new();
+    while let Some(a) = m.poll_action() {
+        match a {
+            BatchAction::Send { shard, credit } => sends.push((shard, credit)),
+            BatchAction::Deliver { handle, position } => {
+                ends.push((handle, End::Delivered(position)))
+            }
+            BatchAction::Fail { handle, reason } => ends.push((
+                handle,
+                match reason {
+                    FailReason::NoResponse => End::NoResponse,
+                    FailReason::BatchFailed => End::BatchFailed,
+                    _ => End::Closed,
+                },
+            )),
+        }
+    }
+    // Ends: as a set (shard order of a close is unspecified), each operation once ever.
+    let mut want_ends = core::mem::take(&mut r.to_end);
+    want_ends.sort_unstable();
+    ends.sort_unstable();
+    if ends != want_ends {
+        return Err(format!("ends {ends:?}, want {want_ends:?}"));
+    }
+    for (h, _) in &ends {
+        if r.ended.contains(h) {
+            return Err(format!("operation {h} ended twice"));
+        }
+        r.ended.push(*h);
+    }
+    // Sends: per shard in order; credits fresh.
+    let want_sends = core::mem::take(&mut r.to_send);
+    if sends.len() != want_sends.len() {
+        return Err(format!(
+            "{} sends, want {}: {sends:?} vs {want_sends:?}",
+            sends.len(),
+            want_sends.len()
+        ));
+    }
+    for shard in 0..SHARDS {
+        let got = sends.iter().filter(|(s, _)| *s == shard);
+        let want = want_sends.iter().filter(|(s, _)| *s == shard);
+        for ((_, credit), (_, batch)) in got.zip(want) {
+            let Some(b) = m.batch(*credit) else {
+                return Err(format!("sent {credit:?} has no batch"));
+            };
+            if b.ops() != batch.ops.as_slice()
+                || b.bytes() != batch.bytes
+                || b.opened_at() != batch.opened_at
+            {
+                return Err(format!(
+                    "shard {shard} sent {:?} ({} bytes, opened {:?}), want {batch:?}",
+                    b.ops(),
+                    b.bytes(),
+                    b.opened_at()
+                ));
+            }
+            if r.credits.contains(credit) {
+                return Err(format!("credit {credit:?} reused"));
+            }
+            let last = r
+                .last_sent
+                .iter()
+                .find(|(s, _)| *s == shard)
+                .map(|(_, h)| *h);
+            let increasing = batch.ops.windows(2).all(|w| w.first() < w.get(1));
+            if !increasing
+                || batch
+                    .ops
+                    .first()
+                    .is_some_and(|f| last.is_some_and(|l| *f <= l))
+            {
+                return Err(format!(
+                    "shard {shard}: {:?} sent after {last:?}: not FIFO",
+                    batch.ops
+                ));
+            }
+            if let Some(h) = batch.ops.last() {
+                r.last_sent.retain(|(s, _)| *s != shard);
+                r.last_sent.push((shard, *h));
+            }
+            r.credits.push(*credit);
+            r.in_flight.push((*credit, shard, batch.clone()));
+        }
+    }
+    compare(m, r, flushed)
+}
+
+fn compare(m: &Machine, r: &Reference, flushed: bool) -> Result<(), Divergence> {
+    let w = m.window();
+    let mut active = 0usize;
+    for shard in 0..SHARDS {
+        let in_flight = r.in_flight.iter().filter(|(_, s, _)| *s == shard).count();
+        let queued = r.queued.iter().filter(|(s, _)| *s == shard).count();
+        let open = r.open.iter().find(|(s, _, _)| *s == shard);
+        let parked = open.is_some_and(|o| o.2);
+        let open_ops = open.map_or(0, |o| o.1.ops.len());
+        let got = (
+            w.in_flight(&shard) as usize,
+            w.queued(&shard),
+            w.is_parked(&shard),
+            m.open_ops(&shard),
+        );
+        if got != (in_flight, queued, parked, open_ops) {
+            return Err(format!(
+                "shard {shard}: (in_flight, queued, parked, open ops) = {got:?}, want {:?}",
+                (in_flight, queued, parked, open_ops)
+            ));
+        }
+        if u64::from(w.in_flight(&shard)) > r.cap
+            || w.in_flight(&shard).saturating_add(w.available(&shard)) != w.capacity()
+        {
+            return Err(format!("shard {shard}: credits not conserved"));
+        }
+        if in_flight > 0 || queued > 0 || parked {
+            active += 1;
+        }
+    }
+    if w.shard_count() != active || w.live_credits() != r.in_flight.len() {
+        return Err(format!(
+            "(window shards, live credits) = {:?}, want {:?}",
+            (w.shard_count(), w.live_credits()),
+            (active, r.in_flight.len())
+        ));
+    }
+    if m.is_closed() != r.closed
+        || (flushed && m.open_batches() != 0)
+        || m.open_batches() > usize::from(SHARDS)
+    {
+        return Err(format!(
+            "closed {} (want {}), {} open batches after flush {flushed}",
+            m.is_closed(),
+            r.closed,
+            m.open_batches()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_and_short_inputs_pass() {
+        assert_eq!(check(&[]), Ok(()));
+        assert_eq!(check(&[0, 1, 2, 1, 0, 0, 2, 5, 2, 7, 2, 9, 4]), Ok(()));
+    }
+}

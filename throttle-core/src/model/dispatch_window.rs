@@ -1,0 +1,420 @@
+//! Model check of [`DispatchWindow`] against a naive reference.
+//!
+//! The reference keeps every credit ever issued and every held-back batch in plain `Vec`s in
+//! global arrival order, and answers each query by scanning them. It shares no code with the
+//! machine: it does not know slabs, generations or per-shard queues.
+//!
+//! Checked after every operation: credits conserved (`in_flight + available == capacity`),
+//! never more than `max_in_flight` per shard, FIFO dispatch (a release sends the shard's
+//! oldest queued batch, then its parked one), ids never reused, double and bogus releases
+//! change nothing, every batch leaves exactly once (dispatched, reclaimed, failed or refused),
+//! and no state is left for idle shards.
+
+use alloc::format;
+use alloc::vec::Vec;
+
+use super::{Cursor, Divergence};
+use crate::dispatch_window::{CreditId, DispatchWindow, SubmitError, TestHasher, WindowConfig};
+use crate::error::ReleaseError;
+
+const SHARDS: u8 = 4;
+
+type Window = DispatchWindow<u8, u32, TestHasher>;
+
+/// Where a batch ended up (each batch must reach exactly one final place).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fate {
+    Held,
+    Dispatched,
+    Reclaimed,
+    Failed,
+    Refused,
+}
+
+#[derive(Debug)]
+struct Reference {
+    cap: u32,
+    closed: bool,
+    /// Credit ids the machine may still issue (only shrinks when the model skips ahead).
+    ids_left: u64,
+    /// Every credit ever issued: (id, shard, live).
+    credits: Vec<(CreditId, u8, bool)>,
+    /// Full batches waiting, in global arrival order: (shard, batch).
+    queued: Vec<(u8, u32)>,
+    /// Parked open batches: (shard, batch).
+    parked: Vec<(u8, u32)>,
+    /// Every batch and where it went.
+    fates: Vec<(u32, Fate)>,
+}
+
+impl Reference {
+    fn in_flight(&self, shard: u8) -> u32 {
+        let n = self
+            .credits
+            .iter()
+            .filter(|(_, s, live)| *live && *s == shard)
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    fn has_queued(&self, shard: u8) -> bool {
+        self.queued.iter().any(|(s, _)| *s == shard)
+    }
+
+    fn parked_of(&self, shard: u8) -> Option<u32> {
+        self.parked
+            .iter()
+            .find(|(s, _)| *s == shard)
+            .map(|(_, b)| *b)
+    }
+
+    fn has_credit(&self, shard: u8) -> bool {
+        self.in_flight(shard) < self.cap
+            && !self.has_queued(shard)
+            && self.parked_of(shard).is_none()
+    }
+
+    fn set_fate(&mut self, batch: u32, fate: Fate) -> Result<(), Divergence> {
+        match self.fates.iter_mut().find(|(b, _)| *b == batch) {
+            Some((_, f)) if *f == Fate::Held => {
+                *f = fate;
+                Ok(())
+            }
+            Some((_, f)) => Err(format!("batch {batch} left twice: was {f:?}, now {fate:?}")),
+            None => Err(format!("batch {batch} was never submitted")),
+        }
+    }
+
+    /// Records a fresh credit the machine issued for `shard`.
+    fn issued(&mut self, credit: CreditId, shard: u8) -> Result<(), Divergence> {
+        if self.credits.iter().any(|(c, _, _)| *c == credit) {
+            return Err(format!("credit {credit:?} reused"));
+        }
+        self.ids_left = self.ids_left.saturating_sub(1);
+        self.credits.push((credit, shard, true));
+        Ok(())
+    }
+}
+
+/// Decodes `data` into window operations, drives the machine and the reference, and returns
+/// the first disagreement.
+pub fn check(data: &[u8]) -> Result<(), Divergence> {
+    let mut c = Cursor::new(data);
+    let cap = match c.below(8) {
+        0 => u32::MAX,
+        n => u32::from(n % 4) + 1,
+    };
+    let Ok(mut w) = Window::new(WindowConfig::default().with_max_in_flight(cap)) else {
+        return Err(format!("max_in_flight {cap} refused"));
+    };
+    let mut r = Reference {
+        cap,
+        closed: false,
+        ids_left: u64::MAX - 1,
+        credits: Vec::new(),
+        queued: Vec::new(),
+        parked: Vec::new(),
+        fates: Vec::new(),
+    };
+    let mut next_batch: u32 = 0;
+    let mut step = 0usize;
+    while !c.is_empty() {
+        step += 1;
+        let shard = c.below(SHARDS);
+        match c.below(16) {
+            0..=5 => {
+                let park = c.bool();
+                let batch = next_batch;
+                next_batch = next_batch.wrapping_add(1);
+                r.fates.push((batch, Fate::Held));
+                submit(&mut w, &mut r, shard, batch, park)
+                    .map_err(|e| format!("step {step}: {e}"))?;
+            }
+            6 => {
+                let got = w.reclaim(&shard);
+                let want = r.parked_of(shard);
+                if got != want {
+                    return Err(format!(
+                        "step {step}: reclaim({shard}) = {got:?}, want {want:?}"
+                    ));
+                }
+                if let Some(b) = want {
+                    r.parked.retain(|(s, _)| *s != shard);
+                    r.set_fate(b, Fate::Reclaimed)?;
+                }
+            }
+            7..=10 => {
+                // A live credit, chosen by index among live ones.
+                let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
+                if let Some(credit) = live.get(usize::from(c.u8()) % live.len().max(1)) {
+                    complete(&mut w, &mut r, *credit).map_err(|e| format!("step {step}: {e}"))?;
+                }
+            }
+            11 => {
+                // A credit issued earlier, live or not (duplicates after release).
+                let n = r.credits.len();
+                if let Some((credit, _, _)) =
+                    r.credits.get(usize::from(c.u16()) % n.max(1)).copied()
+                {
+                    complete(&mut w, &mut r, credit).map_err(|e| format!("step {step}: {e}"))?;
+                }
+            }
+            12 => {
+                let slot = match c.below(3) {
+                    0 => u32::MAX,
+                    1 => u32::from(c.u8() % 8),
+                    _ => c.u32(),
+                };
+                let generation = match c.below(4) {
+                    0 => 0,
+                    1 => u64::MAX,
+                    2 => u64::from(c.u8()),
+                    _ => c.u64(),
+                };
+                let credit = CreditId::forge(slot, generation);
+                complete(&mut w, &mut r, credit).map_err(|e| format!("step {step}: bogus {e}"))?;
+            }
+            // Closing is rare, so most runs stay open long enough to exhaust windows.
+            13 if c.below(4) == 0 => {
+                fail_all(&mut w, &mut r).map_err(|e| format!("step {step}: {e}"))?;
+            }
+            14 => {
+                // Jump close to the end of the id space.
+                let left = u64::from(c.below(4));
+                w.skip_generations_to(u64::MAX - left);
+                r.ids_left = r.ids_left.min(left);
+            }
+            _ => {}
+        }
+        compare(&w, &r).map_err(|e| format!("step {step}: {e}"))?;
+    }
+    // Close, then complete every live credit: everything must end and nothing may remain.
+    fail_all(&mut w, &mut r)?;
+    let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
+    for credit in live {
+        complete(&mut w, &mut r, credit)?;
+    }
+    compare(&w, &r)?;
+    if let Some((b, _)) = r.fates.iter().find(|(_, f)| *f == Fate::Held) {
+        return Err(format!("batch {b} never left the window"));
+    }
+    if w.shard_count() != 0 || w.live_credits() != 0 {
+        return Err(format!(
+            "state left after everything ended: {} shards, {} credits",
+            w.shard_count(),
+            w.live_credits()
+        ));
+    }
+    Ok(())
+}
+
+fn submit(
+    w: &mut Window,
+    r: &mut Reference,
+    shard: u8,
+    batch: u32,
+    park: bool,
+) -> Result<(), Divergence> {
+    let got = if park {
+        w.submit_or_park(shard, batch)
+    } else {
+        w.submit(shard, batch)
+    };
+    let what = if park { "submit_or_park" } else { "submit" };
+    if r.closed {
+        r.set_fate(batch, Fate::Refused)?;
+        return match got {
+            Err(SubmitError::Closed(b)) if b == batch => Ok(()),
+            other => Err(format!(
+                "{what} after close = {other:?}, want Closed({batch})"
+            )),
+        };
+    }
+    if park && r.parked_of(shard).is_some() {
+        r.set_fate(batch, Fate::Refused)?;
+        return match got {
+            Err(SubmitError::AlreadyParked(b)) if b == batch => Ok(()),
+            other => Err(format!(
+                "{what} over a parked batch = {other:?}, want AlreadyParked"
+            )),
+        };
+    }
+    if r.has_credit(shard) {
+        if r.ids_left == 0 {
+            r.closed = true;
+            r.set_fate(batch, Fate::Refused)?;
+            return match got {
+                Err(SubmitError::Closed(b)) if b == batch => Ok(()),
+                other => Err(format!("{what} with no ids left = {other:?}, want Closed")),
+            };
+        }
+        return match got {
+            Ok(Some(d)) if d.shard == shard && d.batch == batch => {
+                r.issued(d.credit, shard)?;
+                r.set_fate(batch, Fate::Dispatched)
+            }
+            other => Err(format!(
+                "{what}({shard}, {batch}) with credit = {other:?}, want a dispatch"
+            )),
+        };
+    }
+    if got != Ok(None) {
+        return Err(format!(
+            "{what}({shard}, {batch}) when exhausted = {got:?}, want Ok(None)"
+        ));
+    }
+    if park {
+        r.parked.push((shard, batch));
+    } else {
+        r.queued.push((shard, batch));
+    }
+    Ok(())
+}
+
+fn complete(w: &mut Window, r: &mut Reference, credit: CreditId) -> Result<(), Divergence> {
+    let got = w.complete(credit);
+    let Some(idx) = r.credits.iter().position(|(c, _, _)| *c == credit) else {
+        return match got {
+            Err(_) => Ok(()),
+            Ok(d) => Err(format!("never-issued {credit:?} released: {d:?}")),
+        };
+    };
+    let Some(&(_, shard, live)) = r.credits.get(idx) else {
+        return Err(format!("credit index {idx} vanished"));
+    };
+    if !live {
+        return match got {
+            Err(ReleaseError::AlreadyReleased) => Ok(()),
+            other => Err(format!(
+                "second release of {credit:?} = {other:?}, want AlreadyReleased"
+            )),
+        };
+    }
+    if let Some(entry) = r.credits.get_mut(idx) {
+        entry.2 = false;
+    }
+    let next = if r.closed {
+        None
+    } else if let Some(i) = r.queued.iter().position(|(s, _)| *s == shard) {
+        Some((r.queued.remove(i).1, Some(i)))
+    } else if let Some(i) = r.parked.iter().position(|(s, _)| *s == shard) {
+        Some((r.parked.remove(i).1, None))
+    } else {
+        None
+    };
+    match next {
+        None => match got {
+            Ok(None) => Ok(()),
+            other => Err(format!("release of {credit:?} = {other:?}, want Ok(None)")),
+        },
+        Some((batch, from_queue)) if r.ids_left == 0 => {
+            // No id for the next batch: it stays held and the window closes.
+            match from_queue {
+                Some(i) => r.queued.insert(i, (shard, batch)),
+                None => r.parked.push((shard, batch)),
+            }
+            r.closed = true;
+            match got {
+                Ok(None) => Ok(()),
+                other => Err(format!(
+                    "release with no ids left = {other:?}, want Ok(None)"
+                )),
+            }
+        }
+        Some((batch, _)) => match got {
+            Ok(Some(d)) if d.shard == shard && d.batch == batch => {
+                r.issued(d.credit, shard)?;
+                r.set_fate(batch, Fate::Dispatched)
+            }
+            other => Err(format!(
+                "release of {credit:?} = {other:?}, want dispatch of {batch}"
+            )),
+        },
+    }
+}
+
+fn fail_all(w: &mut Window, r: &mut Reference) -> Result<(), Divergence> {
+    let got = w.fail_all();
+    r.closed = true;
+    let mut want: Vec<(u8, u32)> = core::mem::take(&mut r.queued);
+    want.append(&mut r.parked);
+    if got.len() != want.len() {
+        return Err(format!(
+            "fail_all returned {got:?}, want {want:?} (any shard order)"
+        ));
+    }
+    for shard in 0..SHARDS {
+        let g: Vec<u32> = got
+            .iter()
+            .filter(|(s, _)| *s == shard)
+            .map(|(_, b)| *b)
+            .collect();
+        let x: Vec<u32> = want
+            .iter()
+            .filter(|(s, _)| *s == shard)
+            .map(|(_, b)| *b)
+            .collect();
+        if g != x {
+            return Err(format!(
+                "fail_all for shard {shard} returned {g:?}, want {x:?}"
+            ));
+        }
+    }
+    for (_, b) in want {
+        r.set_fate(b, Fate::Failed)?;
+    }
+    Ok(())
+}
+
+fn compare(w: &Window, r: &Reference) -> Result<(), Divergence> {
+    let mut active = 0usize;
+    for shard in 0..SHARDS {
+        let in_flight = r.in_flight(shard);
+        let queued = r.queued.iter().filter(|(s, _)| *s == shard).count();
+        let parked = r.parked_of(shard);
+        let got = (
+            w.in_flight(&shard),
+            w.queued(&shard),
+            w.parked(&shard).copied(),
+        );
+        if got != (in_flight, queued, parked) {
+            return Err(format!(
+                "shard {shard}: (in_flight, queued, parked) = {got:?}, want {:?}",
+                (in_flight, queued, parked)
+            ));
+        }
+        if w.in_flight(&shard).saturating_add(w.available(&shard)) != w.capacity()
+            || w.in_flight(&shard) > r.cap
+        {
+            return Err(format!(
+                "shard {shard}: in_flight {} + available {} != capacity {}",
+                w.in_flight(&shard),
+                w.available(&shard),
+                w.capacity()
+            ));
+        }
+        if in_flight > 0 || queued > 0 || parked.is_some() {
+            active += 1;
+        }
+    }
+    let live = r.credits.iter().filter(|x| x.2).count();
+    if w.shard_count() != active || w.live_credits() != live || w.is_closed() != r.closed {
+        return Err(format!(
+            "(shards, live credits, closed) = {:?}, want {:?}",
+            (w.shard_count(), w.live_credits(), w.is_closed()),
+            (active, live, r.closed)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_and_short_inputs_pass() {
+        assert_eq!(check(&[]), Ok(()));
+        assert_eq!(check(&[1, 0, 0, 0, 1, 0, 8]), Ok(()));
+    }
+}

@@ -1,0 +1,20 @@
+#![cfg(feature = "model")]
+//! proptest driver for the batcher model checker.
+
+mod common;
+
+use proptest::prelude::*;
+use throttle_core::model::batcher::check;
+
+proptest! {
+    #![proptest_config(common::config())]
+
+    /// Every operation ends exactly once, batches leave FIFO per shard with the reference's
+    /// cuts, at most `max_in_flight` per shard, and idle shards hold no state.
+    #[test]
+    fn batcher_matches_reference_and_ends_every_operation_once(
+        data in proptest::collection::vec(any::<u8>(), 0..common::MAX_LEN)
+    ) {
+        prop_assert_eq!(check(&data), Ok(()));
+    }
+}
