@@ -1,0 +1,1275 @@
+//! Connection table: physical connections keyed by `(server uid, host, port)`.
+//!
+//! A client keeps one connection per server endpoint. Keying by the uid alone breaks when a
+//! server uid moves (a coordinator failover reuses `cs-0` at a new address): requests keep
+//! reaching the old, still-alive standby. Keying by the whole endpoint fixes that, and it
+//! means requests routed by old and by new metadata each use their own connection instead of
+//! replacing each other's.
+//!
+//! [`ConnTable`] decides which connection a request uses ([`ConnTable::route`]), counts the
+//! requests in flight on each, closes connections that stay idle for `max_idle`, and gates
+//! reconnects to a key behind the gRPC connection backoff after a *failed* connect.
+//!
+//! # Driving contract
+//!
+//! - **Inputs** (mutate, take `now`): [`route`](ConnTable::route) (may open a connection),
+//!   [`handle_connected`](ConnTable::handle_connected),
+//!   [`handle_connect_failed`](ConnTable::handle_connect_failed),
+//!   [`handle_send`](ConnTable::handle_send), [`handle_finished`](ConnTable::handle_finished),
+//!   [`handle_closed`](ConnTable::handle_closed), [`disconnect`](ConnTable::disconnect),
+//!   [`handle_timeout`](ConnTable::handle_timeout).
+//! - **Pollers**: [`poll_action`](ConnTable::poll_action) (drain until `None` after every
+//!   input: each [`ConnAction::Close`] asks the transport to close that connection) and
+//!   [`poll_timeout`](ConnTable::poll_timeout) (call `handle_timeout` at or after it).
+//! - **Queries** (`&self`): [`connection`](ConnTable::connection),
+//!   [`state`](ConnTable::state), [`in_flight`](ConnTable::in_flight), …
+//!
+//! Per request: `route` → on `Open(id, key)` start connecting `key` and report
+//! `handle_connected` or `handle_connect_failed`; on `Use(id)` or `Open(id, _)` call
+//! `handle_send(id)` when the request is written (an `Err(Disconnected)` means route again)
+//! and `handle_finished(id)` when its response arrives or it is abandoned; on
+//! `Wait { until }` retry the route at `until`. Report every close the transport sees with
+//! `handle_closed`.
+//!
+//! See `docs/conn-key.md` for the state diagram and the invariants.
+
+use alloc::collections::{BTreeSet, BinaryHeap, VecDeque};
+use alloc::vec::Vec;
+use core::cmp::Reverse;
+use core::fmt;
+use core::hash::{BuildHasher, Hash};
+use core::time::Duration;
+
+use hashbrown::HashMap;
+use smallvec::SmallVec;
+
+use crate::backoff::{Backoff, BackoffConfig};
+use crate::error::ConfigError;
+use crate::rng::Rng;
+use crate::time::{Clock, Instant};
+
+/// One server endpoint: the server's uid and the address it was announced at.
+///
+/// The uid is generic (`U: Hash + Eq + Clone`): Fluss uses strings such as `cs-0`, other
+/// clients use integers. The host is generic too (a name, an `IpAddr`, an interned id).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ConnKey<U, H> {
+    /// The server's identity, stable across address changes.
+    pub uid: U,
+    /// The host the server is reachable at.
+    pub host: H,
+    /// The port the server is reachable at.
+    pub port: u16,
+}
+
+impl<U, H> ConnKey<U, H> {
+    /// The endpoint `uid` at `host:port`.
+    pub const fn new(uid: U, host: H, port: u16) -> Self {
+        ConnKey { uid, host, port }
+    }
+}
+
+/// A connection's identity; never reused by the table that issued it.
+///
+/// It carries a sequence number (unique per table, never reused) and the table's internal
+/// slot, so every lookup is O(1) without hashing. An id from another table, a closed
+/// connection or [`ConnId::from_bits`] of arbitrary bits is simply unknown.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId {
+    seq: u64,
+    slot: u32,
+}
+
+impl ConnId {
+    /// The id's sequence number: ids are issued in increasing order, starting at 1
+    /// (so `from_bits(0)` is never a live id).
+    pub const fn seq(self) -> u64 {
+        self.seq
+    }
+
+    /// The id as 96 meaningful bits, for adapters that store it compactly.
+    pub const fn to_bits(self) -> u128 {
+        ((self.seq as u128) << 32) | self.slot as u128
+    }
+
+    /// The id with these bits (bits above the 96th are ignored). Arbitrary bits give an id
+    /// the table does not know, which every method treats as closed.
+    pub const fn from_bits(bits: u128) -> Self {
+        ConnId {
+            seq: (bits >> 32) as u64,
+            slot: bits as u32,
+        }
+    }
+}
+
+impl fmt::Debug for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ConnId(#{}@{})", self.seq, self.slot)
+    }
+}
+
+/// Where a request should go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Route<U, H> {
+    /// Send on this existing connection (it may still be connecting).
+    Use(ConnId),
+    /// Open a connection to this endpoint under this fresh id, then send on it.
+    Open(ConnId, ConnKey<U, H>),
+    /// The last connect to this endpoint failed; route again at `until`.
+    Wait {
+        /// When the endpoint's connect backoff ends.
+        until: Instant,
+    },
+    /// The table has issued every connection id it can without reusing one (2^64 − 1
+    /// connections, or 2^32 endpoints at once); build a new table.
+    Exhausted,
+}
+
+/// An effect the transport must carry out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnAction {
+    /// Close this connection: it was idle for `max_idle`, or its uid was disconnected.
+    /// The table has already forgotten it; do not report it back with `handle_closed`.
+    Close(ConnId),
+}
+
+/// The life stage of a live connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnState {
+    /// Opened by [`Route::Open`]; the connect has not been reported yet.
+    Connecting,
+    /// [`ConnTable::handle_connected`] was reported.
+    Connected,
+}
+
+/// A request was sent on a connection that is closed (or was never issued by this table).
+///
+/// Always retriable: the request never left, so route it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("connection {conn:?} is closed; route the request again")]
+#[non_exhaustive]
+pub struct Disconnected {
+    /// The connection the request was meant for.
+    pub conn: ConnId,
+}
+
+/// A finished request that the table cannot account for; nothing changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FinishError {
+    /// The connection is closed; its requests already failed with it (harmless).
+    #[error("connection {0:?} is closed")]
+    Disconnected(ConnId),
+    /// The connection has no request in flight: a finish without a send, or a double finish.
+    #[error("connection {0:?} has no request in flight")]
+    NotInFlight(ConnId),
+}
+
+/// Settings of a [`ConnTable`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnConfig {
+    /// How long a connection with nothing in flight stays open (Fluss
+    /// `netty.connection.max-idle-time`, default 10 min). At least 1 ns; `Duration::MAX`
+    /// keeps idle connections for ever.
+    pub max_idle: Duration,
+    /// The backoff between failed connects to one endpoint (default: the gRPC connection
+    /// backoff, 1 s, ×1.6, ±20 %, 120 s).
+    pub connect_backoff: BackoffConfig,
+}
+
+impl Default for ConnConfig {
+    fn default() -> Self {
+        ConnConfig {
+            max_idle: Duration::from_secs(600),
+            connect_backoff: BackoffConfig::grpc_connection(),
+        }
+    }
+}
+
+impl ConnConfig {
+    /// This config with `max_idle` replaced.
+    pub fn with_max_idle(mut self, max_idle: Duration) -> Self {
+        self.max_idle = max_idle;
+        self
+    }
+
+    /// This config with `connect_backoff` replaced.
+    pub fn with_connect_backoff(mut self, backoff: BackoffConfig) -> Self {
+        self.connect_backoff = backoff;
+        self
+    }
+
+    /// Refuses a zero `max_idle` (a fresh connection would close before its first send).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_idle.is_zero() {
+            return Err(ConfigError::OutOfRange {
+                option: "netty.connection.max-idle-time",
+                got: 0,
+                min: 1,
+                max: u64::MAX,
+                unit: "ns",
+            });
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Conn {
+    id: ConnId,
+    state: ConnState,
+    in_flight: u64,
+}
+
+/// Everything the table knows about one endpoint. It exists while the endpoint has a live
+/// connection or a pending connect backoff (then `conn` is `None` and the backoff has drawn).
+#[derive(Clone, Debug)]
+struct Entry<U, H> {
+    key: ConnKey<U, H>,
+    conn: Option<Conn>,
+    backoff: Backoff,
+    /// Routes before this instant answer `Wait`; meaningful while `backoff.attempt() > 0`.
+    wait_until: Instant,
+    /// This entry's one timer, mirrored in `ConnTable::timers`: the idle close of a live
+    /// connection with nothing in flight, or the eviction of a connection-less entry.
+    deadline: Option<Instant>,
+}
+
+/// The connection table. See the [module docs](self) for the driving contract.
+///
+/// Costs: `route` and every handler are O(log n) (one hash lookup at most, one ordered-set
+/// update); `poll_timeout` is O(log n) (`BTreeSet::first`); `disconnect(uid)` is O(k log n)
+/// for the uid's k endpoints; `handle_timeout` is O(log n) per expired entry.
+///
+/// ```
+/// use std::hash::RandomState;
+/// use throttle_core::Instant;
+/// use throttle_core::conn_key::{ConnConfig, ConnKey, ConnTable, Route};
+///
+/// let mut table: ConnTable<&str, &str, RandomState> =
+///     ConnTable::new(ConnConfig::default()).unwrap();
+/// let now = Instant::ZERO;
+/// let old = ConnKey::new("cs-0", "10.0.0.1", 9123);
+/// let Route::Open(a, _) = table.route(now, &old) else { panic!() };
+/// table.handle_connected(now, a);
+/// // The coordinator fails over: uid cs-0 now lives at another address.
+/// let new = ConnKey::new("cs-0", "10.0.0.2", 9123);
+/// let Route::Open(b, _) = table.route(now, &new) else { panic!() };
+/// assert_ne!(a, b);
+/// assert_eq!(table.route(now, &old), Route::Use(a)); // old metadata keeps its connection
+/// ```
+#[derive(Clone, Debug)]
+pub struct ConnTable<U, H, S> {
+    cfg: ConnConfig,
+    clock: Clock,
+    slots: Vec<Option<Entry<U, H>>>,
+    /// Free slots, lowest first, so a shrinking table compacts towards the front.
+    free: BinaryHeap<Reverse<u32>>,
+    by_key: HashMap<ConnKey<U, H>, u32, S>,
+    by_uid: HashMap<U, SmallVec<[u32; 2]>, S>,
+    timers: BTreeSet<(Instant, u32)>,
+    actions: VecDeque<ConnAction>,
+    next_seq: u64,
+    live: usize,
+}
+
+impl<U, H, S> ConnTable<U, H, S>
+where
+    U: Hash + Eq + Clone,
+    H: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    /// An empty table; refuses an invalid config.
+    pub fn new(cfg: ConnConfig) -> Result<Self, ConfigError>
+    where
+        S: Default,
+    {
+        Self::with_hasher(cfg, S::default())
+    }
+
+    /// An empty table hashing keys with `hasher` (keys come from remote metadata: pass a
+    /// randomly seeded hasher such as std's `RandomState`).
+    pub fn with_hasher(cfg: ConnConfig, hasher: S) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        Ok(ConnTable {
+            cfg,
+            clock: Clock::default(),
+            slots: Vec::new(),
+            free: BinaryHeap::new(),
+            by_key: HashMap::with_hasher(hasher.clone()),
+            by_uid: HashMap::with_hasher(hasher),
+            timers: BTreeSet::new(),
+            actions: VecDeque::new(),
+            next_seq: 1,
+            live: 0,
+        })
+    }
+
+    /// The table's settings.
+    pub fn config(&self) -> &ConnConfig {
+        &self.cfg
+    }
+
+    // ----- inputs -----
+
+    /// Chooses the connection for a request to `node`.
+    ///
+    /// `Use` the endpoint's live connection if it has one (connecting or connected); else
+    /// `Wait` while its connect backoff runs; else `Open` a new connection under a fresh id.
+    /// Only the exact endpoint is ever used: a uid at a new address gets its own connection,
+    /// and the connection at the old address keeps serving requests routed by old metadata
+    /// until it has been idle for `max_idle`. Routing to a connection counts as activity.
+    pub fn route(&mut self, now: Instant, node: &ConnKey<U, H>) -> Route<U, H> {
+        let now = self.clock.observe(now);
+        let idle_at = now + self.cfg.max_idle;
+        if let Some(slot) = self.by_key.get(node).copied() {
+            let Some(e) = self.entry_mut(slot) else {
+                return Route::Exhausted; // unreachable: by_key only names used slots
+            };
+            if let Some(c) = &e.conn {
+                let id = c.id;
+                if c.in_flight == 0 {
+                    self.set_deadline(slot, Some(idle_at));
+                }
+                return Route::Use(id);
+            }
+            if now < e.wait_until {
+                return Route::Wait {
+                    until: e.wait_until,
+                };
+            }
+            let Some(seq) = self.take_seq() else {
+                return Route::Exhausted;
+            };
+            let id = ConnId { seq, slot };
+            if let Some(e) = self.entry_mut(slot) {
+                e.conn = Some(Conn {
+                    id,
+                    state: ConnState::Connecting,
+                    in_flight: 0,
+                });
+            }
+            self.live += 1;
+            self.set_deadline(slot, Some(idle_at));
+            return Route::Open(id, node.clone());
+        }
+        if self.next_seq == u64::MAX {
+            return Route::Exhausted;
+        }
+        let Some(slot) = self.alloc_slot() else {
+            return Route::Exhausted;
+        };
+        let Some(seq) = self.take_seq() else {
+            return Route::Exhausted; // unreachable: checked above
+        };
+        let id = ConnId { seq, slot };
+        let entry = Entry {
+            key: node.clone(),
+            conn: Some(Conn {
+                id,
+                state: ConnState::Connecting,
+                in_flight: 0,
+            }),
+            backoff: Backoff::new(),
+            wait_until: Instant::ZERO,
+            deadline: None,
+        };
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            *s = Some(entry);
+        }
+        self.by_key.insert(node.clone(), slot);
+        match self.by_uid.get_mut(&node.uid) {
+            Some(v) => v.push(slot),
+            None => {
+                let mut v = SmallVec::new();
+                v.push(slot);
+                self.by_uid.insert(node.uid.clone(), v);
+            }
+        }
+        self.live += 1;
+        self.set_deadline(slot, Some(idle_at));
+        Route::Open(id, node.clone())
+    }
+
+    /// The transport connected `conn`: resets the endpoint's connect backoff, so the first
+    /// reconnect after a later drop is immediate. Returns whether `conn` was connecting
+    /// (otherwise nothing changes).
+    pub fn handle_connected(&mut self, now: Instant, conn: ConnId) -> bool {
+        let now = self.clock.observe(now);
+        let Some(slot) = self.live_slot(conn) else {
+            return false;
+        };
+        let Some(e) = self.entry_mut(slot) else {
+            return false;
+        };
+        let Some(c) = e.conn.as_mut() else {
+            return false;
+        };
+        if c.state != ConnState::Connecting {
+            return false;
+        }
+        c.state = ConnState::Connected;
+        let idle = c.in_flight == 0;
+        e.backoff.reset();
+        e.wait_until = Instant::ZERO;
+        if idle {
+            let at = now + self.cfg.max_idle;
+            self.set_deadline(slot, Some(at));
+        }
+        true
+    }
+
+    /// Connecting `conn` failed: the connection is gone (fail its queued requests as
+    /// [`Disconnected`]) and the endpoint backs off. Returns the instant until which
+    /// [`route`](Self::route) answers `Wait`, or `None` if `conn` was not connecting
+    /// (nothing changes, nothing is drawn).
+    ///
+    /// When the backoff's budget refuses a delay, the delay of its current attempt is used:
+    /// connecting never gives up by itself; the caller decides when to stop routing.
+    pub fn handle_connect_failed<R: Rng + ?Sized>(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        rng: &mut R,
+    ) -> Option<Instant> {
+        let now = self.clock.observe(now);
+        let slot = self.live_slot(conn)?;
+        let max_idle = self.cfg.max_idle;
+        let backoff_cfg = &self.cfg.connect_backoff;
+        let e = self.slots.get_mut(slot as usize)?.as_mut()?;
+        if e.conn.as_ref()?.state != ConnState::Connecting {
+            return None;
+        }
+        let attempt = e.backoff.attempt();
+        let delay = match e.backoff.next_delay(backoff_cfg, rng) {
+            Some(d) => d,
+            None => backoff_cfg.delay_for(attempt, rng),
+        };
+        let until = now + delay;
+        e.wait_until = until;
+        e.conn = None;
+        self.live = self.live.saturating_sub(1);
+        self.set_deadline(slot, Some(until + max_idle));
+        Some(until)
+    }
+
+    /// A request is being written on `conn`: counts it in flight (an in-flight connection is
+    /// never closed for idleness). `Err(Disconnected)` if `conn` is closed: route again.
+    pub fn handle_send(&mut self, now: Instant, conn: ConnId) -> Result<(), Disconnected> {
+        let _ = self.clock.observe(now);
+        let slot = self.live_slot(conn).ok_or(Disconnected { conn })?;
+        if let Some(c) = self.entry_mut(slot).and_then(|e| e.conn.as_mut()) {
+            c.in_flight = c.in_flight.saturating_add(1);
+        }
+        self.set_deadline(slot, None);
+        Ok(())
+    }
+
+    /// A request on `conn` got its response (or was abandoned). When the last one finishes
+    /// the idle deadline starts at `now`. Refused, with nothing changed, for a closed
+    /// connection or one with nothing in flight.
+    pub fn handle_finished(&mut self, now: Instant, conn: ConnId) -> Result<(), FinishError> {
+        let now = self.clock.observe(now);
+        let slot = self
+            .live_slot(conn)
+            .ok_or(FinishError::Disconnected(conn))?;
+        let c = self
+            .entry_mut(slot)
+            .and_then(|e| e.conn.as_mut())
+            .ok_or(FinishError::Disconnected(conn))?;
+        if c.in_flight == 0 {
+            return Err(FinishError::NotInFlight(conn));
+        }
+        c.in_flight -= 1;
+        if c.in_flight == 0 {
+            let at = now + self.cfg.max_idle;
+            self.set_deadline(slot, Some(at));
+        }
+        Ok(())
+    }
+
+    /// The transport saw `conn` close (remote close, I/O error). Forgets it only if it is
+    /// still the endpoint's live connection: a late close of an old connection never evicts
+    /// its replacement. Returns whether it was forgotten. No backoff: the next route to the
+    /// endpoint reconnects immediately (a drop or a server restart is not a failed connect).
+    pub fn handle_closed(&mut self, now: Instant, conn: ConnId) -> bool {
+        let now = self.clock.observe(now);
+        match self.live_slot(conn) {
+            Some(slot) => self.drop_conn(slot, now).is_some(),
+            None => false,
+        }
+    }
+
+    /// Closes every connection of server `uid`, at any address (e.g. the server left the
+    /// cluster): queues one [`ConnAction::Close`] per connection and returns how many.
+    /// Connect backoff of the uid's endpoints is kept (see the eviction rule).
+    pub fn disconnect(&mut self, now: Instant, uid: &U) -> usize {
+        let now = self.clock.observe(now);
+        let slots: SmallVec<[u32; 4]> = match self.by_uid.get(uid) {
+            Some(v) => v.iter().copied().collect(),
+            None => return 0,
+        };
+        let mut closed = 0;
+        for slot in slots {
+            if let Some(id) = self.drop_conn(slot, now) {
+                self.actions.push_back(ConnAction::Close(id));
+                closed += 1;
+            }
+        }
+        closed
+    }
+
+    /// Acts on every deadline at or before `now`: closes connections idle for `max_idle`
+    /// (queuing [`ConnAction::Close`]) and forgets the connect backoff of endpoints without a
+    /// connection for `max_idle` past their backoff. Shrinks the table once it is below a
+    /// quarter of its capacity.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let now = self.clock.observe(now);
+        while let Some(&(at, slot)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            match self.entry(slot).map(|e| e.conn.is_some()) {
+                Some(true) => {
+                    if let Some(id) = self.drop_conn(slot, now) {
+                        self.actions.push_back(ConnAction::Close(id));
+                    }
+                }
+                Some(false) => self.free_entry(slot),
+                None => {
+                    // Unreachable: a timer names a used slot. Drop it so the loop ends.
+                    self.timers.remove(&(at, slot));
+                }
+            }
+        }
+        self.shrink();
+    }
+
+    // ----- pollers -----
+
+    /// The next action for the transport; call until `None` after every input.
+    pub fn poll_action(&mut self) -> Option<ConnAction> {
+        self.actions.pop_front()
+    }
+
+    /// The earliest instant at which [`handle_timeout`](Self::handle_timeout) has work, in
+    /// O(log n). `None` when no connection is idle and no backoff awaits eviction.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.first().map(|&(at, _)| at)
+    }
+
+    // ----- queries -----
+
+    /// The live connection of endpoint `key`, if any.
+    pub fn connection(&self, key: &ConnKey<U, H>) -> Option<ConnId> {
+        let slot = *self.by_key.get(key)?;
+        Some(self.entry(slot)?.conn.as_ref()?.id)
+    }
+
+    /// The stage of `conn`, or `None` if it is closed or unknown.
+    pub fn state(&self, conn: ConnId) -> Option<ConnState> {
+        Some(self.live_conn(conn)?.state)
+    }
+
+    /// Requests in flight on `conn`, or `None` if it is closed or unknown.
+    pub fn in_flight(&self, conn: ConnId) -> Option<u64> {
+        Some(self.live_conn(conn)?.in_flight)
+    }
+
+    /// The endpoint of `conn`, or `None` if it is closed or unknown.
+    pub fn key(&self, conn: ConnId) -> Option<&ConnKey<U, H>> {
+        let slot = self.live_slot(conn)?;
+        Some(&self.entry(slot)?.key)
+    }
+
+    /// When `conn` closes for idleness if nothing happens; `None` while it has requests in
+    /// flight, or if it is closed or unknown.
+    pub fn idle_deadline(&self, conn: ConnId) -> Option<Instant> {
+        let slot = self.live_slot(conn)?;
+        self.entry(slot)?.deadline
+    }
+
+    /// Until when `key` is in connect backoff as of `now`, or `None` if a route would not
+    /// wait.
+    pub fn backoff_until(&self, now: Instant, key: &ConnKey<U, H>) -> Option<Instant> {
+        let now = self.clock.peek(now);
+        let e = self.entry(*self.by_key.get(key)?)?;
+        (e.conn.is_none() && now < e.wait_until).then_some(e.wait_until)
+    }
+
+    /// Failed connects to `key` since its last successful one (0 when it has no backoff).
+    pub fn connect_failures(&self, key: &ConnKey<U, H>) -> u32 {
+        self.by_key
+            .get(key)
+            .and_then(|&s| self.entry(s))
+            .map_or(0, |e| e.backoff.attempt())
+    }
+
+    /// Live connections (connecting or connected).
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Whether no connection is live.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Endpoints the table holds state for: those with a live connection plus those whose
+    /// connect backoff is not yet evicted. Zero once everything closed and was evicted.
+    pub fn tracked_endpoints(&self) -> usize {
+        self.by_key.len()
+    }
+
+    // ----- internals -----
+
+    fn entry(&self, slot: u32) -> Option<&Entry<U, H>> {
+        self.slots.get(slot as usize)?.as_ref()
+    }
+
+    fn entry_mut(&mut self, slot: u32) -> Option<&mut Entry<U, H>> {
+        self.slots.get_mut(slot as usize)?.as_mut()
+    }
+
+    /// The slot of `conn` if it is the live connection there (stale and bogus ids are not).
+    fn live_slot(&self, conn: ConnId) -> Option<u32> {
+        let c = self.entry(conn.slot)?.conn.as_ref()?;
+        (c.id == conn).then_some(conn.slot)
+    }
+
+    fn live_conn(&self, conn: ConnId) -> Option<&Conn> {
+        let c = self.entry(conn.slot)?.conn.as_ref()?;
+        (c.id == conn).then_some(c)
+    }
+
+    fn take_seq(&mut self) -> Option<u64> {
+        // u64::MAX is never issued, so "exhausted" needs no extra state.
+        let seq = self.next_seq;
+        if seq == u64::MAX {
+            return None;
+        }
+        self.next_seq = seq.saturating_add(1);
+        Some(seq)
+    }
+
+    fn alloc_slot(&mut self) -> Option<u32> {
+        if let Some(Reverse(slot)) = self.free.pop() {
+            return Some(slot);
+        }
+        let slot = u32::try_from(self.slots.len()).ok()?;
+        self.slots.push(None);
+        Some(slot)
+    }
+
+    /// Replaces the slot's timer, keeping `timers` and `Entry::deadline` in step.
+    fn set_deadline(&mut self, slot: u32, at: Option<Instant>) {
+        let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if e.deadline == at {
+            return;
+        }
+        if let Some(old) = e.deadline {
+            self.timers.remove(&(old, slot));
+        }
+        e.deadline = at;
+        if let Some(new) = at {
+            self.timers.insert((new, slot));
+        }
+    }
+
+    /// Forgets the slot's live connection. The entry stays only while the endpoint is in
+    /// connect backoff, until `max(backoff end, now) + max_idle`.
+    fn drop_conn(&mut self, slot: u32, now: Instant) -> Option<ConnId> {
+        let max_idle = self.cfg.max_idle;
+        let e = self.entry_mut(slot)?;
+        let id = e.conn.take()?.id;
+        let in_backoff = e.backoff.attempt() > 0;
+        let forget = e.wait_until.max(now) + max_idle;
+        self.live = self.live.saturating_sub(1);
+        if in_backoff {
+            self.set_deadline(slot, Some(forget));
+        } else {
+            self.free_entry(slot);
+        }
+        Some(id)
+    }
+
+    fn free_entry(&mut self, slot: u32) {
+        self.set_deadline(slot, None);
+        let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
+            return;
+        };
+        if e.conn.is_some() {
+            self.live = self.live.saturating_sub(1);
+        }
+        self.by_key.remove(&e.key);
+        if let Some(v) = self.by_uid.get_mut(&e.key.uid) {
+            v.retain(|s| *s != slot);
+            if v.is_empty() {
+                self.by_uid.remove(&e.key.uid);
+            }
+        }
+        self.free.push(Reverse(slot));
+    }
+
+    /// Gives memory back once the table is below a quarter of what it holds.
+    fn shrink(&mut self) {
+        let used = self.by_key.len();
+        if used < self.slots.len() / 4 {
+            // Allocation prefers low slots, so the used ones gather at the front.
+            while matches!(self.slots.last(), Some(None)) {
+                self.slots.pop();
+            }
+            let len = self.slots.len();
+            self.free.retain(|&Reverse(s)| (s as usize) < len);
+            self.slots.shrink_to(len.saturating_mul(2));
+            self.free.shrink_to(len);
+        }
+        if self.by_key.len() < self.by_key.capacity() / 4 {
+            self.by_key.shrink_to(self.by_key.len().saturating_mul(2));
+        }
+        if self.by_uid.len() < self.by_uid.capacity() / 4 {
+            self.by_uid.shrink_to(self.by_uid.len().saturating_mul(2));
+        }
+        if self.actions.is_empty() && self.actions.capacity() > 64 {
+            self.actions.shrink_to(16);
+        }
+    }
+
+    #[cfg(test)]
+    fn set_next_seq(&mut self, seq: u64) {
+        self.next_seq = seq;
+    }
+
+    #[cfg(test)]
+    fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+
+    use super::*;
+    use crate::rng::SplitMix64;
+    use alloc::vec::Vec;
+    use std::hash::RandomState;
+
+    type Table = ConnTable<&'static str, &'static str, RandomState>;
+
+    const IDLE: Duration = Duration::from_secs(600);
+
+    fn table() -> Table {
+        ConnTable::new(ConnConfig::default()).unwrap()
+    }
+
+    fn ms(n: u64) -> Instant {
+        Instant::from_millis(n)
+    }
+
+    fn key(uid: &'static str, host: &'static str) -> ConnKey<&'static str, &'static str> {
+        ConnKey::new(uid, host, 9123)
+    }
+
+    #[track_caller]
+    fn open(t: &mut Table, now: Instant, k: &ConnKey<&'static str, &'static str>) -> ConnId {
+        match t.route(now, k) {
+            Route::Open(id, got) => {
+                assert_eq!(&got, k, "Open names the routed endpoint");
+                id
+            }
+            other => panic!("expected Open, got {other:?}"),
+        }
+    }
+
+    fn drain(t: &mut Table) -> Vec<ConnAction> {
+        core::iter::from_fn(|| t.poll_action()).collect()
+    }
+
+    #[test]
+    fn default_config_is_ten_minutes_idle_and_grpc_backoff() {
+        let c = ConnConfig::default();
+        assert_eq!(c.max_idle, IDLE);
+        assert_eq!(c.connect_backoff, BackoffConfig::grpc_connection());
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn zero_max_idle_is_refused_with_the_option_name() {
+        let err = Table::new(ConnConfig::default().with_max_idle(Duration::ZERO)).unwrap_err();
+        assert!(matches!(
+            err,
+            ConfigError::OutOfRange {
+                option: "netty.connection.max-idle-time",
+                got: 0,
+                min: 1,
+                ..
+            }
+        ));
+        assert!(Table::new(ConnConfig::default().with_max_idle(Duration::from_nanos(1))).is_ok());
+    }
+
+    /// Fluss #4263: a coordinator failover reuses uid `cs-0` at a new address; keying by
+    /// uid + host + port gives the new address its own connection, and the old one is
+    /// cleaned up by the idle timeout (10 min).
+    #[test]
+    fn uid_moving_to_new_address_gets_own_connection_and_old_closes_when_idle() {
+        let mut t = table();
+        let old = key("cs-0", "10.0.0.1");
+        let new = key("cs-0", "10.0.0.2");
+        let a = open(&mut t, ms(0), &old);
+        assert!(t.handle_connected(ms(0), a));
+        t.handle_send(ms(0), a).unwrap();
+
+        let b = open(&mut t, ms(100), &new);
+        assert_ne!(a, b);
+        assert!(b.seq() > a.seq());
+        assert!(t.handle_connected(ms(100), b));
+        assert_eq!(
+            t.route(ms(200), &new),
+            Route::Use(b),
+            "new requests use the new"
+        );
+        assert_eq!(t.len(), 2, "old and new coexist");
+
+        t.handle_send(ms(200), b).unwrap(); // keep the new one busy
+        t.handle_finished(ms(1_000), a).unwrap();
+        let idle_at = ms(1_000) + IDLE;
+        assert_eq!(t.idle_deadline(a), Some(idle_at));
+        assert_eq!(t.poll_timeout(), Some(idle_at));
+
+        t.handle_timeout(idle_at - Duration::from_nanos(1));
+        assert!(drain(&mut t).is_empty(), "not a nanosecond early");
+        t.handle_timeout(idle_at);
+        assert_eq!(drain(&mut t), [ConnAction::Close(a)]);
+        assert_eq!(t.connection(&old), None);
+        assert_eq!(t.connection(&new), Some(b));
+        assert_eq!(t.state(b), Some(ConnState::Connected));
+        assert_eq!(t.poll_timeout(), None, "b has a request in flight");
+    }
+
+    #[test]
+    fn requests_by_old_and_new_metadata_never_evict_each_other() {
+        let mut t = table();
+        let old = key("cs-0", "10.0.0.1");
+        let new = key("cs-0", "10.0.0.2");
+        let a = open(&mut t, ms(0), &old);
+        let b = open(&mut t, ms(0), &new);
+        for i in 1..20 {
+            let (k, want) = if i % 2 == 0 { (&old, a) } else { (&new, b) };
+            assert_eq!(t.route(ms(i), k), Route::Use(want));
+            t.handle_send(ms(i), want).unwrap();
+            t.handle_finished(ms(i), want).unwrap();
+        }
+        t.handle_timeout(ms(20));
+        assert!(drain(&mut t).is_empty());
+        assert_eq!((t.connection(&old), t.connection(&new)), (Some(a), Some(b)));
+    }
+
+    #[test]
+    fn late_close_of_replaced_connection_keeps_its_replacement() {
+        let mut t = table();
+        let k = key("ts-1", "10.0.0.1");
+        let a = open(&mut t, ms(0), &k);
+        t.handle_connected(ms(0), a);
+        assert!(t.handle_closed(ms(1), a));
+        let b = open(&mut t, ms(2), &k);
+        assert_ne!(a, b, "ids are never reused");
+        assert!(!t.handle_closed(ms(3), a), "a late close of `a` is ignored");
+        assert_eq!(t.connection(&k), Some(b));
+        assert_eq!(t.state(b), Some(ConnState::Connecting));
+        assert!(!t.handle_connected(ms(3), a));
+        assert_eq!(t.state(b), Some(ConnState::Connecting));
+        assert!(t.handle_closed(ms(4), b));
+        assert_eq!(t.tracked_endpoints(), 0);
+    }
+
+    #[test]
+    fn activity_resets_idle_deadline() {
+        let mut t = table();
+        let k = key("ts-1", "h");
+        let a = open(&mut t, ms(0), &k);
+        assert_eq!(t.idle_deadline(a), Some(ms(0) + IDLE));
+        t.handle_connected(ms(1_000), a);
+        assert_eq!(t.idle_deadline(a), Some(ms(1_000) + IDLE));
+        assert_eq!(t.route(ms(5_000), &k), Route::Use(a));
+        assert_eq!(
+            t.idle_deadline(a),
+            Some(ms(5_000) + IDLE),
+            "routing is activity"
+        );
+        t.handle_send(ms(6_000), a).unwrap();
+        assert_eq!(
+            t.idle_deadline(a),
+            None,
+            "busy connections have no idle deadline"
+        );
+        t.handle_finished(ms(7_000), a).unwrap();
+        assert_eq!(t.poll_timeout(), Some(ms(7_000) + IDLE));
+        t.handle_timeout(ms(6_999) + IDLE);
+        assert!(drain(&mut t).is_empty());
+        t.handle_timeout(ms(7_000) + IDLE);
+        assert_eq!(drain(&mut t), [ConnAction::Close(a)]);
+        assert_eq!(t.tracked_endpoints(), 0);
+    }
+
+    #[test]
+    fn in_flight_connection_never_closes_for_idleness() {
+        let mut t = table();
+        let a = open(&mut t, ms(0), &key("u", "h"));
+        t.handle_send(ms(0), a).unwrap();
+        t.handle_send(ms(0), a).unwrap();
+        t.handle_finished(ms(1), a).unwrap();
+        assert_eq!(t.in_flight(a), Some(1));
+        assert_eq!(t.poll_timeout(), None);
+        t.handle_timeout(Instant::MAX);
+        assert!(drain(&mut t).is_empty());
+        assert_eq!(t.state(a), Some(ConnState::Connecting));
+    }
+
+    /// gRPC connection backoff: 1 s initial, ×1.6, ±20 % jitter, 120 s cap; it grows only
+    /// across failed connects and a success resets it.
+    #[test]
+    fn connect_backoff_grows_across_failures_and_success_resets_it() {
+        let mut t = table();
+        let cfg = BackoffConfig::grpc_connection();
+        let k = key("ts-2", "h");
+        let mut rng = SplitMix64::new(42);
+        let mut mirror_rng = rng.clone();
+        let mut mirror = Backoff::new();
+
+        let mut now = ms(0);
+        let mut bases = [1_000u64, 1_600, 2_560, 4_096].into_iter();
+        for attempt in 0..4u32 {
+            let id = open(&mut t, now, &k);
+            let until = t.handle_connect_failed(now, id, &mut rng).unwrap();
+            let want = mirror.next_delay(&cfg, &mut mirror_rng).unwrap();
+            assert_eq!(until, now + want, "attempt {attempt}");
+            let base = Duration::from_millis(bases.next().unwrap());
+            assert!(
+                want >= base * 8 / 10 && want < base * 12 / 10,
+                "{want:?} vs {base:?}"
+            );
+            assert_eq!(t.connect_failures(&k), attempt + 1);
+            assert_eq!(t.len(), 0);
+            let just_before = until - Duration::from_nanos(1);
+            assert_eq!(t.route(just_before, &k), Route::Wait { until });
+            assert_eq!(t.backoff_until(just_before, &k), Some(until));
+            now = until;
+        }
+        let id = open(&mut t, now, &k);
+        assert!(t.handle_connected(now, id));
+        assert_eq!(t.connect_failures(&k), 0, "success resets the backoff");
+        // A later drop reconnects at once, and a failure starts again from 1 s.
+        assert!(t.handle_closed(now, id));
+        let id = open(&mut t, now, &k);
+        let until = t.handle_connect_failed(now, id, &mut rng).unwrap();
+        let d = until - now;
+        assert!(d >= Duration::from_millis(800) && d < Duration::from_millis(1_200));
+    }
+
+    #[test]
+    fn first_reconnect_after_drop_or_server_restart_is_immediate() {
+        let mut t = table();
+        let k = key("ts-3", "h");
+        let a = open(&mut t, ms(0), &k);
+        t.handle_connected(ms(0), a);
+        // The server restarts: the transport sees the connection drop.
+        assert!(t.handle_closed(ms(5), a));
+        let b = open(&mut t, ms(5), &k);
+        assert!(b != a);
+        assert_eq!(t.backoff_until(ms(5), &k), None);
+        // Dropped again before connecting (not a connect failure): still no backoff.
+        assert!(t.handle_closed(ms(6), b));
+        let c = open(&mut t, ms(6), &k);
+        assert!(t.handle_connected(ms(7), c));
+        // Disconnecting the uid is a drop too.
+        assert_eq!(t.disconnect(ms(8), &"ts-3"), 1);
+        open(&mut t, ms(8), &k);
+    }
+
+    #[test]
+    fn backoff_of_endpoint_without_connection_is_forgotten_max_idle_after_gate_opens() {
+        let mut t = table();
+        let k = key("ts-4", "h");
+        let mut rng = SplitMix64::new(7);
+        let a = open(&mut t, ms(0), &k);
+        let until = t.handle_connect_failed(ms(0), a, &mut rng).unwrap();
+        assert_eq!(t.tracked_endpoints(), 1);
+        assert_eq!(t.poll_timeout(), Some(until + IDLE));
+        t.handle_timeout(until + IDLE - Duration::from_nanos(1));
+        assert_eq!(t.connect_failures(&k), 1);
+        t.handle_timeout(until + IDLE);
+        assert!(
+            drain(&mut t).is_empty(),
+            "forgetting a backoff closes nothing"
+        );
+        assert_eq!(t.tracked_endpoints(), 0);
+        assert_eq!(t.poll_timeout(), None);
+        assert_eq!(t.connect_failures(&k), 0);
+    }
+
+    #[test]
+    fn connection_lost_while_in_backoff_keeps_backoff_for_max_idle_from_loss() {
+        let mut t = table();
+        let k = key("ts-4", "h");
+        let mut rng = SplitMix64::new(7);
+        let a = open(&mut t, ms(0), &k);
+        let until = t.handle_connect_failed(ms(0), a, &mut rng).unwrap();
+        let b = open(&mut t, until, &k);
+        let lost = until + Duration::from_secs(3);
+        assert!(t.handle_closed(lost, b));
+        assert_eq!(
+            t.connect_failures(&k),
+            1,
+            "a drop neither grows nor resets it"
+        );
+        assert_eq!(t.poll_timeout(), Some(lost + IDLE));
+        assert!(matches!(t.route(lost, &k), Route::Open(..)), "gate is open");
+    }
+
+    #[test]
+    fn disconnect_closes_every_endpoint_of_a_uid_and_nothing_else() {
+        let mut t = table();
+        let a = open(&mut t, ms(0), &key("cs-0", "A"));
+        let b = open(&mut t, ms(0), &key("cs-0", "B"));
+        let c = open(&mut t, ms(0), &key("cs-1", "A"));
+        t.handle_send(ms(0), b).unwrap();
+        assert_eq!(t.disconnect(ms(1), &"cs-0"), 2);
+        let mut closed = drain(&mut t);
+        closed.sort_by_key(|ConnAction::Close(id)| *id);
+        assert_eq!(closed, [ConnAction::Close(a), ConnAction::Close(b)]);
+        assert_eq!(t.state(c), Some(ConnState::Connecting));
+        assert_eq!(t.len(), 1);
+        assert!(
+            !t.handle_closed(ms(2), a),
+            "the transport's echo is ignored"
+        );
+        assert_eq!(t.handle_send(ms(2), b), Err(Disconnected { conn: b }));
+        assert_eq!(t.disconnect(ms(3), &"cs-0"), 0);
+        assert_eq!(t.disconnect(ms(3), &"nobody"), 0);
+        assert!(drain(&mut t).is_empty());
+    }
+
+    #[test]
+    fn send_on_closed_connection_is_retriable_disconnected() {
+        let mut t = table();
+        let k = key("u", "h");
+        let a = open(&mut t, ms(0), &k);
+        t.handle_send(ms(0), a).unwrap();
+        t.handle_closed(ms(1), a);
+        let err = t.handle_send(ms(2), a).unwrap_err();
+        assert_eq!(err.conn, a);
+        assert_eq!(
+            t.handle_finished(ms(2), a),
+            Err(FinishError::Disconnected(a))
+        );
+        // Routing again gives a fresh connection the request can use.
+        let b = open(&mut t, ms(2), &k);
+        assert_eq!(t.handle_send(ms(2), b), Ok(()));
+    }
+
+    #[test]
+    fn finish_without_send_is_refused_and_changes_nothing() {
+        let mut t = table();
+        let a = open(&mut t, ms(0), &key("u", "h"));
+        assert_eq!(
+            t.handle_finished(ms(9), a),
+            Err(FinishError::NotInFlight(a))
+        );
+        assert_eq!(
+            t.idle_deadline(a),
+            Some(ms(0) + IDLE),
+            "not counted as activity"
+        );
+        t.handle_send(ms(1), a).unwrap();
+        t.handle_finished(ms(2), a).unwrap();
+        assert_eq!(
+            t.handle_finished(ms(3), a),
+            Err(FinishError::NotInFlight(a))
+        );
+        assert_eq!(t.in_flight(a), Some(0));
+    }
+
+    #[test]
+    fn connect_failure_is_ignored_unless_connecting() {
+        let mut t = table();
+        let mut rng = SplitMix64::new(1);
+        let k = key("u", "h");
+        let a = open(&mut t, ms(0), &k);
+        t.handle_connected(ms(0), a);
+        let before = rng.clone();
+        assert_eq!(t.handle_connect_failed(ms(1), a, &mut rng), None);
+        assert_eq!(rng, before, "nothing drawn");
+        assert_eq!(t.state(a), Some(ConnState::Connected));
+        assert_eq!(t.connect_failures(&k), 0);
+        assert!(!t.handle_connected(ms(2), a), "already connected");
+    }
+
+    #[test]
+    fn bogus_and_stale_ids_are_ignored_everywhere() {
+        let mut t = table();
+        let mut rng = SplitMix64::new(3);
+        let live = open(&mut t, ms(0), &key("u", "h"));
+        let stale = open(&mut t, ms(0), &key("u", "g"));
+        t.handle_closed(ms(0), stale);
+        let bogus = [
+            stale,
+            ConnId::from_bits(0),
+            ConnId::from_bits(u128::MAX),
+            ConnId::from_bits(live.to_bits() + (1 << 32)), // right slot, wrong seq
+            ConnId::from_bits(u128::from(u32::MAX)),
+        ];
+        for id in bogus {
+            assert_ne!(id, live);
+            assert!(!t.handle_closed(ms(1), id));
+            assert!(!t.handle_connected(ms(1), id));
+            assert_eq!(t.handle_connect_failed(ms(1), id, &mut rng), None);
+            assert_eq!(t.handle_send(ms(1), id), Err(Disconnected { conn: id }));
+            assert_eq!(
+                t.handle_finished(ms(1), id),
+                Err(FinishError::Disconnected(id))
+            );
+            assert_eq!(
+                (t.state(id), t.in_flight(id), t.key(id)),
+                (None, None, None)
+            );
+        }
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.state(live), Some(ConnState::Connecting));
+        assert_eq!(t.idle_deadline(live), Some(ms(0) + IDLE));
+        assert_eq!(ConnId::from_bits(live.to_bits()), live);
+    }
+
+    #[test]
+    fn time_running_backwards_is_clamped() {
+        let mut t = table();
+        let k = key("u", "h");
+        let a = open(&mut t, ms(10_000), &k);
+        t.handle_send(ms(10_000), a).unwrap();
+        t.handle_finished(ms(1), a).unwrap();
+        assert_eq!(
+            t.idle_deadline(a),
+            Some(ms(10_000) + IDLE),
+            "clamped to 10 s"
+        );
+        t.handle_timeout(ms(0) + IDLE + Duration::from_secs(5));
+        assert!(
+            drain(&mut t).is_empty(),
+            "a stale `now` closes nothing early"
+        );
+        let mut rng = SplitMix64::new(5);
+        let until = t.handle_closed(ms(1), a).then(|| {
+            let b = open(&mut t, ms(2), &k);
+            t.handle_connect_failed(ms(3), b, &mut rng).unwrap()
+        });
+        assert!(until.unwrap() >= ms(10_000) + Duration::from_millis(800));
+    }
+
+    #[test]
+    fn extreme_instants_and_durations_saturate() {
+        let mut t = table();
+        let k = key("u", "h");
+        let a = open(&mut t, Instant::MAX, &k);
+        assert_eq!(t.idle_deadline(a), Some(Instant::MAX));
+        let mut rng = SplitMix64::new(9);
+        assert_eq!(
+            t.handle_connect_failed(Instant::MAX, a, &mut rng),
+            Some(Instant::MAX)
+        );
+        // The gate opens "at" MAX, and MAX is reached: routing opens again.
+        let b = open(&mut t, ms(0), &k);
+        t.handle_timeout(ms(0));
+        assert_eq!(drain(&mut t), [ConnAction::Close(b)], "clock is at MAX");
+        t.handle_timeout(ms(0));
+        assert_eq!(t.tracked_endpoints(), 0, "then its backoff is forgotten");
+
+        let mut forever = Table::new(ConnConfig::default().with_max_idle(Duration::MAX)).unwrap();
+        let c = open(&mut forever, ms(1), &k);
+        assert_eq!(forever.poll_timeout(), Some(Instant::MAX));
+        forever.handle_timeout(Instant::MAX - Duration::from_nanos(1));
+        assert_eq!(forever.state(c), Some(ConnState::Connecting));
+        let mut rng = SplitMix64::new(9);
+        let other = key("u", "other");
+        for _ in 0..1_000 {
+            let id = open(&mut forever, Instant::MAX - Duration::from_secs(1), &other);
+            forever.handle_connect_failed(Instant::MAX, id, &mut rng);
+            forever.handle_timeout(Instant::MAX);
+        }
+        // Even a `Duration::MAX` idle deadline is reached at the end of time.
+        assert!(drain(&mut forever).contains(&ConnAction::Close(c)));
+        assert_eq!(forever.tracked_endpoints(), 0);
+        assert_eq!(forever.connect_failures(&other), 0);
+    }
+
+    #[test]
+    fn id_exhaustion_is_an_outcome_and_never_reuses_an_id() {
+        let mut t = table();
+        t.set_next_seq(u64::MAX - 1);
+        let k = key("u", "h");
+        let last = open(&mut t, ms(0), &k);
+        assert_eq!(last.seq(), u64::MAX - 1);
+        assert_eq!(t.route(ms(0), &key("u", "other")), Route::Exhausted);
+        assert_eq!(
+            t.route(ms(0), &k),
+            Route::Use(last),
+            "live connections still work"
+        );
+        t.handle_closed(ms(0), last);
+        assert_eq!(t.route(ms(0), &k), Route::Exhausted);
+        assert_eq!((t.len(), t.tracked_endpoints()), (0, 0));
+        assert_eq!(t.poll_timeout(), None);
+    }
+
+    #[test]
+    fn poll_timeout_is_the_earliest_deadline_of_any_kind() {
+        let mut t = table();
+        let mut rng = SplitMix64::new(11);
+        let a = open(&mut t, ms(5_000), &key("a", "h"));
+        let b = open(&mut t, ms(1_000), &key("b", "h"));
+        assert_eq!(t.poll_timeout(), Some(ms(5_000) + IDLE));
+        t.handle_send(ms(5_000), a).unwrap();
+        assert_eq!(
+            t.poll_timeout(),
+            Some(ms(5_000) + IDLE),
+            "b's at 5 s, clock clamped"
+        );
+        let until = t.handle_connect_failed(ms(6_000), b, &mut rng).unwrap();
+        assert_eq!(t.poll_timeout(), Some(until + IDLE));
+        t.handle_finished(ms(6_000), a).unwrap();
+        assert_eq!(t.poll_timeout(), Some(ms(6_000) + IDLE));
+    }
+
+    #[test]
+    fn table_gives_memory_back_after_a_burst() {
+        let mut t: ConnTable<u32, u32, RandomState> =
+            ConnTable::new(ConnConfig::default()).unwrap();
+        let mut ids = Vec::new();
+        for i in 0..1_000 {
+            match t.route(ms(0), &ConnKey::new(i, i, 1)) {
+                Route::Open(id, _) => ids.push(id),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(t.slot_count(), 1_000);
+        for id in &ids[3..] {
+            assert!(t.handle_closed(ms(1), *id));
+        }
+        t.handle_timeout(ms(1));
+        assert_eq!(t.slot_count(), 3, "trailing free slots are released");
+        assert!(t.by_key.capacity() < 64);
+        // Free slots are reused lowest first and ids stay fresh.
+        let again = match t.route(ms(2), &ConnKey::new(5000, 0, 1)) {
+            Route::Open(id, _) => id,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(again.slot, 3);
+        assert!(ids.iter().all(|old| *old != again));
+    }
+}
