@@ -52,7 +52,7 @@ use crate::time::{Clock, Instant};
 ///
 /// The uid is generic (`U: Hash + Eq + Clone`): Fluss uses strings such as `cs-0`, other
 /// clients use integers. The host is generic too (a name, an `IpAddr`, an interned id).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ConnKey<U, H> {
     /// The server's identity, stable across address changes.
     pub uid: U,

@@ -7,6 +7,8 @@
 //!
 //! Each `check(bytes)` returns `Err(Divergence)` describing the first disagreement.
 
+pub mod conn_key;
+
 use alloc::string::String;
 use core::time::Duration;
 

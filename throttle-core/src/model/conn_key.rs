@@ -1,0 +1,674 @@
+//! Model check of [`ConnTable`](crate::conn_key::ConnTable) against a naive reference.
+//!
+//! The reference keeps every connection ever opened in a `Vec` (with an `open` flag) and the
+//! connect backoff of each endpoint in another `Vec`, and recomputes every answer by scanning
+//! them: the live connection of an endpoint, idle deadlines from the last activity, the
+//! earliest deadline, which connections a timeout closes. It shares no code with the table;
+//! it only uses the public backoff API (its own `Backoff` per endpoint, fed by its own copy
+//! of the random stream) so it knows which delay a failed connect must produce.
+//!
+//! Invariants checked after every operation: never two live connections for one endpoint;
+//! removal only by the live id (stale closes change nothing); ids are fresh; every answer,
+//! every `Close` action, `poll_timeout` and the per-endpoint backoff agree with the
+//! reference. At the end every uid is disconnected and time jumps to the end: every
+//! connection ever opened must have been closed exactly once and the table must be empty.
+
+use alloc::format;
+use alloc::vec::Vec;
+use core::hash::{BuildHasher, Hasher};
+use core::time::Duration;
+
+use super::{Cursor, Divergence};
+use crate::backoff::{Backoff, BackoffConfig};
+use crate::conn_key::{
+    ConnAction, ConnConfig, ConnId, ConnKey, ConnState, ConnTable, Disconnected, FinishError, Route,
+};
+use crate::rng::SplitMix64;
+use crate::time::Instant;
+
+/// FNV-1a, so the checker needs no std hasher.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fnv;
+
+/// The running FNV-1a state.
+#[derive(Debug)]
+pub struct FnvHasher(u64);
+
+impl BuildHasher for Fnv {
+    type Hasher = FnvHasher;
+    fn build_hasher(&self) -> FnvHasher {
+        FnvHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for FnvHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+type Key = ConnKey<u8, u8>;
+type Table = ConnTable<u8, u8, Fnv>;
+
+const UIDS: u8 = 3;
+const HOSTS: u8 = 3;
+const PORTS: [u16; 2] = [0, u16::MAX];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Connecting,
+    Connected,
+}
+
+#[derive(Debug)]
+struct RefConn {
+    id: ConnId,
+    key: Key,
+    stage: Stage,
+    in_flight: u64,
+    last_activity: Instant,
+    open: bool,
+    /// How many times something closed it (must end at exactly 1).
+    closes: u32,
+}
+
+#[derive(Debug)]
+struct RefBackoff {
+    key: Key,
+    backoff: Backoff,
+    until: Instant,
+    /// When the endpoint's last connection went away.
+    lost_at: Instant,
+}
+
+#[derive(Debug)]
+struct Reference {
+    now: Instant,
+    max_idle: Duration,
+    cfg: BackoffConfig,
+    rng: SplitMix64,
+    conns: Vec<RefConn>,
+    backoffs: Vec<RefBackoff>,
+}
+
+impl Reference {
+    fn observe(&mut self, now: Instant) -> Instant {
+        if now > self.now {
+            self.now = now;
+        }
+        self.now
+    }
+
+    fn live(&self, key: &Key) -> Option<&RefConn> {
+        self.conns.iter().find(|c| c.open && c.key == *key)
+    }
+
+    fn open_conn(&mut self, id: ConnId) -> Option<&mut RefConn> {
+        self.conns.iter_mut().find(|c| c.open && c.id == id)
+    }
+
+    fn backoff(&self, key: &Key) -> Option<&RefBackoff> {
+        self.backoffs.iter().find(|b| b.key == *key)
+    }
+
+    fn close(&mut self, id: ConnId) {
+        let now = self.now;
+        let mut key = None;
+        for c in self.conns.iter_mut().filter(|c| c.open && c.id == id) {
+            c.open = false;
+            c.closes = c.closes.saturating_add(1);
+            key = Some(c.key);
+        }
+        if let Some(k) = key {
+            for b in self.backoffs.iter_mut().filter(|b| b.key == k) {
+                b.lost_at = now;
+            }
+        }
+    }
+
+    fn idle_deadline(&self, c: &RefConn) -> Option<Instant> {
+        (c.open && c.in_flight == 0).then(|| c.last_activity + self.max_idle)
+    }
+
+    fn forget_deadline(&self, b: &RefBackoff) -> Option<Instant> {
+        let has_conn = self.live(&b.key).is_some();
+        (!has_conn).then(|| b.until.max(b.lost_at) + self.max_idle)
+    }
+
+    fn earliest(&self) -> Option<Instant> {
+        let idle = self.conns.iter().filter_map(|c| self.idle_deadline(c));
+        let forget = self.backoffs.iter().filter_map(|b| self.forget_deadline(b));
+        idle.chain(forget).min()
+    }
+
+    /// What `route` must answer, with `None` for "Open with a fresh id".
+    fn route(&mut self, now: Instant, key: &Key) -> Option<Route<u8, u8>> {
+        let now = self.observe(now);
+        if let Some(c) = self.conns.iter_mut().find(|c| c.open && c.key == *key) {
+            c.last_activity = now;
+            return Some(Route::Use(c.id));
+        }
+        match self.backoff(key) {
+            Some(b) if now < b.until => Some(Route::Wait { until: b.until }),
+            _ => None,
+        }
+    }
+
+    fn opened(&mut self, id: ConnId, key: Key) {
+        self.conns.push(RefConn {
+            id,
+            key,
+            stage: Stage::Connecting,
+            in_flight: 0,
+            last_activity: self.now,
+            open: true,
+            closes: 0,
+        });
+    }
+
+    fn connected(&mut self, now: Instant, id: ConnId) -> bool {
+        let now = self.observe(now);
+        let Some(c) = self.open_conn(id) else {
+            return false;
+        };
+        if c.stage != Stage::Connecting {
+            return false;
+        }
+        c.stage = Stage::Connected;
+        c.last_activity = now;
+        let key = c.key;
+        self.backoffs.retain(|b| b.key != key);
+        true
+    }
+
+    fn connect_failed(&mut self, now: Instant, id: ConnId) -> Option<Instant> {
+        let now = self.observe(now);
+        let c = self.open_conn(id)?;
+        if c.stage != Stage::Connecting {
+            return None;
+        }
+        let key = c.key;
+        self.close(id);
+        if self.backoff(&key).is_none() {
+            self.backoffs.push(RefBackoff {
+                key,
+                backoff: Backoff::new(),
+                until: Instant::ZERO,
+                lost_at: now,
+            });
+        }
+        let b = self.backoffs.iter_mut().find(|b| b.key == key)?;
+        let attempt = b.backoff.attempt();
+        let delay = match b.backoff.next_delay(&self.cfg, &mut self.rng) {
+            Some(d) => d,
+            None => self.cfg.delay_for(attempt, &mut self.rng),
+        };
+        b.until = now + delay;
+        b.lost_at = now;
+        Some(b.until)
+    }
+
+    fn send(&mut self, now: Instant, id: ConnId) -> Result<(), Disconnected> {
+        let _ = self.observe(now);
+        match self.open_conn(id) {
+            Some(c) => {
+                c.in_flight = c.in_flight.saturating_add(1);
+                Ok(())
+            }
+            None => Err(Disconnected { conn: id }),
+        }
+    }
+
+    fn finish(&mut self, now: Instant, id: ConnId) -> Result<(), FinishError> {
+        let now = self.observe(now);
+        let c = self.open_conn(id).ok_or(FinishError::Disconnected(id))?;
+        if c.in_flight == 0 {
+            return Err(FinishError::NotInFlight(id));
+        }
+        c.in_flight -= 1;
+        c.last_activity = now;
+        Ok(())
+    }
+
+    fn closed(&mut self, now: Instant, id: ConnId) -> bool {
+        let _ = self.observe(now);
+        let found = self.open_conn(id).is_some();
+        self.close(id);
+        found
+    }
+
+    fn disconnect(&mut self, now: Instant, uid: u8) -> Vec<ConnId> {
+        let _ = self.observe(now);
+        let ids: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|c| c.open && c.key.uid == uid)
+            .map(|c| c.id)
+            .collect();
+        for id in &ids {
+            self.close(*id);
+        }
+        ids
+    }
+
+    fn timeout(&mut self, now: Instant) -> Vec<ConnId> {
+        let now = self.observe(now);
+        let due: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|c| self.idle_deadline(c).is_some_and(|d| d <= now))
+            .map(|c| c.id)
+            .collect();
+        for id in &due {
+            self.close(*id);
+        }
+        let forget: Vec<Key> = self
+            .backoffs
+            .iter()
+            .filter(|b| self.forget_deadline(b).is_some_and(|d| d <= now))
+            .map(|b| b.key)
+            .collect();
+        self.backoffs.retain(|b| !forget.contains(&b.key));
+        due
+    }
+}
+
+/// An endpoint to route to: mostly the uid's current address (the fresh metadata), else
+/// any address of the uid (stale metadata, or a port change).
+fn decode_key(c: &mut Cursor<'_>, current: &[(u8, u16); UIDS as usize]) -> Key {
+    let uid = c.below(UIDS);
+    let b = c.u8();
+    let (host, port) = match current.get(usize::from(uid)) {
+        Some(&addr) if b < 176 => addr,
+        _ => (
+            b % HOSTS,
+            PORTS.get(usize::from(b >> 7)).copied().unwrap_or(0),
+        ),
+    };
+    ConnKey::new(uid, host, port)
+}
+
+fn all_keys() -> impl Iterator<Item = Key> {
+    (0..UIDS).flat_map(|u| {
+        (0..HOSTS).flat_map(move |h| PORTS.into_iter().map(move |p| ConnKey::new(u, h, p)))
+    })
+}
+
+/// The next `now`: mostly small steps forward, sometimes back, past `max_idle`, or to the
+/// end of time (rarely, since nothing new happens once the clock sits at `Instant::MAX`).
+fn step_time(c: &mut Cursor<'_>, now: Instant) -> Instant {
+    match c.u8() {
+        0..=99 => now + Duration::from_millis(u64::from(c.u16() % 1_000)),
+        100..=159 => now + Duration::from_micros(u64::from(c.u16())),
+        160..=189 => now - Duration::from_millis(u64::from(c.u16() % 5_000)),
+        190..=219 => now + Duration::from_millis(u64::from(c.u32() % 1_500_000)),
+        220..=249 => now + Duration::from_nanos(u64::from(c.u8())),
+        250..=253 => c.time_step(now),
+        _ => Instant::MAX - Duration::from_nanos(u64::from(c.u8())),
+    }
+}
+
+/// An id for an operation: often a live one, else any issued before (mostly stale), or bogus.
+fn pick_id(c: &mut Cursor<'_>, ids: &[ConnId], r: &Reference) -> ConnId {
+    let b = c.u8();
+    if b & 1 == 0 {
+        let live: Vec<ConnId> = r.conns.iter().filter(|c| c.open).map(|c| c.id).collect();
+        if let Some(id) = live.get(usize::from(b >> 1) % live.len().max(1)) {
+            return *id;
+        }
+    }
+    if b % 8 == 1 || ids.is_empty() {
+        return match b % 3 {
+            0 => ConnId::from_bits(u128::from(c.u64()) << 32 | u128::from(c.u8())),
+            1 => ConnId::from_bits(0),
+            _ => ConnId::from_bits(u128::MAX),
+        };
+    }
+    let len = ids.len();
+    let back = usize::from(b >> 3) % len.min(6);
+    let idx = if b & 4 == 0 {
+        len - 1 - back // a recent one
+    } else {
+        usize::from(c.u8()) % len
+    };
+    ids.get(idx).copied().unwrap_or(ConnId::from_bits(0))
+}
+
+fn decode_max_idle(c: &mut Cursor<'_>) -> Duration {
+    match c.below(6) {
+        0 => Duration::from_secs(600),
+        1 => Duration::from_secs(2),
+        2 => Duration::from_nanos(1),
+        3 => Duration::MAX,
+        4 => Duration::from_millis(500),
+        _ => match c.duration() {
+            d if d.is_zero() => Duration::from_nanos(1),
+            d => d,
+        },
+    }
+}
+
+fn drain(t: &mut Table) -> Vec<ConnId> {
+    let mut out = Vec::new();
+    while let Some(a) = t.poll_action() {
+        match a {
+            ConnAction::Close(id) => out.push(id),
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Decodes `data` into operations, drives the table and the reference, and reports the
+/// first disagreement or broken invariant.
+pub fn check(data: &[u8]) -> Result<(), Divergence> {
+    let mut c = Cursor::new(data);
+    let max_idle = decode_max_idle(&mut c);
+    let seed = c.u64();
+    let cfg = ConnConfig::default().with_max_idle(max_idle);
+    let backoff_cfg = cfg.connect_backoff.clone();
+    let mut table: Table = ConnTable::new(cfg).map_err(|e| format!("valid config refused: {e}"))?;
+    let mut rng = SplitMix64::new(seed);
+    let mut r = Reference {
+        now: Instant::ZERO,
+        max_idle,
+        cfg: backoff_cfg,
+        rng: SplitMix64::new(seed),
+        conns: Vec::new(),
+        backoffs: Vec::new(),
+    };
+    let mut ids: Vec<ConnId> = Vec::new();
+    let mut now = Instant::ZERO;
+    let mut step = 0usize;
+    // Each uid's address in the freshest metadata; a move op changes it.
+    let mut current = [(0u8, PORTS[0]); UIDS as usize];
+
+    while !c.is_empty() {
+        step += 1;
+        let op = c.below(32);
+        let mut expect_closed: Vec<ConnId> = Vec::new();
+        let what = match op {
+            0..=3 => {
+                now = step_time(&mut c, now);
+                format!("time -> {now:?}")
+            }
+            4..=13 => {
+                let key = decode_key(&mut c, &current);
+                let got = table.route(now, &key);
+                let want = r.route(now, &key);
+                match (&got, want) {
+                    (Route::Open(id, k), None) => {
+                        if *k != key {
+                            return Err(format!("step {step}: Open named {k:?} for {key:?}"));
+                        }
+                        if ids.contains(id) {
+                            return Err(format!("step {step}: Open reused id {id:?}"));
+                        }
+                        r.opened(*id, key);
+                        ids.push(*id);
+                    }
+                    (g, Some(w)) if *g == w => {}
+                    (g, w) => {
+                        return Err(format!(
+                            "step {step}: route({key:?}) at {now:?}: table {g:?}, reference {w:?}"
+                        ));
+                    }
+                }
+                format!("route {key:?} -> {got:?}")
+            }
+            14..=16 => {
+                let id = pick_id(&mut c, &ids, &r);
+                let (g, w) = (table.handle_connected(now, id), r.connected(now, id));
+                if g != w {
+                    return Err(format!("step {step}: connected({id:?}): {g} vs {w}"));
+                }
+                format!("connected {id:?}")
+            }
+            17 | 18 => {
+                let id = pick_id(&mut c, &ids, &r);
+                let g = table.handle_connect_failed(now, id, &mut rng);
+                let w = r.connect_failed(now, id);
+                if g != w {
+                    return Err(format!(
+                        "step {step}: connect_failed({id:?}): {g:?} vs {w:?}"
+                    ));
+                }
+                format!("connect failed {id:?} -> {g:?}")
+            }
+            19..=22 => {
+                let id = pick_id(&mut c, &ids, &r);
+                let (g, w) = (table.handle_send(now, id), r.send(now, id));
+                if g != w {
+                    return Err(format!("step {step}: send({id:?}): {g:?} vs {w:?}"));
+                }
+                format!("send {id:?}")
+            }
+            23..=26 => {
+                let id = pick_id(&mut c, &ids, &r);
+                let (g, w) = (table.handle_finished(now, id), r.finish(now, id));
+                if g != w {
+                    return Err(format!("step {step}: finished({id:?}): {g:?} vs {w:?}"));
+                }
+                format!("finished {id:?}")
+            }
+            27 => {
+                let id = pick_id(&mut c, &ids, &r);
+                let (g, w) = (table.handle_closed(now, id), r.closed(now, id));
+                if g != w {
+                    return Err(format!("step {step}: closed({id:?}): {g} vs {w}"));
+                }
+                format!("closed {id:?}")
+            }
+            28 => {
+                let uid = c.below(UIDS + 1); // uid 3 is never routed
+                let n = table.disconnect(now, &uid);
+                expect_closed = r.disconnect(now, uid);
+                if n != expect_closed.len() {
+                    return Err(format!(
+                        "step {step}: disconnect({uid}) closed {n}, reference {}",
+                        expect_closed.len()
+                    ));
+                }
+                format!("disconnect {uid}")
+            }
+            29 => {
+                if let Some(at) = table.poll_timeout() {
+                    now = at;
+                }
+                table.handle_timeout(now);
+                expect_closed = r.timeout(now);
+                format!("timeout at poll_timeout {now:?}")
+            }
+            30 => {
+                table.handle_timeout(now);
+                expect_closed = r.timeout(now);
+                format!("timeout {now:?}")
+            }
+            _ => {
+                // A failover: the uid is announced at another address from now on.
+                let uid = c.below(UIDS);
+                let b = c.u8();
+                let addr = (
+                    b % HOSTS,
+                    PORTS.get(usize::from(b >> 7)).copied().unwrap_or(0),
+                );
+                if let Some(slot) = current.get_mut(usize::from(uid)) {
+                    *slot = addr;
+                }
+                format!("uid {uid} moves to {addr:?}")
+            }
+        };
+        compare(&mut table, &r, &ids, expect_closed, step, &what)?;
+    }
+
+    // Close everything: every connection ever opened must end closed exactly once.
+    let mut expect_closed = Vec::new();
+    for uid in 0..UIDS {
+        table.disconnect(now, &uid);
+        expect_closed.extend(r.disconnect(now, uid));
+    }
+    expect_closed.sort();
+    compare(
+        &mut table,
+        &r,
+        &ids,
+        expect_closed,
+        step + 1,
+        "disconnect all",
+    )?;
+    table.handle_timeout(Instant::MAX);
+    let closed = r.timeout(Instant::MAX);
+    compare(
+        &mut table,
+        &r,
+        &ids,
+        closed,
+        step + 2,
+        "timeout at the end of time",
+    )?;
+    if let Some(c) = r.conns.iter().find(|c| c.closes != 1) {
+        return Err(format!("{:?} was closed {} times", c.id, c.closes));
+    }
+    if !table.is_empty() || table.tracked_endpoints() != 0 || table.poll_timeout().is_some() {
+        return Err(format!(
+            "table not empty at the end: {} live, {} endpoints, timeout {:?}",
+            table.len(),
+            table.tracked_endpoints(),
+            table.poll_timeout()
+        ));
+    }
+    Ok(())
+}
+
+fn compare(
+    table: &mut Table,
+    r: &Reference,
+    ids: &[ConnId],
+    mut expect_closed: Vec<ConnId>,
+    step: usize,
+    what: &str,
+) -> Result<(), Divergence> {
+    let closed = drain(table);
+    expect_closed.sort();
+    if closed != expect_closed {
+        return Err(format!(
+            "step {step} ({what}): closed {closed:?}, reference {expect_closed:?}"
+        ));
+    }
+    let (g, w) = (table.poll_timeout(), r.earliest());
+    if g != w {
+        return Err(format!(
+            "step {step} ({what}): poll_timeout {g:?}, reference {w:?}"
+        ));
+    }
+    let open = r.conns.iter().filter(|c| c.open).count();
+    if table.len() != open {
+        return Err(format!(
+            "step {step} ({what}): {} live, reference {open}",
+            table.len()
+        ));
+    }
+    // Never two live connections for one endpoint, seen from the table's side.
+    let mut live_keys: Vec<Key> = Vec::new();
+    for id in ids {
+        let Some(k) = table.key(*id) else { continue };
+        if live_keys.contains(k) {
+            return Err(format!(
+                "step {step} ({what}): two live connections for {k:?}"
+            ));
+        }
+        live_keys.push(*k);
+    }
+    for c in &r.conns {
+        let want = c.open.then_some(match c.stage {
+            Stage::Connecting => ConnState::Connecting,
+            Stage::Connected => ConnState::Connected,
+        });
+        let (gs, gi) = (table.state(c.id), table.in_flight(c.id));
+        let wi = c.open.then_some(c.in_flight);
+        if gs != want || gi != wi {
+            return Err(format!(
+                "step {step} ({what}): {:?} is {gs:?}/{gi:?}, reference {want:?}/{wi:?}",
+                c.id
+            ));
+        }
+        if c.open && table.key(c.id) != Some(&c.key) {
+            return Err(format!("step {step} ({what}): {:?} lost its key", c.id));
+        }
+    }
+    let mut tracked = 0;
+    for key in all_keys() {
+        let live = r.live(&key).map(|c| c.id);
+        let backoff = r.backoff(&key);
+        if live.is_some() || backoff.is_some() {
+            tracked += 1;
+        }
+        if table.connection(&key) != live {
+            return Err(format!(
+                "step {step} ({what}): connection({key:?}) = {:?}, reference {live:?}",
+                table.connection(&key)
+            ));
+        }
+        let attempts = backoff.map_or(0, |b| b.backoff.attempt());
+        if table.connect_failures(&key) != attempts {
+            return Err(format!(
+                "step {step} ({what}): connect_failures({key:?}) = {}, reference {attempts}",
+                table.connect_failures(&key)
+            ));
+        }
+        let gate = backoff
+            .filter(|b| live.is_none() && r.now < b.until)
+            .map(|b| b.until);
+        if table.backoff_until(r.now, &key) != gate {
+            return Err(format!(
+                "step {step} ({what}): backoff_until({key:?}) = {:?}, reference {gate:?}",
+                table.backoff_until(r.now, &key)
+            ));
+        }
+    }
+    if table.tracked_endpoints() != tracked {
+        return Err(format!(
+            "step {step} ({what}): {} endpoints tracked, reference {tracked}",
+            table.tracked_endpoints()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_and_short_inputs_pass() {
+        assert_eq!(check(&[]), Ok(()));
+        assert_eq!(check(&[0]), Ok(()));
+        assert_eq!(check(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), Ok(()));
+    }
+
+    #[test]
+    fn scripted_failover_and_backoff_pass() {
+        // max_idle 2 s; seed 0; route, connect fail, route (Wait), time, route, connected,
+        // route to another address of uid 0, send, timeout, closes of stale ids.
+        let data = [
+            1, 0, 0, 0, 0, 0, 0, 0, 0, // max_idle = 2 s, seed 0
+            2, 0, 0, 0, // route uid 0 host 0 port 0
+            6, 1, // connect failed on the latest id
+            2, 0, 0, 0, // route again: Wait
+            0, 5, 0xff, 0xff, 0xff, 0x00, // time +~16 s
+            2, 0, 0, 0, // route: Open
+            5, 1, // connected
+            2, 0, 1, 0, // uid 0 moves to host 1
+            7, 1,  // send on it
+            14, // timeout
+            11, 9,  // close an older id
+            13, // timeout at poll_timeout
+        ];
+        assert_eq!(check(&data), Ok(()));
+    }
+}
