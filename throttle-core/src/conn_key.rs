@@ -33,7 +33,7 @@
 //!
 //! See `docs/conn-key.md` for the state diagram and the invariants.
 
-use alloc::collections::{BTreeSet, BinaryHeap, VecDeque};
+use alloc::collections::{BinaryHeap, VecDeque};
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 use core::fmt;
@@ -234,16 +234,17 @@ struct Entry<U, H> {
     backoff: Backoff,
     /// Routes before this instant answer `Wait`; meaningful while `backoff.attempt() > 0`.
     wait_until: Instant,
-    /// This entry's one timer, mirrored in `ConnTable::timers`: the idle close of a live
+    /// Where this entry's one timer sits in `ConnTable::timers`: the idle close of a live
     /// connection with nothing in flight, or the eviction of a connection-less entry.
-    deadline: Option<Instant>,
+    heap_pos: Option<usize>,
 }
 
 /// The connection table. See the [module docs](self) for the driving contract.
 ///
-/// Costs: `route` and every handler are O(log n) (one hash lookup at most, one ordered-set
-/// update); `poll_timeout` is O(log n) (`BTreeSet::first`); `disconnect(uid)` is O(k log n)
-/// for the uid's k endpoints; `handle_timeout` is O(log n) per expired entry.
+/// Costs: `route` and every handler are O(log n) (one hash lookup at most, one sift in an
+/// indexed binary heap; no allocation once grown); `poll_timeout` is O(1) (the heap's top);
+/// `disconnect(uid)` is O(k log n) for the uid's k endpoints; `handle_timeout` is O(log n)
+/// per expired entry.
 ///
 /// ```
 /// use std::hash::RandomState;
@@ -271,7 +272,10 @@ pub struct ConnTable<U, H, S> {
     free: BinaryHeap<Reverse<u32>>,
     by_key: HashMap<ConnKey<U, H>, u32, S>,
     by_uid: HashMap<U, SmallVec<[u32; 2]>, S>,
-    timers: BTreeSet<(Instant, u32)>,
+    /// Indexed binary min-heap of `(deadline, slot)`; each entry knows its position, so a
+    /// deadline moves in place in O(log n) and the heap never allocates once grown (a
+    /// `BTreeSet` would allocate on node splits while routes re-key hot connections).
+    timers: Vec<(Instant, u32)>,
     actions: VecDeque<ConnAction>,
     next_seq: u64,
     live: usize,
@@ -302,7 +306,7 @@ where
             free: BinaryHeap::new(),
             by_key: HashMap::with_hasher(hasher.clone()),
             by_uid: HashMap::with_hasher(hasher),
-            timers: BTreeSet::new(),
+            timers: Vec::new(),
             actions: VecDeque::new(),
             next_seq: 1,
             live: 0,
@@ -353,7 +357,7 @@ where
                     in_flight: 0,
                 });
             }
-            self.live += 1;
+            self.live = self.live.saturating_add(1);
             self.set_deadline(slot, Some(idle_at));
             return Route::Open(id, node.clone());
         }
@@ -376,7 +380,7 @@ where
             }),
             backoff: Backoff::new(),
             wait_until: Instant::ZERO,
-            deadline: None,
+            heap_pos: None,
         };
         if let Some(s) = self.slots.get_mut(slot as usize) {
             *s = Some(entry);
@@ -390,7 +394,7 @@ where
                 self.by_uid.insert(node.uid.clone(), v);
             }
         }
-        self.live += 1;
+        self.live = self.live.saturating_add(1);
         self.set_deadline(slot, Some(idle_at));
         Route::Open(id, node.clone())
     }
@@ -529,6 +533,7 @@ where
     /// quarter of its capacity.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.observe(now);
+        // Each turn removes a connection or an entry, so the loop ends.
         while let Some(&(at, slot)) = self.timers.first() {
             if at > now {
                 break;
@@ -542,7 +547,7 @@ where
                 Some(false) => self.free_entry(slot),
                 None => {
                     // Unreachable: a timer names a used slot. Drop it so the loop ends.
-                    self.timers.remove(&(at, slot));
+                    self.heap_remove(0);
                 }
             }
         }
@@ -557,7 +562,8 @@ where
     }
 
     /// The earliest instant at which [`handle_timeout`](Self::handle_timeout) has work, in
-    /// O(log n). `None` when no connection is idle and no backoff awaits eviction.
+    /// O(1) (the heap's top). `None` when no connection is idle and no backoff awaits
+    /// eviction.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.timers.first().map(|&(at, _)| at)
     }
@@ -590,7 +596,8 @@ where
     /// flight, or if it is closed or unknown.
     pub fn idle_deadline(&self, conn: ConnId) -> Option<Instant> {
         let slot = self.live_slot(conn)?;
-        self.entry(slot)?.deadline
+        let pos = self.entry(slot)?.heap_pos?;
+        self.timers.get(pos).map(|&(at, _)| at)
     }
 
     /// Until when `key` is in connect backoff as of `now`, or `None` if a route would not
@@ -665,20 +672,97 @@ where
         Some(slot)
     }
 
-    /// Replaces the slot's timer, keeping `timers` and `Entry::deadline` in step.
+    /// Sets, moves or removes the slot's timer.
     fn set_deadline(&mut self, slot: u32, at: Option<Instant>) {
-        let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
+        let Some(e) = self.entry(slot) else {
             return;
         };
-        if e.deadline == at {
+        match (e.heap_pos, at) {
+            (None, None) => {}
+            (Some(pos), None) => self.heap_remove(pos),
+            (None, Some(at)) => {
+                let pos = self.timers.len();
+                self.timers.push((at, slot));
+                self.set_heap_pos(pos);
+                self.sift_up(pos);
+            }
+            (Some(pos), Some(at)) => {
+                let Some(item) = self.timers.get_mut(pos) else {
+                    return;
+                };
+                let old = item.0;
+                item.0 = at;
+                if at < old {
+                    self.sift_up(pos);
+                } else {
+                    self.sift_down(pos);
+                }
+            }
+        }
+    }
+
+    /// Records in the entry named by `timers[pos]` that its timer is at `pos`.
+    fn set_heap_pos(&mut self, pos: usize) {
+        if let Some(&(_, slot)) = self.timers.get(pos)
+            && let Some(e) = self.entry_mut(slot)
+        {
+            e.heap_pos = Some(pos);
+        }
+    }
+
+    fn heap_swap(&mut self, a: usize, b: usize) {
+        if a < self.timers.len() && b < self.timers.len() {
+            self.timers.swap(a, b);
+            self.set_heap_pos(a);
+            self.set_heap_pos(b);
+        }
+    }
+
+    fn sift_up(&mut self, mut pos: usize) {
+        while pos > 0 {
+            let parent = (pos - 1) / 2;
+            if self.timers.get(pos) >= self.timers.get(parent) {
+                break;
+            }
+            self.heap_swap(pos, parent);
+            pos = parent;
+        }
+    }
+
+    fn sift_down(&mut self, mut pos: usize) {
+        loop {
+            let left = pos.saturating_mul(2).saturating_add(1);
+            let right = left.saturating_add(1);
+            let mut least = pos;
+            for child in [left, right] {
+                if child < self.timers.len() && self.timers.get(child) < self.timers.get(least) {
+                    least = child;
+                }
+            }
+            if least == pos {
+                break;
+            }
+            self.heap_swap(pos, least);
+            pos = least;
+        }
+    }
+
+    fn heap_remove(&mut self, pos: usize) {
+        let Some(last) = self.timers.len().checked_sub(1) else {
+            return;
+        };
+        if pos > last {
             return;
         }
-        if let Some(old) = e.deadline {
-            self.timers.remove(&(old, slot));
+        self.heap_swap(pos, last);
+        if let Some((_, slot)) = self.timers.pop()
+            && let Some(e) = self.entry_mut(slot)
+        {
+            e.heap_pos = None;
         }
-        e.deadline = at;
-        if let Some(new) = at {
-            self.timers.insert((new, slot));
+        if pos < self.timers.len() {
+            self.sift_up(pos);
+            self.sift_down(pos);
         }
     }
 
@@ -729,6 +813,9 @@ where
             self.free.retain(|&Reverse(s)| (s as usize) < len);
             self.slots.shrink_to(len.saturating_mul(2));
             self.free.shrink_to(len);
+        }
+        if self.timers.len() < self.timers.capacity() / 4 {
+            self.timers.shrink_to(self.timers.len().saturating_mul(2));
         }
         if self.by_key.len() < self.by_key.capacity() / 4 {
             self.by_key.shrink_to(self.by_key.len().saturating_mul(2));
@@ -1187,8 +1274,12 @@ mod tests {
         let b = open(&mut t, ms(0), &k);
         t.handle_timeout(ms(0));
         assert_eq!(drain(&mut t), [ConnAction::Close(b)], "clock is at MAX");
-        t.handle_timeout(ms(0));
-        assert_eq!(t.tracked_endpoints(), 0, "then its backoff is forgotten");
+        assert_eq!(
+            t.tracked_endpoints(),
+            0,
+            "and its backoff is forgotten at once"
+        );
+        assert_eq!(t.poll_timeout(), None);
 
         let mut forever = Table::new(ConnConfig::default().with_max_idle(Duration::MAX)).unwrap();
         let c = open(&mut forever, ms(1), &k);
