@@ -285,10 +285,11 @@ fn decode_key(c: &mut Cursor<'_>, current: &[(u8, u16); UIDS as usize]) -> Key {
     let b = c.u8();
     let (host, port) = match current.get(usize::from(uid)) {
         Some(&addr) if b < 176 => addr,
-        _ => (
-            b % HOSTS,
-            PORTS.get(usize::from(b >> 7)).copied().unwrap_or(0),
-        ),
+        _ => {
+            let host = c.below(HOSTS);
+            let port = PORTS.get(usize::from(c.below(2))).copied().unwrap_or(0);
+            (host, port)
+        }
     };
     ConnKey::new(uid, host, port)
 }
@@ -653,21 +654,21 @@ mod tests {
 
     #[test]
     fn scripted_failover_and_backoff_pass() {
-        // max_idle 2 s; seed 0; route, connect fail, route (Wait), time, route, connected,
-        // route to another address of uid 0, send, timeout, closes of stale ids.
         let data = [
             1, 0, 0, 0, 0, 0, 0, 0, 0, // max_idle = 2 s, seed 0
-            2, 0, 0, 0, // route uid 0 host 0 port 0
-            6, 1, // connect failed on the latest id
-            2, 0, 0, 0, // route again: Wait
-            0, 5, 0xff, 0xff, 0xff, 0x00, // time +~16 s
-            2, 0, 0, 0, // route: Open
-            5, 1, // connected
-            2, 0, 1, 0, // uid 0 moves to host 1
-            7, 1,  // send on it
-            14, // timeout
-            11, 9,  // close an older id
-            13, // timeout at poll_timeout
+            4, 0, 0, // route uid 0 at its current address: Open
+            17, 0, // its connect fails: backoff ~1 s
+            4, 0, 0, // route again: Wait
+            0, 0, 0xe7, 0x03, 0, 0, 0xe7, 0x03, // time +999 ms, twice
+            4, 0, 0, // route: the gate is open, Open
+            14, 0, // connected: backoff reset
+            31, 0, 1, // failover: uid 0 moves to host 1
+            4, 0, 0, // route: Open at the new address, the old one stays
+            4, 0, 200, 0, 0, // stale metadata (host 0): Use the old connection
+            19, 0,  // send on the old one
+            30, // timeout now
+            27, 19, // a late close of the failed first id: ignored
+            29, // timeout at poll_timeout: the idle new connection closes
         ];
         assert_eq!(check(&data), Ok(()));
     }
