@@ -239,7 +239,15 @@ struct Entry<U, H> {
     heap_pos: Option<usize>,
 }
 
-/// The connection table. See the [module docs](self) for the driving contract.
+/// The connection table.
+///
+/// # Driving contract
+///
+/// Inputs: `route`, `handle_connected`, `handle_connect_failed`, `handle_send`,
+/// `handle_finished`, `handle_closed`, `disconnect`, `handle_timeout` (each takes `now`, which
+/// may run backwards: it is clamped). After each, drain `poll_action` until `None`. Call
+/// `handle_timeout` at or after `poll_timeout`. Queries take `&self`. The full per-request
+/// sequence is in the [module docs](self).
 ///
 /// Costs: `route` and every handler are O(log n) (one hash lookup at most, one sift in an
 /// indexed binary heap; no allocation once grown); `poll_timeout` is O(1) (the heap's top);
