@@ -7,8 +7,6 @@
 //!
 //! Each `check(bytes)` returns `Err(Divergence)` describing the first disagreement.
 
-pub mod conn_key;
-
 use alloc::string::String;
 use core::time::Duration;
 
@@ -17,6 +15,7 @@ use crate::time::Instant;
 pub mod backoff;
 pub mod backpressure;
 pub mod batcher;
+pub mod conn_key;
 pub mod dispatch_window;
 pub mod pending_bytes;
 
