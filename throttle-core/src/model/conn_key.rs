@@ -1,4 +1,4 @@
-//! Model check of [`ConnTable`](crate::conn_key::ConnTable) against a naive reference.
+//! Model check of [`ConnTable`] against a naive reference.
 //!
 //! The reference keeps every connection ever opened in a `Vec` (with an `open` flag) and the
 //! connect backoff of each endpoint in another `Vec`, and recomputes every answer by scanning
