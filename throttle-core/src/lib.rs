@@ -17,6 +17,7 @@ pub mod batcher;
 pub mod conn_key;
 pub mod dispatch_window;
 pub mod error;
+pub mod failover;
 pub mod pending_bytes;
 pub mod rng;
 pub mod time;
@@ -30,6 +31,7 @@ pub use batcher::{Batch, BatchAction, BatchKind, Batcher, BatcherConfig, FailRea
 pub use conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, Route};
 pub use dispatch_window::{CreditId, Dispatch, DispatchWindow, SubmitError, WindowConfig};
 pub use error::{ConfigError, ReleaseError};
+pub use failover::{Call, CallAction, CallConfig, ErrorClass, RefreshCoalescer, RetryBudget};
 pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;
 pub use time::Instant;

@@ -1,0 +1,551 @@
+//! Retry budgets: a cap on automatic retries shared by every call of a client.
+//!
+//! A per-call retry limit does not stop a retry storm: when a server is failing, every call
+//! retries. A budget shared by the calls of a client bounds retries relative to healthy
+//! traffic. Two upstream designs are provided behind one trait, [`RetryBudget`]:
+//!
+//! - [`GrpcThrottle`]: gRPC retry throttling (gRFC A6). A token count, in milli-tokens, starts
+//!   at `max_tokens`; every failure that could be retried costs one token, every success earns
+//!   `token_ratio`; no retry is allowed while the count is at most `max_tokens / 2`.
+//! - [`FinagleBudget`]: Finagle's `RetryBudget`. Every call deposits `percent_can_retry` of a
+//!   retry, every retry withdraws one; deposits and withdrawals expire after `ttl`, and a reserve
+//!   of `min_retries_per_sec · ttl` retries is always there for quiet clients.
+//!
+//! Both count in integers (milli-tokens; millionths of a retry) and take time as an argument.
+//! [`Unlimited`] never refuses. The trait is object safe, so `&mut dyn RetryBudget` picks one at
+//! run time.
+
+use core::time::Duration;
+
+use crate::error::ConfigError;
+use crate::time::{Clock, Instant};
+
+/// A retry budget consulted by a failover [`Call`](super::Call).
+///
+/// Driving contract: the call reports each event as it happens; [`RetryBudget::try_withdraw`]
+/// is the one decision; [`RetryBudget::can_retry`] is a query that changes nothing. A budget is
+/// shared: pass the same one to every call of a client.
+pub trait RetryBudget {
+    /// A call sends its first attempt (retries are not requests: they never deposit).
+    fn handle_request(&mut self, now: Instant);
+    /// An attempt failed with an error that is safe to retry (gRPC's "qualified failure").
+    fn handle_failure(&mut self, now: Instant);
+    /// An attempt succeeded.
+    fn handle_success(&mut self, now: Instant);
+    /// Takes what one automatic retry costs and returns `true`, or returns `false` and takes
+    /// nothing when the budget is empty.
+    fn try_withdraw(&mut self, now: Instant) -> bool;
+    /// Whether [`RetryBudget::try_withdraw`] would succeed now.
+    fn can_retry(&self, now: Instant) -> bool;
+}
+
+/// A budget that never refuses a retry (the per-call `max_auto_retries` still applies).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unlimited;
+
+impl RetryBudget for Unlimited {
+    fn handle_request(&mut self, _now: Instant) {}
+    fn handle_failure(&mut self, _now: Instant) {}
+    fn handle_success(&mut self, _now: Instant) {}
+    fn try_withdraw(&mut self, _now: Instant) -> bool {
+        true
+    }
+    fn can_retry(&self, _now: Instant) -> bool {
+        true
+    }
+}
+
+/// One token in milli-tokens.
+const TOKEN: u32 = 1_000;
+
+/// gRPC retry throttling settings (the service config's `retryThrottling`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GrpcThrottleConfig {
+    max_milli_tokens: u32,
+    milli_token_ratio: u32,
+}
+
+impl Default for GrpcThrottleConfig {
+    /// gRFC A6's example: `maxTokens` 10, `tokenRatio` 0.1.
+    fn default() -> Self {
+        GrpcThrottleConfig {
+            max_milli_tokens: 10 * TOKEN,
+            milli_token_ratio: 100,
+        }
+    }
+}
+
+impl GrpcThrottleConfig {
+    /// `max_tokens` in `1..=1000` (gRPC's range); `token_ratio` in milli-tokens, at least 1
+    /// (gRPC keeps three decimals of `tokenRatio`, so 0.1 is 100).
+    pub fn new(max_tokens: u32, milli_token_ratio: u32) -> Result<Self, ConfigError> {
+        if !(1..=1_000).contains(&max_tokens) {
+            return Err(ConfigError::OutOfRange {
+                option: "retryThrottling.maxTokens",
+                got: u64::from(max_tokens),
+                min: 1,
+                max: 1_000,
+                unit: "tokens",
+            });
+        }
+        if milli_token_ratio == 0 {
+            return Err(ConfigError::OutOfRange {
+                option: "retryThrottling.tokenRatio",
+                got: 0,
+                min: 1,
+                max: u64::from(u32::MAX),
+                unit: "milli-tokens",
+            });
+        }
+        Ok(GrpcThrottleConfig {
+            // At most 1000 · 1000, no overflow.
+            max_milli_tokens: max_tokens.saturating_mul(TOKEN),
+            milli_token_ratio,
+        })
+    }
+
+    /// The token ceiling, in milli-tokens.
+    pub fn max_milli_tokens(&self) -> u32 {
+        self.max_milli_tokens
+    }
+
+    /// Milli-tokens earned per success.
+    pub fn milli_token_ratio(&self) -> u32 {
+        self.milli_token_ratio
+    }
+}
+
+/// gRPC retry throttling: a token count that failures drain and successes refill.
+///
+/// Retries are allowed only while `tokens > max_tokens / 2` (integer halving of the
+/// milli-token ceiling, as gRPC does). Time plays no part.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcThrottle {
+    config: GrpcThrottleConfig,
+    milli_tokens: u32,
+}
+
+impl GrpcThrottle {
+    /// A full bucket (gRPC starts at `max_tokens`).
+    pub fn new(config: GrpcThrottleConfig) -> Self {
+        GrpcThrottle {
+            milli_tokens: config.max_milli_tokens,
+            config,
+        }
+    }
+
+    /// The current count in milli-tokens.
+    pub fn milli_tokens(&self) -> u32 {
+        self.milli_tokens
+    }
+
+    fn above_threshold(&self) -> bool {
+        self.milli_tokens > self.config.max_milli_tokens / 2
+    }
+}
+
+impl Default for GrpcThrottle {
+    fn default() -> Self {
+        GrpcThrottle::new(GrpcThrottleConfig::default())
+    }
+}
+
+impl RetryBudget for GrpcThrottle {
+    fn handle_request(&mut self, _now: Instant) {}
+
+    fn handle_failure(&mut self, _now: Instant) {
+        self.milli_tokens = self.milli_tokens.saturating_sub(TOKEN);
+    }
+
+    fn handle_success(&mut self, _now: Instant) {
+        self.milli_tokens = self
+            .milli_tokens
+            .saturating_add(self.config.milli_token_ratio)
+            .min(self.config.max_milli_tokens);
+    }
+
+    /// A retry costs nothing here: the failure that led to it already paid its token.
+    fn try_withdraw(&mut self, now: Instant) -> bool {
+        self.can_retry(now)
+    }
+
+    fn can_retry(&self, _now: Instant) -> bool {
+        self.above_threshold()
+    }
+}
+
+/// One retry in millionths of a retry: what a withdrawal costs.
+const RETRY: i64 = 1_000_000;
+/// Finagle's longest TTL, and the size of the fixed ring of one-second slots.
+const MAX_TTL_SECS: u32 = 60;
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// Finagle retry budget settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FinagleBudgetConfig {
+    ttl_secs: u32,
+    min_retries_per_sec: u32,
+    percent_can_retry_ppm: u32,
+}
+
+impl Default for FinagleBudgetConfig {
+    /// Finagle's default: TTL 10 s, at least 10 retries per second, 20 % of requests.
+    fn default() -> Self {
+        FinagleBudgetConfig {
+            ttl_secs: 10,
+            min_retries_per_sec: 10,
+            percent_can_retry_ppm: 200_000,
+        }
+    }
+}
+
+impl FinagleBudgetConfig {
+    /// `ttl`: whole seconds in `1..=60` (Finagle's range; the ring has one slot per second).
+    /// `min_retries_per_sec`: the reserve rate, any value. `percent_can_retry_ppm`: retries
+    /// allowed per request, in ppm, `0..=1_000_000_000` (Finagle allows `0.0..=1000.0`).
+    pub fn new(
+        ttl: Duration,
+        min_retries_per_sec: u32,
+        percent_can_retry_ppm: u32,
+    ) -> Result<Self, ConfigError> {
+        const TTL: &str = "retry-budget.ttl";
+        if ttl.subsec_nanos() != 0 {
+            return Err(ConfigError::Invalid {
+                option: TTL,
+                reason: "must be a whole number of seconds",
+            });
+        }
+        let secs = ttl.as_secs();
+        if !(1..=u64::from(MAX_TTL_SECS)).contains(&secs) {
+            return Err(ConfigError::OutOfRange {
+                option: TTL,
+                got: secs,
+                min: 1,
+                max: u64::from(MAX_TTL_SECS),
+                unit: "s",
+            });
+        }
+        if percent_can_retry_ppm > 1_000_000_000 {
+            return Err(ConfigError::OutOfRange {
+                option: "retry-budget.percent-can-retry",
+                got: u64::from(percent_can_retry_ppm),
+                min: 0,
+                max: 1_000_000_000,
+                unit: "ppm",
+            });
+        }
+        Ok(FinagleBudgetConfig {
+            // In 1..=60 by the check above.
+            ttl_secs: u32::try_from(secs).unwrap_or(MAX_TTL_SECS),
+            min_retries_per_sec,
+            percent_can_retry_ppm,
+        })
+    }
+
+    /// How long a deposit or withdrawal counts.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(u64::from(self.ttl_secs))
+    }
+
+    /// The reserve rate.
+    pub fn min_retries_per_sec(&self) -> u32 {
+        self.min_retries_per_sec
+    }
+
+    /// Retries earned per request, in ppm.
+    pub fn percent_can_retry_ppm(&self) -> u32 {
+        self.percent_can_retry_ppm
+    }
+
+    /// The reserve in millionths of a retry: `min_retries_per_sec · ttl` retries.
+    fn reserve(&self) -> i128 {
+        i128::from(self.min_retries_per_sec) * i128::from(self.ttl_secs) * i128::from(RETRY)
+    }
+}
+
+/// One second of deposits minus withdrawals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Slot {
+    second: u64,
+    sum: i64,
+}
+
+/// Finagle's retry budget: a window of deposits and withdrawals over `ttl`, plus a reserve.
+///
+/// The balance, in millionths of a retry, is `reserve + Σ(deposits − withdrawals)` over the
+/// events of the last `ttl` whole seconds (an event at second `s` counts while
+/// `now_sec < s + ttl`); a retry is allowed when the balance is at least one retry. The window
+/// is a fixed ring of one-second slots (Finagle slices its TTL into ten; at the default 10 s the
+/// two agree), so memory is constant and each decision scans at most 60 slots.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FinagleBudget {
+    config: FinagleBudgetConfig,
+    clock: Clock,
+    slots: [Slot; MAX_TTL_SECS as usize],
+}
+
+impl Default for FinagleBudget {
+    fn default() -> Self {
+        FinagleBudget::new(FinagleBudgetConfig::default())
+    }
+}
+
+impl FinagleBudget {
+    /// An empty window: only the reserve is available.
+    pub fn new(config: FinagleBudgetConfig) -> Self {
+        FinagleBudget {
+            config,
+            clock: Clock::default(),
+            slots: [Slot::default(); MAX_TTL_SECS as usize],
+        }
+    }
+
+    /// Whole retries available now (the balance, rounded down; 0 when negative).
+    pub fn balance(&self, now: Instant) -> u64 {
+        let b = self.balance_micro(self.clock.peek(now));
+        u64::try_from(b / i128::from(RETRY)).unwrap_or(if b > 0 { u64::MAX } else { 0 })
+    }
+
+    fn balance_micro(&self, now: Instant) -> i128 {
+        let now_sec = now.as_nanos() / NANOS_PER_SEC;
+        let ttl = u64::from(self.config.ttl_secs);
+        let window: i128 = self
+            .slots
+            .iter()
+            .take(self.config.ttl_secs as usize)
+            .filter(|s| now_sec.saturating_sub(s.second) < ttl)
+            .map(|s| i128::from(s.sum))
+            .sum();
+        self.config.reserve() + window
+    }
+
+    fn add(&mut self, now: Instant, amount: i64) {
+        let second = now.as_nanos() / NANOS_PER_SEC;
+        // ttl_secs >= 1 by construction; `max(1)` keeps the remainder defined regardless.
+        let idx = second % u64::from(self.config.ttl_secs.max(1));
+        if let Some(slot) = self.slots.get_mut(idx as usize) {
+            if slot.second != second {
+                // The slot last held a second at least one TTL ago: it has expired.
+                *slot = Slot { second, sum: 0 };
+            }
+            slot.sum = slot.sum.saturating_add(amount);
+        }
+    }
+}
+
+impl RetryBudget for FinagleBudget {
+    fn handle_request(&mut self, now: Instant) {
+        let now = self.clock.observe(now);
+        if self.config.percent_can_retry_ppm > 0 {
+            self.add(now, i64::from(self.config.percent_can_retry_ppm));
+        }
+    }
+
+    fn handle_failure(&mut self, now: Instant) {
+        self.clock.observe(now);
+    }
+
+    fn handle_success(&mut self, now: Instant) {
+        self.clock.observe(now);
+    }
+
+    fn try_withdraw(&mut self, now: Instant) -> bool {
+        let now = self.clock.observe(now);
+        if self.balance_micro(now) >= i128::from(RETRY) {
+            self.add(now, -RETRY);
+            true
+        } else {
+            false
+        }
+    }
+
+    fn can_retry(&self, now: Instant) -> bool {
+        self.balance_micro(self.clock.peek(now)) >= i128::from(RETRY)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Instant = Instant::from_nanos(0);
+
+    fn drain(b: &mut dyn RetryBudget, now: Instant) -> u32 {
+        let mut n = 0;
+        while b.try_withdraw(now) {
+            n += 1;
+            assert!(n <= 100_000, "budget never empties");
+        }
+        n
+    }
+
+    #[test]
+    fn grpc_throttle_matches_upstream_token_arithmetic() {
+        // gRPC core's retry_throttle_test: max 4 tokens (threshold 2), ratio 1.6.
+        let mut t = GrpcThrottle::new(GrpcThrottleConfig::new(4, 1_600).unwrap());
+        assert_eq!(t.milli_tokens(), 4_000);
+        t.handle_failure(T0);
+        assert_eq!(t.milli_tokens(), 3_000);
+        assert!(t.try_withdraw(T0), "3 > 2: above threshold");
+        t.handle_success(T0);
+        assert_eq!(t.milli_tokens(), 4_000, "not incremented beyond max");
+        t.handle_failure(T0);
+        t.handle_failure(T0);
+        assert_eq!(t.milli_tokens(), 2_000);
+        assert!(!t.try_withdraw(T0), "at threshold: no retries");
+        t.handle_failure(T0);
+        t.handle_failure(T0);
+        t.handle_failure(T0);
+        assert_eq!(t.milli_tokens(), 0, "never below zero");
+        t.handle_success(T0);
+        t.handle_success(T0);
+        assert_eq!(t.milli_tokens(), 3_200);
+        assert!(t.can_retry(T0) && t.try_withdraw(T0), "3.2 > 2");
+        assert_eq!(t.milli_tokens(), 3_200, "a retry costs no token itself");
+    }
+
+    #[test]
+    fn grpc_threshold_halves_odd_milli_tokens_downwards() {
+        // max 1 token = 1000 milli, threshold 500: 501 allows, 500 refuses.
+        let mut t = GrpcThrottle::new(GrpcThrottleConfig::new(1, 1).unwrap());
+        t.handle_failure(T0);
+        assert_eq!(t.milli_tokens(), 0);
+        for _ in 0..500 {
+            t.handle_success(T0);
+        }
+        assert!(!t.can_retry(T0));
+        t.handle_success(T0);
+        assert!(t.can_retry(T0));
+    }
+
+    #[test]
+    fn empty_grpc_throttle_stops_retries() {
+        let mut t = GrpcThrottle::default();
+        // 10 tokens, threshold 5: five failures leave 5 tokens, which is not above 5.
+        for _ in 0..4 {
+            t.handle_failure(T0);
+        }
+        assert!(t.try_withdraw(T0));
+        t.handle_failure(T0);
+        assert_eq!(t.milli_tokens(), 5_000);
+        assert!(!t.try_withdraw(T0));
+        assert!(!t.can_retry(T0));
+    }
+
+    #[test]
+    fn grpc_config_is_validated() {
+        assert!(GrpcThrottleConfig::new(0, 100).is_err());
+        assert!(GrpcThrottleConfig::new(1_001, 100).is_err());
+        assert!(GrpcThrottleConfig::new(10, 0).is_err());
+        let c = GrpcThrottleConfig::new(1_000, u32::MAX).unwrap();
+        assert_eq!(c.max_milli_tokens(), 1_000_000);
+        let mut t = GrpcThrottle::new(c);
+        t.handle_failure(T0);
+        t.handle_success(T0);
+        assert_eq!(t.milli_tokens(), 1_000_000, "a huge ratio saturates at max");
+    }
+
+    #[test]
+    fn finagle_reserve_is_min_retries_times_ttl() {
+        // Finagle default: 10 retries/s over 10 s, so 100 retries with no traffic at all.
+        let mut b = FinagleBudget::default();
+        assert_eq!(b.balance(T0), 100);
+        assert_eq!(drain(&mut b, T0), 100);
+        assert_eq!(b.balance(T0), 0);
+        assert!(!b.can_retry(T0));
+    }
+
+    #[test]
+    fn finagle_deposits_twenty_percent_of_requests() {
+        let mut b = FinagleBudget::default();
+        let t = Instant::from_millis(500);
+        for _ in 0..100 {
+            b.handle_request(t);
+        }
+        // 100 requests · 20 % = 20 retries on top of the 100 in reserve.
+        assert_eq!(b.balance(t), 120);
+        b.handle_request(t);
+        b.handle_request(t);
+        b.handle_request(t);
+        b.handle_request(t);
+        assert_eq!(
+            b.balance(t),
+            120,
+            "four more requests are 0.8 of a retry: rounds down"
+        );
+        b.handle_request(t);
+        assert_eq!(b.balance(t), 121, "the fifth completes a retry");
+        assert_eq!(drain(&mut b, t), 121);
+    }
+
+    #[test]
+    fn finagle_deposits_and_withdrawals_expire_after_ttl() {
+        let mut b = FinagleBudget::default();
+        for _ in 0..50 {
+            b.handle_request(Instant::from_millis(1_900)); // second 1
+        }
+        assert_eq!(b.balance(Instant::from_millis(1_900)), 110);
+        // Second 10 is the last second the deposit counts in (1 + 10 > 10).
+        assert_eq!(b.balance(Instant::from_millis(10_999)), 110);
+        assert_eq!(
+            b.balance(Instant::from_millis(11_000)),
+            100,
+            "expired at second 11"
+        );
+        // Withdrawals expire too: the reserve refills.
+        let mut b = FinagleBudget::default();
+        assert_eq!(drain(&mut b, secs(3)), 100);
+        assert!(!b.can_retry(secs(12)));
+        assert_eq!(b.balance(secs(13)), 100);
+    }
+
+    #[test]
+    fn finagle_zero_percent_and_zero_floor_never_retries() {
+        let mut b =
+            FinagleBudget::new(FinagleBudgetConfig::new(Duration::from_secs(1), 0, 0).unwrap());
+        b.handle_request(T0);
+        assert!(!b.try_withdraw(T0));
+        assert_eq!(b.balance(T0), 0);
+    }
+
+    #[test]
+    fn finagle_config_is_validated() {
+        assert!(FinagleBudgetConfig::new(Duration::ZERO, 10, 0).is_err());
+        assert!(FinagleBudgetConfig::new(Duration::from_secs(61), 10, 0).is_err());
+        assert!(FinagleBudgetConfig::new(Duration::from_millis(1_500), 10, 0).is_err());
+        assert!(FinagleBudgetConfig::new(Duration::from_secs(60), 10, 1_000_000_001).is_err());
+        let c = FinagleBudgetConfig::new(Duration::from_secs(60), u32::MAX, 1_000_000_000).unwrap();
+        let mut b = FinagleBudget::new(c);
+        b.handle_request(Instant::MAX);
+        // Reserve u32::MAX · 60 plus 1000 retries for the one request.
+        assert_eq!(b.balance(Instant::MAX), u64::from(u32::MAX) * 60 + 1_000);
+    }
+
+    #[test]
+    fn finagle_survives_time_backwards_and_the_end_of_time() {
+        let mut b =
+            FinagleBudget::new(FinagleBudgetConfig::new(Duration::from_secs(1), 1, 0).unwrap());
+        assert!(b.try_withdraw(Instant::MAX));
+        // Time runs back: still the last second, still empty.
+        assert!(!b.try_withdraw(T0));
+        assert!(!b.can_retry(Instant::from_millis(5)));
+        assert_eq!(b.balance(T0), 0);
+    }
+
+    #[test]
+    fn unlimited_never_refuses() {
+        let mut u = Unlimited;
+        u.handle_failure(T0);
+        assert_eq!(drain_n(&mut u, 1_000), 1_000);
+    }
+
+    fn drain_n(b: &mut dyn RetryBudget, n: u32) -> u32 {
+        (0..n).filter(|_| b.try_withdraw(T0)).count() as u32
+    }
+
+    fn secs(s: u64) -> Instant {
+        Instant::from_millis(s * 1_000)
+    }
+}

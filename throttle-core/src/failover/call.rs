@@ -1,0 +1,737 @@
+//! The per-call failover machine: send, classify the failure, refresh, retry at most
+//! `max_auto_retries` times, and finish exactly once.
+
+use core::time::Duration;
+
+use super::budget::RetryBudget;
+use super::classify::{ErrorClass, RetrySafety};
+use crate::backoff::{Backoff, BackoffConfig};
+use crate::error::ConfigError;
+use crate::rng::Rng;
+use crate::time::Instant;
+
+/// Settings of a failover call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallConfig {
+    max_auto_retries: u32,
+    backoff: Option<BackoffConfig>,
+}
+
+impl Default for CallConfig {
+    /// Upstream's policy: one automatic retry, sent as soon as the refresh completes.
+    fn default() -> Self {
+        CallConfig {
+            max_auto_retries: 1,
+            backoff: None,
+        }
+    }
+}
+
+impl CallConfig {
+    /// At most `n` automatic retries per call (0 disables them; refreshes still happen).
+    pub fn with_max_auto_retries(mut self, n: u32) -> Self {
+        self.max_auto_retries = n;
+        self
+    }
+
+    /// Wait a backoff delay before each automatic retry (none by default).
+    pub fn with_backoff(mut self, backoff: BackoffConfig) -> Self {
+        self.backoff = Some(backoff);
+        self
+    }
+
+    /// The retry limit.
+    pub fn max_auto_retries(&self) -> u32 {
+        self.max_auto_retries
+    }
+
+    /// The backoff before retries, if any.
+    pub fn backoff(&self) -> Option<&BackoffConfig> {
+        self.backoff.as_ref()
+    }
+
+    /// Every combination is valid (the backoff config was validated when it was built); this
+    /// exists so every config in the crate is checked the same way.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        Ok(())
+    }
+}
+
+/// Why a call gave its error back to the user instead of retrying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SurfaceReason {
+    /// The error was classified [`RetrySafety::Never`].
+    ClassifiedNever,
+    /// The call has already used its `max_auto_retries`.
+    RetriesExhausted,
+    /// The shared [`RetryBudget`] refused the retry.
+    BudgetEmpty,
+    /// The backoff's hard total budget refused another delay.
+    BackoffExhausted,
+}
+
+/// What the caller does next for a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallAction {
+    /// Send the request, then report its outcome with `handle_success` or `handle_error`.
+    Send,
+    /// Refresh metadata (through the [`RefreshCoalescer`](super::RefreshCoalescer)), then
+    /// report with `handle_refreshed`.
+    Refresh,
+    /// Send the request again after `after` (zero without a backoff), then report its outcome.
+    Retry {
+        /// How long to wait before sending.
+        after: Duration,
+    },
+    /// Give the latest error to the user. The call is finished.
+    Surface {
+        /// Why the error was not retried.
+        reason: SurfaceReason,
+    },
+    /// Give the success to the user. The call is finished.
+    Complete,
+    /// Nothing to do: the input was late (the call is finished) or out of order (e.g. a
+    /// refresh result while a request is in flight). Nothing changed.
+    None,
+}
+
+/// Where a call stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallState {
+    /// Not started.
+    Idle,
+    /// A request is in flight; its outcome is awaited.
+    AwaitingResult,
+    /// A metadata refresh is awaited.
+    AwaitingRefresh,
+    /// Finished with success.
+    Succeeded,
+    /// Finished by surfacing an error.
+    Surfaced(SurfaceReason),
+}
+
+/// One request under failover: the upstream admin-gateway retry proxy as a state machine.
+///
+/// ```text
+/// Idle --start--> AwaitingResult --success--> Succeeded
+///                   |  ^      \--error, no refresh--> (decide)
+///                   |  |                                 |
+///             error,|  +-------- Retry { after } --------+
+///           refresh v                                    |
+///           AwaitingRefresh --refreshed(ok or not)--> (decide) --> Surfaced(reason)
+/// ```
+///
+/// `decide` retries only an error classified [`RetrySafety::NotExecuted`], only while fewer
+/// than `max_auto_retries` retries were sent, only when the backoff (if any) grants a delay
+/// and the [`RetryBudget`] grants a withdrawal; otherwise it surfaces and says why.
+///
+/// # Driving contract
+///
+/// - Input [`Call::start`] once; then, for every `Send`/`Retry` it hands out, report exactly one
+///   outcome: [`Call::handle_success`] or [`Call::handle_error`] with the error's
+///   [`ErrorClass`]. A synchronous transport error (the send failed before the request left) is
+///   reported through `handle_error` like any other.
+/// - After a `Refresh`, report the refresh's end with [`Call::handle_refreshed`], success or not.
+/// - Every input returns the one next [`CallAction`]; `Surface` and `Complete` are terminal and
+///   are returned at most once. Any input in the wrong state returns [`CallAction::None`] and
+///   changes nothing.
+/// - Pass the same shared [`RetryBudget`] to every call of a client; `rng` is drawn from only
+///   when a backoff is configured.
+/// - Queries ([`Call::state`], [`Call::sends`], …) take `&self`.
+///
+/// The call keeps no clock: it makes no decision from time, and forwards `now` to the budget,
+/// which clamps time itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    config: CallConfig,
+    backoff: Backoff,
+    state: CallState,
+    /// The retry safety of the error whose refresh is awaited.
+    pending: RetrySafety,
+    retries: u32,
+    sends: u64,
+    refreshes: u64,
+}
+
+impl Call {
+    /// A call that has not started.
+    pub fn new(config: &CallConfig) -> Self {
+        Call {
+            config: config.clone(),
+            backoff: Backoff::new(),
+            state: CallState::Idle,
+            pending: RetrySafety::Never,
+            retries: 0,
+            sends: 0,
+            refreshes: 0,
+        }
+    }
+
+    /// Input: begin the call. Returns [`CallAction::Send`] the first time, then
+    /// [`CallAction::None`].
+    pub fn start<B: RetryBudget + ?Sized>(&mut self, now: Instant, budget: &mut B) -> CallAction {
+        if self.state != CallState::Idle {
+            return CallAction::None;
+        }
+        budget.handle_request(now);
+        self.state = CallState::AwaitingResult;
+        self.sends = 1;
+        CallAction::Send
+    }
+
+    /// Input: the request in flight succeeded. Returns [`CallAction::Complete`] once.
+    pub fn handle_success<B: RetryBudget + ?Sized>(
+        &mut self,
+        now: Instant,
+        budget: &mut B,
+    ) -> CallAction {
+        if self.state != CallState::AwaitingResult {
+            return CallAction::None;
+        }
+        budget.handle_success(now);
+        self.state = CallState::Succeeded;
+        CallAction::Complete
+    }
+
+    /// Input: the request in flight failed with an error of class `class`.
+    ///
+    /// Returns `Refresh` when the class asks for one (whatever happens next), otherwise the
+    /// retry decision. A synchronous transport error comes here too.
+    // Upstream surfaces a synchronous send failure untouched; we classify it like any other,
+    // so a dead coordinator's refused connection still triggers the refresh.
+    pub fn handle_error<B: RetryBudget + ?Sized, R: Rng + ?Sized>(
+        &mut self,
+        now: Instant,
+        class: ErrorClass,
+        budget: &mut B,
+        rng: &mut R,
+    ) -> CallAction {
+        if self.state != CallState::AwaitingResult {
+            return CallAction::None;
+        }
+        if class.retry == RetrySafety::NotExecuted {
+            budget.handle_failure(now);
+        }
+        if class.refresh {
+            self.state = CallState::AwaitingRefresh;
+            self.pending = class.retry;
+            self.refreshes = self.refreshes.saturating_add(1);
+            return CallAction::Refresh;
+        }
+        self.decide(now, class.retry, budget, rng)
+    }
+
+    /// Input: the refresh asked for has ended; `ok` says whether it succeeded.
+    ///
+    /// `ok` does not change the decision: a failed refresh does not prevent the retry (another
+    /// refresh may have updated the metadata meanwhile, and the retry's own failure will ask
+    /// for a new refresh).
+    pub fn handle_refreshed<B: RetryBudget + ?Sized, R: Rng + ?Sized>(
+        &mut self,
+        now: Instant,
+        ok: bool,
+        budget: &mut B,
+        rng: &mut R,
+    ) -> CallAction {
+        let _ = ok;
+        if self.state != CallState::AwaitingRefresh {
+            return CallAction::None;
+        }
+        self.decide(now, self.pending, budget, rng)
+    }
+
+    fn decide<B: RetryBudget + ?Sized, R: Rng + ?Sized>(
+        &mut self,
+        now: Instant,
+        retry: RetrySafety,
+        budget: &mut B,
+        rng: &mut R,
+    ) -> CallAction {
+        match retry {
+            RetrySafety::Never => return self.surface(SurfaceReason::ClassifiedNever),
+            RetrySafety::NotExecuted if self.retries >= self.config.max_auto_retries => {
+                return self.surface(SurfaceReason::RetriesExhausted);
+            }
+            RetrySafety::NotExecuted => {}
+        }
+        // The backoff is asked before the shared budget, so a refused delay never wastes a
+        // withdrawal that other calls could have used.
+        let after = match &self.config.backoff {
+            None => Duration::ZERO,
+            Some(cfg) => match self.backoff.next_delay(cfg, rng) {
+                Some(d) => d,
+                None => return self.surface(SurfaceReason::BackoffExhausted),
+            },
+        };
+        if !budget.try_withdraw(now) {
+            return self.surface(SurfaceReason::BudgetEmpty);
+        }
+        self.retries = self.retries.saturating_add(1);
+        self.sends = self.sends.saturating_add(1);
+        self.state = CallState::AwaitingResult;
+        CallAction::Retry { after }
+    }
+
+    fn surface(&mut self, reason: SurfaceReason) -> CallAction {
+        self.state = CallState::Surfaced(reason);
+        CallAction::Surface { reason }
+    }
+
+    /// Where the call stands.
+    pub fn state(&self) -> CallState {
+        self.state
+    }
+
+    /// Whether the call has finished (succeeded or surfaced).
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.state, CallState::Succeeded | CallState::Surfaced(_))
+    }
+
+    /// Requests handed out so far: the first send plus every automatic retry.
+    pub fn sends(&self) -> u64 {
+        self.sends
+    }
+
+    /// Automatic retries handed out so far.
+    pub fn retries(&self) -> u32 {
+        self.retries
+    }
+
+    /// Refreshes asked for so far.
+    pub fn refreshes(&self) -> u64 {
+        self.refreshes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failover::budget::{FinagleBudget, FinagleBudgetConfig, GrpcThrottle, Unlimited};
+    use crate::failover::classify::{
+        AdminWriteGateway, ErrorClassifier, ErrorKind, HasErrorKind, ReadOnlyGateway,
+    };
+    use crate::rng::SplitMix64;
+
+    const T: Instant = Instant::from_nanos(1_000);
+
+    /// Drives one call against scripted outcomes; counts what the caller had to do.
+    struct Script {
+        call: Call,
+        rng: SplitMix64,
+        sends: u32,
+        refreshes: u32,
+        end: Option<CallAction>,
+    }
+
+    impl Script {
+        fn new(cfg: &CallConfig) -> Self {
+            Script {
+                call: Call::new(cfg),
+                rng: SplitMix64::new(7),
+                sends: 0,
+                refreshes: 0,
+                end: None,
+            }
+        }
+
+        fn act(&mut self, a: CallAction) -> CallAction {
+            match a {
+                CallAction::Send | CallAction::Retry { .. } => self.sends += 1,
+                CallAction::Refresh => self.refreshes += 1,
+                CallAction::Surface { .. } | CallAction::Complete => {
+                    assert!(self.end.is_none(), "second completion: {a:?}");
+                    self.end = Some(a);
+                }
+                CallAction::None => {}
+            }
+            a
+        }
+
+        /// Outcome of each send, in order: `Err(kind)` or `Ok`, with refresh results `ok`.
+        fn run<E, C: ErrorClassifier<E>, B: RetryBudget>(
+            &mut self,
+            c: &C,
+            budget: &mut B,
+            outcomes: &[Result<(), E>],
+            refresh_ok: bool,
+        ) {
+            let mut a = self.call.start(T, budget);
+            self.act(a);
+            let mut outs = outcomes.iter();
+            loop {
+                a = match a {
+                    CallAction::Send | CallAction::Retry { .. } => match outs.next() {
+                        Some(Ok(())) => self.call.handle_success(T, budget),
+                        Some(Err(k)) => {
+                            self.call
+                                .handle_error(T, c.classify(k), budget, &mut self.rng)
+                        }
+                        None => panic!("more sends than scripted outcomes"),
+                    },
+                    CallAction::Refresh => {
+                        self.call
+                            .handle_refreshed(T, refresh_ok, budget, &mut self.rng)
+                    }
+                    _ => break,
+                };
+                self.act(a);
+            }
+        }
+    }
+
+    #[test]
+    fn admin_write_not_leader_refreshes_once_and_retries_once_to_success() {
+        // Upstream: NotCoordinatorLeaderException is rejected before execution: refresh, retry.
+        let mut s = Script::new(&CallConfig::default());
+        s.run(
+            &AdminWriteGateway,
+            &mut Unlimited,
+            &[Err(ErrorKind::NotLeader), Ok(())],
+            true,
+        );
+        assert_eq!((s.refreshes, s.sends), (1, 2));
+        assert_eq!(s.end, Some(CallAction::Complete));
+        assert_eq!(s.call.state(), CallState::Succeeded);
+    }
+
+    #[test]
+    fn admin_write_not_leader_twice_surfaces_after_second_failure() {
+        let mut s = Script::new(&CallConfig::default());
+        s.run(
+            &AdminWriteGateway,
+            &mut Unlimited,
+            &[Err(ErrorKind::NotLeader), Err(ErrorKind::NotLeader)],
+            true,
+        );
+        assert_eq!(s.sends, 2, "one automatic retry only");
+        // The second not-leader still refreshes, so the user's manual retry sees fresh metadata.
+        assert_eq!(s.refreshes, 2);
+        assert_eq!(
+            s.end,
+            Some(CallAction::Surface {
+                reason: SurfaceReason::RetriesExhausted
+            })
+        );
+    }
+
+    /// The admin client's errors, plugged into the presets through their kind.
+    #[derive(Clone, Copy, Debug)]
+    enum AdminError {
+        Network,
+        Timeout,
+    }
+
+    impl HasErrorKind for AdminError {
+        fn error_kind(&self) -> ErrorKind {
+            ErrorKind::Retriable
+        }
+    }
+
+    #[test]
+    fn admin_write_network_error_or_timeout_refreshes_then_surfaces_original_error() {
+        // Upstream: NetworkException/TimeoutException refresh metadata but are not retried: the
+        // write may have executed.
+        for e in [AdminError::Network, AdminError::Timeout] {
+            let mut s = Script::new(&CallConfig::default());
+            s.run(&AdminWriteGateway, &mut Unlimited, &[Err(e)], true);
+            assert_eq!((s.refreshes, s.sends), (1, 1), "{e:?}");
+            assert_eq!(
+                s.end,
+                Some(CallAction::Surface {
+                    reason: SurfaceReason::ClassifiedNever
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn admin_write_non_retriable_error_surfaces_at_once() {
+        let mut s = Script::new(&CallConfig::default());
+        s.run(
+            &AdminWriteGateway,
+            &mut Unlimited,
+            &[Err(ErrorKind::Fatal)],
+            true,
+        );
+        assert_eq!((s.refreshes, s.sends), (0, 1));
+        assert_eq!(
+            s.end,
+            Some(CallAction::Surface {
+                reason: SurfaceReason::ClassifiedNever
+            })
+        );
+    }
+
+    #[test]
+    fn read_only_retriable_error_refreshes_and_retries() {
+        let mut s = Script::new(&CallConfig::default());
+        s.run(
+            &ReadOnlyGateway,
+            &mut Unlimited,
+            &[Err(ErrorKind::Retriable), Ok(())],
+            true,
+        );
+        assert_eq!((s.refreshes, s.sends), (1, 2));
+        assert_eq!(s.end, Some(CallAction::Complete));
+    }
+
+    #[test]
+    fn failed_refresh_still_retries() {
+        let mut s = Script::new(&CallConfig::default());
+        s.run(
+            &AdminWriteGateway,
+            &mut Unlimited,
+            &[Err(ErrorKind::NotLeader), Ok(())],
+            false,
+        );
+        assert_eq!((s.refreshes, s.sends), (1, 2));
+        assert_eq!(s.end, Some(CallAction::Complete));
+    }
+
+    #[test]
+    fn zero_auto_retries_still_refreshes_then_surfaces() {
+        let mut s = Script::new(&CallConfig::default().with_max_auto_retries(0));
+        s.run(
+            &AdminWriteGateway,
+            &mut Unlimited,
+            &[Err(ErrorKind::NotLeader)],
+            true,
+        );
+        assert_eq!((s.refreshes, s.sends), (1, 1));
+        assert_eq!(
+            s.end,
+            Some(CallAction::Surface {
+                reason: SurfaceReason::RetriesExhausted
+            })
+        );
+    }
+
+    #[test]
+    fn retry_without_refresh_is_immediate() {
+        let mut call = Call::new(&CallConfig::default().with_max_auto_retries(3));
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
+        assert_eq!(call.start(T, b), CallAction::Send);
+        for _ in 0..3 {
+            assert_eq!(
+                call.handle_error(T, ErrorClass::RETRY, b, r),
+                CallAction::Retry {
+                    after: Duration::ZERO
+                }
+            );
+        }
+        assert_eq!(
+            call.handle_error(T, ErrorClass::RETRY, b, r),
+            CallAction::Surface {
+                reason: SurfaceReason::RetriesExhausted
+            }
+        );
+        assert_eq!((call.sends(), call.retries(), call.refreshes()), (4, 3, 0));
+    }
+
+    #[test]
+    fn terminal_exactly_once_under_late_inputs() {
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
+        let late = |call: &mut Call, b: &mut Unlimited, r: &mut SplitMix64| {
+            let before = call.clone();
+            assert_eq!(call.start(T, b), CallAction::None);
+            assert_eq!(call.handle_success(T, b), CallAction::None);
+            assert_eq!(
+                call.handle_error(T, ErrorClass::REFRESH_AND_RETRY, b, r),
+                CallAction::None
+            );
+            assert_eq!(call.handle_refreshed(T, true, b, r), CallAction::None);
+            assert_eq!(*call, before, "late inputs change nothing");
+        };
+        let mut ok = Call::new(&CallConfig::default());
+        ok.start(T, b);
+        assert_eq!(ok.handle_success(T, b), CallAction::Complete);
+        late(&mut ok, b, r);
+        assert!(ok.is_terminal());
+
+        let mut failed = Call::new(&CallConfig::default());
+        failed.start(T, b);
+        assert_eq!(
+            failed.handle_error(T, ErrorClass::SURFACE, b, r),
+            CallAction::Surface {
+                reason: SurfaceReason::ClassifiedNever
+            }
+        );
+        late(&mut failed, b, r);
+        assert_eq!(
+            failed.state(),
+            CallState::Surfaced(SurfaceReason::ClassifiedNever)
+        );
+    }
+
+    #[test]
+    fn out_of_order_inputs_are_ignored() {
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
+        let mut call = Call::new(&CallConfig::default());
+        assert_eq!(call.handle_success(T, b), CallAction::None, "not started");
+        assert_eq!(call.handle_refreshed(T, true, b, r), CallAction::None);
+        call.start(T, b);
+        assert_eq!(
+            call.handle_refreshed(T, true, b, r),
+            CallAction::None,
+            "no refresh asked"
+        );
+        assert_eq!(
+            call.handle_error(T, ErrorClass::REFRESH_AND_RETRY, b, r),
+            CallAction::Refresh
+        );
+        assert_eq!(
+            call.handle_success(T, b),
+            CallAction::None,
+            "awaiting the refresh, not a result"
+        );
+        assert_eq!(
+            call.handle_error(T, ErrorClass::SURFACE, b, r),
+            CallAction::None
+        );
+        assert_eq!(call.state(), CallState::AwaitingRefresh);
+        assert_eq!(
+            call.handle_refreshed(T, true, b, r),
+            CallAction::Retry {
+                after: Duration::ZERO
+            }
+        );
+    }
+
+    #[test]
+    fn never_is_not_retried_even_with_retries_and_budget_left() {
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
+        let mut call = Call::new(&CallConfig::default().with_max_auto_retries(u32::MAX));
+        call.start(T, b);
+        assert_eq!(
+            call.handle_error(T, ErrorClass::new(false, RetrySafety::Never), b, r),
+            CallAction::Surface {
+                reason: SurfaceReason::ClassifiedNever
+            }
+        );
+        assert_eq!(call.retries(), 0);
+    }
+
+    #[test]
+    fn empty_grpc_throttle_surfaces_with_budget_empty() {
+        // maxTokens 10: tokens 10 → 5 after five qualified failures; 5 ≤ 10/2 stops retries.
+        let mut budget = GrpcThrottle::default();
+        for _ in 0..4 {
+            budget.handle_failure(T);
+        }
+        let r = &mut SplitMix64::new(1);
+        let mut call = Call::new(&CallConfig::default());
+        call.start(T, &mut budget);
+        assert_eq!(
+            call.handle_error(T, ErrorClass::REFRESH_AND_RETRY, &mut budget, r),
+            CallAction::Refresh
+        );
+        assert_eq!(budget.milli_tokens(), 5_000, "the failure paid its token");
+        assert_eq!(
+            call.handle_refreshed(T, true, &mut budget, r),
+            CallAction::Surface {
+                reason: SurfaceReason::BudgetEmpty
+            }
+        );
+        // A success earns 0.1 token: 5.1 > 5, retries resume for the next call.
+        let mut next = Call::new(&CallConfig::default());
+        next.start(T, &mut budget);
+        assert_eq!(next.handle_success(T, &mut budget), CallAction::Complete);
+        assert_eq!(budget.milli_tokens(), 5_100);
+        assert!(budget.can_retry(T));
+    }
+
+    #[test]
+    fn empty_finagle_budget_surfaces_with_budget_empty() {
+        // Floor 1 retry/s over a 1 s TTL, no percentage: exactly one retry per second.
+        let cfg = FinagleBudgetConfig::new(Duration::from_secs(1), 1, 0).unwrap();
+        let mut budget = FinagleBudget::new(cfg);
+        let r = &mut SplitMix64::new(1);
+        let mut first = Call::new(&CallConfig::default());
+        first.start(T, &mut budget);
+        assert_eq!(
+            first.handle_error(T, ErrorClass::RETRY, &mut budget, r),
+            CallAction::Retry {
+                after: Duration::ZERO
+            }
+        );
+        let mut second = Call::new(&CallConfig::default());
+        second.start(T, &mut budget);
+        assert_eq!(
+            second.handle_error(T, ErrorClass::RETRY, &mut budget, r),
+            CallAction::Surface {
+                reason: SurfaceReason::BudgetEmpty
+            }
+        );
+        // A second later the withdrawal has expired and the floor allows one again.
+        let later = Instant::from_millis(1_000);
+        let mut third = Call::new(&CallConfig::default());
+        third.start(later, &mut budget);
+        assert!(matches!(
+            third.handle_error(later, ErrorClass::RETRY, &mut budget, r),
+            CallAction::Retry { .. }
+        ));
+    }
+
+    #[test]
+    fn backoff_delays_the_retry() {
+        // Fluss retriable-write backoff: 100 ms ± 20 % for the first retry.
+        let cfg = CallConfig::default().with_backoff(BackoffConfig::fluss_retriable_write());
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(9));
+        let mut call = Call::new(&cfg);
+        call.start(T, b);
+        call.handle_error(T, ErrorClass::REFRESH_AND_RETRY, b, r);
+        match call.handle_refreshed(T, true, b, r) {
+            CallAction::Retry { after } => {
+                assert!(
+                    after >= Duration::from_millis(80) && after <= Duration::from_millis(120),
+                    "{after:?}"
+                );
+            }
+            other => panic!("expected a retry, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn extremes_of_time_and_retry_count_do_not_panic() {
+        let (r, mut b) = (&mut SplitMix64::new(1), FinagleBudget::default());
+        let mut call = Call::new(&CallConfig::default().with_max_auto_retries(u32::MAX));
+        assert_eq!(call.start(Instant::MAX, &mut b), CallAction::Send);
+        // Time runs backwards to the epoch: the budget clamps it, the call does not care.
+        assert!(matches!(
+            call.handle_error(Instant::ZERO, ErrorClass::RETRY, &mut b, r),
+            CallAction::Retry { .. }
+        ));
+        assert!(matches!(
+            call.handle_error(Instant::MAX, ErrorClass::REFRESH_AND_RETRY, &mut b, r),
+            CallAction::Refresh
+        ));
+        assert!(matches!(
+            call.handle_refreshed(Instant::ZERO, false, &mut b, r),
+            CallAction::Retry { .. }
+        ));
+        assert_eq!(
+            call.handle_success(Instant::from_nanos(u64::MAX), &mut b),
+            CallAction::Complete
+        );
+        assert_eq!((call.sends(), call.retries()), (3, 2));
+        // A retry counter at its ceiling saturates instead of wrapping.
+        let mut c = Call::new(&CallConfig::default().with_max_auto_retries(u32::MAX));
+        c.retries = u32::MAX - 1;
+        c.start(Instant::ZERO, &mut Unlimited);
+        assert!(matches!(
+            c.handle_error(Instant::ZERO, ErrorClass::RETRY, &mut Unlimited, r),
+            CallAction::Retry { .. }
+        ));
+        assert_eq!(c.retries(), u32::MAX);
+        assert_eq!(
+            c.handle_error(Instant::ZERO, ErrorClass::RETRY, &mut Unlimited, r),
+            CallAction::Surface {
+                reason: SurfaceReason::RetriesExhausted
+            }
+        );
+    }
+}

@@ -1,0 +1,289 @@
+//! The refresh coalescer: one metadata refresh at a time, shared by every call that needs it.
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+
+use crate::error::ConfigError;
+
+/// The number of one refresh, handed out in increasing order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Generation(u64);
+
+impl Generation {
+    /// The raw number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// A generation from a raw number (e.g. one carried through the caller's refresh task).
+    pub fn from_raw(n: u64) -> Self {
+        Generation(n)
+    }
+}
+
+/// Settings of a [`RefreshCoalescer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CoalescerConfig {
+    max_waiters: usize,
+}
+
+impl Default for CoalescerConfig {
+    /// Up to 1024 calls waiting on refreshes at once.
+    fn default() -> Self {
+        CoalescerConfig { max_waiters: 1024 }
+    }
+}
+
+impl CoalescerConfig {
+    /// At most `max_waiters` calls held at once (waiting or released but not yet polled), in
+    /// `1..=1_048_576`.
+    pub fn new(max_waiters: usize) -> Result<Self, ConfigError> {
+        const MAX: usize = 1 << 20;
+        if !(1..=MAX).contains(&max_waiters) {
+            return Err(ConfigError::OutOfRange {
+                option: "failover.refresh.max-waiters",
+                got: u64::try_from(max_waiters).unwrap_or(u64::MAX),
+                min: 1,
+                max: MAX as u64,
+                unit: "calls",
+            });
+        }
+        Ok(CoalescerConfig { max_waiters })
+    }
+
+    /// The bound on held calls.
+    pub fn max_waiters(&self) -> usize {
+        self.max_waiters
+    }
+}
+
+/// What to do after asking the coalescer for a refresh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CoalesceAction<W> {
+    /// No refresh was running: start one, and report its end with this generation. The
+    /// waiter is held and released when it ends.
+    Start(Generation),
+    /// A refresh is running: the waiter is held and released when that generation ends.
+    Join(Generation),
+    /// The coalescer holds `max_waiters` calls: the waiter is handed back, not held. Treat it
+    /// as a failed refresh (`Call::handle_refreshed(now, false, …)`), which still retries.
+    Full(W),
+}
+
+/// One waiter released by the end of a refresh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Release<W> {
+    /// The waiter given when it joined.
+    pub waiter: W,
+    /// The refresh it waited for.
+    pub generation: Generation,
+    /// Whether that refresh succeeded.
+    pub ok: bool,
+}
+
+/// Misuse of [`RefreshCoalescer::handle_refreshed`]; nothing changes when it is returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GenerationError {
+    /// The generation was never handed out.
+    #[error("unknown refresh generation")]
+    Unknown,
+    /// The generation has already ended.
+    #[error("refresh generation already completed")]
+    AlreadyCompleted,
+}
+
+/// Coalesces concurrent refresh requests: the first starts a refresh, the others join it, and
+/// its end (success or failure) releases them all.
+///
+/// ```text
+///            refresh_needed: Start(g)            refresh_needed: Join(g)
+///   Idle ---------------------------> Refreshing(g) <-----------------+
+///    ^                                   |   \________________________/
+///    +----- handled_refreshed(g, ok) ----+   (waiters released: poll_release)
+/// ```
+///
+/// # Driving contract
+///
+/// - Input [`RefreshCoalescer::handle_refresh_needed`] for a call whose action is `Refresh`,
+///   with any value that identifies it (`W`, e.g. a slab key). On `Start(g)`, run the refresh.
+/// - Input [`RefreshCoalescer::handle_refreshed`] with `g` when that refresh ends, success or
+///   not; then drain [`RefreshCoalescer::poll_release`] until `None` and pass each release's
+///   `ok` to its call's `handle_refreshed`. A failure after that starts a new generation.
+/// - A bogus or repeated generation is an `Err` and changes nothing.
+/// - Queries ([`RefreshCoalescer::in_flight`], [`RefreshCoalescer::held`]) take `&self`.
+///
+/// Memory is bounded by `max_waiters`; the buffers are reused, so after warm-up nothing is
+/// allocated. The coalescer makes no decision from time, so its inputs take no `now`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefreshCoalescer<W> {
+    max_waiters: usize,
+    next: u64,
+    in_flight: Option<Generation>,
+    waiting: Vec<W>,
+    released: VecDeque<Release<W>>,
+}
+
+impl<W> RefreshCoalescer<W> {
+    /// An idle coalescer.
+    pub fn new(config: CoalescerConfig) -> Self {
+        RefreshCoalescer {
+            max_waiters: config.max_waiters,
+            next: 0,
+            in_flight: None,
+            waiting: Vec::new(),
+            released: VecDeque::new(),
+        }
+    }
+
+    /// Input: a call needs a refresh. Returns whether to start one or wait for the running one.
+    pub fn handle_refresh_needed(&mut self, waiter: W) -> CoalesceAction<W> {
+        if self.held() >= self.max_waiters {
+            return CoalesceAction::Full(waiter);
+        }
+        self.waiting.push(waiter);
+        match self.in_flight {
+            Some(g) => CoalesceAction::Join(g),
+            None => {
+                let g = Generation(self.next);
+                // 2^64 refreshes never happen; wrapping keeps the arithmetic defined anyway.
+                self.next = self.next.wrapping_add(1);
+                self.in_flight = Some(g);
+                CoalesceAction::Start(g)
+            }
+        }
+    }
+
+    /// Input: refresh `generation` ended (`ok`: it succeeded). Releases every waiter that
+    /// joined it (drain them with [`RefreshCoalescer::poll_release`]) and returns how many.
+    pub fn handle_refreshed(
+        &mut self,
+        generation: Generation,
+        ok: bool,
+    ) -> Result<usize, GenerationError> {
+        if self.in_flight != Some(generation) {
+            return Err(if generation.0 >= self.next {
+                GenerationError::Unknown
+            } else {
+                GenerationError::AlreadyCompleted
+            });
+        }
+        self.in_flight = None;
+        let n = self.waiting.len();
+        self.released
+            .extend(self.waiting.drain(..).map(|waiter| Release {
+                waiter,
+                generation,
+                ok,
+            }));
+        Ok(n)
+    }
+
+    /// Poller: the next released waiter, oldest first; `None` when all are drained.
+    pub fn poll_release(&mut self) -> Option<Release<W>> {
+        self.released.pop_front()
+    }
+
+    /// The refresh running now, if any.
+    pub fn in_flight(&self) -> Option<Generation> {
+        self.in_flight
+    }
+
+    /// Waiters held: joined to the running refresh or released but not yet polled.
+    pub fn held(&self) -> usize {
+        self.waiting.len().saturating_add(self.released.len())
+    }
+}
+
+impl<W> Default for RefreshCoalescer<W> {
+    fn default() -> Self {
+        RefreshCoalescer::new(CoalescerConfig::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_need_starts_and_later_ones_join_the_same_generation() {
+        let mut c = RefreshCoalescer::default();
+        assert_eq!(
+            c.handle_refresh_needed(1u32),
+            CoalesceAction::Start(Generation(0))
+        );
+        assert_eq!(
+            c.handle_refresh_needed(2),
+            CoalesceAction::Join(Generation(0))
+        );
+        assert_eq!(
+            c.handle_refresh_needed(3),
+            CoalesceAction::Join(Generation(0))
+        );
+        assert_eq!(c.in_flight(), Some(Generation(0)));
+        assert_eq!(c.handle_refreshed(Generation(0), false), Ok(3));
+        let got: Vec<_> = core::iter::from_fn(|| c.poll_release()).collect();
+        assert_eq!(got.iter().map(|r| r.waiter).collect::<Vec<_>>(), [1, 2, 3]);
+        assert!(got.iter().all(|r| !r.ok && r.generation == Generation(0)));
+        assert_eq!(c.held(), 0);
+        // A failure after completion starts a new generation.
+        assert_eq!(
+            c.handle_refresh_needed(4),
+            CoalesceAction::Start(Generation(1))
+        );
+    }
+
+    #[test]
+    fn bogus_and_repeated_generations_change_nothing() {
+        let mut c = RefreshCoalescer::default();
+        assert_eq!(
+            c.handle_refreshed(Generation(0), true),
+            Err(GenerationError::Unknown)
+        );
+        c.handle_refresh_needed('a');
+        assert_eq!(
+            c.handle_refreshed(Generation(u64::MAX), true),
+            Err(GenerationError::Unknown)
+        );
+        assert_eq!(c.handle_refreshed(Generation(0), true), Ok(1));
+        c.handle_refresh_needed('b');
+        let before = c.clone();
+        assert_eq!(
+            c.handle_refreshed(Generation(0), true),
+            Err(GenerationError::AlreadyCompleted)
+        );
+        assert_eq!(c, before);
+        assert_eq!(
+            c.poll_release().map(|r| r.waiter),
+            Some('a'),
+            "only the first generation's waiter"
+        );
+        assert_eq!(c.poll_release(), None);
+        assert_eq!(c.handle_refreshed(Generation(1), true), Ok(1));
+        assert_eq!(
+            c.poll_release().map(|r| (r.waiter, r.generation)),
+            Some(('b', Generation(1)))
+        );
+    }
+
+    #[test]
+    fn a_full_coalescer_hands_the_waiter_back() {
+        let mut c = RefreshCoalescer::new(CoalescerConfig::new(2).unwrap());
+        c.handle_refresh_needed(1u8);
+        c.handle_refresh_needed(2);
+        assert_eq!(c.handle_refresh_needed(3), CoalesceAction::Full(3));
+        c.handle_refreshed(Generation(0), true).unwrap();
+        // Released but unpolled waiters still count against the bound.
+        assert_eq!(c.handle_refresh_needed(4), CoalesceAction::Full(4));
+        c.poll_release();
+        assert_eq!(
+            c.handle_refresh_needed(5),
+            CoalesceAction::Start(Generation(1))
+        );
+        assert!(CoalescerConfig::new(0).is_err());
+        assert!(CoalescerConfig::new(usize::MAX).is_err());
+    }
+}
