@@ -17,6 +17,7 @@ pub mod backpressure;
 pub mod batcher;
 pub mod conn_key;
 pub mod dispatch_window;
+pub mod failover;
 pub mod pending_bytes;
 
 /// A disagreement between a machine and its reference model, described for a human.

@@ -1,0 +1,915 @@
+//! Model checkers for the failover machines: calls sharing a coalescer, the coalescer alone,
+//! and the two retry budgets.
+//!
+//! Each checker decodes bytes into operations (time steps back and forth, huge values, bogus
+//! generations, late and out-of-order inputs), drives the real machine and a naive reference
+//! written here from the specification (history logs re-scanned on every question, budgets
+//! recounted from their whole event list), and returns the first disagreement or broken
+//! invariant. None of them may panic on any bytes.
+
+use alloc::format;
+use alloc::vec::Vec;
+use core::time::Duration;
+
+use super::{Cursor, Divergence};
+use crate::backoff::BackoffConfig;
+use crate::failover::{
+    Call, CallAction, CallConfig, CoalesceAction, CoalescerConfig, ErrorClass, FinagleBudget,
+    FinagleBudgetConfig, Generation, GenerationError, GrpcThrottle, GrpcThrottleConfig,
+    RefreshCoalescer, RetryBudget, RetrySafety, SurfaceReason,
+};
+use crate::rng::SplitMix64;
+use crate::time::Instant;
+
+/// Runs all three checkers on the same bytes.
+pub fn check(data: &[u8]) -> Result<(), Divergence> {
+    check_call(data)?;
+    check_coalescer(data)?;
+    check_budget(data)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Coalescer reference.
+// ---------------------------------------------------------------------------------------------
+
+/// What the naive coalescer expects from `handle_refresh_needed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NeedAnswer {
+    Start(u64),
+    Join(u64),
+    Full,
+}
+
+/// The naive coalescer: lists of what started, joined, completed and was handed out, scanned
+/// for every answer.
+#[derive(Debug, Default)]
+struct RefCoalescer {
+    max_waiters: usize,
+    /// Generations in the order they started.
+    started: Vec<u64>,
+    /// Completions in order, with their result.
+    completed: Vec<(u64, bool)>,
+    /// Every accepted waiter and the generation it waits for.
+    joins: Vec<(u64, u64)>,
+    /// Every release, in the order it must be handed out.
+    releases: Vec<(u64, u64, bool)>,
+    polled: usize,
+}
+
+impl RefCoalescer {
+    fn new(max_waiters: usize) -> Self {
+        RefCoalescer {
+            max_waiters,
+            ..RefCoalescer::default()
+        }
+    }
+
+    fn starts(&self) -> u64 {
+        self.started.len() as u64
+    }
+
+    fn running(&self) -> Option<u64> {
+        let last = *self.started.last()?;
+        if self.completed.iter().any(|(g, _)| *g == last) {
+            None
+        } else {
+            Some(last)
+        }
+    }
+
+    fn held(&self) -> usize {
+        let running = self.running();
+        let waiting = self
+            .joins
+            .iter()
+            .filter(|(_, g)| Some(*g) == running)
+            .count();
+        waiting + (self.releases.len() - self.polled)
+    }
+
+    fn need(&mut self, serial: u64) -> NeedAnswer {
+        if self.held() >= self.max_waiters {
+            return NeedAnswer::Full;
+        }
+        let (answer, generation) = match self.running() {
+            Some(g) => (NeedAnswer::Join(g), g),
+            None => {
+                let g = self.starts();
+                self.started.push(g);
+                (NeedAnswer::Start(g), g)
+            }
+        };
+        self.joins.push((serial, generation));
+        answer
+    }
+
+    fn complete(&mut self, g: u64, ok: bool) -> Result<usize, GenerationError> {
+        if self.running() == Some(g) {
+            self.completed.push((g, ok));
+            let before = self.releases.len();
+            for &(serial, jg) in &self.joins {
+                if jg == g {
+                    self.releases.push((serial, g, ok));
+                }
+            }
+            Ok(self.releases.len() - before)
+        } else if !self.started.contains(&g) {
+            Err(GenerationError::Unknown)
+        } else {
+            Err(GenerationError::AlreadyCompleted)
+        }
+    }
+
+    fn poll(&mut self) -> Option<(u64, u64, bool)> {
+        let next = self.releases.get(self.polled).copied()?;
+        self.polled += 1;
+        Some(next)
+    }
+}
+
+fn need_matches<W>(got: &CoalesceAction<W>, want: NeedAnswer) -> bool {
+    match (got, want) {
+        (CoalesceAction::Start(g), NeedAnswer::Start(w)) => g.get() == w,
+        (CoalesceAction::Join(g), NeedAnswer::Join(w)) => g.get() == w,
+        (CoalesceAction::Full(_), NeedAnswer::Full) => true,
+        _ => false,
+    }
+}
+
+/// A generation to complete: usually the running one, sometimes a bogus or stale one.
+fn pick_generation(c: &mut Cursor<'_>, running: Option<u64>, starts: u64) -> u64 {
+    match c.below(8) {
+        0 => c.u64(),
+        1 => starts.saturating_sub(1 + u64::from(c.below(3))),
+        2 => starts.saturating_add(u64::from(c.below(3))),
+        3 => u64::MAX,
+        _ => running.unwrap_or(starts),
+    }
+}
+
+/// Every waiter released exactly once (the run is finished first).
+fn check_released_once(released: &[u32], joined: &[bool]) -> Result<(), Divergence> {
+    for (serial, (&n, &j)) in released.iter().zip(joined).enumerate() {
+        let want = u32::from(j);
+        if n != want {
+            return Err(format!(
+                "waiter {serial} (joined: {j}) released {n} times, expected {want}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Coalescer alone: needs, completions (good, stale, bogus), polls; one refresh per
+/// generation, every joined waiter released exactly once, bounded holding.
+pub fn check_coalescer(data: &[u8]) -> Result<(), Divergence> {
+    let mut c = Cursor::new(data);
+    let max_waiters = match c.below(4) {
+        0 => 1024,
+        _ => 1 + usize::from(c.below(8)),
+    };
+    let Ok(cfg) = CoalescerConfig::new(max_waiters) else {
+        return Err(format!("max_waiters {max_waiters} refused"));
+    };
+    let mut real: RefreshCoalescer<u64> = RefreshCoalescer::new(cfg);
+    let mut model = RefCoalescer::new(max_waiters);
+    let mut released: Vec<u32> = Vec::new();
+    let mut joined: Vec<bool> = Vec::new();
+    let mut step = 0usize;
+
+    let poll = |real: &mut RefreshCoalescer<u64>,
+                model: &mut RefCoalescer,
+                released: &mut Vec<u32>,
+                step: usize|
+     -> Result<bool, Divergence> {
+        let got = real
+            .poll_release()
+            .map(|r| (r.waiter, r.generation.get(), r.ok));
+        let want = model.poll();
+        if got != want {
+            return Err(format!(
+                "step {step}: poll_release {got:?}, expected {want:?}"
+            ));
+        }
+        if let Some((serial, _, _)) = got {
+            match released.get_mut(serial as usize) {
+                Some(n) => *n = n.saturating_add(1),
+                None => return Err(format!("step {step}: released unknown waiter {serial}")),
+            }
+        }
+        Ok(got.is_some())
+    };
+
+    while !c.is_empty() {
+        step += 1;
+        match c.below(4) {
+            0 => {
+                let serial = joined.len() as u64;
+                let got = real.handle_refresh_needed(serial);
+                let want = model.need(serial);
+                if !need_matches(&got, want) {
+                    return Err(format!("step {step}: need {got:?}, expected {want:?}"));
+                }
+                if let CoalesceAction::Full(w) = got
+                    && w != serial
+                {
+                    return Err(format!("step {step}: Full handed back {w}, not {serial}"));
+                }
+                joined.push(!matches!(want, NeedAnswer::Full));
+                released.push(0);
+            }
+            1 => {
+                let g = pick_generation(&mut c, model.running(), model.starts());
+                let ok = c.bool();
+                let before = real.clone();
+                let got = real.handle_refreshed(Generation::from_raw(g), ok);
+                let want = model.complete(g, ok);
+                if got != want {
+                    return Err(format!(
+                        "step {step}: complete({g}, {ok}) {got:?}, expected {want:?}"
+                    ));
+                }
+                if got.is_err() && real != before {
+                    return Err(format!(
+                        "step {step}: a refused completion changed the coalescer"
+                    ));
+                }
+            }
+            _ => {
+                poll(&mut real, &mut model, &mut released, step)?;
+            }
+        }
+        if real.held() != model.held() {
+            return Err(format!(
+                "step {step}: held {}, expected {}",
+                real.held(),
+                model.held()
+            ));
+        }
+        if real.held() > max_waiters {
+            return Err(format!(
+                "step {step}: holds {} > max {max_waiters}",
+                real.held()
+            ));
+        }
+        if real.in_flight().map(Generation::get) != model.running() {
+            return Err(format!(
+                "step {step}: in flight {:?}, expected {:?}",
+                real.in_flight(),
+                model.running()
+            ));
+        }
+    }
+    // Finish the running refresh and drain: every joined waiter comes out exactly once.
+    if let Some(g) = model.running() {
+        let got = real.handle_refreshed(Generation::from_raw(g), true);
+        let want = model.complete(g, true);
+        if got != want {
+            return Err(format!("final complete({g}) {got:?}, expected {want:?}"));
+        }
+    }
+    while poll(&mut real, &mut model, &mut released, step)? {}
+    check_released_once(&released, &joined)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calls sharing one coalescer and one scripted budget.
+// ---------------------------------------------------------------------------------------------
+
+/// What a call told the budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BudgetEvent {
+    Request,
+    Failure,
+    Success,
+    Withdraw,
+}
+
+/// A budget that answers withdrawals from a script and logs every event, so the reference can
+/// check exactly what the call reported.
+#[derive(Debug, Default)]
+struct ScriptedBudget {
+    answers: Vec<bool>,
+    asked: usize,
+    log: Vec<BudgetEvent>,
+}
+
+impl ScriptedBudget {
+    fn answer(&self, n: usize) -> bool {
+        self.answers.get(n).copied().unwrap_or(true)
+    }
+}
+
+impl RetryBudget for ScriptedBudget {
+    fn handle_request(&mut self, _now: Instant) {
+        self.log.push(BudgetEvent::Request);
+    }
+    fn handle_failure(&mut self, _now: Instant) {
+        self.log.push(BudgetEvent::Failure);
+    }
+    fn handle_success(&mut self, _now: Instant) {
+        self.log.push(BudgetEvent::Success);
+    }
+    fn try_withdraw(&mut self, _now: Instant) -> bool {
+        self.log.push(BudgetEvent::Withdraw);
+        let a = self.answer(self.asked);
+        self.asked = self.asked.saturating_add(1);
+        a
+    }
+    fn can_retry(&self, _now: Instant) -> bool {
+        self.answer(self.asked)
+    }
+}
+
+/// What the reference expects a call to answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Want {
+    Send,
+    Refresh,
+    Retry,
+    Surface(SurfaceReason),
+    Complete,
+    Nothing,
+}
+
+fn want_of(a: &CallAction) -> Want {
+    match a {
+        CallAction::Send => Want::Send,
+        CallAction::Refresh => Want::Refresh,
+        CallAction::Retry { .. } => Want::Retry,
+        CallAction::Surface { reason } => Want::Surface(*reason),
+        CallAction::Complete => Want::Complete,
+        _ => Want::Nothing,
+    }
+}
+
+/// The naive call: the list of everything it emitted, re-read for every question.
+#[derive(Debug, Default)]
+struct RefCall {
+    emitted: Vec<Want>,
+    /// Whether the last accepted error was safe to retry.
+    last_error_not_executed: bool,
+}
+
+impl RefCall {
+    fn last(&self) -> Option<Want> {
+        self.emitted.last().copied()
+    }
+    fn awaiting_result(&self) -> bool {
+        matches!(self.last(), Some(Want::Send | Want::Retry))
+    }
+    fn awaiting_refresh(&self) -> bool {
+        self.last() == Some(Want::Refresh)
+    }
+    fn retries(&self) -> u64 {
+        self.emitted.iter().filter(|w| **w == Want::Retry).count() as u64
+    }
+    fn sends(&self) -> u64 {
+        self.emitted
+            .iter()
+            .filter(|w| matches!(w, Want::Send | Want::Retry))
+            .count() as u64
+    }
+    fn finished(&self) -> usize {
+        self.emitted
+            .iter()
+            .filter(|w| matches!(w, Want::Surface(_) | Want::Complete))
+            .count()
+    }
+}
+
+struct Calls {
+    max_retries: u32,
+    backoff: bool,
+    now: Instant,
+    calls: Vec<Call>,
+    refs: Vec<RefCall>,
+    budget: ScriptedBudget,
+    budget_want: Vec<BudgetEvent>,
+    withdrawals_wanted: usize,
+    coal: RefreshCoalescer<(usize, u64)>,
+    coal_ref: RefCoalescer,
+    rng: SplitMix64,
+    serial: u64,
+    joined: Vec<bool>,
+    released: Vec<u32>,
+    /// Per call: whether the error behind its current refresh was classified `Never`.
+    machine_last_never: Vec<bool>,
+    step: usize,
+}
+
+impl Calls {
+    /// The reference's retry decision after an error of the given safety.
+    fn decide(&mut self, i: usize, not_executed: bool) -> Want {
+        let Some(r) = self.refs.get(i) else {
+            return Want::Nothing;
+        };
+        if !not_executed {
+            return Want::Surface(SurfaceReason::ClassifiedNever);
+        }
+        if r.retries() >= u64::from(self.max_retries) {
+            return Want::Surface(SurfaceReason::RetriesExhausted);
+        }
+        self.budget_want.push(BudgetEvent::Withdraw);
+        let yes = self.budget.answer(self.withdrawals_wanted);
+        self.withdrawals_wanted += 1;
+        if yes {
+            Want::Retry
+        } else {
+            Want::Surface(SurfaceReason::BudgetEmpty)
+        }
+    }
+
+    /// Compares the machine's answer with the reference's, checks the invariants, and acts on
+    /// it (a `Refresh` goes to the coalescer at once).
+    fn settle(
+        &mut self,
+        i: usize,
+        got: CallAction,
+        want: Want,
+        what: &str,
+    ) -> Result<(), Divergence> {
+        let step = self.step;
+        if want_of(&got) != want {
+            return Err(format!(
+                "step {step}: call {i} {what}: {got:?}, expected {want:?}"
+            ));
+        }
+        if let CallAction::Retry { after } = got {
+            let ok = if self.backoff {
+                // Fluss retriable-write backoff: 100 ms ± 20 % growing to 1 s, jitter included.
+                after >= Duration::from_millis(80) && after <= Duration::from_secs(1)
+            } else {
+                after == Duration::ZERO
+            };
+            if !ok {
+                return Err(format!("step {step}: call {i} retry after {after:?}"));
+            }
+            if self.machine_last_never.get(i).copied().unwrap_or(false) {
+                return Err(format!(
+                    "step {step}: call {i} retried an error classified Never"
+                ));
+            }
+        }
+        if self.budget.log != self.budget_want {
+            return Err(format!(
+                "step {step}: call {i} {what}: budget saw {:?}, expected {:?}",
+                self.budget.log, self.budget_want
+            ));
+        }
+        let (Some(call), Some(r)) = (self.calls.get(i), self.refs.get_mut(i)) else {
+            return Ok(());
+        };
+        if want != Want::Nothing {
+            r.emitted.push(want);
+        }
+        if r.finished() > 1 {
+            return Err(format!("step {step}: call {i} completed twice"));
+        }
+        if r.sends() > 1 + u64::from(self.max_retries) {
+            return Err(format!("step {step}: call {i} sent {} times", r.sends()));
+        }
+        if call.sends() != r.sends() || u64::from(call.retries()) != r.retries() {
+            return Err(format!(
+                "step {step}: call {i} reports {} sends / {} retries, expected {} / {}",
+                call.sends(),
+                call.retries(),
+                r.sends(),
+                r.retries()
+            ));
+        }
+        if call.is_terminal() != (r.finished() == 1) {
+            return Err(format!(
+                "step {step}: call {i} terminal {}",
+                call.is_terminal()
+            ));
+        }
+        if got == CallAction::Refresh {
+            self.join_coalescer(i)?;
+        }
+        Ok(())
+    }
+
+    fn join_coalescer(&mut self, i: usize) -> Result<(), Divergence> {
+        let serial = self.serial;
+        self.serial += 1;
+        let got = self.coal.handle_refresh_needed((i, serial));
+        let want = self.coal_ref.need(serial);
+        if !need_matches(&got, want) {
+            return Err(format!(
+                "step {}: need {got:?}, expected {want:?}",
+                self.step
+            ));
+        }
+        self.joined.push(want != NeedAnswer::Full);
+        self.released.push(0);
+        if let CoalesceAction::Full(_) = got {
+            // A full coalescer counts as a failed refresh for that call.
+            self.refreshed(i, false, "refreshed (coalescer full)")?;
+        }
+        Ok(())
+    }
+
+    fn refreshed(&mut self, i: usize, ok: bool, what: &str) -> Result<(), Divergence> {
+        let want = match self.refs.get(i) {
+            Some(r) if r.awaiting_refresh() => {
+                let ne = r.last_error_not_executed;
+                self.decide(i, ne)
+            }
+            _ => Want::Nothing,
+        };
+        let Some(call) = self.calls.get_mut(i) else {
+            return Ok(());
+        };
+        let got = call.handle_refreshed(self.now, ok, &mut self.budget, &mut self.rng);
+        self.settle(i, got, want, what)
+    }
+
+    fn poll(&mut self) -> Result<bool, Divergence> {
+        let got = self.coal.poll_release();
+        let want = self.coal_ref.poll();
+        let got_flat = got.map(|r| (r.waiter.1, r.generation.get(), r.ok));
+        if got_flat != want {
+            return Err(format!(
+                "step {}: poll_release {got_flat:?}, expected {want:?}",
+                self.step
+            ));
+        }
+        let Some(r) = got else { return Ok(false) };
+        match self.released.get_mut(r.waiter.1 as usize) {
+            Some(n) => *n = n.saturating_add(1),
+            None => return Err(format!("step {}: unknown waiter released", self.step)),
+        }
+        self.refreshed(r.waiter.0, r.ok, "released")?;
+        Ok(true)
+    }
+}
+
+/// Several calls sharing one coalescer and one budget, with random classifications, refresh
+/// results, late and out-of-order inputs: never two completions, never more than
+/// `1 + max_auto_retries` sends, never an automatic retry of an error classified `Never`,
+/// exactly the budget events the specification asks for, one refresh per generation, and
+/// every joined call released exactly once.
+pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
+    let mut c = Cursor::new(data);
+    let n = 1 + usize::from(c.below(8));
+    let max_retries = match c.below(4) {
+        0 => 0,
+        1 => 1,
+        2 => c.small_or_extreme_u32(),
+        _ => u32::from(c.below(4)),
+    };
+    let backoff = c.below(4) == 0;
+    let max_waiters = 1 + usize::from(c.below(10));
+    let mut cfg = CallConfig::default().with_max_auto_retries(max_retries);
+    if backoff {
+        cfg = cfg.with_backoff(BackoffConfig::fluss_retriable_write());
+    }
+    let Ok(coal_cfg) = CoalescerConfig::new(max_waiters) else {
+        return Err(format!("max_waiters {max_waiters} refused"));
+    };
+    let mut s = Calls {
+        max_retries,
+        backoff,
+        now: Instant::ZERO,
+        calls: (0..n).map(|_| Call::new(&cfg)).collect(),
+        refs: (0..n).map(|_| RefCall::default()).collect(),
+        budget: ScriptedBudget::default(),
+        budget_want: Vec::new(),
+        withdrawals_wanted: 0,
+        coal: RefreshCoalescer::new(coal_cfg),
+        coal_ref: RefCoalescer::new(max_waiters),
+        rng: SplitMix64::new(c.u64()),
+        serial: 0,
+        joined: Vec::new(),
+        released: Vec::new(),
+        machine_last_never: (0..n).map(|_| false).collect(),
+        step: 0,
+    };
+
+    while !c.is_empty() {
+        s.step += 1;
+        // Most inputs go to a live call; one index in nine is past the end (ignored).
+        let i = usize::from(c.below(9)) % (n + 1);
+        match c.below(10) {
+            0 => s.now = c.time_step(s.now),
+            1 => {
+                let want = match s.refs.get(i) {
+                    Some(r) if r.emitted.is_empty() => {
+                        s.budget_want.push(BudgetEvent::Request);
+                        Want::Send
+                    }
+                    _ => Want::Nothing,
+                };
+                let Some(call) = s.calls.get_mut(i) else {
+                    continue;
+                };
+                let got = call.start(s.now, &mut s.budget);
+                s.settle(i, got, want, "start")?;
+            }
+            2 | 3 => {
+                let refresh = c.bool();
+                let retry = if c.bool() {
+                    RetrySafety::NotExecuted
+                } else {
+                    RetrySafety::Never
+                };
+                let class = ErrorClass::new(refresh, retry);
+                let ne = retry == RetrySafety::NotExecuted;
+                let want = match s.refs.get_mut(i) {
+                    Some(r) if r.awaiting_result() => {
+                        r.last_error_not_executed = ne;
+                        if ne {
+                            s.budget_want.push(BudgetEvent::Failure);
+                        }
+                        if refresh {
+                            Want::Refresh
+                        } else {
+                            s.decide(i, ne)
+                        }
+                    }
+                    _ => Want::Nothing,
+                };
+                let Some(call) = s.calls.get_mut(i) else {
+                    continue;
+                };
+                let got = call.handle_error(s.now, class, &mut s.budget, &mut s.rng);
+                if got != CallAction::None
+                    && let Some(m) = s.machine_last_never.get_mut(i)
+                {
+                    *m = !ne;
+                }
+                s.settle(i, got, want, "error")?;
+            }
+            4 => {
+                let want = match s.refs.get(i) {
+                    Some(r) if r.awaiting_result() => {
+                        s.budget_want.push(BudgetEvent::Success);
+                        Want::Complete
+                    }
+                    _ => Want::Nothing,
+                };
+                let Some(call) = s.calls.get_mut(i) else {
+                    continue;
+                };
+                let got = call.handle_success(s.now, &mut s.budget);
+                s.settle(i, got, want, "success")?;
+            }
+            5 => {
+                // A refresh result delivered straight to a call, bypassing the coalescer:
+                // late or out of order unless the call awaits one.
+                let ok = c.bool();
+                s.refreshed(i, ok, "refreshed (direct)")?;
+            }
+            6 => {
+                let g = pick_generation(&mut c, s.coal_ref.running(), s.coal_ref.starts());
+                let ok = c.bool();
+                let got = s.coal.handle_refreshed(Generation::from_raw(g), ok);
+                let want = s.coal_ref.complete(g, ok);
+                if got != want {
+                    return Err(format!(
+                        "step {}: complete({g}) {got:?}, expected {want:?}",
+                        s.step
+                    ));
+                }
+            }
+            7 => {
+                let a = c.bool();
+                s.budget.answers.push(a);
+            }
+            _ => {
+                s.poll()?;
+            }
+        }
+    }
+    if let Some(g) = s.coal_ref.running() {
+        let got = s.coal.handle_refreshed(Generation::from_raw(g), true);
+        let want = s.coal_ref.complete(g, true);
+        if got != want {
+            return Err(format!("final complete({g}) {got:?}, expected {want:?}"));
+        }
+    }
+    while s.poll()? {}
+    check_released_once(&s.released, &s.joined)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Budgets against a recount of their whole history.
+// ---------------------------------------------------------------------------------------------
+
+/// gRPC throttle recounted: replay every failure and success from a full bucket.
+fn grpc_recount(max_milli: i64, ratio_milli: i64, history: &[bool]) -> i64 {
+    let mut tokens = max_milli;
+    for &success in history {
+        tokens = if success {
+            core::cmp::min(max_milli, tokens + ratio_milli)
+        } else {
+            core::cmp::max(0, tokens - 1000)
+        };
+    }
+    tokens
+}
+
+/// Finagle budget recounted: the reserve plus every event whose second is within the TTL.
+fn finagle_recount(reserve: i128, ttl_secs: u64, now_sec: u64, events: &[(u64, i128)]) -> i128 {
+    reserve
+        + events
+            .iter()
+            .filter(|(s, _)| u128::from(*s) + u128::from(ttl_secs) > u128::from(now_sec))
+            .map(|(_, a)| *a)
+            .sum::<i128>()
+}
+
+fn budget_time(c: &mut Cursor<'_>, now: Instant) -> Instant {
+    // Finagle thinks in seconds: mix small steps with whole-second and TTL-sized leaps.
+    match c.below(4) {
+        0 => now + Duration::from_secs(u64::from(c.below(70))),
+        _ => c.time_step(now),
+    }
+}
+
+/// Both retry budgets against a naive recount, including configuration validation.
+pub fn check_budget(data: &[u8]) -> Result<(), Divergence> {
+    let mut c = Cursor::new(data);
+    if c.bool() {
+        check_grpc(&mut c)
+    } else {
+        check_finagle(&mut c)
+    }
+}
+
+fn check_grpc(c: &mut Cursor<'_>) -> Result<(), Divergence> {
+    let max_tokens = match c.below(4) {
+        0 => c.small_or_extreme_u32(),
+        1 => u32::from(c.u16() % 1_100),
+        _ => 1 + u32::from(c.below(12)),
+    };
+    let ratio = match c.below(4) {
+        0 => c.small_or_extreme_u32(),
+        _ => u32::from(c.u16() % 2_000),
+    };
+    let valid = (1..=1_000).contains(&max_tokens) && ratio >= 1;
+    let cfg = GrpcThrottleConfig::new(max_tokens, ratio);
+    if cfg.is_ok() != valid {
+        return Err(format!(
+            "grpc config ({max_tokens}, {ratio}): {cfg:?}, valid = {valid}"
+        ));
+    }
+    let (max_milli, ratio_milli) = if valid {
+        (i64::from(max_tokens) * 1000, i64::from(ratio))
+    } else {
+        (10_000, 100)
+    };
+    let mut real = GrpcThrottle::new(cfg.unwrap_or_default());
+    let mut history: Vec<bool> = Vec::new();
+    let mut now = Instant::ZERO;
+    let mut step = 0usize;
+    while !c.is_empty() {
+        step += 1;
+        let tokens = grpc_recount(max_milli, ratio_milli, &history);
+        let allowed = 2 * tokens > max_milli;
+        match c.below(6) {
+            0 => now = c.time_step(now),
+            1 => real.handle_request(now),
+            2 => {
+                real.handle_failure(now);
+                history.push(false);
+            }
+            3 => {
+                real.handle_success(now);
+                history.push(true);
+            }
+            4 => {
+                let got = real.try_withdraw(now);
+                if got != allowed {
+                    return Err(format!(
+                        "step {step}: grpc withdraw {got} at {tokens} milli-tokens"
+                    ));
+                }
+            }
+            _ => {
+                if real.can_retry(now) != allowed {
+                    return Err(format!(
+                        "step {step}: grpc can_retry at {tokens} milli-tokens"
+                    ));
+                }
+            }
+        }
+        let want = grpc_recount(max_milli, ratio_milli, &history);
+        if i64::from(real.milli_tokens()) != want {
+            return Err(format!(
+                "step {step}: grpc holds {} milli-tokens, recount {want}",
+                real.milli_tokens()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
+    let ttl = match c.below(8) {
+        0 => c.duration(),
+        1 => Duration::from_secs(u64::from(c.below(64))),
+        2 => Duration::from_millis(u64::from(c.u16())),
+        _ => Duration::from_secs(1 + u64::from(c.below(12))),
+    };
+    let min_per_sec = match c.below(4) {
+        0 => c.small_or_extreme_u32(),
+        _ => u32::from(c.below(12)),
+    };
+    let percent_ppm = match c.below(6) {
+        0 => c.u32(),
+        1 => 0,
+        2 => 1_000_000_000,
+        3 => c.u32() % 2_000_000,
+        _ => 200_000,
+    };
+    let valid = ttl.subsec_nanos() == 0
+        && ttl.as_secs() >= 1
+        && ttl.as_secs() <= 60
+        && percent_ppm <= 1_000_000_000;
+    let cfg = FinagleBudgetConfig::new(ttl, min_per_sec, percent_ppm);
+    if cfg.is_ok() != valid {
+        return Err(format!(
+            "finagle config ({ttl:?}, {min_per_sec}, {percent_ppm}): {cfg:?}, valid = {valid}"
+        ));
+    }
+    let (ttl_secs, min_per_sec, percent_ppm) = if valid {
+        (ttl.as_secs(), min_per_sec, percent_ppm)
+    } else {
+        (10, 10, 200_000)
+    };
+    let mut real = FinagleBudget::new(cfg.unwrap_or_default());
+    let reserve = i128::from(min_per_sec) * i128::from(ttl_secs) * 1_000_000;
+    let mut events: Vec<(u64, i128)> = Vec::new();
+    let mut latest = Instant::ZERO;
+    let mut now = Instant::ZERO;
+    let mut step = 0usize;
+    while !c.is_empty() {
+        step += 1;
+        now = budget_time(c, now);
+        // The reference's own clamp: time never runs backwards.
+        let effective = core::cmp::max(now, latest);
+        let sec = effective.as_nanos() / 1_000_000_000;
+        let balance = finagle_recount(reserve, ttl_secs, sec, &events);
+        match c.below(6) {
+            0 => {
+                real.handle_request(now);
+                latest = effective;
+                if percent_ppm > 0 {
+                    events.push((sec, i128::from(percent_ppm)));
+                }
+            }
+            1 => {
+                let got = real.try_withdraw(now);
+                latest = effective;
+                let want = balance >= 1_000_000;
+                if got != want {
+                    return Err(format!(
+                        "step {step}: finagle withdraw {got} at balance {balance}"
+                    ));
+                }
+                if want {
+                    events.push((sec, -1_000_000));
+                }
+            }
+            2 => {
+                if c.bool() {
+                    real.handle_failure(now);
+                } else {
+                    real.handle_success(now);
+                }
+                latest = effective;
+            }
+            3 => {
+                if real.can_retry(now) != (balance >= 1_000_000) {
+                    return Err(format!(
+                        "step {step}: finagle can_retry at balance {balance}"
+                    ));
+                }
+            }
+            _ => {
+                let want = if balance <= 0 { 0 } else { balance / 1_000_000 };
+                if i128::from(real.balance(now)) != want {
+                    return Err(format!(
+                        "step {step}: finagle balance {} retries, recount {want}",
+                        real.balance(now)
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_and_short_inputs_pass() {
+        assert_eq!(check(&[]), Ok(()));
+        assert_eq!(check(&[0xFF; 64]), Ok(()));
+        assert_eq!(check(&[0x00; 64]), Ok(()));
+    }
+}
