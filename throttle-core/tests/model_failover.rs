@@ -38,6 +38,7 @@ proptest! {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // five 300..4096-byte runs: minutes under miri
 fn deterministic_byte_patterns_pass_every_checker() {
     // Fixed inputs that reach the interesting corners quickly: repeated needs (coalescer
     // full), a stream of errors with refreshes, and long runs of one op.
