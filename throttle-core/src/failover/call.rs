@@ -75,6 +75,7 @@ pub enum SurfaceReason {
 /// What the caller does next for a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "a call's next step must be carried out (or it never finishes)"]
 pub enum CallAction {
     /// Send the request, then report its outcome with `handle_success` or `handle_error`.
     Send,
@@ -360,7 +361,7 @@ mod tests {
             refresh_ok: bool,
         ) {
             let mut a = self.call.start(T, budget);
-            self.act(a);
+            let _ = self.act(a);
             let mut outs = outcomes.iter();
             loop {
                 a = match a {
@@ -378,7 +379,7 @@ mod tests {
                     }
                     _ => break,
                 };
-                self.act(a);
+                let _ = self.act(a);
             }
         }
     }
@@ -547,13 +548,13 @@ mod tests {
             assert_eq!(*call, before, "late inputs change nothing");
         };
         let mut ok = Call::new(&CallConfig::default());
-        ok.start(T, b);
+        assert_eq!(ok.start(T, b), CallAction::Send);
         assert_eq!(ok.handle_success(T, b), CallAction::Complete);
         late(&mut ok, b, r);
         assert!(ok.is_terminal());
 
         let mut failed = Call::new(&CallConfig::default());
-        failed.start(T, b);
+        assert_eq!(failed.start(T, b), CallAction::Send);
         assert_eq!(
             failed.handle_error(T, ErrorClass::SURFACE, b, r),
             CallAction::Surface {
@@ -573,7 +574,7 @@ mod tests {
         let mut call = Call::new(&CallConfig::default());
         assert_eq!(call.handle_success(T, b), CallAction::None, "not started");
         assert_eq!(call.handle_refreshed(T, true, b, r), CallAction::None);
-        call.start(T, b);
+        assert_eq!(call.start(T, b), CallAction::Send);
         assert_eq!(
             call.handle_refreshed(T, true, b, r),
             CallAction::None,
@@ -605,7 +606,7 @@ mod tests {
     fn never_is_not_retried_even_with_retries_and_budget_left() {
         let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
         let mut call = Call::new(&CallConfig::default().with_max_auto_retries(u32::MAX));
-        call.start(T, b);
+        assert_eq!(call.start(T, b), CallAction::Send);
         assert_eq!(
             call.handle_error(T, ErrorClass::new(false, RetrySafety::Never), b, r),
             CallAction::Surface {
@@ -624,7 +625,7 @@ mod tests {
         }
         let r = &mut SplitMix64::new(1);
         let mut call = Call::new(&CallConfig::default());
-        call.start(T, &mut budget);
+        assert_eq!(call.start(T, &mut budget), CallAction::Send);
         assert_eq!(
             call.handle_error(T, ErrorClass::REFRESH_AND_RETRY, &mut budget, r),
             CallAction::Refresh
@@ -638,7 +639,7 @@ mod tests {
         );
         // A success earns 0.1 token: 5.1 > 5, retries resume for the next call.
         let mut next = Call::new(&CallConfig::default());
-        next.start(T, &mut budget);
+        assert_eq!(next.start(T, &mut budget), CallAction::Send);
         assert_eq!(next.handle_success(T, &mut budget), CallAction::Complete);
         assert_eq!(budget.milli_tokens(), 5_100);
         assert!(budget.can_retry(T));
@@ -651,7 +652,7 @@ mod tests {
         let mut budget = FinagleBudget::new(cfg);
         let r = &mut SplitMix64::new(1);
         let mut first = Call::new(&CallConfig::default());
-        first.start(T, &mut budget);
+        assert_eq!(first.start(T, &mut budget), CallAction::Send);
         assert_eq!(
             first.handle_error(T, ErrorClass::RETRY, &mut budget, r),
             CallAction::Retry {
@@ -659,7 +660,7 @@ mod tests {
             }
         );
         let mut second = Call::new(&CallConfig::default());
-        second.start(T, &mut budget);
+        assert_eq!(second.start(T, &mut budget), CallAction::Send);
         assert_eq!(
             second.handle_error(T, ErrorClass::RETRY, &mut budget, r),
             CallAction::Surface {
@@ -669,7 +670,7 @@ mod tests {
         // A second later the withdrawal has expired and the floor allows one again.
         let later = Instant::from_millis(1_000);
         let mut third = Call::new(&CallConfig::default());
-        third.start(later, &mut budget);
+        assert_eq!(third.start(later, &mut budget), CallAction::Send);
         assert!(matches!(
             third.handle_error(later, ErrorClass::RETRY, &mut budget, r),
             CallAction::Retry { .. }
@@ -682,8 +683,11 @@ mod tests {
         let cfg = CallConfig::default().with_backoff(BackoffConfig::fluss_retriable_write());
         let (b, r) = (&mut Unlimited, &mut SplitMix64::new(9));
         let mut call = Call::new(&cfg);
-        call.start(T, b);
-        call.handle_error(T, ErrorClass::REFRESH_AND_RETRY, b, r);
+        assert_eq!(call.start(T, b), CallAction::Send);
+        assert_eq!(
+            call.handle_error(T, ErrorClass::REFRESH_AND_RETRY, b, r),
+            CallAction::Refresh
+        );
         match call.handle_refreshed(T, true, b, r) {
             CallAction::Retry { after } => {
                 assert!(
@@ -693,6 +697,46 @@ mod tests {
             }
             other => panic!("expected a retry, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn backoff_total_budget_surfaces_with_backoff_exhausted() {
+        // 100 ms fixed delays under a 150 ms hard total: the second retry's delay is refused.
+        let backoff = BackoffConfig::builder()
+            .initial(Duration::from_millis(100))
+            .max(Duration::from_millis(100))
+            .jitter(crate::backoff::Jitter::None)
+            .total_budget(Some(Duration::from_millis(150)))
+            .build()
+            .unwrap();
+        let cfg = CallConfig::default()
+            .with_max_auto_retries(5)
+            .with_backoff(backoff);
+        let (b, r) = (
+            &mut crate::failover::GrpcThrottle::default(),
+            &mut SplitMix64::new(2),
+        );
+        let mut call = Call::new(&cfg);
+        assert_eq!(call.start(T, b), CallAction::Send);
+        assert_eq!(
+            call.handle_error(T, ErrorClass::RETRY, b, r),
+            CallAction::Retry {
+                after: Duration::from_millis(100)
+            }
+        );
+        let tokens = b.milli_tokens();
+        assert_eq!(
+            call.handle_error(T, ErrorClass::RETRY, b, r),
+            CallAction::Surface {
+                reason: SurfaceReason::BackoffExhausted
+            }
+        );
+        assert!(b.can_retry(T));
+        assert_eq!(
+            b.milli_tokens(),
+            tokens - 1_000,
+            "only the failure's token: no withdrawal wasted"
+        );
     }
 
     #[test]
@@ -721,7 +765,7 @@ mod tests {
         // A retry counter at its ceiling saturates instead of wrapping.
         let mut c = Call::new(&CallConfig::default().with_max_auto_retries(u32::MAX));
         c.retries = u32::MAX - 1;
-        c.start(Instant::ZERO, &mut Unlimited);
+        assert_eq!(c.start(Instant::ZERO, &mut Unlimited), CallAction::Send);
         assert!(matches!(
             c.handle_error(Instant::ZERO, ErrorClass::RETRY, &mut Unlimited, r),
             CallAction::Retry { .. }

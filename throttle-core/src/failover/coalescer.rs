@@ -61,6 +61,7 @@ impl CoalescerConfig {
 /// What to do after asking the coalescer for a refresh.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "a started refresh must be run and completed, and a handed-back waiter resumed"]
 pub enum CoalesceAction<W> {
     /// No refresh was running: start one, and report its end with this generation. The
     /// waiter is held and released when it ends.
@@ -243,13 +244,19 @@ mod tests {
             c.handle_refreshed(Generation(0), true),
             Err(GenerationError::Unknown)
         );
-        c.handle_refresh_needed('a');
+        assert_eq!(
+            c.handle_refresh_needed('a'),
+            CoalesceAction::Start(Generation(0))
+        );
         assert_eq!(
             c.handle_refreshed(Generation(u64::MAX), true),
             Err(GenerationError::Unknown)
         );
         assert_eq!(c.handle_refreshed(Generation(0), true), Ok(1));
-        c.handle_refresh_needed('b');
+        assert_eq!(
+            c.handle_refresh_needed('b'),
+            CoalesceAction::Start(Generation(1))
+        );
         let before = c.clone();
         assert_eq!(
             c.handle_refreshed(Generation(0), true),
@@ -272,8 +279,14 @@ mod tests {
     #[test]
     fn a_full_coalescer_hands_the_waiter_back() {
         let mut c = RefreshCoalescer::new(CoalescerConfig::new(2).unwrap());
-        c.handle_refresh_needed(1u8);
-        c.handle_refresh_needed(2);
+        assert_eq!(
+            c.handle_refresh_needed(1u8),
+            CoalesceAction::Start(Generation(0))
+        );
+        assert_eq!(
+            c.handle_refresh_needed(2),
+            CoalesceAction::Join(Generation(0))
+        );
         assert_eq!(c.handle_refresh_needed(3), CoalesceAction::Full(3));
         c.handle_refreshed(Generation(0), true).unwrap();
         // Released but unpolled waiters still count against the bound.
