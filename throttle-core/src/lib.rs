@@ -20,6 +20,7 @@ pub mod error;
 pub mod pending_bytes;
 pub mod rng;
 pub mod time;
+pub mod write_gate;
 
 #[cfg(feature = "model")]
 pub mod model;
@@ -33,3 +34,4 @@ pub use error::{ConfigError, ReleaseError};
 pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;
 pub use time::Instant;
+pub use write_gate::{GateAction, GateState, Reason, WriteGate, WriteGateConfig};
