@@ -222,7 +222,7 @@ impl Reference {
 
     fn shutdown(&mut self) -> Option<u64> {
         let now = self.last;
-        let gated = (0..=u8::MAX).any(|b| self.remaining(b, now) > 0);
+        let gated = (0..BUCKETS).any(|b| self.remaining(b, now) > 0);
         self.records.clear();
         self.armed.clear();
         self.used.clear();
@@ -278,7 +278,7 @@ impl Reference {
 
     fn poll_timeout(&self) -> Option<u64> {
         let mut earliest: Option<u64> = None;
-        for b in 0..=u8::MAX {
+        for b in 0..BUCKETS {
             if self.is_unknown(b) {
                 continue;
             }
@@ -296,7 +296,7 @@ impl Reference {
     }
 
     fn len(&self) -> usize {
-        (0..=u8::MAX)
+        (0..BUCKETS)
             .filter(|&b| {
                 self.is_unknown(b)
                     || self.records.iter().any(|r| r.bucket == b)

@@ -685,7 +685,7 @@ where
     fn maybe_shrink(&mut self) {
         let len = self.slots.len();
         let target = len.saturating_mul(2);
-        if self.index.capacity() > 0 && len < self.index.capacity() / 4 || len == 0 {
+        if len == 0 || len < self.index.capacity() / 4 {
             self.index.shrink_to(target);
         }
         if len < self.slots.capacity() / 4 || len == 0 {
@@ -1283,12 +1283,13 @@ mod tests {
     #[test]
     fn handle_timeout_evicts_expired_gates_and_empties_the_maps() {
         let mut g = gate();
-        for b in 0..1_000u32 {
-            install(&mut g, at(0), b, DISK, ms(1 + u64::from(b % 97)));
+        let n = if cfg!(miri) { 40 } else { 1_000u32 };
+        for b in 0..n {
+            install(&mut g, at(0), b, DISK, ms(1 + u64::from(b * 7 % 97)));
         }
         let cap = g.index.capacity();
         g.handle_timeout(at(50));
-        assert!(g.len() < 1_000 && !g.is_empty());
+        assert!(g.len() < n as usize && !g.is_empty());
         assert!(
             g.poll_timeout().is_some_and(|t| t > at(50)),
             "no expired gate survives"
