@@ -388,7 +388,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let seed = c.u64();
     let disk = cfg.disk_write_locked.clone();
     let retriable = cfg.retriable_write.clone();
-    let curve = cfg.kv_curve.clone();
+    let curve = cfg.kv_curve;
     let mut gate: WriteGate<u8, Fnv> = WriteGate::new(cfg);
     let mut gate_rng = SplitMix64::new(seed);
     let mut ref_rng = SplitMix64::new(seed);
