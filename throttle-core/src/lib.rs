@@ -21,6 +21,7 @@ pub mod failover;
 pub mod pending_bytes;
 pub mod rng;
 pub mod time;
+pub mod write_gate;
 
 #[cfg(feature = "model")]
 pub mod model;
@@ -35,3 +36,4 @@ pub use failover::{Call, CallAction, CallConfig, ErrorClass, RefreshCoalescer, R
 pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;
 pub use time::Instant;
+pub use write_gate::{GateAction, GateState, Reason, WriteGate, WriteGateConfig};

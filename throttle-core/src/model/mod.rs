@@ -19,6 +19,7 @@ pub mod conn_key;
 pub mod dispatch_window;
 pub mod failover;
 pub mod pending_bytes;
+pub mod write_gate;
 
 /// A disagreement between a machine and its reference model, described for a human.
 pub type Divergence = String;

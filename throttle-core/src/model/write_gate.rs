@@ -1,0 +1,597 @@
+//! Model checker for [`WriteGate`]: random installs of every reason, KV signals, leader
+//! events, probe sends and successes, time running back and forth, `handle_timeout` and
+//! shutdown over a few `u8` buckets, against a naive reference.
+//!
+//! The reference is a list of `(bucket, reason, deadline)` records plus lists of unknown
+//! leaders, armed probes and probe counters, answered by scanning. It shares no code with the
+//! gate: jittered delays come from `BackoffConfig::delay_for` on a second, identically seeded
+//! generator (the backoff module, not the code under test), KV delays from `ThrottleCurve`.
+//!
+//! After every operation it compares: install results, `remaining`, `check` and `explain`
+//! for every bucket, `poll_timeout`, `len`, the `Wake` emitted (exactly when the reference
+//! says that bucket's remaining time decreased, at its new opening instant), the gate's own
+//! internal invariants, and after `handle_timeout` that no gate survives its deadline.
+
+use alloc::format;
+use alloc::vec::Vec;
+use core::hash::{BuildHasher, Hasher};
+use core::time::Duration;
+
+use super::{Cursor, Divergence};
+use crate::backpressure::{Signal, ThrottleCurve};
+use crate::rng::SplitMix64;
+use crate::time::Instant;
+use crate::write_gate::{
+    GateAction, GateError, GateState, Reason, ReasonSpec, UpdateRule, WriteGate, WriteGateConfig,
+};
+
+const BUCKETS: u8 = 5;
+
+/// FNV-1a: a fixed hasher so the checker needs no `std`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fnv;
+
+/// State of [`Fnv`].
+#[derive(Debug)]
+pub struct FnvHasher(u64);
+
+impl BuildHasher for Fnv {
+    type Hasher = FnvHasher;
+    fn build_hasher(&self) -> FnvHasher {
+        FnvHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for FnvHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+}
+
+/// What the reference knows about a reason, decoded from the same config bits as the gate's.
+#[derive(Clone, Copy, Debug)]
+struct Rule {
+    latest_wins: bool,
+    leader_scoped: bool,
+    probe: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Record {
+    bucket: u8,
+    reason: usize,
+    deadline: u64,
+}
+
+/// The naive reference: records and lists, everything found by scanning.
+#[derive(Debug, Default)]
+struct Reference {
+    rules: Vec<Rule>,
+    last: u64,
+    records: Vec<Record>,
+    unknown: Vec<u8>,
+    armed: Vec<(u8, usize)>,
+    used: Vec<(u8, u32)>,
+    shut: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    Open,
+    Closed { until: u64, reason: usize },
+    Probing { reason: usize },
+    UnknownLeader,
+}
+
+impl Reference {
+    fn observe(&mut self, now: Instant) -> u64 {
+        self.last = self.last.max(now.as_nanos());
+        self.last
+    }
+
+    fn peek(&self, now: Instant) -> u64 {
+        self.last.max(now.as_nanos())
+    }
+
+    fn is_unknown(&self, b: u8) -> bool {
+        self.unknown.contains(&b)
+    }
+
+    fn remaining(&self, b: u8, now: u64) -> u64 {
+        let mut best = 0;
+        for r in &self.records {
+            if r.bucket == b && r.deadline > now && r.deadline - now > best {
+                best = r.deadline - now;
+            }
+        }
+        best
+    }
+
+    fn touch(&mut self, b: u8, now: u64) {
+        self.records
+            .retain(|r| !(r.bucket == b && r.deadline <= now));
+    }
+
+    fn used(&self, b: u8) -> u32 {
+        self.used
+            .iter()
+            .find(|(x, _)| *x == b)
+            .map_or(0, |&(_, n)| n)
+    }
+
+    fn set_used(&mut self, b: u8, n: u32) {
+        self.used.retain(|(x, _)| *x != b);
+        self.used.push((b, n));
+    }
+
+    /// Returns (bucket remaining after, expected wake).
+    fn install(&mut self, now: u64, b: u8, reason: usize, delay: Duration) -> (u64, Option<u64>) {
+        if self.shut {
+            return (0, None);
+        }
+        let Some(rule) = self.rules.get(reason).copied() else {
+            return (0, None);
+        };
+        let delay_ns = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+        let candidate = now.saturating_add(delay_ns);
+        let pending = candidate > now;
+        self.touch(b, now);
+        let before = self.remaining(b, now);
+        if !(rule.leader_scoped && self.is_unknown(b)) {
+            let existing = self
+                .records
+                .iter()
+                .position(|r| r.bucket == b && r.reason == reason);
+            match (rule.latest_wins, pending, existing) {
+                (_, true, None) => self.records.push(Record {
+                    bucket: b,
+                    reason,
+                    deadline: candidate,
+                }),
+                (false, true, Some(i)) => {
+                    if let Some(r) = self.records.get_mut(i) {
+                        r.deadline = r.deadline.max(candidate);
+                    }
+                }
+                (true, true, Some(i)) => {
+                    if let Some(r) = self.records.get_mut(i) {
+                        r.deadline = candidate;
+                    }
+                }
+                (true, false, Some(i)) => {
+                    self.records.remove(i);
+                }
+                (_, false, _) => {}
+            }
+            if pending {
+                self.set_used(b, 0);
+                if rule.probe.is_some() && !self.armed.contains(&(b, reason)) {
+                    self.armed.push((b, reason));
+                }
+            } else if rule.latest_wins {
+                self.armed.retain(|&x| x != (b, reason));
+            }
+        }
+        let after = self.remaining(b, now);
+        (after, (after < before).then(|| now.saturating_add(after)))
+    }
+
+    fn leader(&mut self, now: u64, b: u8, known: bool) -> Option<u64> {
+        self.touch(b, now);
+        if known {
+            self.unknown.retain(|&x| x != b);
+            return None;
+        }
+        let before = self.remaining(b, now);
+        let rules = self.rules.clone();
+        let scoped = |r: usize| rules.get(r).is_some_and(|x| x.leader_scoped);
+        self.records
+            .retain(|r| !(r.bucket == b && scoped(r.reason)));
+        self.armed.retain(|&(x, r)| !(x == b && scoped(r)));
+        if !self.is_unknown(b) {
+            self.unknown.push(b);
+        }
+        let after = self.remaining(b, now);
+        (after < before).then(|| now.saturating_add(after))
+    }
+
+    fn send(&mut self, now: u64, b: u8) {
+        self.touch(b, now);
+        if self.armed.iter().any(|&(x, _)| x == b) && self.remaining(b, now) == 0 {
+            let n = self.used(b).saturating_add(1);
+            self.set_used(b, n);
+        }
+    }
+
+    fn success(&mut self, now: u64, b: u8) {
+        self.touch(b, now);
+        self.armed.retain(|&(x, _)| x != b);
+        self.set_used(b, 0);
+    }
+
+    fn timeout(&mut self, now: u64) {
+        let unknown = self.unknown.clone();
+        self.records
+            .retain(|r| r.deadline > now || unknown.contains(&r.bucket));
+    }
+
+    fn shutdown(&mut self) -> Option<u64> {
+        let now = self.last;
+        let gated = (0..BUCKETS).any(|b| self.remaining(b, now) > 0);
+        self.records.clear();
+        self.armed.clear();
+        self.used.clear();
+        self.shut = true;
+        gated.then_some(now)
+    }
+
+    fn check(&self, now: u64, b: u8) -> Expect {
+        if self.is_unknown(b) {
+            return Expect::UnknownLeader;
+        }
+        if let Some((reason, until)) = self.explain(now, b) {
+            return Expect::Closed { until, reason };
+        }
+        let mut probe: Option<(usize, u32)> = None;
+        for &(x, r) in &self.armed {
+            if x != b {
+                continue;
+            }
+            let Some(n) = self.rules.get(r).and_then(|rule| rule.probe) else {
+                continue;
+            };
+            let better = match probe {
+                None => true,
+                Some((pr, pn)) => n < pn || (n == pn && r < pr),
+            };
+            if better {
+                probe = Some((r, n));
+            }
+        }
+        match probe {
+            Some((reason, n)) if self.used(b) >= n => Expect::Probing { reason },
+            _ => Expect::Open,
+        }
+    }
+
+    fn explain(&self, now: u64, b: u8) -> Option<(usize, u64)> {
+        let mut best: Option<(usize, u64)> = None;
+        for r in &self.records {
+            if r.bucket != b || r.deadline <= now {
+                continue;
+            }
+            let better = match best {
+                None => true,
+                Some((br, bd)) => r.deadline > bd || (r.deadline == bd && r.reason < br),
+            };
+            if better {
+                best = Some((r.reason, r.deadline));
+            }
+        }
+        best
+    }
+
+    fn poll_timeout(&self) -> Option<u64> {
+        let mut earliest: Option<u64> = None;
+        for b in 0..BUCKETS {
+            if self.is_unknown(b) {
+                continue;
+            }
+            let opening = self
+                .records
+                .iter()
+                .filter(|r| r.bucket == b)
+                .map(|r| r.deadline)
+                .max();
+            if let Some(o) = opening {
+                earliest = Some(earliest.map_or(o, |e| e.min(o)));
+            }
+        }
+        earliest
+    }
+
+    fn len(&self) -> usize {
+        (0..BUCKETS)
+            .filter(|&b| {
+                self.is_unknown(b)
+                    || self.records.iter().any(|r| r.bucket == b)
+                    || self.armed.iter().any(|&(x, _)| x == b)
+            })
+            .count()
+    }
+}
+
+fn to_expect(s: GateState) -> Expect {
+    match s {
+        GateState::Open => Expect::Open,
+        GateState::Closed { until, reason } => Expect::Closed {
+            until: until.as_nanos(),
+            reason: reason.index(),
+        },
+        GateState::Probing { reason } => Expect::Probing {
+            reason: reason.index(),
+        },
+        GateState::UnknownLeader => Expect::UnknownLeader,
+    }
+}
+
+fn signal(c: &mut Cursor<'_>) -> Signal {
+    match c.u8() % 7 {
+        0 => Signal::Clear,
+        1 => Signal::Full,
+        2 => Signal::Pressure(100_000),
+        3 => Signal::Pressure(c.u32()),
+        4 => Signal::Pressure(0),
+        _ => Signal::Pressure(c.u32() % 1_000_000),
+    }
+}
+
+/// Build the gate's configuration and the reference's rules from one byte.
+fn configure(bits: u8) -> Result<(WriteGateConfig, Vec<Rule>, [Reason; 5], Reason), Divergence> {
+    let mut cfg = WriteGateConfig::default();
+    cfg.kv_curve = ThrottleCurve::fluss_landed();
+    let disk_probe = (bits & 1 != 0).then_some(1 + u32::from(bits >> 6));
+    let kv_probe = (bits & 2 != 0).then_some(2);
+    let quota_scoped = bits & 4 != 0;
+    let quota_probe = (bits & 8 != 0).then_some(1);
+    let after_probe = (bits & 16 != 0).then_some(3);
+    let err = |e| format!("config refused: {e}");
+    cfg.set_probe(Reason::DISK_WRITE_LOCKED, disk_probe)
+        .map_err(err)?;
+    cfg.set_probe(Reason::KV_BACKPRESSURE, kv_probe)
+        .map_err(err)?;
+    let quota = cfg
+        .register(
+            ReasonSpec::new("quota", UpdateRule::LatestWins)
+                .leader_scoped(quota_scoped)
+                .probe(quota_probe),
+        )
+        .map_err(err)?;
+    let retry_after = cfg
+        .register(ReasonSpec::new("retry-after", UpdateRule::NeverShorten).probe(after_probe))
+        .map_err(err)?;
+    let mut other = cfg.clone();
+    let foreign = other
+        .register(ReasonSpec::new("foreign", UpdateRule::LatestWins))
+        .map_err(err)?;
+    let rule = |latest_wins, leader_scoped, probe| Rule {
+        latest_wins,
+        leader_scoped,
+        probe,
+    };
+    let rules = alloc::vec![
+        rule(false, false, disk_probe),
+        rule(true, true, kv_probe),
+        rule(false, false, None),
+        rule(true, quota_scoped, quota_probe),
+        rule(false, false, after_probe),
+    ];
+    let handles = [
+        Reason::DISK_WRITE_LOCKED,
+        Reason::KV_BACKPRESSURE,
+        Reason::RETRIABLE_WRITE,
+        quota,
+        retry_after,
+    ];
+    Ok((cfg, rules, handles, foreign))
+}
+
+/// Decode `data` into operations, drive the gate and the reference, and compare.
+pub fn check(data: &[u8]) -> Result<(), Divergence> {
+    let mut c = Cursor::new(data);
+    let (cfg, rules, handles, foreign) = configure(c.u8())?;
+    let seed = c.u64();
+    let disk = cfg.disk_write_locked.clone();
+    let retriable = cfg.retriable_write.clone();
+    let curve = cfg.kv_curve;
+    let mut gate: WriteGate<u8, Fnv> = WriteGate::new(cfg);
+    let mut gate_rng = SplitMix64::new(seed);
+    let mut ref_rng = SplitMix64::new(seed);
+    let mut reference = Reference {
+        rules,
+        ..Reference::default()
+    };
+    let mut now = Instant::from_millis(u64::from(c.u16()));
+    let mut step = 0usize;
+    while !c.is_empty() {
+        step += 1;
+        let op = c.u8();
+        let b = c.below(BUCKETS);
+        let mut expected_wake: Option<u64> = None;
+        let mut install_result: Option<(Duration, u64)> = None;
+        let what;
+        match op % 16 {
+            0 | 1 => {
+                let attempts = c.small_or_extreme_u32();
+                what = format!("disk_write_locked(b{b}, attempts {attempts})");
+                let got = gate.handle_disk_write_locked(now, &b, attempts, &mut gate_rng);
+                let t = reference.observe(now);
+                let (want, wake) = if reference.shut {
+                    (0, None)
+                } else {
+                    let d = disk
+                        .delay_for(attempts, &mut ref_rng)
+                        .max(Duration::from_millis(1));
+                    reference.install(t, b, 0, d)
+                };
+                install_result = Some((got, want));
+                expected_wake = wake;
+            }
+            2 => {
+                let attempts = c.small_or_extreme_u32();
+                what = format!("retriable_write(b{b}, attempts {attempts})");
+                let got = gate.handle_retriable_write(now, &b, attempts, &mut gate_rng);
+                let t = reference.observe(now);
+                let (want, wake) = if reference.shut {
+                    (0, None)
+                } else {
+                    let d = retriable.delay_for(attempts, &mut ref_rng);
+                    reference.install(t, b, 2, d)
+                };
+                install_result = Some((got, want));
+                expected_wake = wake;
+            }
+            3 | 4 => {
+                let s = signal(&mut c);
+                what = format!("kv_signal(b{b}, {s:?})");
+                let got = gate.handle_kv_signal(now, &b, s);
+                let t = reference.observe(now);
+                let (want, wake) = reference.install(t, b, 1, curve.delay(s));
+                install_result = Some((got, want));
+                expected_wake = wake;
+            }
+            5 | 6 => {
+                let r = usize::from(c.below(6));
+                let d = c.duration();
+                what = format!("throttle(b{b}, reason {r}, {d:?})");
+                if let Some(&reason) = handles.get(r) {
+                    let got = gate.handle_throttle(now, &b, reason, d);
+                    let t = reference.observe(now);
+                    let (want, wake) = reference.install(t, b, r, d);
+                    let got = got.map_err(|e| format!("step {step}: {what}: {e}"))?;
+                    install_result = Some((got, want));
+                    expected_wake = wake;
+                } else {
+                    // Nothing changes, not even the clock.
+                    let got = gate.handle_throttle(now, &b, foreign, d);
+                    if got != Err(GateError::UnknownReason(foreign)) {
+                        return Err(format!("step {step}: {what}: got {got:?}, want the error"));
+                    }
+                }
+            }
+            7 => {
+                let known = c.bool();
+                what = format!("leader(b{b}, known {known})");
+                gate.handle_leader(now, &b, known);
+                let t = reference.observe(now);
+                expected_wake = reference.leader(t, b, known);
+            }
+            8 => {
+                what = format!("send(b{b})");
+                gate.handle_send(now, &b);
+                let t = reference.observe(now);
+                reference.send(t, b);
+            }
+            9 => {
+                what = format!("success(b{b})");
+                gate.handle_success(now, &b);
+                let t = reference.observe(now);
+                reference.success(t, b);
+            }
+            12 => {
+                what = format!("handle_timeout({now:?})");
+                gate.handle_timeout(now);
+                let t = reference.observe(now);
+                reference.timeout(t);
+                if let Some(p) = gate.poll_timeout()
+                    && p.as_nanos() <= t
+                {
+                    return Err(format!("step {step}: {what}: a gate at {p:?} survived"));
+                }
+            }
+            13 => {
+                what = "begin_close".into();
+                gate.begin_close();
+            }
+            15 if c.u8() < 8 => {
+                what = "shutdown".into();
+                gate.shutdown();
+                expected_wake = reference.shutdown();
+            }
+            _ => {
+                now = c.time_step(now);
+                what = format!("time -> {now:?}");
+            }
+        }
+        let fail = |m: alloc::string::String| format!("step {step}: after {what}: {m}");
+
+        if let Some((got, want)) = install_result
+            && u64::try_from(got.as_nanos()).unwrap_or(u64::MAX) != want
+        {
+            return Err(fail(format!(
+                "install returned {got:?}, reference {want} ns"
+            )));
+        }
+        let wake = gate.poll_action();
+        let want_wake = expected_wake.map(|at| GateAction::Wake {
+            at: Instant::from_nanos(at),
+        });
+        if wake != want_wake {
+            return Err(fail(format!("wake {wake:?}, reference {want_wake:?}")));
+        }
+        if let Some(extra) = gate.poll_action() {
+            return Err(fail(format!("a second action {extra:?}")));
+        }
+        gate.check_invariants().map_err(|e| fail(e.into()))?;
+        compare(&gate, &reference, now).map_err(fail)?;
+    }
+    Ok(())
+}
+
+fn compare(
+    gate: &WriteGate<u8, Fnv>,
+    reference: &Reference,
+    now: Instant,
+) -> Result<(), alloc::string::String> {
+    let t = reference.peek(now);
+    for b in 0..BUCKETS {
+        let got = gate.remaining(now, &b);
+        let want = reference.remaining(b, t);
+        if u64::try_from(got.as_nanos()).unwrap_or(u64::MAX) != want {
+            return Err(format!("remaining(b{b}) = {got:?}, reference {want} ns"));
+        }
+        let got = gate.check(now, &b);
+        let want = reference.check(t, b);
+        if to_expect(got) != want {
+            return Err(format!("check(b{b}) = {got:?}, reference {want:?}"));
+        }
+        let got = gate
+            .explain(now, &b)
+            .map(|(r, at)| (r.index(), at.as_nanos()));
+        let want = reference.explain(t, b);
+        if got != want {
+            return Err(format!("explain(b{b}) = {got:?}, reference {want:?}"));
+        }
+    }
+    let got = gate.poll_timeout().map(Instant::as_nanos);
+    let want = reference.poll_timeout();
+    if got != want {
+        return Err(format!("poll_timeout = {got:?}, reference {want:?}"));
+    }
+    if gate.len() != reference.len() {
+        return Err(format!(
+            "len = {}, reference {}",
+            gate.len(),
+            reference.len()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_and_short_inputs_pass() {
+        assert_eq!(check(&[]), Ok(()));
+        assert_eq!(check(&[0xFF; 64]), Ok(()));
+    }
+
+    #[test]
+    fn scripted_scenario_passes() {
+        // Probes on everywhere; disk installs, KV signals, leader flips, sends, time steps.
+        let mut bytes = alloc::vec![0x1F];
+        bytes.extend_from_slice(&7u64.to_le_bytes());
+        bytes.extend_from_slice(&[0, 0]);
+        for round in 0u8..60 {
+            bytes.extend_from_slice(&[round % 16, round % 5, round, 3, 7, 1]);
+        }
+        assert_eq!(check(&bytes), Ok(()));
+    }
+}

@@ -1,0 +1,248 @@
+//! The gate's configuration: the built-in reasons' delay sources and the reason registry.
+
+use core::fmt;
+
+use smallvec::SmallVec;
+
+use crate::backoff::BackoffConfig;
+use crate::backpressure::ThrottleCurve;
+use crate::error::ConfigError;
+
+/// Why a bucket is gated: an index into the gate's reason registry.
+///
+/// The three built-ins have fixed indices; custom reasons get the next ones, in registration
+/// order, from [`WriteGateConfig::register`]. Lower indices win ties in
+/// [`WriteGate::explain`](super::WriteGate::explain) and [`GateState::Closed`](super::GateState).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Reason(u8);
+
+impl Reason {
+    /// The server's disk protection rejected a write (`DISK_WRITE_LOCKED`). Never-shorten.
+    pub const DISK_WRITE_LOCKED: Reason = Reason(0);
+    /// The KV server reported backpressure. Latest-wins; dropped when the leader is unknown.
+    pub const KV_BACKPRESSURE: Reason = Reason(1);
+    /// A write failed with another retriable error. Never-shorten.
+    pub const RETRIABLE_WRITE: Reason = Reason(2);
+
+    /// The reason's index in the registry (and in each bucket's deadline array).
+    #[inline]
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Debug for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Reason::DISK_WRITE_LOCKED => f.write_str("DiskWriteLocked"),
+            Reason::KV_BACKPRESSURE => f.write_str("KvBackpressure"),
+            Reason::RETRIABLE_WRITE => f.write_str("RetriableWrite"),
+            Reason(i) => write!(f, "Custom({i})"),
+        }
+    }
+}
+
+/// How a new install for a reason combines with the deadline that reason already has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UpdateRule {
+    /// Keep the later of the pending deadline and the new one (backoffs: a shorter, later
+    /// rejection must not cut a longer backoff short). A zero install changes nothing.
+    NeverShorten,
+    /// The newest install replaces the deadline, shortening it or (zero) clearing it
+    /// (pressure signals: the server's latest word is the truth).
+    LatestWins,
+}
+
+/// One entry of the reason registry: a name, an update rule and options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReasonSpec {
+    name: &'static str,
+    rule: UpdateRule,
+    leader_scoped: bool,
+    probe_sends: Option<u32>,
+}
+
+impl ReasonSpec {
+    /// A reason named `name` (for diagnostics) combining installs by `rule`; not leader-scoped,
+    /// no probe mode.
+    pub const fn new(name: &'static str, rule: UpdateRule) -> Self {
+        ReasonSpec {
+            name,
+            rule,
+            leader_scoped: false,
+            probe_sends: None,
+        }
+    }
+
+    /// Whether the throttle belongs to the current leader: it is dropped when the leader
+    /// becomes unknown, and installs are ignored while it is unknown (KV backpressure is).
+    pub const fn leader_scoped(mut self, scoped: bool) -> Self {
+        self.leader_scoped = scoped;
+        self
+    }
+
+    /// Probe mode: once this reason's deadline has passed, only `sends` sends are allowed
+    /// until a success (or a new rejection re-gates the bucket). `None` disables it.
+    /// Zero is refused by [`WriteGateConfig::register`].
+    pub const fn probe(mut self, sends: Option<u32>) -> Self {
+        self.probe_sends = sends;
+        self
+    }
+
+    /// The name given at registration.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The update rule.
+    pub const fn rule(&self) -> UpdateRule {
+        self.rule
+    }
+
+    /// Whether the reason is dropped with the leader.
+    pub const fn is_leader_scoped(&self) -> bool {
+        self.leader_scoped
+    }
+
+    /// The probe allowance, if probe mode is on.
+    pub const fn probe_sends(&self) -> Option<u32> {
+        self.probe_sends
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.probe_sends == Some(0) {
+            return Err(ConfigError::OutOfRange {
+                option: PROBE_OPTION,
+                got: 0,
+                min: 1,
+                max: u32::MAX as u64,
+                unit: "sends",
+            });
+        }
+        Ok(())
+    }
+}
+
+const PROBE_OPTION: &str = "client.writer.throttle.probe-sends";
+const REASONS_OPTION: &str = "client.writer.throttle.reasons";
+
+/// The most reasons one gate can hold (each bucket keeps one armed-probe bit per reason).
+pub const MAX_REASONS: usize = 64;
+
+/// Reasons kept inline in each bucket without a heap allocation: the built-ins plus one.
+pub(super) const INLINE_REASONS: usize = 4;
+
+/// Configuration of a [`WriteGate`](super::WriteGate).
+///
+/// `Default` is the Fluss client: disk-write-locked backoff 1 s → 10 s (×2, ±20 %), retriable
+/// write backoff 100 ms → 1 s, the proposal's cubic pressure curve (5000 ms), no custom
+/// reasons and no probe mode.
+///
+/// ```
+/// use throttle_core::write_gate::{ReasonSpec, UpdateRule, WriteGateConfig};
+/// let mut cfg = WriteGateConfig::default();
+/// let quota = cfg
+///     .register(ReasonSpec::new("quota", UpdateRule::LatestWins).probe(Some(2)))
+///     .unwrap();
+/// assert_eq!(quota.index(), 3);
+/// assert!(cfg.validate().is_ok());
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct WriteGateConfig {
+    /// Backoff for `DISK_WRITE_LOCKED` rejections (`client.writer.disk-write-locked.backoff`).
+    pub disk_write_locked: BackoffConfig,
+    /// Backoff for other retriable write errors.
+    pub retriable_write: BackoffConfig,
+    /// Pressure-to-delay curve for KV backpressure signals.
+    pub kv_curve: ThrottleCurve,
+    reasons: SmallVec<[ReasonSpec; INLINE_REASONS]>,
+}
+
+impl Default for WriteGateConfig {
+    fn default() -> Self {
+        let mut reasons = SmallVec::new();
+        reasons.push(ReasonSpec::new(
+            "disk-write-locked",
+            UpdateRule::NeverShorten,
+        ));
+        reasons
+            .push(ReasonSpec::new("kv-backpressure", UpdateRule::LatestWins).leader_scoped(true));
+        reasons.push(ReasonSpec::new("retriable-write", UpdateRule::NeverShorten));
+        WriteGateConfig {
+            disk_write_locked: BackoffConfig::fluss_disk_write_locked(),
+            retriable_write: BackoffConfig::fluss_retriable_write(),
+            kv_curve: ThrottleCurve::default(),
+            reasons,
+        }
+    }
+}
+
+impl WriteGateConfig {
+    /// Add a custom reason; returns its handle for
+    /// [`WriteGate::handle_throttle`](super::WriteGate::handle_throttle).
+    ///
+    /// Refused (nothing added) past [`MAX_REASONS`] or with a zero probe allowance.
+    pub fn register(&mut self, spec: ReasonSpec) -> Result<Reason, ConfigError> {
+        spec.validate()?;
+        let index = self.reasons.len();
+        let Ok(id) = u8::try_from(index) else {
+            return Err(self.too_many());
+        };
+        if index >= MAX_REASONS {
+            return Err(self.too_many());
+        }
+        self.reasons.push(spec);
+        Ok(Reason(id))
+    }
+
+    /// Turn probe mode on (`Some(n)`, `n ≥ 1`) or off for a registered reason, built-ins
+    /// included.
+    pub fn set_probe(&mut self, reason: Reason, sends: Option<u32>) -> Result<(), ConfigError> {
+        let Some(spec) = self.reasons.get_mut(reason.index()) else {
+            return Err(ConfigError::Invalid {
+                option: PROBE_OPTION,
+                reason: "the reason is not registered",
+            });
+        };
+        let updated = spec.probe(sends);
+        updated.validate()?;
+        *spec = updated;
+        Ok(())
+    }
+
+    /// The registered reasons, built-ins first, indexed by [`Reason::index`].
+    pub fn reasons(&self) -> &[ReasonSpec] {
+        &self.reasons
+    }
+
+    /// The spec of `reason`, if registered.
+    pub fn reason(&self, reason: Reason) -> Option<&ReasonSpec> {
+        self.reasons.get(reason.index())
+    }
+
+    /// Check the registry (the setters already refuse bad values; this re-checks them all).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.reasons.len() > MAX_REASONS {
+            return Err(self.too_many());
+        }
+        self.reasons.iter().try_for_each(ReasonSpec::validate)
+    }
+
+    fn too_many(&self) -> ConfigError {
+        ConfigError::OutOfRange {
+            option: REASONS_OPTION,
+            got: self.reasons.len().saturating_add(1) as u64,
+            min: 3,
+            max: MAX_REASONS as u64,
+            unit: "reasons",
+        }
+    }
+}
+
+/// A reason from its stored index (only indices of registered reasons are stored).
+pub(super) const fn reason_from_u8(index: u8) -> Reason {
+    Reason(index)
+}
