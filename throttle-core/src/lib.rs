@@ -20,6 +20,9 @@ pub mod error;
 pub mod failover;
 pub mod pending_bytes;
 pub mod rng;
+#[cfg(feature = "std")]
+#[cfg_attr(docsrs, doc(cfg(feature = "std")))]
+pub mod sync;
 pub mod time;
 pub mod write_gate;
 

@@ -1,0 +1,74 @@
+//! The concurrent layer (feature `std`): cloneable handles over the sans-IO machines for many
+//! tasks at once, waker-based async waiting, and [`Permit`], the only way to hold a window
+//! credit.
+//!
+//! Written once here, with only `std::sync` (through a loom shim) and `core::task::Waker`, so
+//! every runtime adapter reuses it; an adapter supplies just a [`Runtime`] (clock, sleep,
+//! spawn).
+//!
+//! | handle | over | waits for |
+//! |---|---|---|
+//! | [`WindowHandle`] | [`DispatchWindow`](crate::DispatchWindow) | a shard's credit ([`Permit`]), FIFO per shard |
+//! | [`PendingBytes`] | [`PendingBytesLimiter`](crate::PendingBytesLimiter) | admission of `n` bytes ([`BytesPermit`]), FIFO |
+//! | [`WakeSignal`] + [`wait_until`] | any machine whose deadline can move earlier | its deadline, re-armed on every signal |
+//!
+//! Every handle follows the same rules:
+//!
+//! - One `std::sync::Mutex` per handle protects the machine and the waiters' table; every
+//!   input is one critical section, so the machine's own guards (exactly-once release, FIFO
+//!   tickets) hold across threads.
+//! - Nothing is sent, woken or called back under the lock: wakers are collected inside the
+//!   critical section and woken after the guard is dropped.
+//! - Waiting futures join their line on their first poll, and are cancel-safe: dropping one at
+//!   any point leaves the state as if it had never waited, except that a credit or grant
+//!   already handed to it is passed on to the next waiter.
+//! - Handles are `Clone + Send + Sync`; permits and futures are `Send` (asserted at compile
+//!   time below).
+//! - A poisoned lock (a panic in a key's `Hash`, say) is recovered, not propagated.
+//!
+//! The loom models at the bottom of this module (`cfg(loom)`) check the races; see
+//! `docs/sync.md` for the design and how to run them.
+
+mod loom;
+mod pending;
+mod runtime;
+mod signal;
+mod window;
+
+#[cfg(test)]
+pub(crate) mod test_support;
+
+#[cfg(all(test, loom))]
+mod loom_models;
+
+pub use pending::{AcquireBytes, BytesPermit, PendingBytes};
+pub use runtime::{ManualClock, ManualSleep, Runtime};
+pub use signal::{Changed, WakeSignal, wait_until};
+pub use window::{Acquire, Permit, Released, TryAcquireError, WindowHandle};
+
+/// The handle was closed: the wait failed and nothing is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[error("closed")]
+pub struct Closed;
+
+/// Compile-time checks of the bounds DESIGN §4 promises: handles `Clone + Send + Sync`,
+/// permits and futures `Send`, for any `Send` shard key and hasher.
+#[allow(dead_code)]
+fn assert_bounds<Shard, S>()
+where
+    Shard: core::hash::Hash + Eq + Clone + Send + 'static,
+    S: core::hash::BuildHasher + Send + 'static,
+{
+    fn handle<T: Clone + Send + Sync + 'static>() {}
+    fn send<T: Send + 'static>() {}
+    handle::<WindowHandle<Shard, S>>();
+    send::<Permit<Shard, S>>();
+    send::<Acquire<Shard, S>>();
+    handle::<PendingBytes>();
+    send::<BytesPermit>();
+    send::<AcquireBytes>();
+    handle::<WakeSignal>();
+    send::<Changed>();
+    handle::<ManualClock>();
+    send::<ManualSleep>();
+}

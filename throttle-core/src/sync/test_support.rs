@@ -1,0 +1,172 @@
+//! Hand-rolled wakers and a tiny executor for the `sync` tests (no executor crate in the core).
+//!
+//! Works under loom too: the counters are the shim's atomics, so a wake from another loom
+//! thread is a tracked access.
+
+use alloc::boxed::Box;
+#[cfg(not(loom))]
+use alloc::vec::Vec;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll, Waker};
+use std::sync::Arc as StdArc;
+use std::task::Wake;
+
+use super::loom::atomic::{AtomicUsize, Ordering};
+
+/// A waker that counts its wakes.
+pub(crate) struct CountingWaker {
+    wakes: AtomicUsize,
+}
+
+/// Reads a [`CountingWaker`]'s count.
+#[derive(Clone)]
+pub(crate) struct WakeCount(StdArc<CountingWaker>);
+
+impl CountingWaker {
+    // `Waker::from` needs std's `Arc`; the count inside it is the shim's atomic.
+    #[allow(clippy::new_ret_no_self)]
+    pub(crate) fn new() -> (Waker, WakeCount) {
+        let inner = StdArc::new(CountingWaker {
+            wakes: AtomicUsize::new(0),
+        });
+        (Waker::from(StdArc::clone(&inner)), WakeCount(inner))
+    }
+}
+
+impl WakeCount {
+    pub(crate) fn wakes(&self) -> usize {
+        self.0.wakes.load(Ordering::SeqCst)
+    }
+}
+
+impl Wake for CountingWaker {
+    fn wake(self: StdArc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &StdArc<Self>) {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Polls `future` once with `waker`.
+pub(crate) fn poll_once<F: Future + Unpin>(future: &mut F, waker: &Waker) -> Poll<F::Output> {
+    Pin::new(future).poll(&mut Context::from_waker(waker))
+}
+
+#[cfg(not(loom))]
+type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs tasks on the calling thread, polling only those woken since their last poll.
+#[cfg(not(loom))]
+#[derive(Default)]
+pub(crate) struct Executor {
+    tasks: Vec<Option<(Task, Waker, WakeCount, usize)>>,
+    spawned: StdArc<std::sync::Mutex<Vec<Task>>>,
+}
+
+#[cfg(not(loom))]
+impl Executor {
+    /// A spawner whose tasks this executor runs.
+    pub(crate) fn spawner(&self) -> Spawner {
+        Spawner(StdArc::clone(&self.spawned))
+    }
+
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.spawner().spawn(task);
+    }
+
+    /// Polls woken tasks (and new ones) until none is woken; returns how many are unfinished.
+    pub(crate) fn run_until_stalled(&mut self) -> usize {
+        loop {
+            let new: Vec<Task> = match self.spawned.lock() {
+                Ok(mut q) => q.drain(..).collect(),
+                Err(_) => Vec::new(),
+            };
+            for task in new {
+                let (waker, count) = CountingWaker::new();
+                // `usize::MAX` as "seen" makes a new task look woken.
+                self.tasks.push(Some((task, waker, count, usize::MAX)));
+            }
+            let mut progressed = false;
+            for entry in &mut self.tasks {
+                let Some((task, waker, count, seen)) = entry else {
+                    continue;
+                };
+                let now = count.wakes();
+                if now == *seen {
+                    continue;
+                }
+                *seen = now;
+                progressed = true;
+                if task
+                    .as_mut()
+                    .poll(&mut Context::from_waker(waker))
+                    .is_ready()
+                {
+                    *entry = None;
+                }
+            }
+            let queued = self.spawned.lock().map_or(0, |q| q.len());
+            if !progressed && queued == 0 {
+                return self.tasks.iter().flatten().count();
+            }
+        }
+    }
+}
+
+/// Sends tasks to an [`Executor`].
+#[cfg(not(loom))]
+#[derive(Clone)]
+pub(crate) struct Spawner(StdArc<std::sync::Mutex<Vec<Task>>>);
+
+#[cfg(not(loom))]
+impl Spawner {
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        if let Ok(mut q) = self.0.lock() {
+            q.push(Box::pin(task));
+        }
+    }
+}
+
+/// A [`Runtime`](super::Runtime) on a [`ManualClock`](super::ManualClock); spawned tasks go to
+/// an [`Executor`] (or are dropped under loom, where the models spawn nothing).
+#[derive(Clone)]
+pub(crate) struct TestRuntime {
+    pub(crate) clock: super::ManualClock,
+    #[cfg(not(loom))]
+    pub(crate) spawner: Option<Spawner>,
+}
+
+impl TestRuntime {
+    pub(crate) fn new() -> Self {
+        TestRuntime {
+            clock: super::ManualClock::new(),
+            #[cfg(not(loom))]
+            spawner: None,
+        }
+    }
+}
+
+impl super::Runtime for TestRuntime {
+    fn now(&self) -> crate::time::Instant {
+        self.clock.now()
+    }
+    fn sleep_until(
+        &self,
+        deadline: crate::time::Instant,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        self.clock.sleep_until(deadline)
+    }
+    fn spawn<F>(&self, future: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        #[cfg(not(loom))]
+        if let Some(s) = &self.spawner {
+            s.spawn(future);
+            return;
+        }
+        drop(future);
+    }
+}

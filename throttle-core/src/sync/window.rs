@@ -1,0 +1,936 @@
+//! Async credit of a shared [`DispatchWindow`]: [`WindowHandle`], its [`Acquire`] future and
+//! [`Permit`], the only way to hold a credit.
+//!
+//! The handle keeps the window and a FIFO line of waiters per shard behind one mutex. The
+//! window holds only credits here (its batch type is `()` and nothing is ever queued in it);
+//! the waiting lines are the handle's own, so a cancelled waiter leaves its line in O(1).
+//!
+//! Exactly-once credit, by construction:
+//!
+//! - a credit is issued under the lock, to exactly one owner: a [`Permit`] returned at once, or
+//!   a waiter's slot (`Granted`), which its [`Acquire`] turns into a `Permit` on its next poll;
+//! - a `Permit` releases in `complete(self)` or `Drop`, whichever runs first (a flag guards the
+//!   second), and the window itself refuses a second release of the same id;
+//! - a release hands a fresh credit straight to the shard's oldest waiter under the same lock,
+//!   so free credit and waiting waiters never coexist and nothing can barge in between;
+//! - an `Acquire` dropped after a credit was handed to it releases that credit (which passes it
+//!   on to the next waiter); [`close`](WindowHandle::close) releases the credits of waiters that
+//!   have not yet observed them and fails every waiter.
+//!
+//! Wakers are taken out under the lock and woken after it is dropped.
+
+use alloc::vec::Vec;
+use core::fmt;
+use core::future::Future;
+use core::hash::{BuildHasher, Hash};
+use core::pin::Pin;
+use core::task::{Context, Poll, Waker};
+
+use hashbrown::HashMap;
+use smallvec::SmallVec;
+
+use super::Closed;
+use super::loom::{Arc, Mutex, lock};
+use crate::dispatch_window::{CreditId, DispatchWindow, WindowConfig};
+use crate::error::ConfigError;
+
+/// The waiting lines map keeps at least this many entries of capacity when it shrinks.
+const MIN_MAP_CAPACITY: usize = 16;
+
+/// Wakers collected under the lock, woken after it is dropped.
+type Wakeups = SmallVec<[Waker; 2]>;
+
+fn wake_all(wakeups: Wakeups) {
+    for waker in wakeups {
+        waker.wake();
+    }
+}
+
+/// What releasing a [`Permit`] did with its credit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[must_use = "tells whether a waiter received the credit; ignore with `let _ =`"]
+#[non_exhaustive]
+pub enum Released {
+    /// The shard's oldest waiter received a fresh credit in its place.
+    HandedOn,
+    /// Nobody was waiting (or the handle is closed): the slot is free.
+    Freed,
+}
+
+/// Why [`WindowHandle::try_acquire`] gave no permit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum TryAcquireError {
+    /// The shard has no free credit, or waiters are ahead in its line.
+    #[error("no credit available for the shard")]
+    NoCredit,
+    /// The handle was closed.
+    #[error("the window is closed")]
+    Closed,
+}
+
+/// One waiter's slot. A slot is freed only by the [`Acquire`] that owns it.
+enum Waiter {
+    Free,
+    /// In its shard's line.
+    Waiting {
+        waker: Option<Waker>,
+        prev: Option<usize>,
+        next: Option<usize>,
+    },
+    /// A credit was handed to it; its `Acquire` has not observed it yet.
+    Granted(CreditId),
+    /// Failed by `close`.
+    Closed,
+}
+
+/// A shard's line of waiters: a doubly linked list through the waiter slots.
+#[derive(Clone, Copy)]
+struct Line {
+    head: usize,
+    tail: usize,
+    len: usize,
+}
+
+#[cfg(test)]
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Stats {
+    /// Releases the window refused: a credit released twice. Must stay 0.
+    pub(crate) refused_releases: usize,
+    /// The most credits in flight for one shard at any moment.
+    pub(crate) peak_in_flight: u32,
+}
+
+struct WindowState<Shard, S> {
+    window: DispatchWindow<Shard, (), S>,
+    lines: HashMap<Shard, Line, S>,
+    waiters: Vec<Waiter>,
+    free: Vec<usize>,
+    closed: bool,
+    #[cfg(test)]
+    stats: Stats,
+}
+
+enum Issue {
+    Credit(CreditId),
+    NoCredit,
+    Closed,
+}
+
+impl<Shard, S> WindowState<Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    /// A credit for a newcomer, if it may have one without waiting: the shard has free credit
+    /// and nobody is in its line (no barging).
+    fn try_issue(&mut self, shard: &Shard, wakeups: &mut Wakeups) -> Issue {
+        if self.closed {
+            return Issue::Closed;
+        }
+        if self.lines.contains_key(shard) || self.window.available(shard) == 0 {
+            return Issue::NoCredit;
+        }
+        self.issue(shard, wakeups)
+    }
+
+    /// Takes a credit from the window for `shard`, which the caller has checked has one.
+    fn issue(&mut self, shard: &Shard, wakeups: &mut Wakeups) -> Issue {
+        match self.window.submit(shard.clone(), ()) {
+            Ok(Some(d)) => {
+                #[cfg(test)]
+                {
+                    let n = self.window.in_flight(shard);
+                    self.stats.peak_in_flight = self.stats.peak_in_flight.max(n);
+                }
+                Issue::Credit(d.credit)
+            }
+            // Unreachable (the caller checked for credit), and harmless: the `()` waits in the
+            // window and `release` completes the credit it comes back with.
+            Ok(None) => Issue::NoCredit,
+            // The window has issued its last id (after 2^64 credits): nothing can be issued.
+            Err(_) => {
+                self.close(wakeups);
+                Issue::Closed
+            }
+        }
+    }
+
+    /// Releases `credit` of `shard` and hands a fresh one to the shard's oldest waiter.
+    fn release(&mut self, shard: &Shard, credit: CreditId, wakeups: &mut Wakeups) -> Released {
+        let mut next = self.window.complete(credit);
+        // The window hands back a held-back `()` only if `issue` ever queued one; complete it.
+        while let Ok(Some(d)) = next {
+            next = self.window.complete(d.credit);
+        }
+        if next.is_err() {
+            #[cfg(test)]
+            {
+                self.stats.refused_releases += 1;
+            }
+            return Released::Freed;
+        }
+        if self.closed {
+            return Released::Freed;
+        }
+        let Some(head) = self.lines.get(shard).map(|l| l.head) else {
+            return Released::Freed;
+        };
+        if self.window.available(shard) == 0 {
+            return Released::Freed;
+        }
+        let Issue::Credit(fresh) = self.issue(shard, wakeups) else {
+            return Released::Freed;
+        };
+        self.unlink(shard, head);
+        if let Some(slot) = self.waiters.get_mut(head)
+            && let Waiter::Waiting { waker, .. } = core::mem::replace(slot, Waiter::Granted(fresh))
+            && let Some(waker) = waker
+        {
+            wakeups.push(waker);
+        }
+        Released::HandedOn
+    }
+
+    /// Puts a new waiter at the back of `shard`'s line.
+    fn enqueue(&mut self, shard: &Shard, waker: Waker) -> usize {
+        let idx = match self.free.pop() {
+            Some(idx) => idx,
+            None => {
+                self.waiters.push(Waiter::Free);
+                self.waiters.len() - 1
+            }
+        };
+        let prev = match self.lines.get_mut(shard) {
+            Some(line) => {
+                let prev = line.tail;
+                line.tail = idx;
+                line.len = line.len.saturating_add(1);
+                if let Some(Waiter::Waiting { next, .. }) = self.waiters.get_mut(prev) {
+                    *next = Some(idx);
+                }
+                Some(prev)
+            }
+            None => {
+                self.lines.insert(
+                    shard.clone(),
+                    Line {
+                        head: idx,
+                        tail: idx,
+                        len: 1,
+                    },
+                );
+                None
+            }
+        };
+        if let Some(slot) = self.waiters.get_mut(idx) {
+            *slot = Waiter::Waiting {
+                waker: Some(waker),
+                prev,
+                next: None,
+            };
+        }
+        idx
+    }
+
+    /// Takes a waiting slot out of its shard's line (the slot itself keeps its state).
+    fn unlink(&mut self, shard: &Shard, idx: usize) {
+        let Some(Waiter::Waiting { prev, next, .. }) = self.waiters.get(idx) else {
+            return;
+        };
+        let (prev, next) = (*prev, *next);
+        if let Some(Waiter::Waiting { next: n, .. }) = prev.and_then(|p| self.waiters.get_mut(p)) {
+            *n = next;
+        }
+        if let Some(Waiter::Waiting { prev: p, .. }) = next.and_then(|n| self.waiters.get_mut(n)) {
+            *p = prev;
+        }
+        let Some(line) = self.lines.get_mut(shard) else {
+            return;
+        };
+        if line.head == idx {
+            line.head = next.unwrap_or(idx);
+        }
+        if line.tail == idx {
+            line.tail = prev.unwrap_or(idx);
+        }
+        line.len = line.len.saturating_sub(1);
+        if line.len == 0 {
+            self.lines.remove(shard);
+            let cap = self.lines.capacity();
+            if cap > MIN_MAP_CAPACITY && self.lines.len() < cap / 4 {
+                self.lines
+                    .shrink_to(self.lines.len().saturating_mul(2).max(MIN_MAP_CAPACITY));
+            }
+        }
+    }
+
+    /// Frees the slot of a finished waiter and returns what it held.
+    fn take_waiter(&mut self, shard: &Shard, idx: usize) -> Waiter {
+        self.unlink(shard, idx);
+        let Some(slot) = self.waiters.get_mut(idx) else {
+            return Waiter::Free;
+        };
+        let old = core::mem::replace(slot, Waiter::Free);
+        if !matches!(old, Waiter::Free) {
+            self.free.push(idx);
+        }
+        // With no waiter left, forget the slots (keeping capacity).
+        if self.free.len() == self.waiters.len() {
+            self.waiters.clear();
+            self.free.clear();
+        }
+        old
+    }
+
+    /// Fails every waiter; credits handed to waiters that have not observed them go back.
+    fn close(&mut self, wakeups: &mut Wakeups) {
+        self.closed = true;
+        let _held_back = self.window.fail_all(); // empty: nothing is ever queued in the window
+        let mut handed = Vec::new();
+        for slot in &mut self.waiters {
+            match core::mem::replace(slot, Waiter::Closed) {
+                Waiter::Free => *slot = Waiter::Free,
+                Waiter::Waiting { waker, .. } => wakeups.extend(waker),
+                Waiter::Granted(credit) => handed.push(credit),
+                Waiter::Closed => {}
+            }
+        }
+        self.lines.clear();
+        for credit in handed {
+            // After `fail_all` a release frees the slot and issues nothing.
+            if self.window.complete(credit).is_err() {
+                #[cfg(test)]
+                {
+                    self.stats.refused_releases += 1;
+                }
+            }
+        }
+    }
+}
+
+/// A cloneable handle to a dispatch window shared by concurrent submitters: await a credit per
+/// shard ([`acquire`](Self::acquire)), in FIFO order, and hold it as a [`Permit`].
+///
+/// `Clone + Send + Sync` (for `Send` shard keys and hasher); clones share one window.
+///
+/// # Contract
+///
+/// - [`acquire`](Self::acquire) joins the shard's line on its first poll and resolves, in line
+///   order, to a `Permit` or to [`Closed`]. Dropping the future leaves the line; if a credit
+///   had already been handed to it, the credit goes to the next waiter. Newcomers never barge:
+///   while anyone waits for the shard, even [`try_acquire`](Self::try_acquire) is refused.
+/// - A `Permit` is released exactly once, by [`Permit::complete`] or by dropping it; the
+///   release hands the credit to the shard's oldest waiter, if any.
+/// - [`close`](Self::close) fails every waiter and every later acquire with [`Closed`].
+///   Permits already held stay valid and release as usual (their credit just frees).
+/// - No caller code runs under the lock except the key's `Hash`/`Eq`/`Clone`; wakers are
+///   woken after the lock is dropped.
+///
+/// ```
+/// use throttle_core::WindowConfig;
+/// use throttle_core::sync::{Released, TryAcquireError, WindowHandle};
+/// # use core::hash::BuildHasherDefault;
+/// # #[derive(Default)] struct H(u64);
+/// # impl core::hash::Hasher for H {
+/// #     fn finish(&self) -> u64 { self.0 }
+/// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+/// # }
+/// let window: WindowHandle<u32, BuildHasherDefault<H>> =
+///     WindowHandle::new(WindowConfig::default().with_max_in_flight(1)).unwrap();
+/// let permit = window.try_acquire(7).unwrap();
+/// assert_eq!(window.try_acquire(7).unwrap_err(), TryAcquireError::NoCredit);
+/// assert_eq!(permit.complete(), Released::Freed); // nobody waited
+/// assert_eq!(window.available(&7), 1);
+/// ```
+pub struct WindowHandle<Shard, S> {
+    shared: Arc<Mutex<WindowState<Shard, S>>>,
+}
+
+impl<Shard, S> Clone for WindowHandle<Shard, S> {
+    fn clone(&self) -> Self {
+        WindowHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<Shard, S> fmt::Debug for WindowHandle<Shard, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WindowHandle").finish_non_exhaustive()
+    }
+}
+
+impl<Shard, S> WindowHandle<Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    /// A handle over a new window, hashing shard keys with `S::default()`.
+    pub fn new(cfg: WindowConfig) -> Result<Self, ConfigError>
+    where
+        S: Default + Clone,
+    {
+        Self::with_hasher(cfg, S::default())
+    }
+
+    /// A handle over a new window, hashing shard keys with `hasher`.
+    pub fn with_hasher(cfg: WindowConfig, hasher: S) -> Result<Self, ConfigError>
+    where
+        S: Clone,
+    {
+        let window = DispatchWindow::with_hasher(cfg, hasher.clone())?;
+        Ok(WindowHandle {
+            shared: Arc::new(Mutex::new(WindowState {
+                window,
+                lines: HashMap::with_hasher(hasher),
+                waiters: Vec::new(),
+                free: Vec::new(),
+                closed: false,
+                #[cfg(test)]
+                stats: Stats::default(),
+            })),
+        })
+    }
+
+    /// Waits for a credit of `shard`: FIFO per shard, cancel-safe (see the type's contract).
+    pub fn acquire(&self, shard: Shard) -> Acquire<Shard, S> {
+        Acquire {
+            shared: Arc::clone(&self.shared),
+            shard,
+            state: AcquireState::Start,
+        }
+    }
+
+    /// A credit of `shard` now, if one is free and nobody waits for the shard.
+    pub fn try_acquire(&self, shard: Shard) -> Result<Permit<Shard, S>, TryAcquireError> {
+        let mut wakeups = Wakeups::new();
+        let issued = lock(&self.shared).try_issue(&shard, &mut wakeups);
+        wake_all(wakeups);
+        match issued {
+            Issue::Credit(credit) => Ok(Permit::new(Arc::clone(&self.shared), shard, credit)),
+            Issue::NoCredit => Err(TryAcquireError::NoCredit),
+            Issue::Closed => Err(TryAcquireError::Closed),
+        }
+    }
+
+    /// Fails every waiter (their futures resolve to [`Closed`]) and refuses later acquires.
+    /// Permits already held stay valid; releasing them frees their slots. Idempotent.
+    pub fn close(&self) {
+        let mut wakeups = Wakeups::new();
+        lock(&self.shared).close(&mut wakeups);
+        wake_all(wakeups);
+    }
+
+    /// Whether [`close`](Self::close) was called (or the window ran out of credit ids).
+    pub fn is_closed(&self) -> bool {
+        lock(&self.shared).closed
+    }
+
+    /// Credits per shard.
+    pub fn capacity(&self) -> u32 {
+        lock(&self.shared).window.capacity()
+    }
+
+    /// Credits of `shard` held (by permits, or handed to waiters not yet woken).
+    pub fn in_flight(&self, shard: &Shard) -> u32 {
+        lock(&self.shared).window.in_flight(shard)
+    }
+
+    /// Free credits of `shard`. Never positive while waiters are in the shard's line.
+    pub fn available(&self, shard: &Shard) -> u32 {
+        lock(&self.shared).window.available(shard)
+    }
+
+    /// Waiters in `shard`'s line.
+    pub fn waiting(&self, shard: &Shard) -> usize {
+        lock(&self.shared).lines.get(shard).map_or(0, |l| l.len)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn stats(&self) -> Stats {
+        lock(&self.shared).stats
+    }
+
+    #[cfg(test)]
+    pub(crate) fn live_credits(&self) -> usize {
+        lock(&self.shared).window.live_credits()
+    }
+}
+
+/// One credit of a shard's window, held until [`complete`](Self::complete)d or dropped.
+///
+/// Not `Clone`; `Send` (for `Send` shard keys and hasher). Dropping it releases the credit just
+/// like `complete`, so a task cancelled while holding it gives the credit back.
+#[must_use = "a permit holds a window credit until it is completed or dropped"]
+pub struct Permit<Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    shared: Arc<Mutex<WindowState<Shard, S>>>,
+    shard: Shard,
+    credit: CreditId,
+    /// Cleared by the first release, so `complete` followed by `Drop` releases once.
+    live: bool,
+}
+
+impl<Shard, S> fmt::Debug for Permit<Shard, S>
+where
+    Shard: Hash + Eq + Clone + fmt::Debug,
+    S: BuildHasher,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("shard", &self.shard)
+            .field("credit", &self.credit)
+            .finish()
+    }
+}
+
+impl<Shard, S> Permit<Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    fn new(shared: Arc<Mutex<WindowState<Shard, S>>>, shard: Shard, credit: CreditId) -> Self {
+        Permit {
+            shared,
+            shard,
+            credit,
+            live: true,
+        }
+    }
+
+    /// The shard this credit belongs to.
+    pub fn shard(&self) -> &Shard {
+        &self.shard
+    }
+
+    /// The credit's id in the underlying window (unique for the window's life).
+    pub fn credit(&self) -> CreditId {
+        self.credit
+    }
+
+    /// Releases the credit: the shard's oldest waiter receives one in its place
+    /// ([`Released::HandedOn`]), else the slot frees ([`Released::Freed`]).
+    pub fn complete(mut self) -> Released {
+        self.release()
+    }
+
+    fn release(&mut self) -> Released {
+        if !core::mem::replace(&mut self.live, false) {
+            return Released::Freed;
+        }
+        let mut wakeups = Wakeups::new();
+        let released = lock(&self.shared).release(&self.shard, self.credit, &mut wakeups);
+        wake_all(wakeups);
+        released
+    }
+}
+
+impl<Shard, S> Drop for Permit<Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    fn drop(&mut self) {
+        let _ = self.release();
+    }
+}
+
+#[derive(Clone, Copy)]
+enum AcquireState {
+    /// Not polled yet: not in line.
+    Start,
+    /// In line, in this waiter slot.
+    Waiting(usize),
+    /// Resolved; polling again returns `Pending` forever.
+    Done,
+}
+
+/// The future of [`WindowHandle::acquire`]: resolves to a [`Permit`] or [`Closed`].
+///
+/// It joins the shard's line when first polled. Dropping it at any point is safe: it leaves the
+/// line, and a credit already handed to it passes to the next waiter.
+#[must_use = "futures do nothing unless polled"]
+pub struct Acquire<Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    shared: Arc<Mutex<WindowState<Shard, S>>>,
+    shard: Shard,
+    state: AcquireState,
+}
+
+// No field is structurally pinned.
+impl<Shard, S> Unpin for Acquire<Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+}
+
+impl<Shard, S> fmt::Debug for Acquire<Shard, S>
+where
+    Shard: Hash + Eq + Clone + fmt::Debug,
+    S: BuildHasher,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Acquire")
+            .field("shard", &self.shard)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Shard, S> Future for Acquire<Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    type Output = Result<Permit<Shard, S>, Closed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let mut wakeups = Wakeups::new();
+        let mut st = lock(&this.shared);
+        let outcome = match this.state {
+            AcquireState::Start => match st.try_issue(&this.shard, &mut wakeups) {
+                Issue::Credit(credit) => Ok(credit),
+                Issue::Closed => Err(Closed),
+                Issue::NoCredit => {
+                    // Checking for credit and joining the line happen under one lock, so a
+                    // release cannot slip in between and be missed.
+                    let idx = st.enqueue(&this.shard, cx.waker().clone());
+                    this.state = AcquireState::Waiting(idx);
+                    return Poll::Pending;
+                }
+            },
+            AcquireState::Waiting(idx) => match st.waiters.get_mut(idx) {
+                Some(Waiter::Waiting { waker, .. }) => {
+                    if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        *waker = Some(cx.waker().clone());
+                    }
+                    return Poll::Pending;
+                }
+                Some(Waiter::Granted(_)) => match st.take_waiter(&this.shard, idx) {
+                    Waiter::Granted(credit) => Ok(credit),
+                    _ => Err(Closed),
+                },
+                _ => {
+                    st.take_waiter(&this.shard, idx);
+                    Err(Closed)
+                }
+            },
+            AcquireState::Done => return Poll::Pending,
+        };
+        drop(st);
+        this.state = AcquireState::Done;
+        wake_all(wakeups);
+        Poll::Ready(
+            outcome.map(|credit| Permit::new(Arc::clone(&this.shared), this.shard.clone(), credit)),
+        )
+    }
+}
+
+impl<Shard, S> Drop for Acquire<Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    fn drop(&mut self) {
+        let AcquireState::Waiting(idx) = self.state else {
+            return;
+        };
+        self.state = AcquireState::Done;
+        let mut wakeups = Wakeups::new();
+        {
+            let mut st = lock(&self.shared);
+            // Cancelled after a credit was handed to it: pass the credit on.
+            if let Waiter::Granted(credit) = st.take_waiter(&self.shard, idx) {
+                let _ = st.release(&self.shard, credit, &mut wakeups);
+            }
+        }
+        wake_all(wakeups);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::dispatch_window::TestHasher;
+    use crate::sync::test_support::{CountingWaker, Executor, WakeCount, poll_once};
+    use alloc::vec;
+    use std::sync::Mutex as StdMutex;
+
+    type Handle = WindowHandle<u32, TestHasher>;
+
+    fn handle(cap: u32) -> Handle {
+        match Handle::new(WindowConfig::default().with_max_in_flight(cap)) {
+            Ok(h) => h,
+            Err(e) => panic!("valid config refused: {e}"),
+        }
+    }
+
+    /// A future polled by hand, with its own counting waker.
+    struct Polled {
+        fut: Acquire<u32, TestHasher>,
+        waker: Waker,
+        count: WakeCount,
+    }
+
+    impl Polled {
+        fn new(h: &Handle, shard: u32) -> Self {
+            let (waker, count) = CountingWaker::new();
+            Polled {
+                fut: h.acquire(shard),
+                waker,
+                count,
+            }
+        }
+        fn poll(&mut self) -> Poll<Result<Permit<u32, TestHasher>, Closed>> {
+            poll_once(&mut self.fut, &self.waker)
+        }
+        fn permit(&mut self) -> Permit<u32, TestHasher> {
+            match self.poll() {
+                Poll::Ready(Ok(p)) => p,
+                Poll::Ready(Err(e)) => panic!("expected a permit, got {e}"),
+                Poll::Pending => panic!("expected a permit, still pending"),
+            }
+        }
+    }
+
+    fn check_conserved(h: &Handle, shard: u32) {
+        assert_eq!(h.in_flight(&shard) + h.available(&shard), h.capacity());
+        assert!(h.available(&shard) == 0 || h.waiting(&shard) == 0);
+        assert_eq!(h.stats().refused_releases, 0);
+    }
+
+    #[test]
+    fn five_submitters_on_a_window_of_two_are_served_in_arrival_order() {
+        let h = handle(2);
+        let mut w: vec::Vec<Polled> = (0..5).map(|_| Polled::new(&h, 1)).collect();
+        let mut held = vec::Vec::new();
+        for (i, p) in w.iter_mut().enumerate() {
+            match p.poll() {
+                Poll::Ready(Ok(permit)) => held.push((i, permit)),
+                Poll::Pending => {}
+                Poll::Ready(Err(e)) => panic!("{e}"),
+            }
+        }
+        assert_eq!(
+            held.iter().map(|(i, _)| *i).collect::<vec::Vec<_>>(),
+            [0, 1]
+        );
+        assert_eq!(h.waiting(&1), 3);
+        let mut served = vec![0, 1];
+        while !held.is_empty() {
+            let (_, permit) = held.remove(0);
+            let before: vec::Vec<usize> = w.iter().map(|p| p.count.wakes()).collect();
+            let released = permit.complete();
+            let woken: vec::Vec<usize> =
+                (0..5).filter(|&i| w[i].count.wakes() > before[i]).collect();
+            check_conserved(&h, 1);
+            match woken.as_slice() {
+                [] => assert_eq!(released, Released::Freed),
+                [i] => {
+                    assert_eq!(released, Released::HandedOn);
+                    assert_eq!(*i, served.len(), "the oldest waiter is woken, and only it");
+                    served.push(*i);
+                    let permit = w[*i].permit();
+                    held.push((*i, permit));
+                }
+                more => panic!("one release woke {more:?}"),
+            }
+            assert!(h.stats().peak_in_flight <= 2);
+        }
+        assert_eq!(served, [0, 1, 2, 3, 4]);
+        assert_eq!((h.in_flight(&1), h.live_credits()), (0, 0));
+    }
+
+    #[test]
+    fn spawned_submitters_complete_in_fifo_order_on_the_test_executor() {
+        let h = handle(2);
+        let log = std::sync::Arc::new(StdMutex::new(vec::Vec::new()));
+        let mut ex = Executor::default();
+        for i in 0..5u32 {
+            let (h, log) = (h.clone(), std::sync::Arc::clone(&log));
+            ex.spawn(async move {
+                let Ok(permit) = h.acquire(1).await else {
+                    return;
+                };
+                if let Ok(mut l) = log.lock() {
+                    l.push(i);
+                }
+                YieldOnce(false).await; // hold the credit across a suspension
+                let _ = permit.complete();
+            });
+        }
+        assert_eq!(ex.run_until_stalled(), 0, "every task finished");
+        assert_eq!(
+            log.lock().map(|l| l.clone()).unwrap_or_default(),
+            [0, 1, 2, 3, 4]
+        );
+        assert!(h.stats().peak_in_flight <= 2);
+        assert_eq!(h.live_credits(), 0);
+    }
+
+    /// Pending once (waking itself), then ready.
+    struct YieldOnce(bool);
+    impl Future for YieldOnce {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            if self.0 {
+                return Poll::Ready(());
+            }
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+
+    #[test]
+    fn cancelled_waiter_leaves_the_line_and_the_next_one_is_served() {
+        let h = handle(1);
+        let first = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+        let mut a = Polled::new(&h, 1);
+        let mut b = Polled::new(&h, 1);
+        assert!(a.poll().is_pending() && b.poll().is_pending());
+        drop(a);
+        assert_eq!(h.waiting(&1), 1);
+        assert_eq!(first.complete(), Released::HandedOn);
+        assert_eq!(b.count.wakes(), 1);
+        let permit = b.permit();
+        assert_eq!(permit.shard(), &1);
+        check_conserved(&h, 1);
+        drop(permit);
+        assert_eq!(h.live_credits(), 0);
+    }
+
+    #[test]
+    fn waiter_dropped_after_credit_was_handed_to_it_passes_the_credit_on() {
+        let h = handle(1);
+        let first = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+        let mut a = Polled::new(&h, 1);
+        let mut b = Polled::new(&h, 1);
+        assert!(a.poll().is_pending() && b.poll().is_pending());
+        assert_eq!(first.complete(), Released::HandedOn); // to `a`, which never looks
+        assert_eq!((a.count.wakes(), b.count.wakes()), (1, 0));
+        drop(a);
+        assert_eq!(b.count.wakes(), 1, "the credit moved on to b");
+        let permit = b.permit();
+        assert_eq!(h.in_flight(&1), 1, "one credit: not lost, not duplicated");
+        check_conserved(&h, 1);
+        drop(permit);
+        assert_eq!(h.live_credits(), 0);
+    }
+
+    #[test]
+    fn close_fails_waiters_and_later_acquires_and_held_permits_still_release_once() {
+        let h = handle(1);
+        let held = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+        let mut a = Polled::new(&h, 1);
+        let mut b = Polled::new(&h, 2);
+        let mut c = Polled::new(&h, 1);
+        assert!(a.poll().is_pending());
+        let b_permit = b.permit();
+        assert!(c.poll().is_pending());
+        assert_eq!(b_permit.complete(), Released::Freed);
+        // Hand a credit to `a` that it has not observed; close must take it back.
+        assert_eq!(held.complete(), Released::HandedOn);
+        h.close();
+        assert!(h.is_closed());
+        assert_eq!(c.count.wakes(), 1, "close wakes the waiters");
+        assert!(matches!(a.poll(), Poll::Ready(Err(Closed))));
+        assert!(matches!(c.poll(), Poll::Ready(Err(Closed))));
+        assert!(matches!(
+            Polled::new(&h, 1).poll(),
+            Poll::Ready(Err(Closed))
+        ));
+        assert_eq!(h.try_acquire(3).unwrap_err(), TryAcquireError::Closed);
+        assert_eq!((h.live_credits(), h.in_flight(&1)), (0, 0));
+        assert_eq!(h.stats().refused_releases, 0);
+    }
+
+    #[test]
+    fn permit_held_across_close_releases_exactly_once() {
+        let h = handle(2);
+        let p = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+        let q = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+        h.close();
+        h.close(); // idempotent
+        assert_eq!(h.live_credits(), 2);
+        assert_eq!(p.complete(), Released::Freed);
+        drop(q);
+        assert_eq!(h.live_credits(), 0);
+        assert_eq!(
+            h.stats().refused_releases,
+            0,
+            "complete + Drop released once"
+        );
+    }
+
+    #[test]
+    fn try_acquire_never_barges_past_a_waiter() {
+        let h = handle(1);
+        let first = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+        let mut a = Polled::new(&h, 1);
+        assert!(a.poll().is_pending());
+        assert_eq!(first.complete(), Released::HandedOn);
+        assert_eq!(h.try_acquire(1).unwrap_err(), TryAcquireError::NoCredit);
+        let permit = a.permit();
+        drop(permit);
+        assert!(
+            h.try_acquire(1).is_ok(),
+            "free again once the line is empty"
+        );
+    }
+
+    #[test]
+    fn an_exhausted_shard_never_delays_another() {
+        let h = handle(1);
+        let _p1 = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+        let mut w1 = Polled::new(&h, 1);
+        assert!(w1.poll().is_pending());
+        let p2 = Polled::new(&h, 2).permit();
+        assert_eq!(
+            p2.complete(),
+            Released::Freed,
+            "shard 2's release never serves shard 1"
+        );
+        assert_eq!(w1.count.wakes(), 0);
+    }
+
+    #[test]
+    fn the_latest_waker_is_the_one_woken() {
+        let h = handle(1);
+        let first = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+        let mut a = Polled::new(&h, 1);
+        assert!(a.poll().is_pending());
+        let (other, other_count) = CountingWaker::new();
+        assert!(poll_once(&mut a.fut, &other).is_pending());
+        let _ = first.complete();
+        assert_eq!((a.count.wakes(), other_count.wakes()), (0, 1));
+        assert!(poll_once(&mut a.fut, &other).is_ready());
+        assert!(
+            poll_once(&mut a.fut, &other).is_pending(),
+            "done: stays pending"
+        );
+    }
+
+    #[test]
+    fn idle_handle_keeps_no_waiter_state() {
+        let h = handle(1);
+        let first = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+        let mut ws: vec::Vec<Polled> = (0..100).map(|i| Polled::new(&h, i % 3)).collect();
+        for w in &mut ws {
+            let _ = w.poll();
+        }
+        drop(ws);
+        drop(first);
+        let st = lock(&h.shared);
+        assert_eq!((st.lines.len(), st.waiters.len(), st.free.len()), (0, 0, 0));
+        assert_eq!(st.window.live_credits(), 0);
+    }
+}
