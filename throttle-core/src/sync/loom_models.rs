@@ -190,7 +190,7 @@ fn bytes_waiter_cancelled_racing_its_admission_passes_the_bytes_on() {
         let _ = t1.join();
         let _ = t2.join();
 
-        assert_eq!(b_wakes.wakes(), 1);
+        assert_eq!(b_wakes.wakes(), 1, "b woken exactly once");
         let Poll::Ready(Ok(pb)) = poll_once(&mut b, &wb) else {
             panic!("the bytes did not reach b");
         };

@@ -3,6 +3,7 @@
 //! Works under loom too: the counters are the shim's atomics, so a wake from another loom
 //! thread is a tracked access.
 
+#[cfg(not(loom))]
 use alloc::boxed::Box;
 #[cfg(not(loom))]
 use alloc::vec::Vec;
