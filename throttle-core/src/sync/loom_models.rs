@@ -1,9 +1,10 @@
 //! loom models of the races in `sync`, one race per model, driving the production handles.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p throttle-core --features std
-//! --lib --release sync::loom_models`. Futures are polled by hand with counting wakers (no
-//! executor); `WindowHandle::stats` exposes, for tests only, the count of releases the window
-//! refused (a double release) and the peak credits in flight per shard.
+//! --lib --release loom_models` (the gate's model lives at the bottom of `gate.rs`). Futures are
+//! polled by hand with counting wakers (no executor); `WindowHandle::stats` exposes, for tests
+//! only, the count of releases the window refused (a double release) and the peak credits in
+//! flight per shard.
 
 use alloc::boxed::Box;
 use core::task::{Context, Poll};

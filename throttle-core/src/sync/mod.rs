@@ -10,6 +10,7 @@
 //! |---|---|---|
 //! | [`WindowHandle`] | [`DispatchWindow`](crate::DispatchWindow) | a shard's credit ([`Permit`]), FIFO per shard |
 //! | [`PendingBytes`] | [`PendingBytesLimiter`](crate::PendingBytesLimiter) | admission of `n` bytes ([`BytesPermit`]), FIFO |
+//! | [`GateHandle`] | [`WriteGate`](crate::WriteGate) + two [`WakeSignal`]s | a bucket's opening ([`wait_until_open`](GateHandle::wait_until_open)), re-armed on every `Wake` |
 //! | [`WakeSignal`] + [`wait_until`] | any machine whose deadline can move earlier | its deadline, re-armed on every signal |
 //!
 //! Every handle follows the same rules:
@@ -26,9 +27,10 @@
 //!   time below).
 //! - A poisoned lock (a panic in a key's `Hash`, say) is recovered, not propagated.
 //!
-//! The loom models at the bottom of this module (`cfg(loom)`) check the races; see
+//! The loom models (`loom_models`, `cfg(loom)`) check the races; see
 //! `docs/sync.md` for the design and how to run them.
 
+mod gate;
 mod loom;
 mod pending;
 mod runtime;
@@ -41,6 +43,7 @@ pub(crate) mod test_support;
 #[cfg(all(test, loom))]
 mod loom_models;
 
+pub use gate::GateHandle;
 pub use pending::{AcquireBytes, BytesPermit, PendingBytes};
 pub use runtime::{ManualClock, ManualSleep, Runtime};
 pub use signal::{Changed, WakeSignal, wait_until};
@@ -52,23 +55,34 @@ pub use window::{Acquire, Permit, Released, TryAcquireError, WindowHandle};
 pub struct Closed;
 
 /// Compile-time checks of the bounds DESIGN §4 promises: handles `Clone + Send + Sync`,
-/// permits and futures `Send`, for any `Send` shard key and hasher.
+/// permits and futures `Send`, for any `Send + Sync` key, `Send` hasher and any [`Runtime`].
 #[allow(dead_code)]
-fn assert_bounds<Shard, S>()
+fn assert_bounds<Shard, S, R>()
 where
-    Shard: core::hash::Hash + Eq + Clone + Send + 'static,
+    Shard: core::hash::Hash + Eq + Clone + Send + Sync + 'static,
     S: core::hash::BuildHasher + Send + 'static,
+    R: Runtime,
 {
     fn handle<T: Clone + Send + Sync + 'static>() {}
     fn send<T: Send + 'static>() {}
+    fn send_value<T: Send>(_: &T) {}
     handle::<WindowHandle<Shard, S>>();
     send::<Permit<Shard, S>>();
     send::<Acquire<Shard, S>>();
     handle::<PendingBytes>();
     send::<BytesPermit>();
     send::<AcquireBytes>();
+    handle::<GateHandle<Shard, S>>();
     handle::<WakeSignal>();
     send::<Changed>();
     handle::<ManualClock>();
     send::<ManualSleep>();
+    // The unnameable futures of the async fns, for every runtime.
+    let _gate = |gate: &GateHandle<Shard, S>, rt: &R, bucket: &Shard| {
+        send_value(&gate.wait_until_open(rt, bucket));
+        send_value(&gate.drive_timeouts(rt));
+    };
+    let _wait = |rt: &R, signal: &WakeSignal| {
+        send_value(&wait_until(rt, signal, |_| None));
+    };
 }

@@ -1,0 +1,376 @@
+//! [`GateHandle`]: the write gate shared by a writer's tasks, with `wait_until_open` that
+//! wakes early when an input moves a bucket's opening earlier.
+//!
+//! Inputs go through [`GateHandle::update`] (or the named helpers), which runs them on the
+//! gate under the lock and drains the gate's actions; a [`GateAction::Wake`] becomes a
+//! [`WakeSignal::notify`] after the lock is dropped. Sleepers in
+//! [`wait_until_open`](GateHandle::wait_until_open) read the signal's epoch before the gate
+//! (see [`wait_until`]), so they re-arm their timer at the new opening and never sleep on a
+//! stale one.
+
+use core::fmt;
+use core::hash::{BuildHasher, Hash};
+use core::time::Duration;
+
+use super::loom::{Arc, Mutex, lock};
+use super::{Runtime, WakeSignal, wait_until};
+use crate::backpressure::Signal;
+use crate::rng::Rng;
+use crate::time::Instant;
+use crate::write_gate::{GateAction, GateState, WriteGate, WriteGateConfig};
+
+/// A cloneable handle to a [`WriteGate`] shared by a writer's tasks. `Clone + Send + Sync`
+/// (for `Send` bucket keys and hasher); clones share one gate and one wake signal.
+///
+/// # Contract
+///
+/// - Inputs: the `handle_*` helpers, or [`update`](Self::update) for any other gate input.
+///   Each runs under the lock, then every `GateAction::Wake` the gate emitted notifies
+///   [`signal`](Self::signal) after the lock is dropped.
+/// - Waiting: [`wait_until_open`](Self::wait_until_open) resolves with the bucket's first state
+///   that is not a timed closure: `Open`, `Probing` (wait for a success) or `UnknownLeader`
+///   (refresh metadata, then wait again). It sleeps until the opening on the runtime's clock
+///   and re-arms whenever a Wake moves an opening earlier.
+/// - Eviction: [`drive_timeouts`](Self::drive_timeouts) is the gate's timer loop
+///   (`poll_timeout` → sleep → `handle_timeout`); spawn it once per gate. Reads treat expired
+///   gates as open without it; it only frees memory.
+/// - Queries: [`check`](Self::check), [`remaining`](Self::remaining).
+pub struct GateHandle<K, S> {
+    shared: Arc<Mutex<WriteGate<K, S>>>,
+    /// Notified on every `GateAction::Wake`: sleepers re-check their bucket.
+    signal: WakeSignal,
+    /// Notified when an input moves `poll_timeout` earlier: the timeout driver re-arms.
+    timer: WakeSignal,
+}
+
+impl<K, S> Clone for GateHandle<K, S> {
+    fn clone(&self) -> Self {
+        GateHandle {
+            shared: Arc::clone(&self.shared),
+            signal: self.signal.clone(),
+            timer: self.timer.clone(),
+        }
+    }
+}
+
+impl<K, S> fmt::Debug for GateHandle<K, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GateHandle").finish_non_exhaustive()
+    }
+}
+
+impl<K, S> GateHandle<K, S>
+where
+    K: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    /// A handle over a new gate, hashing bucket keys with `S::default()`.
+    pub fn new(cfg: WriteGateConfig) -> Self
+    where
+        S: Default,
+    {
+        Self::from_gate(WriteGate::new(cfg))
+    }
+
+    /// A handle over a new gate, hashing bucket keys with `hasher`.
+    pub fn with_hasher(cfg: WriteGateConfig, hasher: S) -> Self {
+        Self::from_gate(WriteGate::with_hasher(cfg, hasher))
+    }
+
+    /// A handle over an existing gate.
+    pub fn from_gate(gate: WriteGate<K, S>) -> Self {
+        GateHandle {
+            shared: Arc::new(Mutex::new(gate)),
+            signal: WakeSignal::new(),
+            timer: WakeSignal::new(),
+        }
+    }
+
+    /// The signal notified on every `GateAction::Wake`.
+    pub fn signal(&self) -> &WakeSignal {
+        &self.signal
+    }
+
+    /// Runs `input` on the gate under the lock, then turns the gate's `Wake` actions into a
+    /// notify of [`signal`](Self::signal) (after the lock is dropped). Do not block in `input`.
+    pub fn update<T>(&self, input: impl FnOnce(&mut WriteGate<K, S>) -> T) -> T {
+        let (out, woke, earlier_timeout) = {
+            let mut gate = lock(&self.shared);
+            let before = gate.poll_timeout();
+            let out = input(&mut gate);
+            let earlier_timeout = match (before, gate.poll_timeout()) {
+                (Some(b), Some(a)) => a < b,
+                (None, Some(_)) => true,
+                _ => false,
+            };
+            let mut woke = false;
+            while let Some(action) = gate.poll_action() {
+                match action {
+                    GateAction::Wake { .. } => woke = true,
+                }
+            }
+            (out, woke, earlier_timeout)
+        };
+        if woke {
+            self.signal.notify();
+        }
+        if earlier_timeout {
+            self.timer.notify();
+        }
+        out
+    }
+
+    /// [`WriteGate::handle_disk_write_locked`] through [`update`](Self::update).
+    pub fn handle_disk_write_locked<R: Rng + ?Sized>(
+        &self,
+        now: Instant,
+        bucket: &K,
+        attempts: u32,
+        rng: &mut R,
+    ) -> Duration {
+        self.update(|g| g.handle_disk_write_locked(now, bucket, attempts, rng))
+    }
+
+    /// [`WriteGate::handle_retriable_write`] through [`update`](Self::update).
+    pub fn handle_retriable_write<R: Rng + ?Sized>(
+        &self,
+        now: Instant,
+        bucket: &K,
+        attempts: u32,
+        rng: &mut R,
+    ) -> Duration {
+        self.update(|g| g.handle_retriable_write(now, bucket, attempts, rng))
+    }
+
+    /// [`WriteGate::handle_kv_signal`] through [`update`](Self::update).
+    pub fn handle_kv_signal(&self, now: Instant, bucket: &K, signal: Signal) -> Duration {
+        self.update(|g| g.handle_kv_signal(now, bucket, signal))
+    }
+
+    /// [`WriteGate::handle_leader`] through [`update`](Self::update).
+    pub fn handle_leader(&self, now: Instant, bucket: &K, known: bool) {
+        self.update(|g| g.handle_leader(now, bucket, known));
+    }
+
+    /// [`WriteGate::handle_success`] through [`update`](Self::update).
+    pub fn handle_success(&self, now: Instant, bucket: &K) {
+        self.update(|g| g.handle_success(now, bucket));
+    }
+
+    /// [`WriteGate::check`].
+    pub fn check(&self, now: Instant, bucket: &K) -> GateState {
+        lock(&self.shared).check(now, bucket)
+    }
+
+    /// [`WriteGate::remaining`].
+    pub fn remaining(&self, now: Instant, bucket: &K) -> Duration {
+        lock(&self.shared).remaining(now, bucket)
+    }
+
+    /// Waits while `bucket` is closed with a deadline; resolves with the first other state
+    /// (`Open`, `Probing` or `UnknownLeader`). Wakes early, and re-arms its timer, when an
+    /// input moves the bucket's opening earlier. Cancel-safe.
+    pub async fn wait_until_open<R: Runtime>(&self, rt: &R, bucket: &K) -> GateState {
+        let mut state = GateState::Open;
+        wait_until(rt, &self.signal, |now| {
+            state = lock(&self.shared).check(now, bucket);
+            match state {
+                GateState::Closed { until, .. } => Some(until),
+                _ => None,
+            }
+        })
+        .await;
+        state
+    }
+
+    /// The gate's timer loop: sleeps until `poll_timeout`, calls `handle_timeout`, forever.
+    /// An input that moves `poll_timeout` earlier re-arms it. Spawn it once per gate (drop the
+    /// task to stop it); without it, reads still treat expired gates as open, and memory is
+    /// freed at the next input's own eviction.
+    pub async fn drive_timeouts<R: Runtime>(&self, rt: &R) {
+        loop {
+            wait_until(rt, &self.timer, |now| {
+                match lock(&self.shared).poll_timeout() {
+                    Some(at) if at <= now => None,
+                    Some(at) => Some(at),
+                    // Nothing gated: sleep until an input notifies the timer signal.
+                    None => Some(Instant::MAX),
+                }
+            })
+            .await;
+            let now = rt.now();
+            self.update(|g| g.handle_timeout(now));
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::dispatch_window::TestHasher;
+    use crate::sync::test_support::{Executor, TestRuntime};
+    use std::sync::Mutex as StdMutex;
+
+    type Gate = GateHandle<u32, TestHasher>;
+
+    fn is_send<T: Send>(_: &T) {}
+
+    #[test]
+    fn lower_pressure_wakes_the_sleeper_early_and_it_opens_at_the_new_deadline() {
+        let mut ex = Executor::default();
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(ex.spawner());
+        let gate = Gate::new(WriteGateConfig::default());
+        let t0 = Instant::ZERO;
+        // Full pressure: the default curve's ceiling, 5000 ms.
+        assert_eq!(
+            gate.handle_kv_signal(t0, &7, Signal::Full),
+            Duration::from_millis(5000)
+        );
+        let result = std::sync::Arc::new(StdMutex::new(None));
+        {
+            let (gate, rt2, result) = (gate.clone(), rt.clone(), std::sync::Arc::clone(&result));
+            let fut = async move {
+                let state = gate.wait_until_open(&rt2, &7).await;
+                if let Ok(mut r) = result.lock() {
+                    *r = Some((state, rt2.now()));
+                }
+            };
+            is_send(&fut);
+            rt.spawn(fut);
+        }
+        assert_eq!(ex.run_until_stalled(), 1);
+        assert_eq!(rt.clock.next_deadline(), Some(Instant::from_millis(5000)));
+        // Half pressure: 5000 ms x 0.5^3 = 625 ms; latest-wins shortens it and emits a Wake.
+        let epoch = gate.signal().epoch();
+        gate.handle_kv_signal(t0, &7, Signal::Pressure(500_000));
+        assert!(
+            gate.signal().has_changed(epoch),
+            "the Wake notified the signal"
+        );
+        assert_eq!(ex.run_until_stalled(), 1);
+        assert_eq!(
+            rt.clock.next_deadline(),
+            Some(Instant::from_millis(625)),
+            "re-armed at the earlier opening"
+        );
+        rt.clock.advance_to(Instant::from_millis(624));
+        assert_eq!(ex.run_until_stalled(), 1);
+        rt.clock.advance_to(Instant::from_millis(625));
+        assert_eq!(ex.run_until_stalled(), 0);
+        let got = result.lock().ok().and_then(|r| *r);
+        assert_eq!(got, Some((GateState::Open, Instant::from_millis(625))));
+    }
+
+    #[test]
+    fn a_longer_install_does_not_wake_sleepers() {
+        let gate = Gate::new(WriteGateConfig::default());
+        let epoch = gate.signal().epoch();
+        gate.handle_kv_signal(Instant::ZERO, &1, Signal::Pressure(500_000));
+        gate.handle_kv_signal(Instant::ZERO, &1, Signal::Full);
+        assert!(
+            !gate.signal().has_changed(epoch),
+            "longer throttles never wake"
+        );
+    }
+
+    #[test]
+    fn unknown_leader_ends_the_wait_so_the_caller_refreshes() {
+        let mut ex = Executor::default();
+        let rt = TestRuntime::new();
+        let gate = Gate::new(WriteGateConfig::default());
+        gate.handle_kv_signal(Instant::ZERO, &3, Signal::Full);
+        let result = std::sync::Arc::new(StdMutex::new(None));
+        {
+            let (gate, rt2, result) = (gate.clone(), rt.clone(), std::sync::Arc::clone(&result));
+            ex.spawn(async move {
+                let state = gate.wait_until_open(&rt2, &3).await;
+                if let Ok(mut r) = result.lock() {
+                    *r = Some(state);
+                }
+            });
+        }
+        assert_eq!(ex.run_until_stalled(), 1);
+        gate.handle_leader(Instant::ZERO, &3, false); // drops the KV throttle: a Wake
+        assert_eq!(ex.run_until_stalled(), 0);
+        assert_eq!(
+            result.lock().ok().and_then(|r| *r),
+            Some(GateState::UnknownLeader)
+        );
+    }
+
+    #[test]
+    fn timeout_driver_evicts_expired_gates_and_rearms_for_earlier_ones() {
+        let mut ex = Executor::default();
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(ex.spawner());
+        let gate = Gate::new(WriteGateConfig::default());
+        {
+            let (gate, rt2) = (gate.clone(), rt.clone());
+            rt.spawn(async move { gate.drive_timeouts(&rt2).await });
+        }
+        assert_eq!(ex.run_until_stalled(), 1);
+        assert_eq!(
+            rt.clock.next_deadline(),
+            Some(Instant::MAX),
+            "idle: asleep until an input gates something"
+        );
+        gate.handle_kv_signal(Instant::ZERO, &1, Signal::Full);
+        assert_eq!(ex.run_until_stalled(), 1);
+        assert_eq!(rt.clock.next_deadline(), Some(Instant::from_millis(5000)));
+        gate.handle_kv_signal(Instant::ZERO, &2, Signal::Pressure(500_000));
+        assert_eq!(ex.run_until_stalled(), 1);
+        assert_eq!(rt.clock.next_deadline(), Some(Instant::from_millis(625)));
+        rt.clock.advance_to(Instant::from_millis(5000));
+        assert_eq!(ex.run_until_stalled(), 1);
+        assert!(gate.update(|g| g.is_empty()), "every expired gate evicted");
+    }
+}
+
+/// The gate's race, in the style of `sync::loom_models` (run with the same command).
+#[cfg(all(test, loom))]
+mod loom_models {
+    use super::*;
+    use crate::dispatch_window::TestHasher;
+    use crate::sync::test_support::{CountingWaker, TestRuntime};
+    use alloc::boxed::Box;
+    use core::task::{Context, Poll};
+    use loom::thread;
+
+    /// The gate's wake signal races a sleeper in `GateHandle::wait_until_open` that is reading the
+    /// gate and arming its timer: a lower KV pressure (latest-wins, a `Wake`) on another thread
+    /// must leave the sleeper asleep with its only timer at the new, earlier opening.
+    #[test]
+    fn gate_wake_racing_a_sleeper_rearms_its_timer_at_the_earlier_opening() {
+        loom::model(|| {
+            let rt = TestRuntime::new();
+            let gate: GateHandle<u32, TestHasher> = GateHandle::new(WriteGateConfig::default());
+            let _ = gate.handle_kv_signal(Instant::ZERO, &7, Signal::Full); // 5000 ms
+
+            let gate2 = gate.clone();
+            let t1 = thread::spawn(move || {
+                // 5000 ms x 0.5^3 = 625 ms: latest-wins shortens it and emits a Wake.
+                let _ = gate2.handle_kv_signal(Instant::ZERO, &7, Signal::Pressure(500_000));
+            });
+
+            let (waker, wakes) = CountingWaker::new();
+            let mut cx = Context::from_waker(&waker);
+            let mut sleeper = Box::pin(gate.wait_until_open(&rt, &7));
+            assert!(sleeper.as_mut().poll(&mut cx).is_pending());
+            let _ = t1.join();
+            let mut seen = 0;
+            while wakes.wakes() != seen {
+                seen = wakes.wakes();
+                assert!(sleeper.as_mut().poll(&mut cx).is_pending());
+            }
+            assert_eq!(
+                rt.clock.next_deadline(),
+                Some(Instant::from_millis(625)),
+                "asleep on the old opening: the Wake was lost"
+            );
+            assert_eq!(rt.clock.sleepers(), 1, "the old timer was dropped");
+            rt.clock.advance_to(Instant::from_millis(625));
+            assert_eq!(sleeper.as_mut().poll(&mut cx), Poll::Ready(GateState::Open));
+        });
+    }
+}
