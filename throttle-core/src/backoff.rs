@@ -967,6 +967,129 @@ mod tests {
         assert!((100..=1200).contains(&d), "{d}");
     }
 
+    /// `(share of draws above `split`, smallest, largest)` over `draws`.
+    fn spread(draws: &[u128], split: u128) -> (usize, u128, u128) {
+        let above = draws.iter().filter(|&&d| d > split).count();
+        let lo = draws.iter().copied().min().unwrap_or(0);
+        let hi = draws.iter().copied().max().unwrap_or(0);
+        (above, lo, hi)
+    }
+
+    #[test]
+    fn decorrelated_first_delays_spread_evenly_up_to_three_times_initial() {
+        // U[initial, 3·initial] from 1 s: about half the draws lie above 2 s, the extremes
+        // approach 1 s and 3 s. A draw pinned to `initial` or capped at 2·prev fails this.
+        let cfg = BackoffConfig::builder()
+            .initial(Duration::from_secs(1))
+            .max(Duration::from_secs(100))
+            .jitter(Jitter::Decorrelated)
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(3);
+        let firsts: Vec<u128> = (0..1000)
+            .map(|_| ms_of(Backoff::new().next_delay(&cfg, &mut rng).unwrap()))
+            .collect();
+        let (above_2s, lo, hi) = spread(&firsts, 2_000);
+        assert!((400..600).contains(&above_2s), "{above_2s}/1000 above 2 s");
+        assert!(
+            lo < 1_010 && hi > 2_990 && hi <= 3_000,
+            "range {lo}..={hi} ms"
+        );
+        // The stateless query draws from the same range for attempt 0.
+        let queried: Vec<u128> = (0..1000)
+            .map(|_| ms_of(cfg.delay_for(0, &mut rng)))
+            .collect();
+        let (above_2s, _, hi) = spread(&queried, 2_000);
+        assert!(above_2s > 400 && hi > 2_990, "{above_2s}/1000, top {hi} ms");
+    }
+
+    #[test]
+    fn decorrelated_later_delays_reach_three_times_the_previous_one() {
+        // Far below the cap, each delay is U[initial, 3·prev]: about a third land above 2·prev.
+        let cfg = BackoffConfig::builder()
+            .initial(Duration::from_millis(100))
+            .max(Duration::from_secs(1_000_000))
+            .jitter(Jitter::Decorrelated)
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(17);
+        let (mut steps, mut above_2x, mut best) = (0u32, 0u32, 0u128);
+        for _ in 0..100 {
+            let mut b = Backoff::new();
+            let mut prev = ms_of(b.next_delay(&cfg, &mut rng).unwrap());
+            for _ in 0..10 {
+                let d = ms_of(b.next_delay(&cfg, &mut rng).unwrap());
+                steps += 1;
+                above_2x += u32::from(d > 2 * prev);
+                best = best.max(d * 1000 / prev);
+                prev = d;
+            }
+        }
+        assert!(
+            above_2x * 4 > steps,
+            "{above_2x}/{steps} delays above 2·prev"
+        );
+        assert!(best > 2_950, "largest ratio {best}‰ of the previous delay");
+    }
+
+    #[test]
+    fn proportional_jitter_lands_on_both_sides_of_the_base_evenly() {
+        // ±20 % around 1 s: a factor drawn only below (or only above) 1 fails this.
+        let cfg = BackoffConfig::kafka_retry()
+            .to_builder()
+            .initial(Duration::from_secs(1))
+            .max(Duration::from_secs(100))
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(23);
+        for attempt in [0, 1, 3] {
+            let base = ms_of(cfg.base_delay(attempt));
+            let draws: Vec<u128> = (0..1000)
+                .map(|_| ms_of(cfg.delay_for(attempt, &mut rng)))
+                .collect();
+            let (above, lo, hi) = spread(&draws, base);
+            let below = draws.iter().filter(|&&d| d < base).count();
+            assert!(
+                (400..600).contains(&above) && (400..600).contains(&below),
+                "attempt {attempt}: {below} below, {above} above {base} ms"
+            );
+            assert!(lo * 10 < base * 8 + base / 10 && hi * 10 > base * 12 - base / 10);
+        }
+    }
+
+    #[test]
+    fn full_jitter_is_spread_evenly_over_zero_to_base() {
+        let cfg = builder_ns(1_000, 1_000_000)
+            .jitter(Jitter::Full)
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(29);
+        let draws: Vec<u128> = (0..1000)
+            .map(|_| cfg.delay_for(0, &mut rng).as_nanos())
+            .collect();
+        let (upper, lo, hi) = spread(&draws, 500);
+        assert!((400..600).contains(&upper), "{upper}/1000 above base/2");
+        assert!(lo < 10 && hi > 990 && hi <= 1_000, "range {lo}..={hi} ns");
+    }
+
+    #[test]
+    fn equal_jitter_is_spread_evenly_over_half_base_to_base() {
+        let cfg = builder_ns(1_000, 1_000_000)
+            .jitter(Jitter::Equal)
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(31);
+        let draws: Vec<u128> = (0..1000)
+            .map(|_| cfg.delay_for(0, &mut rng).as_nanos())
+            .collect();
+        let (upper, lo, hi) = spread(&draws, 750);
+        assert!((400..600).contains(&upper), "{upper}/1000 above 3/4 base");
+        assert!(
+            (500..510).contains(&lo) && (991..=1_000).contains(&hi),
+            "{lo}..={hi} ns"
+        );
+    }
+
     #[test]
     fn additive_offset_is_drawn_once_per_sequence_and_redrawn_after_reset() {
         let cfg = BackoffConfig::gobblin_throttling_client();
@@ -1021,6 +1144,14 @@ mod tests {
             distinct > 40,
             "clients do not retry in lockstep: {distinct} distinct"
         );
+        // The offset covers its whole range evenly, not just its low end.
+        let mut rng = SplitMix64::new(37);
+        let starts: Vec<u128> = (0..1000)
+            .map(|_| ms_of(cfg.delay_for(0, &mut rng)))
+            .collect();
+        let (upper, lo, hi) = spread(&starts, 750);
+        assert!((400..600).contains(&upper), "{upper}/1000 above 750 ms");
+        assert!(lo < 505 && hi > 995 && hi < 1_000, "{lo}..={hi} ms");
     }
 
     #[test]
