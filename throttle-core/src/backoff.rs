@@ -86,7 +86,8 @@ pub enum Jitter {
     },
     /// Full jitter: `U[0, base]`.
     Full,
-    /// Equal jitter: `U[⌊base/2⌋, base]`.
+    /// Equal jitter: `base/2 + U[0, base/2]` with `base/2` rounded down, so an odd base's
+    /// delay tops out 1 ns below it (DESIGN §3.1, taken literally).
     Equal,
     /// Decorrelated jitter: `min(max, U[initial, 3·prev])`, where `prev` is the previous delay
     /// of the sequence (`initial` before the first).
@@ -378,7 +379,10 @@ impl BackoffConfig {
                 mul_div(base, self.initial.saturating_add(off), self.initial)
             }
             Jitter::Full => between_inclusive(rng, 0, base),
-            Jitter::Equal => between_inclusive(rng, base / 2, base),
+            Jitter::Equal => {
+                let half = base / 2;
+                half + between_inclusive(rng, 0, half)
+            }
             Jitter::Decorrelated => between_inclusive(rng, self.initial, prev.saturating_mul(3)),
         };
         let v = raw.min(self.max).max(self.floor);
@@ -932,16 +936,22 @@ mod tests {
     }
 
     #[test]
-    fn equal_jitter_spans_half_base_to_base() {
-        let cfg = builder_ns(21, 1_000).jitter(Jitter::Equal).build().unwrap();
-        let mut rng = SplitMix64::new(12);
-        let (mut lo, mut hi) = (u128::MAX, 0);
-        for _ in 0..500 {
-            let d = cfg.delay_for(0, &mut rng).as_nanos();
-            lo = lo.min(d);
-            hi = hi.max(d);
+    fn equal_jitter_is_half_base_plus_up_to_half_base() {
+        // base/2 + U[0, base/2]: an odd base of 21 ns gives 10..=20 ns, an even 20 ns 10..=20.
+        for (initial, range) in [(21, (10, 20)), (20, (10, 20))] {
+            let cfg = builder_ns(initial, 1_000)
+                .jitter(Jitter::Equal)
+                .build()
+                .unwrap();
+            let mut rng = SplitMix64::new(12);
+            let (mut lo, mut hi) = (u128::MAX, 0);
+            for _ in 0..500 {
+                let d = cfg.delay_for(0, &mut rng).as_nanos();
+                lo = lo.min(d);
+                hi = hi.max(d);
+            }
+            assert_eq!((lo, hi), range, "base {initial} ns");
         }
-        assert_eq!((lo, hi), (10, 21));
     }
 
     #[test]

@@ -204,8 +204,9 @@ fn decode_spec(c: &mut Cursor<'_>) -> (Spec, BackoffConfig, Result<BackoffConfig
         b = b.jitter(s.jitter.to_machine());
     }
     if mask & 16 != 0 {
-        let res = match c.u8() % 5 {
-            0 => 1,
+        let res = match c.u8() % 6 {
+            // 1 ns twice as often: a fine grid shows 1 ns slips that truncation would hide.
+            0 | 5 => 1,
             1 => MS,
             2 => 0,
             3 => u64::from(c.u16()),
@@ -376,7 +377,7 @@ fn ref_delay(
             mul_div(base, s.initial.saturating_add(off), s.initial)
         }
         RefJitter::Full => ref_between(rng, 0, base),
-        RefJitter::Equal => ref_between(rng, base / 2, base),
+        RefJitter::Equal => base / 2 + ref_between(rng, 0, base / 2),
         RefJitter::Decorrelated => ref_between(rng, s.initial, prev.saturating_mul(3)),
     };
     Ok(ref_finish(s, raw))
@@ -664,27 +665,40 @@ mod tests {
 
     #[test]
     fn every_strategy_matches_the_reference_exactly_over_a_long_run() {
-        // General preset (1 s → 10 s, ×2, 1 ms) with only the jitter overridden (mask bit 8).
-        let half_s = Duration::from_millis(500);
+        // Two shapes, each with every strategy (mask bit 8 overrides the jitter):
+        // the general preset (1 s → 10 s, ×2, 1 ms grid), where ms truncation hides 1 ns slips;
+        // and 1001 ns → 60 001 ns, ×3/2, 1 ns grid (mask 31), where odd bases and
+        // non-integer growth make every nanosecond count.
+        let coarse: &[u8] = &[0, 8, 8];
+        let fine: &[u8] = &[0, 31, 31, 5, 0xE9, 0x03, 5, 0x61, 0xEA, 2, 3, 2];
         let strategies: [(&[u8], RefJitter); 6] = [
             (&[0], RefJitter::None),
             (&[1, 0], RefJitter::Proportional(200_000)),
-            (&[2, 4, 0xF4, 0x01], RefJitter::Additive(500 * MS, half_s)),
+            (
+                &[2, 5, 0xF4, 0x01],
+                RefJitter::Additive(500, Duration::from_nanos(500)),
+            ),
             (&[3], RefJitter::Full),
             (&[4], RefJitter::Equal),
             (&[5], RefJitter::Decorrelated),
         ];
         let ops = [0, 0, 0, 8, 6, 3, 7, 0, 7, 1, 0, 0, 8, 5, 6, 0];
-        for (bytes, jitter) in strategies {
-            let mut data = alloc::vec![0, 8, 8];
-            data.extend_from_slice(bytes);
-            data.extend_from_slice(&[0x5A; 8]);
-            for _ in 0..20 {
-                data.extend_from_slice(&ops);
+        for (shape, res, initial) in [(coarse, MS, 1_000 * MS), (fine, 1, 1_001)] {
+            for (bytes, jitter) in strategies {
+                let mut data = shape.to_vec();
+                data.extend_from_slice(bytes);
+                if shape == fine {
+                    data.push(0); // resolution 1 ns
+                }
+                data.extend_from_slice(&[0x5A; 8]);
+                for _ in 0..20 {
+                    data.extend_from_slice(&ops);
+                }
+                let (spec, _, built) = decode_spec(&mut Cursor::new(&data));
+                let got = (spec.jitter, spec.res, spec.initial, built.is_ok());
+                assert_eq!(got, (jitter, res, initial, true));
+                assert_eq!(check(&data), Ok(()), "{jitter:?}, {res} ns grid");
             }
-            let (spec, _, built) = decode_spec(&mut Cursor::new(&data));
-            assert_eq!((spec.jitter, built.is_ok()), (jitter, true));
-            assert_eq!(check(&data), Ok(()), "{jitter:?}");
         }
     }
 
