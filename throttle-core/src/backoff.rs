@@ -14,12 +14,16 @@
 //! 2. **Jitter** ([`Jitter`]), drawn from the caller's RNG, then **clamped to `max`**: `max`
 //!    includes jitter for every strategy.
 //! 3. **Floor**: `max(floor, ·)`. Validation keeps `floor ≤ max`, so this never exceeds `max`.
-//! 4. **Truncation** down to a multiple of `resolution`. Validation requires `floor` to be a
-//!    multiple of `resolution`, so truncating never drops below `floor`.
+//! 4. **Truncation** down to a multiple of `resolution`, but never below one `resolution`
+//!    step: an enabled backoff never hands out a zero delay (a raw delay below one step, e.g.
+//!    a [`Jitter::Full`] draw near 0 or an `initial` under the resolution, becomes one step).
+//!    Validation requires `floor` to be a multiple of `resolution`, so truncating never drops
+//!    below `floor`, and `resolution ≤ max` when enabled, so the step never exceeds `max`.
 //! 5. **Budget** (only in [`Backoff::next_delay`]): a delay larger than what is left of the
 //!    optional total budget is refused.
 //!
-//! So every delay lies in `[floor, max]` and is a multiple of `resolution`, except that an
+//! So every delay lies in `[max(floor, resolution), max]` and is a multiple of `resolution`,
+//! except that an
 //! `initial` of zero disables the backoff: every delay is zero (see
 //! [`BackoffConfig::is_disabled`]).
 //!
@@ -84,7 +88,8 @@ pub enum Jitter {
         /// Width of the offset's range; zero means no offset.
         range: Duration,
     },
-    /// Full jitter: `U[0, base]`.
+    /// Full jitter: `U[0, base]`, then truncated like every delay, so a draw below one
+    /// `resolution` step gives one step, never zero.
     Full,
     /// Equal jitter: `base/2 + U[0, base/2]` with `base/2` rounded down, so an odd base's
     /// delay tops out 1 ns below it (DESIGN §3.1, taken literally).
@@ -386,7 +391,9 @@ impl BackoffConfig {
             Jitter::Decorrelated => between_inclusive(rng, self.initial, prev.saturating_mul(3)),
         };
         let v = raw.min(self.max).max(self.floor);
-        v - v.checked_rem(self.resolution).unwrap_or(0)
+        // Never below one step: a zero delay would retry at once while the backoff claims to
+        // be enabled. Validation keeps `resolution ≤ max`, so this stays within `max`.
+        (v - v.checked_rem(self.resolution).unwrap_or(0)).max(self.resolution)
     }
 }
 
@@ -516,7 +523,8 @@ impl BackoffConfigBuilder {
 
     /// The config, or the first rule it breaks: resolution ≥ 1 ns; the preset's bounds on
     /// `initial` and `max`; `initial ≤ max`; `num ≥ den > 0`; jitter ppm ≤ 1 000 000;
-    /// `floor ≤ max`; `floor` a multiple of `resolution`; the base settles within
+    /// `floor ≤ max`; `floor` a multiple of `resolution`; `resolution ≤ max` unless `initial`
+    /// is zero (disabled); the base settles within
     /// [`MAX_RAMP_ATTEMPTS`] attempts. Durations past `u64::MAX` ns count as `u64::MAX` ns.
     pub fn build(self) -> Result<BackoffConfig, ConfigError> {
         let (settle, settled) = self.check()?;
@@ -591,6 +599,13 @@ impl BackoffConfigBuilder {
             return Err(ConfigError::Invalid {
                 option: r.floor,
                 reason: "must be a multiple of the resolution",
+            });
+        }
+        // Every delay would truncate to zero (e.g. 500 µs..900 µs on a 1 ms grid).
+        if self.initial > 0 && self.resolution > self.max {
+            return Err(ConfigError::Inverted {
+                option: r.resolution,
+                limit: r.max,
             });
         }
         ramp(self.initial, self.max, self.num, self.den).ok_or(ConfigError::Invalid {
@@ -922,17 +937,21 @@ mod tests {
     }
 
     #[test]
-    fn full_jitter_spans_zero_to_base() {
+    fn full_jitter_spans_one_step_to_base() {
+        // U[0, 20 ns] on a 1 ns grid: a draw of 0 becomes one step, so 1 ns is drawn twice
+        // as often as any other value and 0 never.
         let cfg = builder_ns(10, 1_000).jitter(Jitter::Full).build().unwrap();
         let mut rng = SplitMix64::new(11);
-        let (mut saw0, mut saw_top) = (false, false);
-        for _ in 0..500 {
+        let mut seen = [0u32; 21];
+        for _ in 0..2100 {
             let d = cfg.delay_for(1, &mut rng).as_nanos();
-            assert!(d <= 20, "{d} ns above the 20 ns base");
-            saw0 |= d == 0;
-            saw_top |= d == 20;
+            assert!((1..=20).contains(&d), "{d} ns outside 1..=20 ns");
+            if let Some(n) = usize::try_from(d).ok().and_then(|d| seen.get_mut(d)) {
+                *n += 1;
+            }
         }
-        assert!(saw0 && saw_top, "both ends of [0, base] are reachable");
+        assert!(seen[20] > 50, "the top is reachable: {}", seen[20]);
+        assert!(seen[1] > 150, "0 and 1 both give 1 ns: {}", seen[1]);
     }
 
     #[test]
@@ -1535,6 +1554,82 @@ mod tests {
         let stuck = builder_ns(9, u64::MAX).multiplier(11, 10).build().unwrap();
         assert_eq!(stuck.cap_attempt(), 0);
         assert_eq!(stuck.base_delay(u32::MAX), Duration::from_nanos(9));
+    }
+
+    #[test]
+    fn enabled_config_with_max_below_resolution_is_refused() {
+        // 500 µs..900 µs on the 1 ms grid would truncate every delay to zero.
+        for (b, option, limit) in [
+            (
+                BackoffConfig::builder(),
+                "backoff.resolution",
+                "backoff.max",
+            ),
+            (
+                BackoffConfig::fluss_retriable_write().to_builder(),
+                "client.writer.retry-backoff.resolution",
+                "client.writer.retry-backoff-max",
+            ),
+            (
+                BackoffConfig::kafka_retry().to_builder(),
+                "retry.backoff.resolution",
+                "retry.backoff.max.ms",
+            ),
+        ] {
+            let sub = b.initial(Duration::from_micros(500));
+            assert_eq!(
+                sub.clone().max(Duration::from_micros(900)).build(),
+                Err(ConfigError::Inverted { option, limit })
+            );
+            // The exact edge: max one nanosecond below the 1 ms step is refused, 1 ms is not.
+            let just_below = sub.clone().max(Duration::from_nanos(999_999)).build();
+            assert_eq!(just_below, Err(ConfigError::Inverted { option, limit }));
+            let at_step = sub.clone().max(Duration::from_millis(1)).build().unwrap();
+            let mut rng = SplitMix64::new(1);
+            let mut seq = Backoff::new();
+            for _ in 0..5 {
+                let d = seq.next_delay(&at_step, &mut rng);
+                assert_eq!(d, Some(Duration::from_millis(1)), "lifted to one step");
+            }
+            // A disabled config hands out zero by definition; its max is not checked.
+            let off = sub.initial(Duration::ZERO).max(Duration::from_micros(900));
+            assert!(off.build().is_ok_and(|c| c.is_disabled()));
+        }
+        let coarse = builder_ns(5, 10).resolution(Duration::from_nanos(11));
+        assert!(coarse.clone().build().is_err());
+        assert!(coarse.max(Duration::from_nanos(11)).build().is_ok());
+    }
+
+    #[test]
+    fn enabled_backoff_never_hands_out_a_zero_delay() {
+        // Each of these can draw a raw delay below the 1 ms step: ±20 % of 1 ms (0.8 ms),
+        // ±100 %, full jitter, equal jitter of 1 ms (0.5 ms), an initial of 1 ns, and a
+        // decorrelated start below the step. Upstream Kafka would truncate 0.8 ms to 0.
+        let ms1 = Duration::from_millis(1);
+        let cfgs = [
+            BackoffConfig::kafka_retry().to_builder().initial(ms1),
+            BackoffConfig::builder()
+                .initial(ms1)
+                .jitter(Jitter::Proportional { ppm: 1_000_000 }),
+            BackoffConfig::builder().initial(ms1).jitter(Jitter::Full),
+            BackoffConfig::builder().initial(ms1).jitter(Jitter::Equal),
+            BackoffConfig::builder()
+                .initial(Duration::from_nanos(1))
+                .jitter(Jitter::None),
+            BackoffConfig::builder()
+                .initial(Duration::from_nanos(1))
+                .jitter(Jitter::Decorrelated),
+        ];
+        for b in cfgs {
+            let cfg = b.build().unwrap();
+            let mut rng = SplitMix64::new(41);
+            for _ in 0..200 {
+                let mut seq = Backoff::new();
+                let d = seq.next_delay(&cfg, &mut rng).unwrap();
+                assert!(d >= ms1, "{d:?} from {:?}", cfg.jitter());
+                assert!(cfg.delay_for(0, &mut rng) >= ms1);
+            }
+        }
     }
 
     #[test]

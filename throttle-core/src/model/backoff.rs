@@ -280,6 +280,7 @@ fn ref_valid(s: &Spec) -> bool {
         && jitter_ok
         && s.floor <= s.max
         && s.floor.is_multiple_of(s.res)
+        && (s.initial == 0 || s.res <= s.max)
         && matches!(ref_ramp_len(s), Some(n) if n <= RAMP_LIMIT)
 }
 
@@ -340,10 +341,11 @@ fn ref_between(rng: &mut SplitMix64, lo: u64, hi: u64) -> u64 {
     }
 }
 
-/// Clamp to max, lift to floor, truncate to the grid.
+/// Clamp to max, lift to floor, truncate to the grid but never below one grid step.
 fn ref_finish(s: &Spec, raw: u64) -> u64 {
     let v = raw.min(s.max).max(s.floor);
-    if s.res == 0 { v } else { v - v % s.res }
+    let on_grid = if s.res == 0 { v } else { v - v % s.res };
+    on_grid.max(s.res)
 }
 
 /// The exact delay of `attempt` with previous delay `prev`, drawing from `rng` what the
@@ -408,6 +410,9 @@ fn check_delay(s: &Spec, what: &str, attempt: u32, d: u64, want: u64) -> Result<
     }
     if d < s.floor {
         return Err(format!("{what}: {d} ns below floor {} ns", s.floor));
+    }
+    if d == 0 {
+        return Err(format!("{what}: an enabled backoff gave a zero delay"));
     }
     if !d.is_multiple_of(s.res) {
         return Err(format!("{what}: {d} ns not a multiple of {} ns", s.res));
