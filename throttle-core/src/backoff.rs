@@ -8,9 +8,11 @@
 //!
 //! For the 0-based attempt `a`, every step in nanoseconds, in this order:
 //!
-//! 1. **Base.** `d₀ = initial`, `dₐ₊₁ = min(max, ⌊dₐ·num/den⌋)`, exact in `u128`. The attempt at
-//!    which the base stops changing is found when the config is built, so a sequence costs O(1)
-//!    per delay and any attempt (`u32::MAX` included) costs at most [`MAX_RAMP_ATTEMPTS`] steps.
+//! 1. **Base.** `d₀ = initial`, `dₐ₊₁ = min(max, ⌊dₐ·num/den⌋)`, exact in `u128`
+//!    ([`Jitter::Additive`] starts the same recurrence from `initial + offset` instead). The
+//!    attempt at which the base stops changing is found when the config is built, so a
+//!    sequence costs O(1) per delay and any attempt (`u32::MAX` included) costs at most
+//!    [`MAX_RAMP_ATTEMPTS`] steps; validation bounds every jittered start the same way.
 //! 2. **Jitter** ([`Jitter`]), drawn from the caller's RNG, then **clamped to `max`**: `max`
 //!    includes jitter for every strategy.
 //! 3. **Floor**: `max(floor, ·)`. Validation keeps `floor ≤ max`, so this never exceeds `max`.
@@ -56,7 +58,8 @@ use crate::time::duration_to_nanos;
 /// The most attempts the base delay may take to settle (reach `max` or stop growing).
 ///
 /// A multiplier so close to 1 that the base keeps growing past this many attempts is refused
-/// at validation; this bounds the work of [`BackoffConfig::delay_for`] for any attempt.
+/// at validation, from `initial` and, with [`Jitter::Additive`], from every jittered start;
+/// this bounds the work of [`BackoffConfig::delay_for`] for any attempt.
 pub const MAX_RAMP_ATTEMPTS: u32 = 4096;
 
 const PPM: u64 = 1_000_000;
@@ -81,9 +84,10 @@ pub enum Jitter {
     },
     /// An offset `U[0, range)` drawn **once per sequence** (at its first delay and again after
     /// [`Backoff::reset`]) and added to `initial`; every later delay grows from that jittered
-    /// start: `min(max, ⌊base·(initial + offset)/initial⌋)`. The whole sequence is thus
-    /// decorrelated and never earlier than the unjittered one. Capped at `max`, like Gobblin's
-    /// `maxDelay`; sequences that reach the cap keep the phase their offset gave them.
+    /// start by the same recurrence: `d₀ = initial + offset`, `dₐ₊₁ = min(max, ⌊dₐ·num/den⌋)`
+    /// (3 ns + 1 ns at ×3/2 gives 4, 6, 9, 13 ns). The recurrence is monotone, so the whole
+    /// sequence is decorrelated and never earlier than the unjittered one. Capped at `max`,
+    /// like Gobblin's `maxDelay`.
     Additive {
         /// Width of the offset's range; zero means no offset.
         range: Duration,
@@ -280,9 +284,9 @@ impl BackoffConfig {
     /// for it (`initial` at attempt 0, which is exactly a sequence's first draw). No budget
     /// applies here. Bounded work for every attempt.
     pub fn delay_for<R: Rng + ?Sized>(&self, attempt: u32, rng: &mut R) -> Duration {
-        let base = self.base_at(attempt);
+        let base = self.base_for(attempt, &mut None, rng);
         let prev = self.stand_in_prev(attempt);
-        Duration::from_nanos(self.draw(base, prev, &mut None, rng))
+        Duration::from_nanos(self.draw(base, prev, rng))
     }
 
     /// The unjittered base delay of `attempt`: step 1 only (no floor, no truncation).
@@ -350,6 +354,53 @@ impl BackoffConfig {
         d
     }
 
+    /// The base a sequence with additive offset `offset` uses at `attempt` (drawing the offset
+    /// first if there is none yet): for [`Jitter::Additive`] the recurrence grown from the
+    /// jittered start, otherwise the unjittered base.
+    fn base_for<R: Rng + ?Sized>(
+        &self,
+        attempt: u32,
+        offset: &mut Option<u64>,
+        rng: &mut R,
+    ) -> u64 {
+        match self.jittered_start(offset, rng) {
+            Some(start) => self.ramp_from(start, attempt),
+            None => self.base_at(attempt),
+        }
+    }
+
+    /// `min(max, initial + offset)` for an enabled [`Jitter::Additive`] config, drawing the
+    /// offset `U[0, range)` into `offset` if it has none yet; `None` (and no draw) otherwise.
+    fn jittered_start<R: Rng + ?Sized>(
+        &self,
+        offset: &mut Option<u64>,
+        rng: &mut R,
+    ) -> Option<u64> {
+        let Jitter::Additive { range } = self.jitter else {
+            return None;
+        };
+        if self.is_disabled() {
+            return None;
+        }
+        let off = *offset.get_or_insert_with(|| below(rng, duration_to_nanos(range)));
+        Some(self.initial.saturating_add(off).min(self.max))
+    }
+
+    /// `attempt` steps of the recurrence from `start`, stopping once it stops changing.
+    /// Validation guarantees every start an offset can give settles within
+    /// [`MAX_RAMP_ATTEMPTS`] steps, so stopping there too is exact.
+    fn ramp_from(&self, start: u64, attempt: u32) -> u64 {
+        let mut d = start;
+        for _ in 0..attempt.min(MAX_RAMP_ATTEMPTS) {
+            let next = grow(d, self.num, self.den, self.max);
+            if next == d {
+                break;
+            }
+            d = next;
+        }
+        d
+    }
+
     /// What stands in for the previous delay of `attempt` outside a sequence.
     fn stand_in_prev(&self, attempt: u32) -> u64 {
         match (self.jitter, attempt.checked_sub(1)) {
@@ -358,15 +409,9 @@ impl BackoffConfig {
         }
     }
 
-    /// Steps 2–4: jitter around `base`, clamp, floor, truncate. `offset` is the sequence's
-    /// additive offset, drawn here if it has none yet.
-    fn draw<R: Rng + ?Sized>(
-        &self,
-        base: u64,
-        prev: u64,
-        offset: &mut Option<u64>,
-        rng: &mut R,
-    ) -> u64 {
+    /// Steps 2–4: jitter around `base`, clamp, floor, truncate. For [`Jitter::Additive`]
+    /// `base` already grew from the jittered start ([`BackoffConfig::base_for`]).
+    fn draw<R: Rng + ?Sized>(&self, base: u64, prev: u64, rng: &mut R) -> u64 {
         if self.is_disabled() {
             return 0;
         }
@@ -379,10 +424,7 @@ impl BackoffConfig {
                 let factor = PPM - half + below(rng, 2 * half);
                 mul_div(base, factor, PPM)
             }
-            Jitter::Additive { range } => {
-                let off = *offset.get_or_insert_with(|| below(rng, duration_to_nanos(range)));
-                mul_div(base, self.initial.saturating_add(off), self.initial)
-            }
+            Jitter::Additive { .. } => base,
             Jitter::Full => between_inclusive(rng, 0, base),
             Jitter::Equal => {
                 let half = base / 2;
@@ -524,8 +566,9 @@ impl BackoffConfigBuilder {
     /// The config, or the first rule it breaks: resolution ≥ 1 ns; the preset's bounds on
     /// `initial` and `max`; `initial ≤ max`; `num ≥ den > 0`; jitter ppm ≤ 1 000 000;
     /// `floor ≤ max`; `floor` a multiple of `resolution`; `resolution ≤ max` unless `initial`
-    /// is zero (disabled); the base settles within
-    /// [`MAX_RAMP_ATTEMPTS`] attempts. Durations past `u64::MAX` ns count as `u64::MAX` ns.
+    /// is zero (disabled); the base settles within [`MAX_RAMP_ATTEMPTS`] attempts, and so does
+    /// the ramp from every start an additive offset can give. Durations past `u64::MAX` ns
+    /// count as `u64::MAX` ns.
     pub fn build(self) -> Result<BackoffConfig, ConfigError> {
         let (settle, settled) = self.check()?;
         Ok(self.finish(settle, settled))
@@ -608,10 +651,42 @@ impl BackoffConfigBuilder {
                 limit: r.max,
             });
         }
-        ramp(self.initial, self.max, self.num, self.den).ok_or(ConfigError::Invalid {
-            option: r.multiplier,
-            reason: "grows too slowly: the delay must settle within 4096 attempts",
-        })
+        let settles =
+            ramp(self.initial, self.max, self.num, self.den).ok_or(ConfigError::Invalid {
+                option: r.multiplier,
+                reason: "grows too slowly: the delay must settle within 4096 attempts",
+            })?;
+        if let Some(start) = self.slowest_jittered_start()
+            && ramp(start, self.max, self.num, self.den).is_none()
+        {
+            return Err(ConfigError::Invalid {
+                option: r.jitter,
+                reason: "a jittered start grows too slowly: the delay must settle within \
+                         4096 attempts",
+            });
+        }
+        Ok(settles)
+    }
+
+    /// The additive start whose ramp takes longest, when that is not `initial` itself.
+    ///
+    /// `⌊d·num/den⌋ > d` exactly when `d ≥ t = ⌈den/(num − den)⌉`, and a start that grows
+    /// keeps growing until `max`. Starts below `t` never move; among those that grow, a larger
+    /// start stays ahead of a smaller one, so the smallest growing start is the slowest. With
+    /// `initial ≥ t` that is `initial`, already checked; otherwise it is `t`, if an offset in
+    /// `[0, range)` can reach it.
+    fn slowest_jittered_start(&self) -> Option<u64> {
+        let Jitter::Additive { range } = self.jitter else {
+            return None;
+        };
+        let range = duration_to_nanos(range);
+        let step = u64::from(self.num.checked_sub(self.den)?);
+        let t = u64::from(self.den).div_ceil(step.max(1));
+        let highest = self
+            .initial
+            .saturating_add(range.checked_sub(1)?)
+            .min(self.max);
+        (self.initial > 0 && step > 0 && self.initial < t && t <= highest).then_some(t)
     }
 
     /// A preset's config; presets are checked by `presets_pass_their_own_validation`.
@@ -658,7 +733,7 @@ impl BackoffConfigBuilder {
 pub struct Backoff {
     /// Delays handed out in this sequence, saturating; the next delay is for this attempt.
     attempt: u32,
-    /// Base of the last attempt handed out.
+    /// Base of the last attempt handed out (for additive jitter, grown from the jittered start).
     base: u64,
     /// The last delay handed out (the `prev` of decorrelated jitter).
     prev: u64,
@@ -695,20 +770,14 @@ impl Backoff {
         if self.exhausted {
             return None;
         }
-        let base = if self.attempt == 0 {
-            cfg.initial
-        } else if self.attempt >= cfg.settle {
-            cfg.settled
-        } else {
-            grow(self.base, cfg.num, cfg.den, cfg.max)
-        };
-        let prev = if self.attempt == 0 {
-            cfg.initial
-        } else {
-            self.prev
-        };
         let mut offset = self.offset;
-        let delay = cfg.draw(base, prev, &mut offset, rng);
+        let (base, prev) = if self.attempt == 0 {
+            // The additive offset, if any, is drawn here: once per sequence.
+            (cfg.base_for(0, &mut offset, rng), cfg.initial)
+        } else {
+            (grow(self.base, cfg.num, cfg.den, cfg.max), self.prev)
+        };
+        let delay = cfg.draw(base, prev, rng);
         if let Some(budget) = cfg.budget
             && delay > budget.saturating_sub(self.spent)
         {
@@ -735,14 +804,13 @@ impl Backoff {
         attempt: u32,
         rng: &mut R,
     ) -> Duration {
-        let base = cfg.base_at(attempt);
+        let base = cfg.base_for(attempt, &mut self.offset.clone(), rng);
         let prev = if attempt == self.attempt && attempt > 0 {
             self.prev
         } else {
             cfg.stand_in_prev(attempt)
         };
-        let mut offset = self.offset;
-        Duration::from_nanos(cfg.draw(base, prev, &mut offset, rng))
+        Duration::from_nanos(cfg.draw(base, prev, rng))
     }
 
     /// Delays handed out since the last reset (saturating at `u32::MAX`).
@@ -1150,6 +1218,98 @@ mod tests {
         b.next_delay(&cfg, &mut rng).unwrap();
         let redrawn = b.offset().unwrap();
         assert_ne!(redrawn, off, "a new sequence draws a new offset");
+    }
+
+    /// A fresh sequence on `cfg` whose first delay drew additive offset `off` (the first
+    /// seed below 1000 that does), and the RNG after that draw.
+    fn sequence_with_offset(cfg: &BackoffConfig, off: u64) -> (Backoff, u64, SplitMix64) {
+        for seed in 0..1000 {
+            let mut rng = SplitMix64::new(seed);
+            let mut b = Backoff::new();
+            let first = duration_to_nanos(b.next_delay(cfg, &mut rng).unwrap());
+            if b.offset() == Some(Duration::from_nanos(off)) {
+                return (b, first, rng);
+            }
+        }
+        panic!("no seed below 1000 draws offset {off}");
+    }
+
+    #[test]
+    fn additive_sequence_grows_from_the_jittered_start() {
+        // DESIGN §3.1: d₀ = initial + off, dₐ₊₁ = min(max, ⌊dₐ·num/den⌋). From 3 ns + 1 ns at
+        // ×3/2: 4, 6, 9, 13 ns (scaling the unjittered 3, 4, 6, 9 by 4/3 gave 4, 5, 8, 12).
+        let cfg = builder_ns(3, 1_000)
+            .multiplier(3, 2)
+            .jitter(Jitter::Additive {
+                range: Duration::from_nanos(2),
+            })
+            .build()
+            .unwrap();
+        let (mut b, first, mut rng) = sequence_with_offset(&cfg, 1);
+        let predicted: Vec<u64> = (1..4)
+            .map(|a| duration_to_nanos(b.delay_for(&cfg, a, &mut rng)))
+            .collect();
+        let rest: Vec<u64> = (0..3)
+            .map(|_| duration_to_nanos(b.next_delay(&cfg, &mut rng).unwrap()))
+            .collect();
+        assert_eq!((first, rest), (4, alloc::vec![6, 9, 13]));
+        assert_eq!(predicted, [6, 9, 13], "the query grows from the same start");
+        // It climbs to the cap and stays there: 13, 19, 28, … 1000.
+        let at_cap = b.delay_for(&cfg, u32::MAX, &mut rng);
+        assert_eq!(at_cap, Duration::from_nanos(1_000));
+        // Offset 0 is the unjittered ramp.
+        let (mut b, first, mut rng) = sequence_with_offset(&cfg, 0);
+        assert_eq!(first, 3);
+        for a in 1..20 {
+            let d = b.next_delay(&cfg, &mut rng).unwrap();
+            assert_eq!(d, cfg.base_delay(a));
+        }
+    }
+
+    #[test]
+    fn additive_start_that_grows_too_slowly_is_refused() {
+        // ×1.0001 leaves 9 999 ns fixed (⌊9 999·1.0001⌋ = 9 999), but a jittered start of
+        // 10 000 ns grows by 1 ns per attempt: to reach 14 097 ns it needs 4097 attempts.
+        let slow = |max, range| {
+            builder_ns(9_999, max)
+                .multiplier(10_001, 10_000)
+                .jitter(Jitter::Additive {
+                    range: Duration::from_nanos(range),
+                })
+                .build()
+        };
+        assert_eq!(slow(14_097, 1).map(|c| c.cap_attempt()), Ok(0));
+        assert_eq!(
+            slow(14_097, 2),
+            Err(ConfigError::Invalid {
+                option: "backoff.jitter",
+                reason: "a jittered start grows too slowly: the delay must settle within \
+                         4096 attempts",
+            })
+        );
+        assert_eq!(
+            slow(14_097, u64::MAX).map_err(|_| ()),
+            Err(()),
+            "a wider range reaches the slow start too"
+        );
+        // One nanosecond less settles in exactly 4096 attempts, and answers any attempt.
+        let cfg = slow(14_096, 2).unwrap();
+        let (b, first, rng) = sequence_with_offset(&cfg, 1);
+        assert_eq!(first, 10_000);
+        let at = |a| duration_to_nanos(b.delay_for(&cfg, a, &mut rng.clone()));
+        assert_eq!(
+            [at(1), at(4_095), at(4_096), at(u32::MAX)],
+            [10_001, 14_095, 14_096, 14_096]
+        );
+        // A start already at or past the slow region is judged by the unjittered ramp alone.
+        assert!(slow(14_097, 0).is_ok());
+        let fast = builder_ns(10_000, 14_096)
+            .multiplier(10_001, 10_000)
+            .jitter(Jitter::Additive {
+                range: Duration::MAX,
+            })
+            .build();
+        assert!(fast.is_ok());
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //!
 //! The reference shares no code with the machine: it keeps its own table of preset values
 //! and bounds, decides validity from the rules as written, recomputes every base delay by
-//! iterating the recurrence from attempt 0 (a plain loop, stopped at a fixed point or after
-//! 5000 steps; it never uses the machine's precomputed settle attempt), and draws from its own
+//! iterating the recurrence from attempt 0 (a plain loop from `initial`, or for additive
+//! jitter from the jittered start `initial + offset` as DESIGN §3.1 defines it; stopped at a
+//! fixed point, never using the machine's precomputed settle attempt), and draws from its own
 //! copy of the machine's identically seeded [`SplitMix64`], turning the same raw 64-bit words
 //! into uniform values with its own code. Every delay is therefore compared **exactly**, and
 //! the two generators must be in the same state after every call (a strategy that draws more,
@@ -20,8 +21,8 @@ use super::{Cursor, Divergence};
 use crate::backoff::{Backoff, BackoffConfig, Jitter};
 use crate::rng::{Rng, SplitMix64};
 
-/// Most growth steps the reference walks; above the documented limit of 4096 so a config the
-/// machine accepts but that never settles is reported rather than cut short.
+/// Most growth steps the reference walks when deciding validity; above the documented limit of
+/// 4096 so a ramp that settles just past it is measured, not cut short.
 const REF_STEPS: u32 = 5_000;
 /// The documented ramp limit (`MAX_RAMP_ATTEMPTS`), restated from the docs.
 const RAMP_LIMIT: u32 = 4_096;
@@ -249,9 +250,9 @@ fn ref_step(s: &Spec, d: u64) -> u64 {
     }
 }
 
-/// Growth steps until the base stops changing, or `None` past `REF_STEPS`.
-fn ref_ramp_len(s: &Spec) -> Option<u32> {
-    let mut d = s.initial;
+/// Growth steps from `start` until the base stops changing, or `None` past `REF_STEPS`.
+fn ref_ramp_len(s: &Spec, start: u64) -> Option<u32> {
+    let mut d = start;
     let mut steps = 0;
     loop {
         let next = ref_step(s, d);
@@ -264,6 +265,35 @@ fn ref_ramp_len(s: &Spec) -> Option<u32> {
         steps += 1;
         d = next;
     }
+}
+
+/// With additive jitter, the ramp from every start `initial + off` (`off < range`) must settle
+/// within the limit too. Below `max` a start either never moves or climbs to `max`, whether
+/// it moves is monotone in the start, and a lower start never overtakes a higher one; so the
+/// smallest start that moves, found here by bisection, has the longest ramp.
+fn ref_additive_ok(s: &Spec) -> bool {
+    let RefJitter::Additive(range, _) = s.jitter else {
+        return true;
+    };
+    if s.initial == 0 || range == 0 || s.initial >= s.max {
+        return true;
+    }
+    let moves = |d: u64| ref_step(s, d) > d;
+    // Starts at or above max are fixed at max.
+    let highest = s.initial.saturating_add(range - 1).min(s.max - 1);
+    if !moves(highest) {
+        return true;
+    }
+    let (mut lo, mut hi) = (s.initial, highest);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if moves(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    matches!(ref_ramp_len(s, hi), Some(n) if n <= RAMP_LIMIT)
 }
 
 fn ref_valid(s: &Spec) -> bool {
@@ -281,27 +311,34 @@ fn ref_valid(s: &Spec) -> bool {
         && s.floor <= s.max
         && s.floor.is_multiple_of(s.res)
         && (s.initial == 0 || s.res <= s.max)
-        && matches!(ref_ramp_len(s), Some(n) if n <= RAMP_LIMIT)
+        && matches!(ref_ramp_len(s, s.initial), Some(n) if n <= RAMP_LIMIT)
+        && ref_additive_ok(s)
 }
 
-/// Base of `attempt`, iterating from `initial` every time.
-fn ref_base(s: &Spec, attempt: u32) -> Result<u64, Divergence> {
-    let mut d = s.initial;
+/// Base of `attempt` for a ramp starting at `start`, iterating from it every time. A ramp
+/// still growing after the documented limit means the config should have been refused.
+fn ref_base_from(s: &Spec, start: u64, attempt: u32) -> Result<u64, Divergence> {
+    let mut d = start;
     let mut i = 0u32;
     while i < attempt {
         let next = ref_step(s, d);
         if next == d {
             break;
         }
-        if i >= REF_STEPS {
+        if i >= RAMP_LIMIT {
             return Err(format!(
-                "accepted {s:?}, whose base still grows after {i} steps"
+                "accepted {s:?}, whose base from {start} ns still grows after {i} steps"
             ));
         }
         d = next;
         i += 1;
     }
     Ok(d)
+}
+
+/// Unjittered base of `attempt`.
+fn ref_base(s: &Spec, attempt: u32) -> Result<u64, Divergence> {
+    ref_base_from(s, s.initial, attempt)
 }
 
 fn mul_div(a: u64, b: u64, c: u64) -> u64 {
@@ -361,7 +398,17 @@ fn ref_delay(
     if s.initial == 0 {
         return Ok(0);
     }
-    let base = ref_base(s, attempt)?;
+    let base = match s.jitter {
+        // DESIGN §3.1: d₀ = initial + off, dₐ₊₁ = min(max, ⌊dₐ·num/den⌋); off drawn first.
+        RefJitter::Additive(range, _) => {
+            let off = match *offset {
+                Some(off) => off,
+                None => *offset.insert(ref_below(rng, range)),
+            };
+            ref_base_from(s, s.initial.saturating_add(off), attempt)?
+        }
+        _ => ref_base(s, attempt)?,
+    };
     let raw = match s.jitter {
         RefJitter::None => base,
         RefJitter::Proportional(_) if s.initial == s.max => base,
@@ -371,13 +418,7 @@ fn ref_delay(
             let factor = 1_000_000 - ppm + ref_below(rng, 2 * ppm);
             mul_div(base, factor, 1_000_000)
         }
-        RefJitter::Additive(range, _) => {
-            let off = match *offset {
-                Some(off) => off,
-                None => *offset.insert(ref_below(rng, range)),
-            };
-            mul_div(base, s.initial.saturating_add(off), s.initial)
-        }
+        RefJitter::Additive(..) => base,
         RefJitter::Full => ref_between(rng, 0, base),
         RefJitter::Equal => base / 2 + ref_between(rng, 0, base / 2),
         RefJitter::Decorrelated => ref_between(rng, s.initial, prev.saturating_mul(3)),
@@ -705,6 +746,34 @@ mod tests {
                 assert_eq!(check(&data), Ok(()), "{jitter:?}, {res} ns grid");
             }
         }
+    }
+
+    #[test]
+    fn a_jittered_start_that_grows_too_slowly_is_refused_by_both() {
+        // 9 999 ns → max, ×10001/10000, additive range 2 ns, 1 ns grid (mask 31): the start
+        // 10 000 ns grows 1 ns per attempt, so a max of 14 097 ns takes 4097 attempts.
+        let with_max = |max: u16| {
+            let [lo, hi] = max.to_le_bytes();
+            let mut data = alloc::vec![0, 31, 31, 5, 0x0F, 0x27, 5, lo, hi];
+            data.extend_from_slice(&[3, 0x11, 0x27, 0, 0, 0x10, 0x27, 0, 0]);
+            data.extend_from_slice(&[2, 5, 2, 0, 0]);
+            data.extend_from_slice(&[0x33; 8]);
+            data.extend(core::iter::repeat_n([0u8, 0, 6, 7, 0, 0, 0, 8, 5], 30).flatten());
+            data
+        };
+        let slow = with_max(14_097);
+        let (spec, _, built) = decode_spec(&mut Cursor::new(&slow));
+        assert_eq!(
+            (spec.initial, spec.max, spec.num, spec.den),
+            (9_999, 14_097, 10_001, 10_000)
+        );
+        assert!(matches!(spec.jitter, RefJitter::Additive(2, _)) && spec.res == 1);
+        assert!(!ref_valid(&spec) && built.is_err());
+        assert_eq!(check(&slow), Ok(()));
+        let settles = with_max(14_096);
+        let (spec, _, built) = decode_spec(&mut Cursor::new(&settles));
+        assert!(ref_valid(&spec) && built.is_ok());
+        assert_eq!(check(&settles), Ok(()));
     }
 
     #[test]
