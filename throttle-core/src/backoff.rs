@@ -8,18 +8,24 @@
 //!
 //! For the 0-based attempt `a`, every step in nanoseconds, in this order:
 //!
-//! 1. **Base.** `d₀ = initial`, `dₐ₊₁ = min(max, ⌊dₐ·num/den⌋)`, exact in `u128`. The attempt at
-//!    which the base stops changing is found when the config is built, so a sequence costs O(1)
-//!    per delay and any attempt (`u32::MAX` included) costs at most [`MAX_RAMP_ATTEMPTS`] steps.
+//! 1. **Base.** `d₀ = initial`, `dₐ₊₁ = min(max, ⌊dₐ·num/den⌋)`, exact in `u128`
+//!    ([`Jitter::Additive`] starts the same recurrence from `initial + offset` instead). The
+//!    attempt at which the base stops changing is found when the config is built, so a
+//!    sequence costs O(1) per delay and any attempt (`u32::MAX` included) costs at most
+//!    [`MAX_RAMP_ATTEMPTS`] steps; validation bounds every jittered start the same way.
 //! 2. **Jitter** ([`Jitter`]), drawn from the caller's RNG, then **clamped to `max`**: `max`
 //!    includes jitter for every strategy.
 //! 3. **Floor**: `max(floor, ·)`. Validation keeps `floor ≤ max`, so this never exceeds `max`.
-//! 4. **Truncation** down to a multiple of `resolution`. Validation requires `floor` to be a
-//!    multiple of `resolution`, so truncating never drops below `floor`.
+//! 4. **Truncation** down to a multiple of `resolution`, but never below one `resolution`
+//!    step: an enabled backoff never hands out a zero delay (a raw delay below one step, e.g.
+//!    a [`Jitter::Full`] draw near 0 or an `initial` under the resolution, becomes one step).
+//!    Validation requires `floor` to be a multiple of `resolution`, so truncating never drops
+//!    below `floor`, and `resolution ≤ max` when enabled, so the step never exceeds `max`.
 //! 5. **Budget** (only in [`Backoff::next_delay`]): a delay larger than what is left of the
 //!    optional total budget is refused.
 //!
-//! So every delay lies in `[floor, max]` and is a multiple of `resolution`, except that an
+//! So every delay lies in `[max(floor, resolution), max]` and is a multiple of `resolution`,
+//! except that an
 //! `initial` of zero disables the backoff: every delay is zero (see
 //! [`BackoffConfig::is_disabled`]).
 //!
@@ -52,7 +58,8 @@ use crate::time::duration_to_nanos;
 /// The most attempts the base delay may take to settle (reach `max` or stop growing).
 ///
 /// A multiplier so close to 1 that the base keeps growing past this many attempts is refused
-/// at validation; this bounds the work of [`BackoffConfig::delay_for`] for any attempt.
+/// at validation, from `initial` and, with [`Jitter::Additive`], from every jittered start;
+/// this bounds the work of [`BackoffConfig::delay_for`] for any attempt.
 pub const MAX_RAMP_ATTEMPTS: u32 = 4096;
 
 const PPM: u64 = 1_000_000;
@@ -77,16 +84,19 @@ pub enum Jitter {
     },
     /// An offset `U[0, range)` drawn **once per sequence** (at its first delay and again after
     /// [`Backoff::reset`]) and added to `initial`; every later delay grows from that jittered
-    /// start: `min(max, ⌊base·(initial + offset)/initial⌋)`. The whole sequence is thus
-    /// decorrelated and never earlier than the unjittered one. Capped at `max`, like Gobblin's
-    /// `maxDelay`; sequences that reach the cap keep the phase their offset gave them.
+    /// start by the same recurrence: `d₀ = initial + offset`, `dₐ₊₁ = min(max, ⌊dₐ·num/den⌋)`
+    /// (3 ns + 1 ns at ×3/2 gives 4, 6, 9, 13 ns). The recurrence is monotone, so the whole
+    /// sequence is decorrelated and never earlier than the unjittered one. Capped at `max`,
+    /// like Gobblin's `maxDelay`.
     Additive {
         /// Width of the offset's range; zero means no offset.
         range: Duration,
     },
-    /// Full jitter: `U[0, base]`.
+    /// Full jitter: `U[0, base]`, then truncated like every delay, so a draw below one
+    /// `resolution` step gives one step, never zero.
     Full,
-    /// Equal jitter: `U[⌊base/2⌋, base]`.
+    /// Equal jitter: `base/2 + U[0, base/2]` with `base/2` rounded down, so an odd base's
+    /// delay tops out 1 ns below it (DESIGN §3.1, taken literally).
     Equal,
     /// Decorrelated jitter: `min(max, U[initial, 3·prev])`, where `prev` is the previous delay
     /// of the sequence (`initial` before the first).
@@ -274,9 +284,9 @@ impl BackoffConfig {
     /// for it (`initial` at attempt 0, which is exactly a sequence's first draw). No budget
     /// applies here. Bounded work for every attempt.
     pub fn delay_for<R: Rng + ?Sized>(&self, attempt: u32, rng: &mut R) -> Duration {
-        let base = self.base_at(attempt);
+        let base = self.base_for(attempt, &mut None, rng);
         let prev = self.stand_in_prev(attempt);
-        Duration::from_nanos(self.draw(base, prev, &mut None, rng))
+        Duration::from_nanos(self.draw(base, prev, rng))
     }
 
     /// The unjittered base delay of `attempt`: step 1 only (no floor, no truncation).
@@ -344,6 +354,53 @@ impl BackoffConfig {
         d
     }
 
+    /// The base a sequence with additive offset `offset` uses at `attempt` (drawing the offset
+    /// first if there is none yet): for [`Jitter::Additive`] the recurrence grown from the
+    /// jittered start, otherwise the unjittered base.
+    fn base_for<R: Rng + ?Sized>(
+        &self,
+        attempt: u32,
+        offset: &mut Option<u64>,
+        rng: &mut R,
+    ) -> u64 {
+        match self.jittered_start(offset, rng) {
+            Some(start) => self.ramp_from(start, attempt),
+            None => self.base_at(attempt),
+        }
+    }
+
+    /// `min(max, initial + offset)` for an enabled [`Jitter::Additive`] config, drawing the
+    /// offset `U[0, range)` into `offset` if it has none yet; `None` (and no draw) otherwise.
+    fn jittered_start<R: Rng + ?Sized>(
+        &self,
+        offset: &mut Option<u64>,
+        rng: &mut R,
+    ) -> Option<u64> {
+        let Jitter::Additive { range } = self.jitter else {
+            return None;
+        };
+        if self.is_disabled() {
+            return None;
+        }
+        let off = *offset.get_or_insert_with(|| below(rng, duration_to_nanos(range)));
+        Some(self.initial.saturating_add(off).min(self.max))
+    }
+
+    /// `attempt` steps of the recurrence from `start`, stopping once it stops changing.
+    /// Validation guarantees every start an offset can give settles within
+    /// [`MAX_RAMP_ATTEMPTS`] steps, so stopping there too is exact.
+    fn ramp_from(&self, start: u64, attempt: u32) -> u64 {
+        let mut d = start;
+        for _ in 0..attempt.min(MAX_RAMP_ATTEMPTS) {
+            let next = grow(d, self.num, self.den, self.max);
+            if next == d {
+                break;
+            }
+            d = next;
+        }
+        d
+    }
+
     /// What stands in for the previous delay of `attempt` outside a sequence.
     fn stand_in_prev(&self, attempt: u32) -> u64 {
         match (self.jitter, attempt.checked_sub(1)) {
@@ -352,15 +409,9 @@ impl BackoffConfig {
         }
     }
 
-    /// Steps 2–4: jitter around `base`, clamp, floor, truncate. `offset` is the sequence's
-    /// additive offset, drawn here if it has none yet.
-    fn draw<R: Rng + ?Sized>(
-        &self,
-        base: u64,
-        prev: u64,
-        offset: &mut Option<u64>,
-        rng: &mut R,
-    ) -> u64 {
+    /// Steps 2–4: jitter around `base`, clamp, floor, truncate. For [`Jitter::Additive`]
+    /// `base` already grew from the jittered start ([`BackoffConfig::base_for`]).
+    fn draw<R: Rng + ?Sized>(&self, base: u64, prev: u64, rng: &mut R) -> u64 {
         if self.is_disabled() {
             return 0;
         }
@@ -373,16 +424,18 @@ impl BackoffConfig {
                 let factor = PPM - half + below(rng, 2 * half);
                 mul_div(base, factor, PPM)
             }
-            Jitter::Additive { range } => {
-                let off = *offset.get_or_insert_with(|| below(rng, duration_to_nanos(range)));
-                mul_div(base, self.initial.saturating_add(off), self.initial)
-            }
+            Jitter::Additive { .. } => base,
             Jitter::Full => between_inclusive(rng, 0, base),
-            Jitter::Equal => between_inclusive(rng, base / 2, base),
+            Jitter::Equal => {
+                let half = base / 2;
+                half + between_inclusive(rng, 0, half)
+            }
             Jitter::Decorrelated => between_inclusive(rng, self.initial, prev.saturating_mul(3)),
         };
         let v = raw.min(self.max).max(self.floor);
-        v - v.checked_rem(self.resolution).unwrap_or(0)
+        // Never below one step: a zero delay would retry at once while the backoff claims to
+        // be enabled. Validation keeps `resolution ≤ max`, so this stays within `max`.
+        (v - v.checked_rem(self.resolution).unwrap_or(0)).max(self.resolution)
     }
 }
 
@@ -512,8 +565,10 @@ impl BackoffConfigBuilder {
 
     /// The config, or the first rule it breaks: resolution ≥ 1 ns; the preset's bounds on
     /// `initial` and `max`; `initial ≤ max`; `num ≥ den > 0`; jitter ppm ≤ 1 000 000;
-    /// `floor ≤ max`; `floor` a multiple of `resolution`; the base settles within
-    /// [`MAX_RAMP_ATTEMPTS`] attempts. Durations past `u64::MAX` ns count as `u64::MAX` ns.
+    /// `floor ≤ max`; `floor` a multiple of `resolution`; `resolution ≤ max` unless `initial`
+    /// is zero (disabled); the base settles within [`MAX_RAMP_ATTEMPTS`] attempts, and so does
+    /// the ramp from every start an additive offset can give. Durations past `u64::MAX` ns
+    /// count as `u64::MAX` ns.
     pub fn build(self) -> Result<BackoffConfig, ConfigError> {
         let (settle, settled) = self.check()?;
         Ok(self.finish(settle, settled))
@@ -589,10 +644,49 @@ impl BackoffConfigBuilder {
                 reason: "must be a multiple of the resolution",
             });
         }
-        ramp(self.initial, self.max, self.num, self.den).ok_or(ConfigError::Invalid {
-            option: r.multiplier,
-            reason: "grows too slowly: the delay must settle within 4096 attempts",
-        })
+        // Every delay would truncate to zero (e.g. 500 µs..900 µs on a 1 ms grid).
+        if self.initial > 0 && self.resolution > self.max {
+            return Err(ConfigError::Inverted {
+                option: r.resolution,
+                limit: r.max,
+            });
+        }
+        let settles =
+            ramp(self.initial, self.max, self.num, self.den).ok_or(ConfigError::Invalid {
+                option: r.multiplier,
+                reason: "grows too slowly: the delay must settle within 4096 attempts",
+            })?;
+        if let Some(start) = self.slowest_jittered_start()
+            && ramp(start, self.max, self.num, self.den).is_none()
+        {
+            return Err(ConfigError::Invalid {
+                option: r.jitter,
+                reason: "a jittered start grows too slowly: the delay must settle within \
+                         4096 attempts",
+            });
+        }
+        Ok(settles)
+    }
+
+    /// The additive start whose ramp takes longest, when that is not `initial` itself.
+    ///
+    /// `⌊d·num/den⌋ > d` exactly when `d ≥ t = ⌈den/(num − den)⌉`, and a start that grows
+    /// keeps growing until `max`. Starts below `t` never move; among those that grow, a larger
+    /// start stays ahead of a smaller one, so the smallest growing start is the slowest. With
+    /// `initial ≥ t` that is `initial`, already checked; otherwise it is `t`, if an offset in
+    /// `[0, range)` can reach it.
+    fn slowest_jittered_start(&self) -> Option<u64> {
+        let Jitter::Additive { range } = self.jitter else {
+            return None;
+        };
+        let range = duration_to_nanos(range);
+        let step = u64::from(self.num.checked_sub(self.den)?);
+        let t = u64::from(self.den).div_ceil(step.max(1));
+        let highest = self
+            .initial
+            .saturating_add(range.checked_sub(1)?)
+            .min(self.max);
+        (self.initial > 0 && step > 0 && self.initial < t && t <= highest).then_some(t)
     }
 
     /// A preset's config; presets are checked by `presets_pass_their_own_validation`.
@@ -639,7 +733,7 @@ impl BackoffConfigBuilder {
 pub struct Backoff {
     /// Delays handed out in this sequence, saturating; the next delay is for this attempt.
     attempt: u32,
-    /// Base of the last attempt handed out.
+    /// Base of the last attempt handed out (for additive jitter, grown from the jittered start).
     base: u64,
     /// The last delay handed out (the `prev` of decorrelated jitter).
     prev: u64,
@@ -676,20 +770,14 @@ impl Backoff {
         if self.exhausted {
             return None;
         }
-        let base = if self.attempt == 0 {
-            cfg.initial
-        } else if self.attempt >= cfg.settle {
-            cfg.settled
-        } else {
-            grow(self.base, cfg.num, cfg.den, cfg.max)
-        };
-        let prev = if self.attempt == 0 {
-            cfg.initial
-        } else {
-            self.prev
-        };
         let mut offset = self.offset;
-        let delay = cfg.draw(base, prev, &mut offset, rng);
+        let (base, prev) = if self.attempt == 0 {
+            // The additive offset, if any, is drawn here: once per sequence.
+            (cfg.base_for(0, &mut offset, rng), cfg.initial)
+        } else {
+            (grow(self.base, cfg.num, cfg.den, cfg.max), self.prev)
+        };
+        let delay = cfg.draw(base, prev, rng);
         if let Some(budget) = cfg.budget
             && delay > budget.saturating_sub(self.spent)
         {
@@ -716,14 +804,13 @@ impl Backoff {
         attempt: u32,
         rng: &mut R,
     ) -> Duration {
-        let base = cfg.base_at(attempt);
+        let base = cfg.base_for(attempt, &mut self.offset.clone(), rng);
         let prev = if attempt == self.attempt && attempt > 0 {
             self.prev
         } else {
             cfg.stand_in_prev(attempt)
         };
-        let mut offset = self.offset;
-        Duration::from_nanos(cfg.draw(base, prev, &mut offset, rng))
+        Duration::from_nanos(cfg.draw(base, prev, rng))
     }
 
     /// Delays handed out since the last reset (saturating at `u32::MAX`).
@@ -918,30 +1005,40 @@ mod tests {
     }
 
     #[test]
-    fn full_jitter_spans_zero_to_base() {
+    fn full_jitter_spans_one_step_to_base() {
+        // U[0, 20 ns] on a 1 ns grid: a draw of 0 becomes one step, so 1 ns is drawn twice
+        // as often as any other value and 0 never.
         let cfg = builder_ns(10, 1_000).jitter(Jitter::Full).build().unwrap();
         let mut rng = SplitMix64::new(11);
-        let (mut saw0, mut saw_top) = (false, false);
-        for _ in 0..500 {
+        let mut seen = [0u32; 21];
+        for _ in 0..2100 {
             let d = cfg.delay_for(1, &mut rng).as_nanos();
-            assert!(d <= 20, "{d} ns above the 20 ns base");
-            saw0 |= d == 0;
-            saw_top |= d == 20;
+            assert!((1..=20).contains(&d), "{d} ns outside 1..=20 ns");
+            if let Some(n) = usize::try_from(d).ok().and_then(|d| seen.get_mut(d)) {
+                *n += 1;
+            }
         }
-        assert!(saw0 && saw_top, "both ends of [0, base] are reachable");
+        assert!(seen[20] > 50, "the top is reachable: {}", seen[20]);
+        assert!(seen[1] > 150, "0 and 1 both give 1 ns: {}", seen[1]);
     }
 
     #[test]
-    fn equal_jitter_spans_half_base_to_base() {
-        let cfg = builder_ns(21, 1_000).jitter(Jitter::Equal).build().unwrap();
-        let mut rng = SplitMix64::new(12);
-        let (mut lo, mut hi) = (u128::MAX, 0);
-        for _ in 0..500 {
-            let d = cfg.delay_for(0, &mut rng).as_nanos();
-            lo = lo.min(d);
-            hi = hi.max(d);
+    fn equal_jitter_is_half_base_plus_up_to_half_base() {
+        // base/2 + U[0, base/2]: an odd base of 21 ns gives 10..=20 ns, an even 20 ns 10..=20.
+        for (initial, range) in [(21, (10, 20)), (20, (10, 20))] {
+            let cfg = builder_ns(initial, 1_000)
+                .jitter(Jitter::Equal)
+                .build()
+                .unwrap();
+            let mut rng = SplitMix64::new(12);
+            let (mut lo, mut hi) = (u128::MAX, 0);
+            for _ in 0..500 {
+                let d = cfg.delay_for(0, &mut rng).as_nanos();
+                lo = lo.min(d);
+                hi = hi.max(d);
+            }
+            assert_eq!((lo, hi), range, "base {initial} ns");
         }
-        assert_eq!((lo, hi), (10, 21));
     }
 
     #[test]
@@ -965,6 +1062,129 @@ mod tests {
         // Outside a sequence, the base of the previous attempt stands in for `prev`.
         let d = ms_of(cfg.delay_for(3, &mut rng));
         assert!((100..=1200).contains(&d), "{d}");
+    }
+
+    /// `(share of draws above `split`, smallest, largest)` over `draws`.
+    fn spread(draws: &[u128], split: u128) -> (usize, u128, u128) {
+        let above = draws.iter().filter(|&&d| d > split).count();
+        let lo = draws.iter().copied().min().unwrap_or(0);
+        let hi = draws.iter().copied().max().unwrap_or(0);
+        (above, lo, hi)
+    }
+
+    #[test]
+    fn decorrelated_first_delays_spread_evenly_up_to_three_times_initial() {
+        // U[initial, 3·initial] from 1 s: about half the draws lie above 2 s, the extremes
+        // approach 1 s and 3 s. A draw pinned to `initial` or capped at 2·prev fails this.
+        let cfg = BackoffConfig::builder()
+            .initial(Duration::from_secs(1))
+            .max(Duration::from_secs(100))
+            .jitter(Jitter::Decorrelated)
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(3);
+        let firsts: Vec<u128> = (0..1000)
+            .map(|_| ms_of(Backoff::new().next_delay(&cfg, &mut rng).unwrap()))
+            .collect();
+        let (above_2s, lo, hi) = spread(&firsts, 2_000);
+        assert!((400..600).contains(&above_2s), "{above_2s}/1000 above 2 s");
+        assert!(
+            lo < 1_010 && hi > 2_990 && hi <= 3_000,
+            "range {lo}..={hi} ms"
+        );
+        // The stateless query draws from the same range for attempt 0.
+        let queried: Vec<u128> = (0..1000)
+            .map(|_| ms_of(cfg.delay_for(0, &mut rng)))
+            .collect();
+        let (above_2s, _, hi) = spread(&queried, 2_000);
+        assert!(above_2s > 400 && hi > 2_990, "{above_2s}/1000, top {hi} ms");
+    }
+
+    #[test]
+    fn decorrelated_later_delays_reach_three_times_the_previous_one() {
+        // Far below the cap, each delay is U[initial, 3·prev]: about a third land above 2·prev.
+        let cfg = BackoffConfig::builder()
+            .initial(Duration::from_millis(100))
+            .max(Duration::from_secs(1_000_000))
+            .jitter(Jitter::Decorrelated)
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(17);
+        let (mut steps, mut above_2x, mut best) = (0u32, 0u32, 0u128);
+        for _ in 0..100 {
+            let mut b = Backoff::new();
+            let mut prev = ms_of(b.next_delay(&cfg, &mut rng).unwrap());
+            for _ in 0..10 {
+                let d = ms_of(b.next_delay(&cfg, &mut rng).unwrap());
+                steps += 1;
+                above_2x += u32::from(d > 2 * prev);
+                best = best.max(d * 1000 / prev);
+                prev = d;
+            }
+        }
+        assert!(
+            above_2x * 4 > steps,
+            "{above_2x}/{steps} delays above 2·prev"
+        );
+        assert!(best > 2_950, "largest ratio {best}‰ of the previous delay");
+    }
+
+    #[test]
+    fn proportional_jitter_lands_on_both_sides_of_the_base_evenly() {
+        // ±20 % around 1 s: a factor drawn only below (or only above) 1 fails this.
+        let cfg = BackoffConfig::kafka_retry()
+            .to_builder()
+            .initial(Duration::from_secs(1))
+            .max(Duration::from_secs(100))
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(23);
+        for attempt in [0, 1, 3] {
+            let base = ms_of(cfg.base_delay(attempt));
+            let draws: Vec<u128> = (0..1000)
+                .map(|_| ms_of(cfg.delay_for(attempt, &mut rng)))
+                .collect();
+            let (above, lo, hi) = spread(&draws, base);
+            let below = draws.iter().filter(|&&d| d < base).count();
+            assert!(
+                (400..600).contains(&above) && (400..600).contains(&below),
+                "attempt {attempt}: {below} below, {above} above {base} ms"
+            );
+            assert!(lo * 10 < base * 8 + base / 10 && hi * 10 > base * 12 - base / 10);
+        }
+    }
+
+    #[test]
+    fn full_jitter_is_spread_evenly_over_zero_to_base() {
+        let cfg = builder_ns(1_000, 1_000_000)
+            .jitter(Jitter::Full)
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(29);
+        let draws: Vec<u128> = (0..1000)
+            .map(|_| cfg.delay_for(0, &mut rng).as_nanos())
+            .collect();
+        let (upper, lo, hi) = spread(&draws, 500);
+        assert!((400..600).contains(&upper), "{upper}/1000 above base/2");
+        assert!(lo < 10 && hi > 990 && hi <= 1_000, "range {lo}..={hi} ns");
+    }
+
+    #[test]
+    fn equal_jitter_is_spread_evenly_over_half_base_to_base() {
+        let cfg = builder_ns(1_000, 1_000_000)
+            .jitter(Jitter::Equal)
+            .build()
+            .unwrap();
+        let mut rng = SplitMix64::new(31);
+        let draws: Vec<u128> = (0..1000)
+            .map(|_| cfg.delay_for(0, &mut rng).as_nanos())
+            .collect();
+        let (upper, lo, hi) = spread(&draws, 750);
+        assert!((400..600).contains(&upper), "{upper}/1000 above 3/4 base");
+        assert!(
+            (500..510).contains(&lo) && (991..=1_000).contains(&hi),
+            "{lo}..={hi} ns"
+        );
     }
 
     #[test]
@@ -1000,6 +1220,98 @@ mod tests {
         assert_ne!(redrawn, off, "a new sequence draws a new offset");
     }
 
+    /// A fresh sequence on `cfg` whose first delay drew additive offset `off` (the first
+    /// seed below 1000 that does), and the RNG after that draw.
+    fn sequence_with_offset(cfg: &BackoffConfig, off: u64) -> (Backoff, u64, SplitMix64) {
+        for seed in 0..1000 {
+            let mut rng = SplitMix64::new(seed);
+            let mut b = Backoff::new();
+            let first = duration_to_nanos(b.next_delay(cfg, &mut rng).unwrap());
+            if b.offset() == Some(Duration::from_nanos(off)) {
+                return (b, first, rng);
+            }
+        }
+        panic!("no seed below 1000 draws offset {off}");
+    }
+
+    #[test]
+    fn additive_sequence_grows_from_the_jittered_start() {
+        // DESIGN §3.1: d₀ = initial + off, dₐ₊₁ = min(max, ⌊dₐ·num/den⌋). From 3 ns + 1 ns at
+        // ×3/2: 4, 6, 9, 13 ns (scaling the unjittered 3, 4, 6, 9 by 4/3 gave 4, 5, 8, 12).
+        let cfg = builder_ns(3, 1_000)
+            .multiplier(3, 2)
+            .jitter(Jitter::Additive {
+                range: Duration::from_nanos(2),
+            })
+            .build()
+            .unwrap();
+        let (mut b, first, mut rng) = sequence_with_offset(&cfg, 1);
+        let predicted: Vec<u64> = (1..4)
+            .map(|a| duration_to_nanos(b.delay_for(&cfg, a, &mut rng)))
+            .collect();
+        let rest: Vec<u64> = (0..3)
+            .map(|_| duration_to_nanos(b.next_delay(&cfg, &mut rng).unwrap()))
+            .collect();
+        assert_eq!((first, rest), (4, alloc::vec![6, 9, 13]));
+        assert_eq!(predicted, [6, 9, 13], "the query grows from the same start");
+        // It climbs to the cap and stays there: 13, 19, 28, … 1000.
+        let at_cap = b.delay_for(&cfg, u32::MAX, &mut rng);
+        assert_eq!(at_cap, Duration::from_nanos(1_000));
+        // Offset 0 is the unjittered ramp.
+        let (mut b, first, mut rng) = sequence_with_offset(&cfg, 0);
+        assert_eq!(first, 3);
+        for a in 1..20 {
+            let d = b.next_delay(&cfg, &mut rng).unwrap();
+            assert_eq!(d, cfg.base_delay(a));
+        }
+    }
+
+    #[test]
+    fn additive_start_that_grows_too_slowly_is_refused() {
+        // ×1.0001 leaves 9 999 ns fixed (⌊9 999·1.0001⌋ = 9 999), but a jittered start of
+        // 10 000 ns grows by 1 ns per attempt: to reach 14 097 ns it needs 4097 attempts.
+        let slow = |max, range| {
+            builder_ns(9_999, max)
+                .multiplier(10_001, 10_000)
+                .jitter(Jitter::Additive {
+                    range: Duration::from_nanos(range),
+                })
+                .build()
+        };
+        assert_eq!(slow(14_097, 1).map(|c| c.cap_attempt()), Ok(0));
+        assert_eq!(
+            slow(14_097, 2),
+            Err(ConfigError::Invalid {
+                option: "backoff.jitter",
+                reason: "a jittered start grows too slowly: the delay must settle within \
+                         4096 attempts",
+            })
+        );
+        assert_eq!(
+            slow(14_097, u64::MAX).map_err(|_| ()),
+            Err(()),
+            "a wider range reaches the slow start too"
+        );
+        // One nanosecond less settles in exactly 4096 attempts, and answers any attempt.
+        let cfg = slow(14_096, 2).unwrap();
+        let (b, first, rng) = sequence_with_offset(&cfg, 1);
+        assert_eq!(first, 10_000);
+        let at = |a| duration_to_nanos(b.delay_for(&cfg, a, &mut rng.clone()));
+        assert_eq!(
+            [at(1), at(4_095), at(4_096), at(u32::MAX)],
+            [10_001, 14_095, 14_096, 14_096]
+        );
+        // A start already at or past the slow region is judged by the unjittered ramp alone.
+        assert!(slow(14_097, 0).is_ok());
+        let fast = builder_ns(10_000, 14_096)
+            .multiplier(10_001, 10_000)
+            .jitter(Jitter::Additive {
+                range: Duration::MAX,
+            })
+            .build();
+        assert!(fast.is_ok());
+    }
+
     #[test]
     fn additive_offsets_decorrelate_clients() {
         let cfg = BackoffConfig::gobblin_throttling_client();
@@ -1021,6 +1333,14 @@ mod tests {
             distinct > 40,
             "clients do not retry in lockstep: {distinct} distinct"
         );
+        // The offset covers its whole range evenly, not just its low end.
+        let mut rng = SplitMix64::new(37);
+        let starts: Vec<u128> = (0..1000)
+            .map(|_| ms_of(cfg.delay_for(0, &mut rng)))
+            .collect();
+        let (upper, lo, hi) = spread(&starts, 750);
+        assert!((400..600).contains(&upper), "{upper}/1000 above 750 ms");
+        assert!(lo < 505 && hi > 995 && hi < 1_000, "{lo}..={hi} ms");
     }
 
     #[test]
@@ -1394,6 +1714,82 @@ mod tests {
         let stuck = builder_ns(9, u64::MAX).multiplier(11, 10).build().unwrap();
         assert_eq!(stuck.cap_attempt(), 0);
         assert_eq!(stuck.base_delay(u32::MAX), Duration::from_nanos(9));
+    }
+
+    #[test]
+    fn enabled_config_with_max_below_resolution_is_refused() {
+        // 500 µs..900 µs on the 1 ms grid would truncate every delay to zero.
+        for (b, option, limit) in [
+            (
+                BackoffConfig::builder(),
+                "backoff.resolution",
+                "backoff.max",
+            ),
+            (
+                BackoffConfig::fluss_retriable_write().to_builder(),
+                "client.writer.retry-backoff.resolution",
+                "client.writer.retry-backoff-max",
+            ),
+            (
+                BackoffConfig::kafka_retry().to_builder(),
+                "retry.backoff.resolution",
+                "retry.backoff.max.ms",
+            ),
+        ] {
+            let sub = b.initial(Duration::from_micros(500));
+            assert_eq!(
+                sub.clone().max(Duration::from_micros(900)).build(),
+                Err(ConfigError::Inverted { option, limit })
+            );
+            // The exact edge: max one nanosecond below the 1 ms step is refused, 1 ms is not.
+            let just_below = sub.clone().max(Duration::from_nanos(999_999)).build();
+            assert_eq!(just_below, Err(ConfigError::Inverted { option, limit }));
+            let at_step = sub.clone().max(Duration::from_millis(1)).build().unwrap();
+            let mut rng = SplitMix64::new(1);
+            let mut seq = Backoff::new();
+            for _ in 0..5 {
+                let d = seq.next_delay(&at_step, &mut rng);
+                assert_eq!(d, Some(Duration::from_millis(1)), "lifted to one step");
+            }
+            // A disabled config hands out zero by definition; its max is not checked.
+            let off = sub.initial(Duration::ZERO).max(Duration::from_micros(900));
+            assert!(off.build().is_ok_and(|c| c.is_disabled()));
+        }
+        let coarse = builder_ns(5, 10).resolution(Duration::from_nanos(11));
+        assert!(coarse.clone().build().is_err());
+        assert!(coarse.max(Duration::from_nanos(11)).build().is_ok());
+    }
+
+    #[test]
+    fn enabled_backoff_never_hands_out_a_zero_delay() {
+        // Each of these can draw a raw delay below the 1 ms step: ±20 % of 1 ms (0.8 ms),
+        // ±100 %, full jitter, equal jitter of 1 ms (0.5 ms), an initial of 1 ns, and a
+        // decorrelated start below the step. Upstream Kafka would truncate 0.8 ms to 0.
+        let ms1 = Duration::from_millis(1);
+        let cfgs = [
+            BackoffConfig::kafka_retry().to_builder().initial(ms1),
+            BackoffConfig::builder()
+                .initial(ms1)
+                .jitter(Jitter::Proportional { ppm: 1_000_000 }),
+            BackoffConfig::builder().initial(ms1).jitter(Jitter::Full),
+            BackoffConfig::builder().initial(ms1).jitter(Jitter::Equal),
+            BackoffConfig::builder()
+                .initial(Duration::from_nanos(1))
+                .jitter(Jitter::None),
+            BackoffConfig::builder()
+                .initial(Duration::from_nanos(1))
+                .jitter(Jitter::Decorrelated),
+        ];
+        for b in cfgs {
+            let cfg = b.build().unwrap();
+            let mut rng = SplitMix64::new(41);
+            for _ in 0..200 {
+                let mut seq = Backoff::new();
+                let d = seq.next_delay(&cfg, &mut rng).unwrap();
+                assert!(d >= ms1, "{d:?} from {:?}", cfg.jitter());
+                assert!(cfg.delay_for(0, &mut rng) >= ms1);
+            }
+        }
     }
 
     #[test]

@@ -17,6 +17,52 @@ proptest! {
     ) {
         prop_assert_eq!(check(&data), Ok(()));
     }
+
+    /// On a 1 ns grid with small fractional multipliers, where truncation hides no slip and
+    /// growth from a jittered start differs from a scaled base, every delay and every RNG draw
+    /// still match the reference exactly, and slow ramps are refused by both.
+    #[test]
+    fn backoff_matches_the_reference_exactly_on_a_1ns_grid_with_fractional_growth(
+        initial in any::<u16>(),
+        extra in any::<u32>(),
+        (a, b) in (any::<u8>(), any::<u8>()),
+        jitter in 0u8..6,
+        range in any::<u16>(),
+        rest in proptest::collection::vec(any::<u8>(), 0..common::MAX_LEN)
+    ) {
+        prop_assert_eq!(check(&fine_grid(initial, extra, (a, b), jitter, range, &rest)), Ok(()));
+    }
+}
+
+/// Input bytes for `check`: the general preset with initial (span kind 5, u16 ns), max
+/// (kind 3, u64 ns: `initial + extra`), multiplier (kind 2, two u8), jitter and a 1 ns
+/// resolution overridden (mask 31), then `rest` (seed and calls).
+fn fine_grid(
+    initial: u16,
+    extra: u32,
+    (a, b): (u8, u8),
+    jitter: u8,
+    range: u16,
+    rest: &[u8],
+) -> Vec<u8> {
+    let max = u64::from(initial) + u64::from(extra);
+    let mut v = vec![0, 31, 31, 5];
+    v.extend_from_slice(&initial.to_le_bytes());
+    v.push(3);
+    v.extend_from_slice(&max.to_le_bytes());
+    let (num, den) = (a.max(b).max(1), a.min(b).max(1));
+    v.extend_from_slice(&[2, num, den, jitter]);
+    match jitter {
+        1 => v.push(0), // ±20 %
+        2 => {
+            v.push(5); // a u16 ns range
+            v.extend_from_slice(&range.to_le_bytes());
+        }
+        _ => {}
+    }
+    v.push(0); // 1 ns resolution
+    v.extend_from_slice(rest);
+    v
 }
 
 /// Hand-picked inputs: each preset with many delays, a slow ramp, extreme values and a budget.

@@ -3,10 +3,15 @@
 //!
 //! The reference shares no code with the machine: it keeps its own table of preset values
 //! and bounds, decides validity from the rules as written, recomputes every base delay by
-//! iterating the recurrence from attempt 0 (a plain loop, stopped at a fixed point or after
-//! 5000 steps; it never uses the machine's precomputed settle attempt), and checks
-//! every delay against its strategy's bounds, `max`, `floor`, the resolution grid, the budget,
-//! and that the additive offset stays constant within a sequence.
+//! iterating the recurrence from attempt 0 (a plain loop from `initial`, or for additive
+//! jitter from the jittered start `initial + offset` as DESIGN §3.1 defines it; stopped at a
+//! fixed point, never using the machine's precomputed settle attempt), and draws from its own
+//! copy of the machine's identically seeded [`SplitMix64`], turning the same raw 64-bit words
+//! into uniform values with its own code. Every delay is therefore compared **exactly**, and
+//! the two generators must be in the same state after every call (a strategy that draws more,
+//! less or differently than its definition diverges even when a delay happens to match). On
+//! top of that each delay is checked against `max`, `floor`, the resolution grid and the
+//! unjittered delay, and the sequence state (attempt, spent budget, offset) after every call.
 
 use alloc::format;
 use alloc::string::String;
@@ -14,10 +19,10 @@ use core::time::Duration;
 
 use super::{Cursor, Divergence};
 use crate::backoff::{Backoff, BackoffConfig, Jitter};
-use crate::rng::SplitMix64;
+use crate::rng::{Rng, SplitMix64};
 
-/// Most growth steps the reference walks; above the documented limit of 4096 so a config the
-/// machine accepts but that never settles is reported rather than cut short.
+/// Most growth steps the reference walks when deciding validity; above the documented limit of
+/// 4096 so a ramp that settles just past it is measured, not cut short.
 const REF_STEPS: u32 = 5_000;
 /// The documented ramp limit (`MAX_RAMP_ATTEMPTS`), restated from the docs.
 const RAMP_LIMIT: u32 = 4_096;
@@ -200,8 +205,9 @@ fn decode_spec(c: &mut Cursor<'_>) -> (Spec, BackoffConfig, Result<BackoffConfig
         b = b.jitter(s.jitter.to_machine());
     }
     if mask & 16 != 0 {
-        let res = match c.u8() % 5 {
-            0 => 1,
+        let res = match c.u8() % 6 {
+            // 1 ns twice as often: a fine grid shows 1 ns slips that truncation would hide.
+            0 | 5 => 1,
             1 => MS,
             2 => 0,
             3 => u64::from(c.u16()),
@@ -244,9 +250,9 @@ fn ref_step(s: &Spec, d: u64) -> u64 {
     }
 }
 
-/// Growth steps until the base stops changing, or `None` past `REF_STEPS`.
-fn ref_ramp_len(s: &Spec) -> Option<u32> {
-    let mut d = s.initial;
+/// Growth steps from `start` until the base stops changing, or `None` past `REF_STEPS`.
+fn ref_ramp_len(s: &Spec, start: u64) -> Option<u32> {
+    let mut d = start;
     let mut steps = 0;
     loop {
         let next = ref_step(s, d);
@@ -259,6 +265,35 @@ fn ref_ramp_len(s: &Spec) -> Option<u32> {
         steps += 1;
         d = next;
     }
+}
+
+/// With additive jitter, the ramp from every start `initial + off` (`off < range`) must settle
+/// within the limit too. Below `max` a start either never moves or climbs to `max`, whether
+/// it moves is monotone in the start, and a lower start never overtakes a higher one; so the
+/// smallest start that moves, found here by bisection, has the longest ramp.
+fn ref_additive_ok(s: &Spec) -> bool {
+    let RefJitter::Additive(range, _) = s.jitter else {
+        return true;
+    };
+    if s.initial == 0 || range == 0 || s.initial >= s.max {
+        return true;
+    }
+    let moves = |d: u64| ref_step(s, d) > d;
+    // Starts at or above max are fixed at max.
+    let highest = s.initial.saturating_add(range - 1).min(s.max - 1);
+    if !moves(highest) {
+        return true;
+    }
+    let (mut lo, mut hi) = (s.initial, highest);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if moves(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    matches!(ref_ramp_len(s, hi), Some(n) if n <= RAMP_LIMIT)
 }
 
 fn ref_valid(s: &Spec) -> bool {
@@ -275,27 +310,35 @@ fn ref_valid(s: &Spec) -> bool {
         && jitter_ok
         && s.floor <= s.max
         && s.floor.is_multiple_of(s.res)
-        && matches!(ref_ramp_len(s), Some(n) if n <= RAMP_LIMIT)
+        && (s.initial == 0 || s.res <= s.max)
+        && matches!(ref_ramp_len(s, s.initial), Some(n) if n <= RAMP_LIMIT)
+        && ref_additive_ok(s)
 }
 
-/// Base of `attempt`, iterating from `initial` every time.
-fn ref_base(s: &Spec, attempt: u32) -> Result<u64, Divergence> {
-    let mut d = s.initial;
+/// Base of `attempt` for a ramp starting at `start`, iterating from it every time. A ramp
+/// still growing after the documented limit means the config should have been refused.
+fn ref_base_from(s: &Spec, start: u64, attempt: u32) -> Result<u64, Divergence> {
+    let mut d = start;
     let mut i = 0u32;
     while i < attempt {
         let next = ref_step(s, d);
         if next == d {
             break;
         }
-        if i >= REF_STEPS {
+        if i >= RAMP_LIMIT {
             return Err(format!(
-                "accepted {s:?}, whose base still grows after {i} steps"
+                "accepted {s:?}, whose base from {start} ns still grows after {i} steps"
             ));
         }
         d = next;
         i += 1;
     }
     Ok(d)
+}
+
+/// Unjittered base of `attempt`.
+fn ref_base(s: &Spec, attempt: u32) -> Result<u64, Divergence> {
+    ref_base_from(s, s.initial, attempt)
 }
 
 fn mul_div(a: u64, b: u64, c: u64) -> u64 {
@@ -306,58 +349,96 @@ fn mul_div(a: u64, b: u64, c: u64) -> u64 {
     u64::try_from(q).unwrap_or(u64::MAX)
 }
 
-/// Clamp to max, lift to floor, truncate to the grid.
-fn ref_finish(s: &Spec, raw: u64) -> u64 {
-    let v = raw.min(s.max).max(s.floor);
-    if s.res == 0 { v } else { v - v % s.res }
+/// Uniform in `[0, n)` from raw 64-bit words, written out here rather than borrowed from
+/// `crate::rng`: Lemire's multiply-shift keeps the high word of `word·n` and rejects the
+/// `2⁶⁴ mod n` low words that would bias it. Consumes nothing for `n = 0` (an empty range).
+fn ref_below(rng: &mut SplitMix64, n: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    let biased = u64::try_from((1u128 << 64) % u128::from(n)).unwrap_or(0);
+    loop {
+        let wide = u128::from(rng.next_u64()) * u128::from(n);
+        let low = u64::try_from(wide & u128::from(u64::MAX)).unwrap_or(0);
+        if low >= biased {
+            return u64::try_from(wide >> 64).unwrap_or(0);
+        }
+    }
 }
 
-/// `[lo, hi]` of the final delay for `base`, `prev` and a known or unknown additive offset.
-fn ref_bounds(s: &Spec, base: u64, prev: u64, offset: Option<u64>) -> (u64, u64) {
-    if s.initial == 0 {
-        return (0, 0);
+/// Uniform in `[lo, hi]`; `lo` (nothing consumed) for an empty or one-point range, one raw
+/// word for the whole `u64` range.
+fn ref_between(rng: &mut SplitMix64, lo: u64, hi: u64) -> u64 {
+    if hi <= lo {
+        lo
+    } else if hi - lo == u64::MAX {
+        rng.next_u64()
+    } else {
+        lo + ref_below(rng, hi - lo + 1)
     }
-    let (lo, hi) = match s.jitter {
-        RefJitter::None => (base, base),
-        RefJitter::Proportional(_) if s.initial == s.max => (base, base),
-        RefJitter::Proportional(ppm) => {
-            let ppm = u64::from(ppm);
-            let top = if ppm == 0 {
-                1_000_000
-            } else {
-                1_000_000 + ppm - 1
-            };
-            (
-                mul_div(base, 1_000_000 - ppm, 1_000_000),
-                mul_div(base, top, 1_000_000),
-            )
-        }
+}
+
+/// Clamp to max, lift to floor, truncate to the grid but never below one grid step.
+fn ref_finish(s: &Spec, raw: u64) -> u64 {
+    let v = raw.min(s.max).max(s.floor);
+    let on_grid = if s.res == 0 { v } else { v - v % s.res };
+    on_grid.max(s.res)
+}
+
+/// The exact delay of `attempt` with previous delay `prev`, drawing from `rng` what the
+/// strategy needs: the additive offset first if `offset` has none yet (stored there), then
+/// the strategy's own draw.
+fn ref_delay(
+    s: &Spec,
+    attempt: u32,
+    prev: u64,
+    offset: &mut Option<u64>,
+    rng: &mut SplitMix64,
+) -> Result<u64, Divergence> {
+    if s.initial == 0 {
+        return Ok(0);
+    }
+    let base = match s.jitter {
+        // DESIGN §3.1: d₀ = initial + off, dₐ₊₁ = min(max, ⌊dₐ·num/den⌋); off drawn first.
         RefJitter::Additive(range, _) => {
-            let scaled = |off: u64| mul_div(base, s.initial.saturating_add(off), s.initial);
-            match offset {
-                Some(off) => (scaled(off), scaled(off)),
-                None => (scaled(0), scaled(range.saturating_sub(1))),
-            }
+            let off = match *offset {
+                Some(off) => off,
+                None => *offset.insert(ref_below(rng, range)),
+            };
+            ref_base_from(s, s.initial.saturating_add(off), attempt)?
         }
-        RefJitter::Full => (0, base),
-        RefJitter::Equal => (base / 2, base),
-        RefJitter::Decorrelated => (s.initial, s.initial.max(prev.saturating_mul(3))),
+        _ => ref_base(s, attempt)?,
     };
-    (ref_finish(s, lo), ref_finish(s, hi))
+    let raw = match s.jitter {
+        RefJitter::None => base,
+        RefJitter::Proportional(_) if s.initial == s.max => base,
+        RefJitter::Proportional(ppm) => {
+            // factor uniform in [10⁶ − ppm, 10⁶ + ppm), in ppm
+            let ppm = u64::from(ppm);
+            let factor = 1_000_000 - ppm + ref_below(rng, 2 * ppm);
+            mul_div(base, factor, 1_000_000)
+        }
+        RefJitter::Additive(..) => base,
+        RefJitter::Full => ref_between(rng, 0, base),
+        RefJitter::Equal => base / 2 + ref_between(rng, 0, base / 2),
+        RefJitter::Decorrelated => ref_between(rng, s.initial, prev.saturating_mul(3)),
+    };
+    Ok(ref_finish(s, raw))
 }
 
 fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Invariants every delay keeps, whatever the strategy.
-fn check_delay(
-    s: &Spec,
-    what: &str,
-    d: u64,
-    base: u64,
-    bounds: (u64, u64),
-) -> Result<(), Divergence> {
+/// Compares a delay with the reference's exact value, and checks the invariants every delay
+/// keeps whatever the strategy (so a reference slip shows up as well as a machine one).
+fn check_delay(s: &Spec, what: &str, attempt: u32, d: u64, want: u64) -> Result<(), Divergence> {
+    if d != want {
+        return Err(format!(
+            "{what} at attempt {attempt}: {d} ns, reference {want} ns ({:?})",
+            s.jitter
+        ));
+    }
     if s.initial == 0 {
         return if d == 0 {
             Ok(())
@@ -371,19 +452,17 @@ fn check_delay(
     if d < s.floor {
         return Err(format!("{what}: {d} ns below floor {} ns", s.floor));
     }
+    if d == 0 {
+        return Err(format!("{what}: an enabled backoff gave a zero delay"));
+    }
     if !d.is_multiple_of(s.res) {
         return Err(format!("{what}: {d} ns not a multiple of {} ns", s.res));
     }
-    if d < bounds.0 || d > bounds.1 {
-        return Err(format!(
-            "{what}: {d} ns outside [{}, {}] (base {base} ns, {:?})",
-            bounds.0, bounds.1, s.jitter
-        ));
-    }
     let never_earlier = matches!(s.jitter, RefJitter::None | RefJitter::Additive(..));
-    if never_earlier && d < ref_finish(s, base) {
+    let unjittered = ref_finish(s, ref_base(s, attempt)?);
+    if never_earlier && d < unjittered {
         return Err(format!(
-            "{what}: {d} ns earlier than the unjittered {base} ns"
+            "{what}: {d} ns earlier than the unjittered {unjittered} ns"
         ));
     }
     Ok(())
@@ -445,70 +524,73 @@ fn check_getters(s: &Spec, cfg: &BackoffConfig) -> Result<(), Divergence> {
     }
 }
 
-/// Drives `next_delay` on the machine and checks it against the reference.
+/// The machine's RNG and the reference's copy of it, which must stay in the same state: a
+/// strategy that draws more, less or differently than its definition shows up here even
+/// when the delay happens to match.
+struct Rngs {
+    machine: SplitMix64,
+    reference: SplitMix64,
+}
+
+impl Rngs {
+    fn new(seed: u64) -> Self {
+        Rngs {
+            machine: SplitMix64::new(seed),
+            reference: SplitMix64::new(seed),
+        }
+    }
+
+    fn in_step(&self, what: &str) -> Result<(), Divergence> {
+        if self.machine == self.reference {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what}: the machine's RNG is at {:?}, the reference's at {:?}",
+                self.machine, self.reference
+            ))
+        }
+    }
+}
+
+/// Drives `next_delay` on the machine and on the reference, and compares them.
 fn step_next(
     s: &Spec,
     cfg: &BackoffConfig,
     m: &mut Backoff,
     r: &mut RefSeq,
-    rng: &mut SplitMix64,
+    rngs: &mut Rngs,
 ) -> Result<Option<u64>, Divergence> {
-    let got = m.next_delay(cfg, rng).map(ns);
-    let base = ref_base(s, r.attempt)?;
-    let prev = if r.attempt == 0 { s.initial } else { r.prev };
-    let bounds = ref_bounds(s, base, prev, r.offset);
-    let left = s.budget.map(|b| b.saturating_sub(r.spent));
-    match got {
-        None => {
-            let refusable = r.exhausted || left.is_some_and(|left| bounds.1 > left);
-            if !refusable {
-                return Err(format!(
-                    "attempt {}: refused, but every delay in [{}, {}] fits the {left:?} ns left",
-                    r.attempt, bounds.0, bounds.1
-                ));
-            }
+    let got = m.next_delay(cfg, &mut rngs.machine).map(ns);
+    let want = if r.exhausted {
+        // A refused sequence refuses again without drawing.
+        None
+    } else {
+        let prev = if r.attempt == 0 { s.initial } else { r.prev };
+        let mut offset = r.offset;
+        let d = ref_delay(s, r.attempt, prev, &mut offset, &mut rngs.reference)?;
+        let left = s.budget.map(|b| b.saturating_sub(r.spent));
+        if left.is_some_and(|left| d > left) {
             r.exhausted = true;
-        }
-        Some(d) => {
-            if r.exhausted {
-                return Err(format!("delay {d} ns after the budget was exhausted"));
-            }
-            check_delay(s, "next_delay", d, base, bounds)?;
-            if let Some(left) = left
-                && d > left
-            {
-                return Err(format!("delay {d} ns exceeds the {left} ns left"));
-            }
-            let additive = matches!(s.jitter, RefJitter::Additive(..)) && s.initial != 0;
-            let off = m.offset().map(ns);
-            match (additive, r.offset, off) {
-                (false, _, None) => {}
-                (true, None, Some(o)) => {
-                    let range = match s.jitter {
-                        RefJitter::Additive(range, _) => range,
-                        _ => 0,
-                    };
-                    if o >= range.max(1) {
-                        return Err(format!("offset {o} ns outside [0, {range})"));
-                    }
-                    // Now that the offset is known, the delay is exact.
-                    let exact = ref_bounds(s, base, prev, Some(o));
-                    check_delay(s, "first additive delay", d, base, exact)?;
-                    r.offset = Some(o);
-                }
-                (true, Some(kept), Some(o)) if kept == o => {}
-                (_, kept, o) => {
-                    return Err(format!(
-                        "attempt {}: offset {o:?}, expected {kept:?} (additive: {additive})",
-                        r.attempt
-                    ));
-                }
-            }
+            None
+        } else {
             r.attempt = r.attempt.saturating_add(1);
             r.prev = d;
+            r.offset = offset;
             r.spent = r.spent.saturating_add(d);
+            Some(d)
+        }
+    };
+    match (got, want) {
+        (Some(d), Some(w)) => check_delay(s, "next_delay", r.attempt.saturating_sub(1), d, w)?,
+        (None, None) => {}
+        _ => {
+            return Err(format!(
+                "next_delay gave {got:?} ns, reference {want:?} ns (budget {:?}, spent {})",
+                s.budget, r.spent
+            ));
         }
     }
+    rngs.in_step("next_delay")?;
     Ok(got)
 }
 
@@ -554,7 +636,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         return Err(format!("preset {} breaks its own rules: {s:?}", s.preset));
     }
 
-    let mut rng = SplitMix64::new(c.u64());
+    let mut rngs = Rngs::new(c.u64());
     let mut m = Backoff::new();
     let mut r = RefSeq::default();
     let mut ops = 0;
@@ -562,36 +644,39 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         ops += 1;
         match c.u8() % 10 {
             0..=4 => {
-                step_next(&s, &cfg, &mut m, &mut r, &mut rng)?;
+                step_next(&s, &cfg, &mut m, &mut r, &mut rngs)?;
             }
             5 => {
                 m.reset();
                 r = RefSeq::default();
             }
             6 => {
+                // A fresh sequence's first draw: a new offset, the stand-in previous delay.
                 let a = c.small_or_extreme_u32();
-                let d = ns(cfg.delay_for(a, &mut rng));
-                let base = ref_base(&s, a)?;
-                let bounds = ref_bounds(&s, base, stand_in(&s, a)?, None);
-                check_delay(&s, "config delay_for", d, base, bounds)?;
+                let d = ns(cfg.delay_for(a, &mut rngs.machine));
+                let want = ref_delay(&s, a, stand_in(&s, a)?, &mut None, &mut rngs.reference)?;
+                check_delay(&s, "config delay_for", a, d, want)?;
+                rngs.in_step("config delay_for")?;
             }
             7 => {
+                // This sequence's offset (a throwaway one if none yet); nothing advances.
                 let a = if c.bool() {
                     m.attempt()
                 } else {
                     c.small_or_extreme_u32()
                 };
-                let d = ns(m.delay_for(&cfg, a, &mut rng));
-                let base = ref_base(&s, a)?;
-                let bounds = ref_bounds(&s, base, r.prev_for(&s, a)?, r.offset);
-                check_delay(&s, "sequence delay_for", d, base, bounds)?;
+                let d = ns(m.delay_for(&cfg, a, &mut rngs.machine));
+                let prev = r.prev_for(&s, a)?;
+                let want = ref_delay(&s, a, prev, &mut r.offset.clone(), &mut rngs.reference)?;
+                check_delay(&s, "sequence delay_for", a, d, want)?;
+                rngs.in_step("sequence delay_for")?;
             }
             8 => {
                 // The query predicts the next delay exactly, given the same RNG state.
-                let predicted = ns(m.delay_for(&cfg, m.attempt(), &mut rng.clone()));
+                let predicted = ns(m.delay_for(&cfg, m.attempt(), &mut rngs.machine.clone()));
                 let exhausted = r.exhausted;
                 let left = s.budget.map(|b| b.saturating_sub(r.spent));
-                match step_next(&s, &cfg, &mut m, &mut r, &mut rng)? {
+                match step_next(&s, &cfg, &mut m, &mut r, &mut rngs)? {
                     Some(d) if d != predicted => {
                         return Err(format!("delay_for predicted {predicted} ns, got {d} ns"));
                     }
@@ -603,7 +688,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                     _ => {}
                 }
             }
-            _ => rng = SplitMix64::new(c.u64()),
+            _ => rngs = Rngs::new(c.u64()),
         }
         check_state(&s, &cfg, &m, &r)?;
     }
@@ -622,6 +707,73 @@ mod tests {
             data.extend(core::iter::repeat_n(0, 300));
             assert_eq!(check(&data), Ok(()), "preset {preset}");
         }
+    }
+
+    #[test]
+    fn every_strategy_matches_the_reference_exactly_over_a_long_run() {
+        // Two shapes, each with every strategy (mask bit 8 overrides the jitter):
+        // the general preset (1 s → 10 s, ×2, 1 ms grid), where ms truncation hides 1 ns slips;
+        // and 1001 ns → 60 001 ns, ×3/2, 1 ns grid (mask 31), where odd bases and
+        // non-integer growth make every nanosecond count.
+        let coarse: &[u8] = &[0, 8, 8];
+        let fine: &[u8] = &[0, 31, 31, 5, 0xE9, 0x03, 5, 0x61, 0xEA, 2, 3, 2];
+        let strategies: [(&[u8], RefJitter); 6] = [
+            (&[0], RefJitter::None),
+            (&[1, 0], RefJitter::Proportional(200_000)),
+            (
+                &[2, 5, 0xF4, 0x01],
+                RefJitter::Additive(500, Duration::from_nanos(500)),
+            ),
+            (&[3], RefJitter::Full),
+            (&[4], RefJitter::Equal),
+            (&[5], RefJitter::Decorrelated),
+        ];
+        let ops = [0, 0, 0, 8, 6, 3, 7, 0, 7, 1, 0, 0, 8, 5, 6, 0];
+        for (shape, res, initial) in [(coarse, MS, 1_000 * MS), (fine, 1, 1_001)] {
+            for (bytes, jitter) in strategies {
+                let mut data = shape.to_vec();
+                data.extend_from_slice(bytes);
+                if shape == fine {
+                    data.push(0); // resolution 1 ns
+                }
+                data.extend_from_slice(&[0x5A; 8]);
+                for _ in 0..20 {
+                    data.extend_from_slice(&ops);
+                }
+                let (spec, _, built) = decode_spec(&mut Cursor::new(&data));
+                let got = (spec.jitter, spec.res, spec.initial, built.is_ok());
+                assert_eq!(got, (jitter, res, initial, true));
+                assert_eq!(check(&data), Ok(()), "{jitter:?}, {res} ns grid");
+            }
+        }
+    }
+
+    #[test]
+    fn a_jittered_start_that_grows_too_slowly_is_refused_by_both() {
+        // 9 999 ns → max, ×10001/10000, additive range 2 ns, 1 ns grid (mask 31): the start
+        // 10 000 ns grows 1 ns per attempt, so a max of 14 097 ns takes 4097 attempts.
+        let with_max = |max: u16| {
+            let [lo, hi] = max.to_le_bytes();
+            let mut data = alloc::vec![0, 31, 31, 5, 0x0F, 0x27, 5, lo, hi];
+            data.extend_from_slice(&[3, 0x11, 0x27, 0, 0, 0x10, 0x27, 0, 0]);
+            data.extend_from_slice(&[2, 5, 2, 0, 0]);
+            data.extend_from_slice(&[0x33; 8]);
+            data.extend(core::iter::repeat_n([0u8, 0, 6, 7, 0, 0, 0, 8, 5], 30).flatten());
+            data
+        };
+        let slow = with_max(14_097);
+        let (spec, _, built) = decode_spec(&mut Cursor::new(&slow));
+        assert_eq!(
+            (spec.initial, spec.max, spec.num, spec.den),
+            (9_999, 14_097, 10_001, 10_000)
+        );
+        assert!(matches!(spec.jitter, RefJitter::Additive(2, _)) && spec.res == 1);
+        assert!(!ref_valid(&spec) && built.is_err());
+        assert_eq!(check(&slow), Ok(()));
+        let settles = with_max(14_096);
+        let (spec, _, built) = decode_spec(&mut Cursor::new(&settles));
+        assert!(ref_valid(&spec) && built.is_ok());
+        assert_eq!(check(&settles), Ok(()));
     }
 
     #[test]
