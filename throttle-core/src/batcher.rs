@@ -299,6 +299,8 @@ pub struct Batcher<Shard, H, S> {
     open: HashMap<Shard, Option<Batch<H>>, S>,
     /// Exactly the keys of `open`, so `flush` never scans every shard ever seen.
     open_list: Vec<Shard>,
+    /// Entries of `open` holding `Some` batch, so `open_batches` is exact and O(1).
+    open_count: usize,
     /// Batches in flight, indexed by their credit's slot.
     sent: Vec<Option<InFlight<H>>>,
     actions: VecDeque<BatchAction<Shard, H>>,
@@ -329,6 +331,7 @@ where
             window: DispatchWindow::with_hasher(cfg.window, hasher.clone())?,
             open: HashMap::with_hasher(hasher),
             open_list: Vec::new(),
+            open_count: 0,
             sent: Vec::new(),
             actions: VecDeque::new(),
             spare_ops: Vec::new(),
@@ -353,6 +356,9 @@ where
         if !self.open.contains_key(&shard) {
             // Reclaim the parked batch so newer operations join it instead of queueing behind.
             let parked = self.window.reclaim(&shard);
+            if parked.is_some() {
+                self.open_count += 1;
+            }
             self.open.insert(shard.clone(), parked);
             self.open_list.push(shard.clone());
         }
@@ -371,19 +377,28 @@ where
             && batch.bytes.saturating_add(bytes) > max_bytes
         {
             overflowed = slot.take();
+            self.open_count = self.open_count.saturating_sub(1);
         }
         let batch = match slot {
             Some(batch) => batch,
-            None => slot.insert(Batch {
-                ops: self.spare_ops.pop().unwrap_or_default(),
-                bytes: 0,
-                opened_at: now,
-            }),
+            None => {
+                self.open_count += 1;
+                slot.insert(Batch {
+                    ops: self.spare_ops.pop().unwrap_or_default(),
+                    bytes: 0,
+                    opened_at: now,
+                })
+            }
         };
         batch.ops.push(handle);
         batch.bytes = batch.bytes.saturating_add(bytes);
         let full = batch.ops.len() >= max_ops || (by_bytes && batch.bytes >= max_bytes);
-        let full = if full { slot.take() } else { None };
+        let full = if full {
+            self.open_count = self.open_count.saturating_sub(1);
+            slot.take()
+        } else {
+            None
+        };
         if let Some(b) = overflowed {
             self.submit_full(shard.clone(), b);
         }
@@ -402,6 +417,7 @@ where
             let Some(Some(batch)) = self.open.remove(&shard) else {
                 continue;
             };
+            self.open_count = self.open_count.saturating_sub(1);
             match self.window.submit_or_park(shard, batch) {
                 Ok(Some(d)) => self.record(d),
                 Ok(None) => {}
@@ -480,6 +496,7 @@ where
         let mut list = core::mem::take(&mut self.open_list);
         for shard in list.drain(..) {
             if let Some(Some(batch)) = self.open.remove(&shard) {
+                self.open_count = self.open_count.saturating_sub(1);
                 self.end_ops(batch, FailReason::Closed);
             }
         }
@@ -508,9 +525,10 @@ where
         &self.window
     }
 
-    /// Shards with an open batch held by the batcher (not counting parked ones).
+    /// Shards with an open batch held by the batcher (not counting parked ones, nor shards
+    /// whose last batch just left full).
     pub fn open_batches(&self) -> usize {
-        self.open.len()
+        self.open_count
     }
 
     /// Operations in `shard`'s open batch, whether held here or parked in the window.
@@ -728,6 +746,29 @@ mod tests {
         b.flush(T0);
         let a = drain(&mut b);
         assert_eq!(sends(&b, &a), [(1, CreditId::forge(0, 1), vec![7])]);
+        assert_eq!(b.open_batches(), 0);
+    }
+
+    #[test]
+    fn open_batches_counts_only_shards_holding_operations() {
+        let mut b = batcher(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(2)
+                .with_window(WindowConfig::default().with_max_in_flight(1)),
+        );
+        op(&mut b, 7, 1, 0);
+        op(&mut b, 7, 2, 0); // full at once: sent, nothing left open for shard 7
+        assert_eq!((b.open_ops(&7), b.open_batches()), (0, 0));
+        op(&mut b, 8, 3, 0);
+        op(&mut b, 7, 4, 0);
+        assert_eq!(b.open_batches(), 2);
+        b.flush(T0); // shard 7 exhausted: parked; shard 8 sent
+        assert_eq!((b.open_batches(), b.open_ops(&7)), (0, 1));
+        op(&mut b, 7, 5, 0); // reclaims the parked batch, which is then full and queued
+        assert_eq!((b.open_batches(), b.window().queued(&7)), (0, 1));
+        op(&mut b, 7, 6, 0);
+        assert_eq!(b.open_batches(), 1);
+        b.fail_all();
         assert_eq!(b.open_batches(), 0);
     }
 
