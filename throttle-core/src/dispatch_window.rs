@@ -705,6 +705,11 @@ where
         self.closed
     }
 
+    /// Slots of the credit slab: every live credit's `slot()` is below this.
+    pub(crate) fn credit_slots(&self) -> usize {
+        self.credits.slots.len()
+    }
+
     /// Sets the capacity collections keep when they shrink, so model checks reach shrinking.
     #[cfg(feature = "model")]
     pub(crate) fn set_shrink_floor(&mut self, floor: usize) {
