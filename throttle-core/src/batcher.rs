@@ -23,18 +23,12 @@ use core::hash::{BuildHasher, Hash};
 
 use hashbrown::HashMap;
 
-use crate::dispatch_window::{CreditId, Dispatch, DispatchWindow, WindowConfig};
+use crate::dispatch_window::{CreditId, Dispatch, DispatchWindow, Maintenance, Peak, WindowConfig};
 use crate::error::{ConfigError, ReleaseError};
 use crate::time::{Clock, Instant};
 
 const MAX_REQUESTS_OPTION: &str = "client.batch.max-requests-per-batch";
 const MAX_BYTES_OPTION: &str = "client.batch.max-batch-bytes";
-
-/// Emptied operation buffers kept for the next batches, so steady traffic does not allocate.
-const SPARE_BATCHES: usize = 8;
-
-/// The open-batch map keeps at least this many entries of capacity when it shrinks.
-const MIN_MAP_CAPACITY: usize = 16;
 
 /// Which limits a batcher applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -264,7 +258,18 @@ struct InFlight<H> {
 ///   positions are ignored. `handle_failure` fails every operation with
 ///   [`FailReason::BatchFailed`]. Either releases the batch's credit exactly once (through
 ///   [`DispatchWindow::complete`], the single point of truth) and may `Send` the next batch.
-/// - There is no timer: `now` only stamps [`Batch::opened_at`].
+/// - Maintenance: when [`poll_timeout`](Self::poll_timeout) returns a deadline, call
+///   [`handle_timeout(now)`](Self::handle_timeout) once it has passed (earlier or more often is
+///   harmless: it runs at most once per
+///   [`MAINTENANCE_INTERVAL`](crate::dispatch_window::MAINTENANCE_INTERVAL)). It is the only
+///   place memory is given back, for the batcher and its window. There is no linger timer:
+///   otherwise `now` only stamps [`Batch::opened_at`].
+///
+/// Allocation: after warm-up a workload that repeats allocates nothing. Emptied operation
+/// buffers go to a pool that holds at most as many as were in use at the recent peak, and the
+/// maps keep their capacity between rounds; `handle_timeout` shrinks them only once the peak
+/// since its previous run is below a quarter of their capacity, so idle shards' memory comes
+/// back within two runs.
 ///
 /// ```
 /// use throttle_core::{BatchAction, Batcher, BatcherConfig, FailReason, Instant};
@@ -299,12 +304,23 @@ pub struct Batcher<Shard, H, S> {
     open: HashMap<Shard, Option<Batch<H>>, S>,
     /// Exactly the keys of `open`, so `flush` never scans every shard ever seen.
     open_list: Vec<Shard>,
+    /// Entries of `open` holding `Some` batch, so `open_batches` is exact and O(1).
+    open_count: usize,
     /// Batches in flight, indexed by their credit's slot.
     sent: Vec<Option<InFlight<H>>>,
     actions: VecDeque<BatchAction<Shard, H>>,
+    /// Emptied operation buffers. A new buffer is made only when this is empty, so buffers in
+    /// use plus spares never exceed the peak number in use at once.
     spare_ops: Vec<Vec<H>>,
+    /// Operation buffers in use (open, parked, queued or in flight).
+    ops_out: usize,
     responded: Vec<bool>,
     closed: bool,
+    maintenance: Maintenance,
+    peak_ops_out: Peak,
+    peak_batch_len: Peak,
+    peak_open: Peak,
+    peak_actions: Peak,
 }
 
 impl<Shard, H, S> Batcher<Shard, H, S>
@@ -329,11 +345,18 @@ where
             window: DispatchWindow::with_hasher(cfg.window, hasher.clone())?,
             open: HashMap::with_hasher(hasher),
             open_list: Vec::new(),
+            open_count: 0,
             sent: Vec::new(),
             actions: VecDeque::new(),
             spare_ops: Vec::new(),
+            ops_out: 0,
             responded: Vec::new(),
             closed: false,
+            maintenance: Maintenance::default(),
+            peak_ops_out: Peak::default(),
+            peak_batch_len: Peak::default(),
+            peak_open: Peak::default(),
+            peak_actions: Peak::default(),
         })
     }
 
@@ -350,11 +373,16 @@ where
         if self.closed {
             return Err(Closed(handle));
         }
+        self.maintenance.touch();
         if !self.open.contains_key(&shard) {
             // Reclaim the parked batch so newer operations join it instead of queueing behind.
             let parked = self.window.reclaim(&shard);
+            if parked.is_some() {
+                self.open_count += 1;
+            }
             self.open.insert(shard.clone(), parked);
             self.open_list.push(shard.clone());
+            self.peak_open.see(self.open.len());
         }
         let by_bytes = self.cfg.kind == BatchKind::Write;
         let max_bytes = self.cfg.max_batch_bytes;
@@ -371,19 +399,31 @@ where
             && batch.bytes.saturating_add(bytes) > max_bytes
         {
             overflowed = slot.take();
+            self.open_count = self.open_count.saturating_sub(1);
         }
         let batch = match slot {
             Some(batch) => batch,
-            None => slot.insert(Batch {
-                ops: self.spare_ops.pop().unwrap_or_default(),
-                bytes: 0,
-                opened_at: now,
-            }),
+            None => {
+                self.open_count += 1;
+                self.ops_out = self.ops_out.saturating_add(1);
+                self.peak_ops_out.see(self.ops_out);
+                slot.insert(Batch {
+                    ops: self.spare_ops.pop().unwrap_or_default(),
+                    bytes: 0,
+                    opened_at: now,
+                })
+            }
         };
         batch.ops.push(handle);
         batch.bytes = batch.bytes.saturating_add(bytes);
+        self.peak_batch_len.see(batch.ops.len());
         let full = batch.ops.len() >= max_ops || (by_bytes && batch.bytes >= max_bytes);
-        let full = if full { slot.take() } else { None };
+        let full = if full {
+            self.open_count = self.open_count.saturating_sub(1);
+            slot.take()
+        } else {
+            None
+        };
         if let Some(b) = overflowed {
             self.submit_full(shard.clone(), b);
         }
@@ -395,13 +435,18 @@ where
 
     /// The driver's input queue is empty: send every open batch whose shard has credit; park
     /// the others in the window, where they keep growing.
+    ///
+    /// The open-batch map keeps its capacity for the next round; only
+    /// [`handle_timeout`](Self::handle_timeout) shrinks it.
     pub fn flush(&mut self, now: Instant) {
         self.clock.observe(now);
+        self.maintenance.touch();
         let mut list = core::mem::take(&mut self.open_list);
         for shard in list.drain(..) {
             let Some(Some(batch)) = self.open.remove(&shard) else {
                 continue;
             };
+            self.open_count = self.open_count.saturating_sub(1);
             match self.window.submit_or_park(shard, batch) {
                 Ok(Some(d)) => self.record(d),
                 Ok(None) => {}
@@ -413,7 +458,6 @@ where
             }
         }
         self.open_list = list;
-        self.shrink_open();
     }
 
     /// The batch under `credit` got a response covering `positions` (indexes into its
@@ -433,6 +477,7 @@ where
     {
         self.clock.observe(now);
         let next = self.window.complete(credit)?;
+        self.maintenance.touch();
         if let Some(flight) = self.take_sent(credit) {
             self.responded.clear();
             self.responded.resize(flight.batch.ops.len(), false);
@@ -451,7 +496,7 @@ where
                         reason: FailReason::NoResponse,
                     }
                 };
-                self.actions.push_back(action);
+                self.push_action(action);
             }
             self.recycle(ops);
         }
@@ -465,6 +510,7 @@ where
     pub fn handle_failure(&mut self, now: Instant, credit: CreditId) -> Result<(), ReleaseError> {
         self.clock.observe(now);
         let next = self.window.complete(credit)?;
+        self.maintenance.touch();
         if let Some(flight) = self.take_sent(credit) {
             self.end_ops(flight.batch, FailReason::BatchFailed);
         }
@@ -477,9 +523,11 @@ where
     /// operations are refused.
     pub fn fail_all(&mut self) {
         self.closed = true;
+        self.maintenance.touch();
         let mut list = core::mem::take(&mut self.open_list);
         for shard in list.drain(..) {
             if let Some(Some(batch)) = self.open.remove(&shard) {
+                self.open_count = self.open_count.saturating_sub(1);
                 self.end_ops(batch, FailReason::Closed);
             }
         }
@@ -487,7 +535,68 @@ where
         for (_, batch) in self.window.fail_all() {
             self.end_ops(batch, FailReason::Closed);
         }
-        self.shrink_open();
+    }
+
+    /// Maintenance for the batcher and its window: gives memory back, once at most per
+    /// [`MAINTENANCE_INTERVAL`](crate::dispatch_window::MAINTENANCE_INTERVAL).
+    ///
+    /// Spare operation buffers beyond the peak number in use since the previous run are
+    /// freed; the open-batch map, the pools and the other buffers shrink only if that peak is
+    /// below a quarter of their capacity, and then to twice the peak. A workload that repeats
+    /// within the interval therefore keeps what it uses and allocates nothing.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let now = self.clock.observe(now);
+        self.window.handle_timeout(now);
+        if !self.maintenance.begin(now) {
+            return;
+        }
+        let open = self.peak_open.roll(self.open.len());
+        if let Some(target) = self.maintenance.target(self.open.capacity(), open) {
+            self.open.shrink_to(target);
+        }
+        if let Some(target) = self.maintenance.target(self.open_list.capacity(), open) {
+            self.open_list.shrink_to(target);
+        }
+        let out = self.peak_ops_out.roll(self.ops_out);
+        self.spare_ops.truncate(out.saturating_sub(self.ops_out));
+        if let Some(target) = self.maintenance.target(self.spare_ops.capacity(), out) {
+            self.spare_ops.shrink_to(target);
+        }
+        let len = self.peak_batch_len.roll(0);
+        for ops in &mut self.spare_ops {
+            if let Some(target) = self.maintenance.target(ops.capacity(), len) {
+                ops.shrink_to(target);
+            }
+        }
+        if let Some(target) = self.maintenance.target(self.responded.capacity(), len) {
+            self.responded.shrink_to(target);
+        }
+        let actions = self.peak_actions.roll(self.actions.len());
+        if let Some(target) = self.maintenance.target(self.actions.capacity(), actions) {
+            self.actions.shrink_to(target);
+        }
+        // In-flight batches are indexed by credit slot; slots past the window's slab are free.
+        let slots = self.window.credit_slots();
+        if let Some(target) = self.maintenance.target(self.sent.capacity(), slots) {
+            self.sent.truncate(slots);
+            self.sent.shrink_to(target);
+        }
+    }
+
+    /// Sets the capacity collections keep when they shrink, so model checks reach shrinking.
+    #[cfg(feature = "model")]
+    pub(crate) fn set_shrink_floor(&mut self, floor: usize) {
+        self.maintenance.set_floor(floor);
+        self.window.set_shrink_floor(floor);
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) should next run (for the batcher or its
+    /// window), or `None` while there is nothing to give back.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.maintenance.deadline(), self.window.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The next thing to do, or `None` when there is nothing left.
@@ -508,9 +617,10 @@ where
         &self.window
     }
 
-    /// Shards with an open batch held by the batcher (not counting parked ones).
+    /// Shards with an open batch held by the batcher (not counting parked ones, nor shards
+    /// whose last batch just left full).
     pub fn open_batches(&self) -> usize {
-        self.open.len()
+        self.open_count
     }
 
     /// Operations in `shard`'s open batch, whether held here or parked in the window.
@@ -549,7 +659,7 @@ where
                 credit: d.credit,
                 batch: d.batch,
             });
-            self.actions.push_back(BatchAction::Send {
+            self.push_action(BatchAction::Send {
                 shard: d.shard,
                 credit: d.credit,
             });
@@ -582,23 +692,21 @@ where
     fn end_ops(&mut self, batch: Batch<H>, reason: FailReason) {
         let mut ops = batch.ops;
         for handle in ops.drain(..) {
-            self.actions.push_back(BatchAction::Fail { handle, reason });
+            self.push_action(BatchAction::Fail { handle, reason });
         }
         self.recycle(ops);
     }
 
-    fn recycle(&mut self, ops: Vec<H>) {
-        if ops.capacity() > 0 && self.spare_ops.len() < SPARE_BATCHES {
-            self.spare_ops.push(ops);
-        }
+    fn push_action(&mut self, action: BatchAction<Shard, H>) {
+        self.actions.push_back(action);
+        self.peak_actions.see(self.actions.len());
     }
 
-    fn shrink_open(&mut self) {
-        let cap = self.open.capacity();
-        if cap > MIN_MAP_CAPACITY && self.open.len() < cap / 4 {
-            self.open
-                .shrink_to(self.open.len().saturating_mul(2).max(MIN_MAP_CAPACITY));
-        }
+    /// Takes back an emptied buffer. Every buffer handed out comes back here exactly once, so
+    /// the pool never holds more than the peak number in use (maintenance trims it further).
+    fn recycle(&mut self, ops: Vec<H>) {
+        self.ops_out = self.ops_out.saturating_sub(1);
+        self.spare_ops.push(ops);
     }
 }
 
@@ -728,6 +836,29 @@ mod tests {
         b.flush(T0);
         let a = drain(&mut b);
         assert_eq!(sends(&b, &a), [(1, CreditId::forge(0, 1), vec![7])]);
+        assert_eq!(b.open_batches(), 0);
+    }
+
+    #[test]
+    fn open_batches_counts_only_shards_holding_operations() {
+        let mut b = batcher(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(2)
+                .with_window(WindowConfig::default().with_max_in_flight(1)),
+        );
+        op(&mut b, 7, 1, 0);
+        op(&mut b, 7, 2, 0); // full at once: sent, nothing left open for shard 7
+        assert_eq!((b.open_ops(&7), b.open_batches()), (0, 0));
+        op(&mut b, 8, 3, 0);
+        op(&mut b, 7, 4, 0);
+        assert_eq!(b.open_batches(), 2);
+        b.flush(T0); // shard 7 exhausted: parked; shard 8 sent
+        assert_eq!((b.open_batches(), b.open_ops(&7)), (0, 1));
+        op(&mut b, 7, 5, 0); // reclaims the parked batch, which is then full and queued
+        assert_eq!((b.open_batches(), b.window().queued(&7)), (0, 1));
+        op(&mut b, 7, 6, 0);
+        assert_eq!(b.open_batches(), 1);
+        b.fail_all();
         assert_eq!(b.open_batches(), 0);
     }
 
@@ -999,7 +1130,103 @@ mod tests {
             ),
             (0, 0, 0)
         );
-        assert!(b.sent.len() <= 1 && b.open.capacity() <= 2 * MIN_MAP_CAPACITY);
+        assert!(b.sent.len() <= 1 && b.open.capacity() <= 32);
+    }
+
+    /// One operation for each of `shards` shards, a flush, and a response to every batch.
+    fn round(b: &mut B, shards: u32) {
+        for s in 0..shards {
+            op(b, s, s, 10);
+        }
+        b.flush(T0);
+        for (_, credit, _) in take_sends(b) {
+            assert_eq!(b.handle_response(T0, credit, [0]), Ok(()));
+            assert!(take_sends(b).is_empty());
+        }
+        assert_eq!((b.window().live_credits(), b.open_batches()), (0, 0));
+    }
+
+    fn secs(n: u64) -> Instant {
+        Instant::from_millis(n * 1000)
+    }
+
+    #[test]
+    fn spare_buffers_follow_the_peak_number_of_batches_in_use() {
+        let mut b = reads(4);
+        round(&mut b, 32);
+        assert_eq!(
+            (b.spare_ops.len(), b.ops_out),
+            (32, 0),
+            "every buffer comes back: a round of 32 batches reuses all 32 next time"
+        );
+        round(&mut b, 12);
+        assert_eq!(b.spare_ops.len(), 32, "only maintenance drops spares");
+        b.handle_timeout(secs(1));
+        assert_eq!(b.spare_ops.len(), 32, "the period that ended had 32 in use");
+        round(&mut b, 12);
+        b.handle_timeout(secs(2));
+        assert_eq!(b.spare_ops.len(), 12, "now the recent peak is 12");
+        b.handle_timeout(secs(3));
+        assert!(b.spare_ops.is_empty(), "a quiet period gives them all back");
+        assert_eq!(b.poll_timeout(), None);
+    }
+
+    #[test]
+    fn flush_keeps_open_map_capacity_until_maintenance_after_a_quiet_period() {
+        let mut b = reads(4);
+        round(&mut b, 300);
+        let cap = b.open.capacity();
+        assert!(cap >= 300, "flush no longer shrinks the open map");
+        round(&mut b, 300);
+        assert_eq!(b.open.capacity(), cap, "the next round reuses it");
+        assert_eq!(b.poll_timeout(), Some(secs(1)));
+        b.handle_timeout(secs(1));
+        assert_eq!(b.open.capacity(), cap);
+        b.handle_timeout(secs(2));
+        assert!(b.open.capacity() <= 32 && b.open_list.capacity() <= 32);
+        assert!(b.spare_ops.is_empty() && b.sent.is_empty());
+        assert!(b.actions.capacity() <= 32);
+        assert_eq!(b.window().shard_count(), 0);
+        assert_eq!(b.poll_timeout(), None, "window and batcher both quiet");
+    }
+
+    #[test]
+    fn maintenance_leaves_open_parked_and_in_flight_operations_alone() {
+        let mut b = reads(1);
+        op(&mut b, 1, 1, 0);
+        b.flush(T0);
+        let first = take_sends(&mut b);
+        op(&mut b, 1, 2, 0);
+        b.flush(T0); // parked
+        op(&mut b, 2, 3, 0); // open, not flushed
+        for t in 1..5 {
+            b.handle_timeout(secs(t));
+        }
+        assert_eq!(
+            (b.open_ops(&1), b.open_ops(&2), b.open_batches()),
+            (1, 1, 1)
+        );
+        assert!(b.window().is_parked(&1));
+        assert_eq!(
+            b.poll_timeout(),
+            None,
+            "no input since: nothing more to give back"
+        );
+        assert_eq!(b.handle_response(secs(5), first[0].1, [0]), Ok(()));
+        assert_eq!(
+            b.poll_timeout(),
+            Some(secs(5)),
+            "an input schedules maintenance again"
+        );
+        let a = drain(&mut b);
+        assert_eq!(
+            a[0],
+            BatchAction::Deliver {
+                handle: 1,
+                position: 0
+            }
+        );
+        assert_eq!(sends(&b, &a).first().map(|s| s.2.clone()), Some(vec![2]));
     }
 
     #[test]

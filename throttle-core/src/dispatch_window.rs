@@ -18,20 +18,105 @@
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use core::hash::{BuildHasher, Hash};
+use core::time::Duration;
 
 use hashbrown::HashMap;
 
 use crate::error::{ConfigError, ReleaseError};
+use crate::time::{Clock, Instant};
 
 /// Option name used in configuration errors.
 const MAX_IN_FLIGHT_OPTION: &str = "client.dispatch.max-batches-in-flight";
 
-/// Empty queues kept for reuse when a shard's window is removed, so a shard that goes idle and
-/// busy again does not allocate each time.
-const SPARE_QUEUES: usize = 16;
+/// How often `handle_timeout` may give memory back (window and batcher alike).
+///
+/// Each run judges the peak use seen since the previous run, so a workload that repeats more
+/// often than this keeps everything it uses, and an idle one gets its memory back within two
+/// intervals.
+pub const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The shard map keeps at least this many entries of capacity when it shrinks.
-const MIN_MAP_CAPACITY: usize = 16;
+/// Collections keep at least this much capacity when they shrink.
+const MIN_CAPACITY: usize = 16;
+
+/// The high-water mark of a count since the last maintenance run.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Peak(usize);
+
+impl Peak {
+    #[inline]
+    pub(crate) fn see(&mut self, n: usize) {
+        if n > self.0 {
+            self.0 = n;
+        }
+    }
+
+    /// The peak of the period that ends now; the next period starts at `current`.
+    pub(crate) fn roll(&mut self, current: usize) -> usize {
+        let peak = self.0.max(current);
+        self.0 = current;
+        peak
+    }
+}
+
+/// When maintenance may run next, whether a run could still give memory back, and how far.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Maintenance {
+    last_run: Instant,
+    /// An input arrived since the last run, so the peaks may have moved.
+    touched: bool,
+    /// The last run judged a busy period; the next one, judging a quieter period, may shrink.
+    pending: bool,
+    /// Capacity a collection keeps when it shrinks ([`MIN_CAPACITY`]; lower in model checks,
+    /// so that short runs reach the shrinking paths).
+    floor: usize,
+}
+
+impl Default for Maintenance {
+    fn default() -> Self {
+        Maintenance {
+            last_run: Instant::ZERO,
+            touched: false,
+            pending: false,
+            floor: MIN_CAPACITY,
+        }
+    }
+}
+
+impl Maintenance {
+    /// The capacity to shrink a collection to, if it should shrink at all: only once the
+    /// recent `peak` is below a quarter of `capacity`, and then to twice that peak (at least
+    /// the floor). Growing back to the peak therefore allocates nothing, and a workload cannot
+    /// make a collection alternate between shrinking and growing.
+    pub(crate) fn target(&self, capacity: usize, peak: usize) -> Option<usize> {
+        let target = peak.saturating_mul(2).max(self.floor);
+        (peak < capacity / 4 && target < capacity).then_some(target)
+    }
+
+    #[cfg(feature = "model")]
+    pub(crate) fn set_floor(&mut self, floor: usize) {
+        self.floor = floor;
+    }
+
+    #[inline]
+    pub(crate) fn touch(&mut self) {
+        self.touched = true;
+    }
+
+    /// The next run's deadline, or `None` when nothing could be given back.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        (self.touched || self.pending).then(|| self.last_run + MAINTENANCE_INTERVAL)
+    }
+
+    /// Whether a run is due at `now` (already clamped); if so, the next period starts now.
+    pub(crate) fn begin(&mut self, now: Instant) -> bool {
+        if now < self.last_run + MAINTENANCE_INTERVAL {
+            return false;
+        }
+        self.last_run = now;
+        self.pending = core::mem::take(&mut self.touched);
+        true
+    }
+}
 
 /// Configuration of a [`DispatchWindow`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +226,9 @@ struct ShardWindow<B> {
     in_flight: u32,
     queued: VecDeque<B>,
     parked: Option<B>,
+    /// `queued` is one of the window's pooled queue buffers (counted in `queues_held`), taken
+    /// when the shard first had to queue; it goes back to the pool when the shard idles.
+    owns_queue: bool,
 }
 
 impl<B> ShardWindow<B> {
@@ -159,6 +247,7 @@ struct CreditSlab<Shard> {
     slots: Vec<Option<(u64, Shard)>>,
     free: Vec<u32>,
     live: usize,
+    peak_live: Peak,
     /// Generation of the next credit; generations `1..next_generation` have been issued.
     next_generation: u64,
 }
@@ -169,6 +258,7 @@ impl<Shard> CreditSlab<Shard> {
             slots: Vec::new(),
             free: Vec::new(),
             live: 0,
+            peak_live: Peak::default(),
             next_generation: 1,
         }
     }
@@ -198,7 +288,27 @@ impl<Shard> CreditSlab<Shard> {
         }
         self.next_generation = generation.saturating_add(1);
         self.live = self.live.saturating_add(1);
+        self.peak_live.see(self.live);
         Some(CreditId { slot, generation })
+    }
+
+    /// Maintenance: once the recent peak of live credits is below a quarter of the slab's
+    /// capacity, drops the free slots at its end and shrinks it (generations are untouched,
+    /// so ids stay unique).
+    fn shrink(&mut self, m: &Maintenance) {
+        let peak = self.peak_live.roll(self.live);
+        let Some(target) = m.target(self.slots.capacity(), peak) else {
+            return;
+        };
+        while matches!(self.slots.last(), Some(None)) {
+            self.slots.pop();
+        }
+        let len = self.slots.len();
+        self.free.retain(|&slot| (slot as usize) < len);
+        self.slots.shrink_to(target);
+        if let Some(target) = m.target(self.free.capacity(), peak) {
+            self.free.shrink_to(target);
+        }
     }
 
     /// Frees a live credit and returns its shard. Nothing changes on error.
@@ -241,11 +351,20 @@ impl<Shard> CreditSlab<Shard> {
 ///   [`queued`](Self::queued), [`is_parked`](Self::is_parked),
 ///   [`shard_count`](Self::shard_count), [`live_credits`](Self::live_credits),
 ///   [`is_closed`](Self::is_closed).
-/// - The window keeps no time; it has no timeouts.
+/// - Maintenance: when [`poll_timeout`](Self::poll_timeout) returns a deadline, call
+///   [`handle_timeout(now)`](Self::handle_timeout) once it has passed (calling it earlier or
+///   more often is harmless: it runs at most once per [`MAINTENANCE_INTERVAL`]). It is the only
+///   place memory is given back. Time plays no other part: credits never expire.
 ///
 /// Invariants after every call: per shard `in_flight + available == capacity`; a shard with
 /// available credit holds nothing back; a shard with nothing in flight, queued or parked has
 /// no entry (so memory follows the shards active now, not every shard ever seen).
+///
+/// Allocation: after warm-up a workload that repeats allocates nothing. The shard map, the
+/// credit slab and a pool of queue buffers (one per shard that had to queue at the recent
+/// peak) keep their capacity between bursts; `handle_timeout` shrinks each of them only once
+/// the peak use since its previous run is below a quarter of the capacity, and then to twice
+/// that peak, so an idle window returns its memory within two runs.
 ///
 /// ```
 /// use throttle_core::dispatch_window::{DispatchWindow, WindowConfig};
@@ -269,7 +388,15 @@ pub struct DispatchWindow<Shard, B, S> {
     shards: HashMap<Shard, ShardWindow<B>, S>,
     credits: CreditSlab<Shard>,
     closed: bool,
+    /// Queue buffers of shards that went idle, for the next shard that has to queue.
     spare_queues: Vec<VecDeque<B>>,
+    /// Shard windows owning a pooled queue buffer; with `spare_queues`, every buffer.
+    queues_held: usize,
+    peak_queues_held: Peak,
+    peak_queue_len: Peak,
+    peak_shards: Peak,
+    clock: Clock,
+    maintenance: Maintenance,
 }
 
 impl<Shard, B, S> DispatchWindow<Shard, B, S>
@@ -294,6 +421,12 @@ where
             credits: CreditSlab::new(),
             closed: false,
             spare_queues: Vec::new(),
+            queues_held: 0,
+            peak_queues_held: Peak::default(),
+            peak_queue_len: Peak::default(),
+            peak_shards: Peak::default(),
+            clock: Clock::default(),
+            maintenance: Maintenance::default(),
         })
     }
 
@@ -329,6 +462,7 @@ where
         if self.closed {
             return Err(SubmitError::Closed(batch));
         }
+        self.maintenance.touch();
         let cap = self.cfg.max_in_flight;
         if let Some(w) = self.shards.get_mut(&shard) {
             if park && w.parked.is_some() {
@@ -339,7 +473,18 @@ where
                 if park {
                     w.parked = Some(batch);
                 } else {
+                    if !w.owns_queue && w.queued.capacity() == 0 {
+                        // First time this shard queues: take a pooled buffer if there is one,
+                        // so the number of buffers follows the peak of shards queueing at once.
+                        if let Some(q) = self.spare_queues.pop() {
+                            w.queued = q;
+                        }
+                        w.owns_queue = true;
+                        self.queues_held = self.queues_held.saturating_add(1);
+                        self.peak_queues_held.see(self.queues_held);
+                    }
                     w.queued.push_back(batch);
+                    self.peak_queue_len.see(w.queued.len());
                 }
                 return Ok(None);
             }
@@ -359,15 +504,16 @@ where
             self.closed = true;
             return Err(SubmitError::Closed(batch));
         };
-        let queued = self.spare_queues.pop().unwrap_or_default();
         self.shards.insert(
             shard.clone(),
             ShardWindow {
                 in_flight: 1,
-                queued,
+                queued: VecDeque::new(),
                 parked: None,
+                owns_queue: false,
             },
         );
+        self.peak_shards.see(self.shards.len());
         Ok(Some(Dispatch {
             shard,
             credit,
@@ -379,6 +525,7 @@ where
     pub fn reclaim(&mut self, shard: &Shard) -> Option<B> {
         let w = self.shards.get_mut(shard)?;
         let batch = w.parked.take()?;
+        self.maintenance.touch();
         if w.is_idle() {
             self.remove(shard);
         }
@@ -397,6 +544,7 @@ where
         credit: CreditId,
     ) -> Result<Option<Dispatch<Shard, B>>, ReleaseError> {
         let shard = self.credits.release(credit)?;
+        self.maintenance.touch();
         let Some(w) = self.shards.get_mut(&shard) else {
             // Unreachable: a live credit's shard always has a window. Nothing to release there.
             return Ok(None);
@@ -442,6 +590,7 @@ where
     /// with [`SubmitError::Closed`], which hands the batch back.
     pub fn fail_all(&mut self) -> Vec<(Shard, B)> {
         self.closed = true;
+        self.maintenance.touch();
         let mut out = Vec::new();
         for (shard, w) in self.shards.iter_mut() {
             for batch in w.queued.drain(..) {
@@ -450,24 +599,64 @@ where
             if let Some(batch) = w.parked.take() {
                 out.push((shard.clone(), batch));
             }
+            if w.owns_queue {
+                // Closed: the shard never queues again, so its buffer goes back to the pool
+                // (and from there, at maintenance, back to the allocator).
+                w.owns_queue = false;
+                self.queues_held = self.queues_held.saturating_sub(1);
+                self.spare_queues.push(core::mem::take(&mut w.queued));
+            }
         }
         self.shards.retain(|_, w| !w.is_idle());
         out
     }
 
+    /// Removes an idle shard's window. The map keeps its capacity (only maintenance shrinks
+    /// it), so a shard set that comes back reuses it.
     fn remove(&mut self, shard: &Shard) {
         if let Some(w) = self.shards.remove(shard)
-            && w.queued.capacity() > 0
-            && self.spare_queues.len() < SPARE_QUEUES
+            && w.owns_queue
         {
+            self.queues_held = self.queues_held.saturating_sub(1);
             self.spare_queues.push(w.queued);
         }
-        // Shrink once below a quarter of capacity (with hysteresis, so it is amortised).
-        let cap = self.shards.capacity();
-        if cap > MIN_MAP_CAPACITY && self.shards.len() < cap / 4 {
-            self.shards
-                .shrink_to(self.shards.len().saturating_mul(2).max(MIN_MAP_CAPACITY));
+    }
+
+    /// Maintenance: gives memory back, once at most per [`MAINTENANCE_INTERVAL`].
+    ///
+    /// Each collection (the shard map, the queue-buffer pool, each spare buffer, the credit
+    /// slab) shrinks only if the peak use seen since the previous run is below a quarter of its
+    /// capacity, and then to twice that peak, so a workload that repeats within the interval
+    /// keeps what it uses and allocates nothing. Spare queue buffers beyond the peak number of
+    /// shards that queued at once are freed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let now = self.clock.observe(now);
+        if !self.maintenance.begin(now) {
+            return;
         }
+        let peak = self.peak_shards.roll(self.shards.len());
+        if let Some(target) = self.maintenance.target(self.shards.capacity(), peak) {
+            self.shards.shrink_to(target);
+        }
+        let held = self.peak_queues_held.roll(self.queues_held);
+        self.spare_queues
+            .truncate(held.saturating_sub(self.queues_held));
+        if let Some(target) = self.maintenance.target(self.spare_queues.capacity(), held) {
+            self.spare_queues.shrink_to(target);
+        }
+        let len = self.peak_queue_len.roll(0);
+        for q in &mut self.spare_queues {
+            if let Some(target) = self.maintenance.target(q.capacity(), len) {
+                q.shrink_to(target);
+            }
+        }
+        self.credits.shrink(&self.maintenance);
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) should next run, or `None` while it has
+    /// nothing to give back (no input since a run that followed a quiet period).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.maintenance.deadline()
     }
 
     /// Batches allowed outstanding per shard.
@@ -516,6 +705,17 @@ where
         self.closed
     }
 
+    /// Slots of the credit slab: every live credit's `slot()` is below this.
+    pub(crate) fn credit_slots(&self) -> usize {
+        self.credits.slots.len()
+    }
+
+    /// Sets the capacity collections keep when they shrink, so model checks reach shrinking.
+    #[cfg(feature = "model")]
+    pub(crate) fn set_shrink_floor(&mut self, floor: usize) {
+        self.maintenance.set_floor(floor);
+    }
+
     /// Moves the credit-id counter forward, to test the end of the id space.
     #[cfg(any(test, feature = "model"))]
     pub(crate) fn skip_generations_to(&mut self, next_generation: u64) {
@@ -551,6 +751,7 @@ pub(crate) type TestHasher = core::hash::BuildHasherDefault<FnvHasher>;
 mod tests {
     use super::*;
     use alloc::vec;
+    use core::time::Duration;
 
     type Window = DispatchWindow<u32, &'static str, TestHasher>;
 
@@ -758,7 +959,106 @@ mod tests {
         }
         assert_eq!(w.live_credits(), 0);
         assert!(w.credits.slots.len() <= 1, "the slab reuses slots");
-        assert!(w.shards.capacity() <= 2 * MIN_MAP_CAPACITY);
+        assert!(w.shards.capacity() <= 2 * MIN_CAPACITY);
+    }
+
+    /// Sends one batch and queues a second for each of `shards` shards, then completes every
+    /// credit (which sends the queued batches) until all are done.
+    fn burst(w: &mut Window, shards: u32) {
+        let mut live = vec![];
+        for s in 0..shards {
+            live.push(sent(w.submit(s, "first")).credit);
+            assert_eq!(w.submit(s, "queued"), Ok(None));
+        }
+        while let Some(c) = live.pop() {
+            if let Ok(Some(d)) = w.complete(c) {
+                live.push(d.credit);
+            }
+        }
+        assert_eq!((w.shard_count(), w.live_credits()), (0, 0));
+    }
+
+    fn secs(n: u64) -> Instant {
+        Instant::from_millis(n * 1000)
+    }
+
+    #[test]
+    fn idle_shards_keep_capacity_until_maintenance_after_a_quiet_period() {
+        let mut w = window(1);
+        assert_eq!(w.poll_timeout(), None, "nothing to give back yet");
+        burst(&mut w, 200);
+        let cap = w.shards.capacity();
+        assert!(cap >= 200, "removing idle shards no longer shrinks the map");
+        assert_eq!(
+            w.spare_queues.len(),
+            200,
+            "one buffer per shard that queued"
+        );
+        assert_eq!(w.poll_timeout(), Some(secs(1)));
+        w.handle_timeout(Instant::from_millis(999));
+        assert_eq!(w.shards.capacity(), cap, "not due before the interval");
+        w.handle_timeout(secs(1));
+        assert_eq!(
+            (w.shards.capacity(), w.spare_queues.len()),
+            (cap, 200),
+            "the period that just ended used all of it"
+        );
+        assert_eq!(
+            w.poll_timeout(),
+            Some(secs(2)),
+            "a quieter period may follow"
+        );
+        w.handle_timeout(secs(2));
+        assert!(w.shards.capacity() <= 2 * MIN_CAPACITY);
+        assert!(w.spare_queues.is_empty() && w.spare_queues.capacity() <= 2 * MIN_CAPACITY);
+        assert!(w.credits.slots.is_empty() && w.credits.free.is_empty());
+        assert_eq!(
+            w.poll_timeout(),
+            None,
+            "everything given back: maintenance goes quiet"
+        );
+    }
+
+    #[test]
+    fn repeated_bursts_keep_their_capacity_through_maintenance() {
+        let mut w = window(1);
+        let mut now = secs(0);
+        let mut snapshot = None;
+        for round in 0..8 {
+            burst(&mut w, 64);
+            now += Duration::from_millis(1500);
+            w.handle_timeout(now); // runs every round, between bursts
+            let caps = (
+                w.shards.capacity(),
+                w.spare_queues.len(),
+                w.spare_queues.capacity(),
+                w.credits.slots.capacity(),
+            );
+            if round >= 1 {
+                assert_eq!(*snapshot.get_or_insert(caps), caps, "round {round}");
+            }
+        }
+        burst(&mut w, 16); // a smaller burst: the next run still judges it against 64
+        w.handle_timeout(now + Duration::from_millis(1500));
+        assert_eq!(w.spare_queues.len(), 16, "spares follow the recent peak");
+    }
+
+    #[test]
+    fn maintenance_runs_once_per_interval_and_survives_time_running_backwards() {
+        let mut w = window(2);
+        let a = sent(w.submit(1, "a"));
+        w.handle_timeout(secs(5));
+        assert_eq!(w.poll_timeout(), Some(secs(6)));
+        w.handle_timeout(secs(1)); // backwards: clamped to 5 s, not due
+        assert_eq!(w.poll_timeout(), Some(secs(6)));
+        assert_eq!(w.complete(a.credit), Ok(None));
+        w.handle_timeout(Instant::MAX);
+        w.handle_timeout(Instant::MAX); // the end of time: each call may run, none panics
+        assert_eq!(w.poll_timeout(), None);
+        let b = sent(w.submit(1, "b"));
+        assert_eq!(w.poll_timeout(), Some(Instant::MAX), "deadlines saturate");
+        assert_eq!(w.complete(b.credit), Ok(None));
+        conserved(&w, &[1]);
     }
 
     #[test]

@@ -244,8 +244,14 @@ pub struct PendingBytesLimiter {
     /// Entries of live tickets, indexed by `Ticket::slot`; freed entries are reused.
     slots: Vec<Slot>,
     free: Vec<usize>,
-    /// Waiting tickets in ticket order (ids strictly increasing front to back).
+    /// Waiting tickets in ticket order (ids strictly increasing front to back), plus
+    /// tombstones: entries of tickets cancelled while waiting, recognised by their slot no
+    /// longer holding that id in the `Waiting` state. Cancelling only frees the slot, so it
+    /// is O(1); tombstones are dropped when they reach the head, or all at once when they
+    /// outnumber the live entries (amortised O(1), and at most twice `waiting` entries).
     queue: VecDeque<Ticket>,
+    /// Live (non-tombstone) entries of `queue`.
+    waiting: usize,
     /// Admitted tickets not yet announced, in admission order; may hold stale entries for
     /// tickets released before they were drained, which `poll_action` skips.
     actions: VecDeque<Grant>,
@@ -263,6 +269,7 @@ impl PendingBytesLimiter {
             slots: Vec::new(),
             free: Vec::new(),
             queue: VecDeque::new(),
+            waiting: 0,
             actions: VecDeque::new(),
             granted: 0,
         }
@@ -290,7 +297,7 @@ impl PendingBytesLimiter {
 
     /// Number of tickets waiting in line.
     pub fn waiting(&self) -> usize {
-        self.queue.len()
+        self.waiting
     }
 
     /// Number of admitted tickets not yet released.
@@ -321,11 +328,12 @@ impl PendingBytesLimiter {
     /// otherwise queued behind every earlier ticket.
     pub fn enqueue(&mut self, bytes: u64) -> Enqueued {
         let charged = self.charge_for(bytes);
-        if self.queue.is_empty() && charged <= self.available() {
+        if self.waiting == 0 && charged <= self.available() {
             Enqueued::Granted(self.admit_new(charged))
         } else {
             let ticket = self.issue(charged, SlotState::Waiting);
             self.queue.push_back(ticket);
+            self.waiting += 1;
             Enqueued::Waiting(ticket)
         }
     }
@@ -335,7 +343,7 @@ impl PendingBytesLimiter {
     /// issues no ticket and changes nothing.
     pub fn try_acquire(&mut self, bytes: u64) -> Option<Grant> {
         let charged = self.charge_for(bytes);
-        if self.queue.is_empty() && charged <= self.available() {
+        if self.waiting == 0 && charged <= self.available() {
             Some(self.admit_new(charged))
         } else {
             None
@@ -374,16 +382,13 @@ impl PendingBytesLimiter {
                 Ok(Cancelled::Released)
             }
             Some(_) => {
-                // The queue is sorted by id, so the ticket is found without a scan.
-                let Ok(pos) = self.queue.binary_search_by_key(&ticket.id, |t| t.id) else {
-                    return Err(ReleaseError::Unknown);
-                };
-                self.queue.remove(pos);
+                // Freeing the slot turns the ticket's queue entry into a tombstone: no search,
+                // no shifting. Only the head can block the line, so the admission pass below
+                // admits somebody only if this ticket was the (live) head.
                 self.free_slot(ticket.slot);
-                // Only the head can block the line: withdrawing a later ticket admits nobody.
-                if pos == 0 {
-                    self.admit_waiting();
-                }
+                self.waiting = self.waiting.saturating_sub(1);
+                self.admit_waiting();
+                self.compact_queue();
                 self.reset_if_idle();
                 Ok(Cancelled::Withdrawn)
             }
@@ -471,10 +476,16 @@ impl PendingBytesLimiter {
 
     /// Admits waiting tickets from the front for as long as the head fits: strict FIFO, so a
     /// head that does not fit holds back everything behind it.
+    /// Tombstones at the head are dropped on the way.
     fn admit_waiting(&mut self) {
         while let Some(&head) = self.queue.front() {
-            let Some(slot) = self.slots.get_mut(head.slot) else {
-                break;
+            let Some(slot) = self
+                .slots
+                .get_mut(head.slot)
+                .filter(|s| s.id == head.id && s.state == SlotState::Waiting)
+            else {
+                self.queue.pop_front(); // tombstone of a cancelled ticket
+                continue;
             };
             if slot.charged > self.limit.saturating_sub(self.used) {
                 break;
@@ -483,10 +494,26 @@ impl PendingBytesLimiter {
             let charged = slot.charged;
             self.used = self.used.saturating_add(charged);
             self.granted += 1;
+            self.waiting = self.waiting.saturating_sub(1);
             self.queue.pop_front();
             self.push_action(Grant {
                 ticket: head,
                 charged,
+            });
+        }
+    }
+
+    /// Drops every tombstone once they outnumber the live entries, so the line never holds
+    /// more than about twice `waiting` entries. Each pass costs at most twice the cancels
+    /// since the previous one: amortised O(1) per cancel.
+    fn compact_queue(&mut self) {
+        let tombstones = self.queue.len().saturating_sub(self.waiting);
+        if tombstones > self.waiting {
+            let slots = &self.slots;
+            self.queue.retain(|t| {
+                slots
+                    .get(t.slot)
+                    .is_some_and(|s| s.id == t.id && s.state == SlotState::Waiting)
             });
         }
     }
@@ -508,10 +535,11 @@ impl PendingBytesLimiter {
     /// With no ticket live, every entry is free and every queued action stale: forget them
     /// (keeping capacity, so the next busy period allocates nothing).
     fn reset_if_idle(&mut self) {
-        if self.granted == 0 && self.queue.is_empty() {
+        if self.granted == 0 && self.waiting == 0 {
             self.slots.clear();
             self.free.clear();
             self.actions.clear();
+            self.queue.clear(); // only tombstones can be left
         }
     }
 }
@@ -712,6 +740,73 @@ mod tests {
         let order: Vec<Ticket> = drain(&mut l).iter().map(|g| g.ticket()).collect();
         assert_eq!(order, [a, c]);
         assert_eq!(l.used(), 60);
+    }
+
+    #[test]
+    fn cancelling_many_middle_waiters_keeps_fifo_conservation_and_bounded_memory() {
+        let mut l = limiter(10);
+        let hold = granted(l.enqueue(10));
+        let line: Vec<Ticket> = (0..200).map(|_| waiting(l.enqueue(1))).collect();
+        // Cancel a middle stretch, sparing every seventh ticket, with the head still blocked.
+        let mut kept = Vec::new();
+        let mut live = line.len();
+        for (i, t) in line.iter().enumerate() {
+            if (20..180).contains(&i) && i % 7 != 0 {
+                assert_eq!(l.cancel(*t), Ok(Cancelled::Withdrawn));
+                live -= 1;
+                assert_eq!(l.poll_action(), None, "a middle cancel admits nobody");
+                assert_eq!(l.waiting(), live, "waiting() counts live tickets exactly");
+                assert!(l.queue.len() <= 2 * l.waiting() + 1, "tombstones bounded");
+                assert_eq!(l.state(*t), TicketState::Done);
+                assert_eq!(l.cancel(*t), Err(ReleaseError::AlreadyReleased));
+            } else {
+                kept.push(*t);
+            }
+        }
+        assert_eq!((l.used(), l.granted()), (10, 1));
+        // Admission walks past the tombstones in ticket order, as bytes come back.
+        let mut held: VecDeque<Grant> = VecDeque::from([hold]);
+        let mut admitted = Vec::new();
+        while let Some(g) = held.pop_front() {
+            l.release(g).unwrap();
+            for g in drain(&mut l) {
+                admitted.push(g.ticket());
+                held.push_back(g);
+            }
+            assert_conserved(&l);
+            assert_eq!(held.iter().map(|g| g.charged()).sum::<u64>(), l.used());
+            assert!(
+                l.used() == 10 || l.waiting() == 0,
+                "the line is never left blocked"
+            );
+        }
+        assert_eq!(
+            admitted, kept,
+            "exactly the surviving tickets, in ticket order"
+        );
+        assert_eq!((l.used(), l.waiting(), l.granted()), (0, 0, 0));
+        assert!(l.queue.is_empty(), "no tombstone outlives the line");
+    }
+
+    #[test]
+    fn cancelling_the_head_admits_past_tombstones_behind_it() {
+        let mut l = limiter(10);
+        let hold = granted(l.enqueue(5));
+        let head = waiting(l.enqueue(10));
+        let gone: Vec<Ticket> = (0..3).map(|_| waiting(l.enqueue(1))).collect();
+        let next = waiting(l.enqueue(4));
+        let last = waiting(l.enqueue(2));
+        for t in &gone {
+            assert_eq!(l.cancel(*t), Ok(Cancelled::Withdrawn));
+        }
+        assert_eq!(l.cancel(head), Ok(Cancelled::Withdrawn));
+        let order: Vec<Ticket> = drain(&mut l).iter().map(|g| g.ticket()).collect();
+        assert_eq!(order, [next], "4 B fits beside 5 B; 2 B more does not");
+        assert_eq!((l.used(), l.waiting()), (9, 1));
+        assert_eq!(l.state(last), TicketState::Waiting);
+        assert_eq!(l.try_acquire(0), None, "a live waiter still blocks barging");
+        l.release(hold).unwrap();
+        assert_eq!(drain(&mut l)[0].ticket(), last);
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! never more than `max_in_flight` per shard, FIFO dispatch (a release sends the shard's
 //! oldest queued batch, then its parked one), ids never reused, double and bogus releases
 //! change nothing, every batch leaves exactly once (dispatched, reclaimed, failed or refused),
-//! and no state is left for idle shards.
+//! and no state is left for idle shards. Maintenance (`handle_timeout`) is interleaved at
+//! random times and must change none of this; its deadline is never in the past, and it goes
+//! quiet after two runs with nothing live.
 
 use alloc::format;
 use alloc::vec::Vec;
@@ -16,6 +18,7 @@ use alloc::vec::Vec;
 use super::{Cursor, Divergence};
 use crate::dispatch_window::{CreditId, DispatchWindow, SubmitError, TestHasher, WindowConfig};
 use crate::error::ReleaseError;
+use crate::time::Instant;
 
 const SHARDS: u8 = 4;
 
@@ -107,6 +110,9 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let Ok(mut w) = Window::new(WindowConfig::default().with_max_in_flight(cap)) else {
         return Err(format!("max_in_flight {cap} refused"));
     };
+    // Without the production floor of 16, the few shards of a short run reach the shrinking
+    // paths of maintenance.
+    w.set_shrink_floor(0);
     let mut r = Reference {
         cap,
         closed: false,
@@ -117,6 +123,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         fates: Vec::new(),
     };
     let mut next_batch: u32 = 0;
+    let mut now = Instant::ZERO;
     let mut step = 0usize;
     while !c.is_empty() {
         step += 1;
@@ -184,6 +191,11 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                 w.skip_generations_to(u64::MAX - left);
                 r.ids_left = r.ids_left.min(left);
             }
+            15 => {
+                now = c.time_step(now);
+                w.handle_timeout(now);
+                maintenance_is_not_overdue(&w, now).map_err(|e| format!("step {step}: {e}"))?;
+            }
             _ => {}
         }
         compare(&w, &r).map_err(|e| format!("step {step}: {e}"))?;
@@ -195,6 +207,12 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         complete(&mut w, &mut r, credit)?;
     }
     compare(&w, &r)?;
+    // With nothing live, two runs give everything back and maintenance goes quiet.
+    w.handle_timeout(Instant::MAX);
+    w.handle_timeout(Instant::MAX);
+    if let Some(t) = w.poll_timeout() {
+        return Err(format!("idle window still asks for maintenance at {t:?}"));
+    }
     if let Some((b, _)) = r.fates.iter().find(|(_, f)| *f == Fate::Held) {
         return Err(format!("batch {b} never left the window"));
     }
@@ -364,6 +382,16 @@ fn fail_all(w: &mut Window, r: &mut Reference) -> Result<(), Divergence> {
         r.set_fate(b, Fate::Failed)?;
     }
     Ok(())
+}
+
+/// After `handle_timeout(now)` the next deadline is later than `now` (or the end of time).
+fn maintenance_is_not_overdue(w: &Window, now: Instant) -> Result<(), Divergence> {
+    match w.poll_timeout() {
+        Some(t) if t <= now && t != Instant::MAX => Err(format!(
+            "maintenance still due at {t:?} after handle_timeout({now:?})"
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn compare(w: &Window, r: &Reference) -> Result<(), Divergence> {

@@ -1,0 +1,247 @@
+//! Allocation counts on the batcher's and window's hot paths after warm-up (DESIGN §2.6: "a
+//! hot-path decision allocates nothing after warm-up"), with maintenance (`handle_timeout`)
+//! running between rounds as a driver would run it.
+//!
+//! A counting global allocator forwards to the system allocator and counts allocations and
+//! reallocations per thread, so tests running in parallel do not see each other's. Each
+//! scenario first checks that its warm-up does allocate (the counter works and the scenario
+//! exercises growth), then that identical rounds after it allocate nothing.
+#![cfg(not(miri))] // miri has its own allocator and would make the rounds very slow
+
+use core::hash::{BuildHasherDefault, Hasher};
+use core::time::Duration;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use throttle_core::{
+    BatchAction, Batcher, BatcherConfig, CreditId, DispatchWindow, Instant, WindowConfig,
+};
+
+struct Counting;
+
+thread_local!(static ALLOCATIONS: Cell<u64> = const { Cell::new(0) });
+
+fn count_one() {
+    // `try_with`: the allocator may run while this thread's locals are being torn down.
+    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+}
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; we only count.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_one();
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations_during(f: impl FnOnce()) -> u64 {
+    let before = allocations();
+    f();
+    allocations() - before
+}
+
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+type S = BuildHasherDefault<Fnv>;
+
+/// Drives a batcher through rounds: `ops` operations for each shard, a flush, then a full
+/// response to every batch sent (each completion may send a queued or parked batch), then
+/// `handle_timeout` after `step` of virtual time.
+struct Driver {
+    b: Batcher<u32, u32, S>,
+    now: Instant,
+    step: Duration,
+    credits: Vec<CreditId>,
+}
+
+impl Driver {
+    fn new(cfg: BatcherConfig, step: Duration) -> Self {
+        Driver {
+            b: Batcher::new(cfg).expect("valid config"),
+            now: Instant::ZERO,
+            step,
+            credits: Vec::with_capacity(4096),
+        }
+    }
+
+    fn round(&mut self, shards: u32, ops: u32) {
+        for s in 0..shards {
+            for h in 0..ops {
+                self.b.handle_op(self.now, s, h, 10).expect("open");
+            }
+        }
+        self.b.flush(self.now);
+        self.collect();
+        while let Some(credit) = self.credits.pop() {
+            let n = self.b.batch(credit).map_or(0, |b| b.len());
+            self.b
+                .handle_response(self.now, credit, 0..n)
+                .expect("live credit");
+            self.collect();
+        }
+        assert_eq!(self.b.window().live_credits(), 0);
+        assert_eq!(self.b.window().shard_count(), 0);
+        self.now += self.step;
+        self.b.handle_timeout(self.now);
+    }
+
+    fn collect(&mut self) {
+        while let Some(a) = self.b.poll_action() {
+            if let BatchAction::Send { credit, .. } = a {
+                self.credits.push(credit);
+            }
+        }
+    }
+}
+
+/// Every 10 ms: maintenance runs once per 100 rounds. Every 1.5 s: it runs between every two
+/// rounds, at the idle point, which is the hardest case for keeping capacity.
+const CADENCES: [Duration; 2] = [Duration::from_millis(10), Duration::from_millis(1500)];
+
+#[test]
+fn counter_sees_a_single_allocation() {
+    let n = allocations_during(|| {
+        let v: Vec<u64> = Vec::with_capacity(4);
+        std::hint::black_box(&v);
+    });
+    assert_eq!(n, 1);
+}
+
+#[test]
+fn batcher_rounds_allocate_nothing_after_warm_up_whatever_the_shard_count() {
+    // Before the fix, 12 shards cost 4 allocations a round and 32 cost 28 (8 spare buffers).
+    for step in CADENCES {
+        for shards in [8, 12, 32, 64, 200] {
+            let mut d = Driver::new(BatcherConfig::reads(), step);
+            let warm_up = allocations_during(|| {
+                for _ in 0..5 {
+                    d.round(shards, 1);
+                }
+            });
+            assert!(warm_up > 0, "the warm-up allocates (the counter works)");
+            let steady = allocations_during(|| {
+                for _ in 0..100 {
+                    d.round(shards, 1);
+                }
+            });
+            assert_eq!(steady, 0, "{shards} shards every {step:?}");
+        }
+    }
+}
+
+#[test]
+fn exhausted_batcher_rounds_that_queue_and_park_allocate_nothing_after_warm_up() {
+    // One batch in flight per shard and two operations per batch: seven operations per shard
+    // send one batch, queue two and park the last, so window queues and parking are exercised.
+    let cfg = BatcherConfig::reads()
+        .with_max_requests_per_batch(2)
+        .with_window(WindowConfig::default().with_max_in_flight(1));
+    for step in CADENCES {
+        for shards in [4, 64] {
+            let mut d = Driver::new(cfg, step);
+            let warm_up = allocations_during(|| {
+                for _ in 0..5 {
+                    d.round(shards, 7);
+                }
+            });
+            assert!(warm_up > 0);
+            let steady = allocations_during(|| {
+                for _ in 0..100 {
+                    d.round(shards, 7);
+                }
+            });
+            assert_eq!(steady, 0, "{shards} shards every {step:?}");
+        }
+    }
+}
+
+#[test]
+fn alternating_large_and_small_rounds_allocate_nothing_after_warm_up() {
+    let mut d = Driver::new(BatcherConfig::reads(), Duration::from_millis(10));
+    for _ in 0..5 {
+        d.round(64, 3);
+        d.round(8, 1);
+    }
+    let steady = allocations_during(|| {
+        for _ in 0..200 {
+            d.round(64, 3);
+            d.round(8, 1);
+        }
+    });
+    assert_eq!(steady, 0);
+}
+
+#[test]
+fn window_bursts_allocate_nothing_after_warm_up() {
+    // Before the fix, removing idle shards shrank the map: 4 allocations per burst of 64.
+    for step in CADENCES {
+        let mut w: DispatchWindow<u32, u32, S> =
+            DispatchWindow::new(WindowConfig::default().with_max_in_flight(1)).expect("valid");
+        let mut now = Instant::ZERO;
+        let mut live: Vec<CreditId> = Vec::with_capacity(256);
+        let mut burst = |w: &mut DispatchWindow<u32, u32, S>| {
+            for s in 0..64 {
+                let d = w.submit(s, s).expect("open").expect("credit");
+                live.push(d.credit);
+                assert_eq!(w.submit(s, s + 1000), Ok(None), "queued");
+            }
+            while let Some(c) = live.pop() {
+                if let Some(d) = w.complete(c).expect("live") {
+                    live.push(d.credit);
+                }
+            }
+            assert_eq!(w.shard_count(), 0);
+            now += step;
+            w.handle_timeout(now);
+        };
+        let warm_up = allocations_during(|| {
+            for _ in 0..5 {
+                burst(&mut w);
+            }
+        });
+        assert!(warm_up > 0);
+        let steady = allocations_during(|| {
+            for _ in 0..100 {
+                burst(&mut w);
+            }
+        });
+        assert_eq!(steady, 0, "bursts every {step:?}");
+    }
+}
