@@ -1,12 +1,10 @@
-//! The simulator's command line: `sim <scenario> [--seed N] [--scale X]`.
+//! tmp
 fn main() {
-    let seed = 1;
-    let r =
-        throttle_tests::sim::disk::compare(&throttle_tests::sim::disk::DiskParams::single(), seed);
-    println!("{}", r.table());
-    let r = throttle_tests::sim::disk::compare(
-        &throttle_tests::sim::disk::DiskParams::fleet(1.0),
-        seed,
-    );
+    let a: Vec<f64> = std::env::args()
+        .skip(1)
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let p = throttle_tests::sim::reads::ReadParams::full(a[0]);
+    let r = throttle_tests::sim::reads::compare(&p, 1);
     println!("{}", r.table());
 }

@@ -509,7 +509,10 @@ mod tests {
         w.append(t0, 1, 10);
         let b = w.drain(t0).remove(0).batches.remove(0);
         w.handle_response(t0, b, WriteOutcome::Retriable);
-        assert!(w.drain(t0).is_empty(), "the retriable-write backoff gates it");
+        assert!(
+            w.drain(t0).is_empty(),
+            "the retriable-write backoff gates it"
+        );
         let t1 = w.poll_timeout().expect("gated batch waits");
         w.handle_timeout(t1);
         let b = w.drain(t1).remove(0).batches.remove(0);
