@@ -13,6 +13,7 @@
 //!
 //! The server models, parameters and figures are described in `docs/simulation.md`.
 
+pub mod cli;
 pub mod disk;
 pub mod failover;
 pub mod kv;
