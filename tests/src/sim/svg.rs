@@ -62,14 +62,22 @@ pub fn histogram_panels(
             LEFT - 6.0,
             base
         );
+        // A step line; runs of equal counts collapse into one horizontal segment.
         let mut d = format!("M{LEFT:.1},{base:.1}");
+        let mut prev = None;
         for b in 0..bins {
             let c = counts.get(b).copied().unwrap_or(0);
+            if prev == Some(c) {
+                continue;
+            }
             let x0 = LEFT + plot_w * b as f64 / bins as f64;
-            let x1 = LEFT + plot_w * (b + 1) as f64 / bins as f64;
+            let y_prev = base - PANEL_H * prev.unwrap_or(0) as f64 / peak as f64;
             let y = base - PANEL_H * c as f64 / peak as f64;
-            let _ = write!(d, " L{x0:.1},{y:.1} L{x1:.1},{y:.1}");
+            let _ = write!(d, " L{x0:.1},{y_prev:.1} L{x0:.1},{y:.1}");
+            prev = Some(c);
         }
+        let y_last = base - PANEL_H * prev.unwrap_or(0) as f64 / peak as f64;
+        let _ = write!(d, " L{:.1},{y_last:.1}", LEFT + plot_w);
         let _ = write!(d, " L{:.1},{base:.1} Z", LEFT + plot_w);
         let _ = writeln!(
             s,
