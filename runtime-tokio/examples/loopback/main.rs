@@ -27,11 +27,17 @@ async fn main() {
         opts.scale, opts.seed
     );
     println!("{}", scenario::header());
+    let mut notes = Vec::new();
     for sc in &opts.scenarios {
         let params = Params::new(*sc, opts.scale, opts.seed);
         for client in [Client::Naive, Client::Ours] {
             match scenario::run(&params, client).await {
-                Ok(row) => println!("{}", scenario::format_row(&row)),
+                Ok(row) => {
+                    println!("{}", scenario::format_row(&row));
+                    if let Some(l0) = row.max_l0 {
+                        notes.push(format!("{}/{}: {l0}", sc.name(), client.name()));
+                    }
+                }
                 Err(e) => {
                     eprintln!("error: {} / {}: {e}", sc.name(), client.name());
                     std::process::exit(1);
@@ -39,4 +45,6 @@ async fn main() {
             }
         }
     }
+    println!("\nhighest L0 file count on the tablet server: {}", notes.join(", "));
+    println!("failed = errors surfaced to the user (a timed-out write: outcome unknown) + unfinished");
 }

@@ -182,8 +182,7 @@ pub async fn ours_data(
                         .unwrap_or_default();
                     if write && gate.check(now, &shard) != GateState::Open {
                         // Drain re-checks the gate (upstream's shouldSkipBucket): the batch
-                        // goes back without an RPC.
-                        held.entry(shard).or_default().extend(ops);
+                        // goes back without an RPC; its operations come back as `Fail`.
                         let _ = batcher.handle_response(now, credit, core::iter::empty());
                         continue;
                     }
@@ -319,7 +318,8 @@ pub async fn naive_admin(
                         tokio::task::yield_now().await;
                         continue;
                     };
-                    if let Ok((Status::Ok, _)) = conn.call(Request::admin(op.id)).await {
+                    let res = conn.call_timeout(Request::admin(op.id), ADMIN_TIMEOUT).await;
+                    if let Ok((Status::Ok, _)) = res {
                         done = true;
                         break;
                     }
@@ -347,6 +347,9 @@ struct Admin {
     refresh: Mutex<(RefreshCoalescer<usize>, HashMap<usize, oneshot::Sender<bool>>)>,
     clock: TokioClock,
 }
+
+/// How long an admin write waits for its response before it counts as lost (both clients).
+pub const ADMIN_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// The coordinators' server uid (both share it, as in Fluss: `cs-0`).
 const COORDINATOR_UID: u32 = 0;
@@ -394,11 +397,11 @@ impl Admin {
             return Err(Disconnected);
         };
         let _ = lock(&self.table).0.handle_send(self.clock.now(), id);
-        let res = c.call(Request::admin(op)).await;
+        let res = c.call_timeout(Request::admin(op), ADMIN_TIMEOUT).await;
         let mut t = lock(&self.table);
         let now = self.clock.now();
         let _ = t.0.handle_finished(now, id);
-        if res.is_err() {
+        if res.is_err() && c.is_closed() {
             t.0.handle_closed(now, id);
             t.1.remove(&id);
         }

@@ -13,7 +13,9 @@ use tokio::sync::{mpsc, oneshot};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Disconnected;
 
-type Pending = Mutex<HashMap<u64, oneshot::Sender<(Status, Vec<u8>)>>>;
+/// A response: its status and payload.
+pub type Answer = (Status, Vec<u8>);
+type Pending = Mutex<HashMap<u64, oneshot::Sender<Answer>>>;
 
 #[derive(Debug)]
 struct Shared {
@@ -70,8 +72,8 @@ impl Conn {
         self.shared.closed.load(Ordering::SeqCst) || self.out.is_closed()
     }
 
-    /// Sends `req` and waits for its response.
-    pub async fn call(&self, req: Request) -> Result<(Status, Vec<u8>), Disconnected> {
+    /// Sends `req`; the receiver gets its response.
+    fn start(&self, req: Request) -> Result<(u64, oneshot::Receiver<Answer>), Disconnected> {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&self.shared.pending).insert(id, tx);
@@ -80,7 +82,30 @@ impl Conn {
             lock(&self.shared.pending).remove(&id);
             return Err(Disconnected);
         }
+        Ok((id, rx))
+    }
+
+    /// Sends `req` and waits for its response.
+    pub async fn call(&self, req: Request) -> Result<Answer, Disconnected> {
+        let (_, rx) = self.start(req)?;
         rx.await.map_err(|_| Disconnected)
+    }
+
+    /// [`Conn::call`] that gives up after `timeout` (the response counts as lost; the
+    /// request may have executed).
+    pub async fn call_timeout(
+        &self,
+        req: Request,
+        timeout: std::time::Duration,
+    ) -> Result<Answer, Disconnected> {
+        let (id, rx) = self.start(req)?;
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(res) => res.map_err(|_| Disconnected),
+            Err(_) => {
+                lock(&self.shared.pending).remove(&id);
+                Err(Disconnected)
+            }
+        }
     }
 }
 

@@ -105,15 +105,16 @@ impl Params {
                 ..base
             },
             Scenario::L0 => Params {
-                ops: n(20_000.0),
-                per_ms: 20,
+                ops: n(40_000.0),
+                per_ms: 40,
                 shards: 2,
-                flush_bytes: 16 << 10,
+                flush_bytes: 64 << 10,
+                compact_every: Duration::from_millis(40),
                 ..base
             },
             Scenario::Reads => Params {
-                ops: n(4_000.0),
-                per_ms: 4,
+                ops: n(2_000.0),
+                per_ms: 2,
                 rpc_cost: Duration::from_millis(1),
                 ..base
             },

@@ -190,7 +190,7 @@ impl Coordinators {
         self.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// `None`: drop the connection without answering.
+    /// `None`: the request executed but its response is lost.
     async fn handle(&self, me: usize, kind: u8, body: &[u8]) -> Option<(Status, Vec<u8>)> {
         let mut r = Reader::new(body);
         let ops = u64::from(kind == proto::ADMIN);
@@ -211,8 +211,8 @@ impl Coordinators {
         tokio::time::sleep(self.write_cost).await;
         self.counters.execute(op);
         if self.epoch.load(Ordering::SeqCst) != epoch {
-            // Leadership moved while the write ran: the old leader resigns and closes its
-            // client connections, so this executed write's response is lost.
+            // Leadership moved while the write ran: the resigning leader executed it but its
+            // response is lost (the client times out not knowing whether it ran).
             return None;
         }
         Some((Status::Ok, Vec::new()))
@@ -287,7 +287,7 @@ async fn serve_conn(stream: tokio::net::TcpStream, service: Service) {
             _ => Some((Status::BadRequest, Vec::new())),
         };
         let Some((status, out)) = answer else {
-            return; // drop the connection unanswered
+            continue; // the response is lost
         };
         if wr
             .write_all(&proto::response(id, status, &out))
