@@ -45,6 +45,11 @@ async fn main() {
             }
         }
     }
-    println!("\nhighest L0 file count on the tablet server: {}", notes.join(", "));
-    println!("failed = errors surfaced to the user (a timed-out write: outcome unknown) + unfinished");
+    println!(
+        "\nhighest L0 file count on the tablet server: {}",
+        notes.join(", ")
+    );
+    println!(
+        "failed = errors surfaced to the user (a timed-out write: outcome unknown) + unfinished"
+    );
 }

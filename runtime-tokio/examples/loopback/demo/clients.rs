@@ -152,7 +152,11 @@ pub async fn ours_data(
     // The attempt count of each operation (how often a batch holding it was rejected).
     let mut attempts: HashMap<u64, u32> = HashMap::new();
     let mut held: HashMap<u32, Vec<Op>> = HashMap::new();
-    type Done = (u32, runtime_tokio::CreditId, Result<(Status, Vec<u8>), Disconnected>);
+    type Done = (
+        u32,
+        runtime_tokio::CreditId,
+        Result<(Status, Vec<u8>), Disconnected>,
+    );
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let mut input_open = true;
     let mut outstanding = 0usize;
@@ -318,7 +322,9 @@ pub async fn naive_admin(
                         tokio::task::yield_now().await;
                         continue;
                     };
-                    let res = conn.call_timeout(Request::admin(op.id), ADMIN_TIMEOUT).await;
+                    let res = conn
+                        .call_timeout(Request::admin(op.id), ADMIN_TIMEOUT)
+                        .await;
                     if let Ok((Status::Ok, _)) = res {
                         done = true;
                         break;
@@ -343,8 +349,14 @@ pub async fn naive_admin(
 struct Admin {
     coordinators: [SocketAddr; 2],
     leader: Mutex<SocketAddr>,
-    table: Mutex<(ConnTable<u32, IpAddr, RandomState>, HashMap<runtime_tokio::ConnId, Conn>)>,
-    refresh: Mutex<(RefreshCoalescer<usize>, HashMap<usize, oneshot::Sender<bool>>)>,
+    table: Mutex<(
+        ConnTable<u32, IpAddr, RandomState>,
+        HashMap<runtime_tokio::ConnId, Conn>,
+    )>,
+    refresh: Mutex<(
+        RefreshCoalescer<usize>,
+        HashMap<usize, oneshot::Sender<bool>>,
+    )>,
     clock: TokioClock,
 }
 

@@ -156,7 +156,11 @@ pub struct Row {
 fn feed(p: &Params) -> mpsc::UnboundedReceiver<Op> {
     let (tx, rx) = mpsc::unbounded_channel();
     let (total, per_ms, shards, len) = (p.ops, p.per_ms.max(1), p.shards.max(1), p.value_len);
-    let len = if p.scenario == Scenario::Reads { 0 } else { len };
+    let len = if p.scenario == Scenario::Reads {
+        0
+    } else {
+        len
+    };
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(1));
         let mut id = 0u64;

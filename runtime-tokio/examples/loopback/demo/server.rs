@@ -31,7 +31,8 @@ impl Counters {
     }
     fn received(&self, frame_bytes: usize, ops: u64) {
         self.rpcs.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(frame_bytes as u64 + 4, Ordering::Relaxed);
+        self.bytes
+            .fetch_add(frame_bytes as u64 + 4, Ordering::Relaxed);
         self.ops.fetch_add(ops, Ordering::Relaxed);
     }
     fn execute(&self, id: u64) {
