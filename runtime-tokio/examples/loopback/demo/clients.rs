@@ -343,20 +343,25 @@ pub async fn naive_admin(
     std::mem::take(&mut *lock(&stats))
 }
 
+/// The connection table and the open connection behind each of its ids.
+type Pool = (
+    ConnTable<u32, IpAddr, RandomState>,
+    HashMap<runtime_tokio::ConnId, Conn>,
+);
+/// The refresh coalescer and the joined callers it will release.
+type Refresher = (
+    RefreshCoalescer<usize>,
+    HashMap<usize, oneshot::Sender<bool>>,
+);
+
 /// Shared state of our admin client: the leader's address, the connection table and its
 /// open connections, and the refresh coalescer with the waiters it holds.
 #[derive(Debug)]
 struct Admin {
     coordinators: [SocketAddr; 2],
     leader: Mutex<SocketAddr>,
-    table: Mutex<(
-        ConnTable<u32, IpAddr, RandomState>,
-        HashMap<runtime_tokio::ConnId, Conn>,
-    )>,
-    refresh: Mutex<(
-        RefreshCoalescer<usize>,
-        HashMap<usize, oneshot::Sender<bool>>,
-    )>,
+    table: Mutex<Pool>,
+    refresh: Mutex<Refresher>,
     clock: TokioClock,
 }
 
