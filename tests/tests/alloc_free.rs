@@ -17,6 +17,8 @@
 
 #[path = "../support/counting_alloc.rs"]
 mod counting_alloc;
+#[path = "../support/workloads.rs"]
+mod workloads;
 
 use std::collections::VecDeque;
 use std::hash::RandomState;
@@ -26,13 +28,12 @@ use std::time::Duration;
 use counting_alloc::{Counting, count_allocs};
 use throttle_core::backoff::{Backoff, BackoffConfig, Jitter};
 use throttle_core::backpressure::{PressureConfig, ServerPressure, Signal, ThrottleCurve};
-use throttle_core::batcher::{BatchAction, Batcher, BatcherConfig};
+use throttle_core::batcher::{Batcher, BatcherConfig};
 use throttle_core::dispatch_window::{CreditId, DispatchWindow, WindowConfig};
 use throttle_core::pending_bytes::{
     Enqueued, PendingBytesAction, PendingBytesConfig, PendingBytesLimiter,
 };
 use throttle_core::rng::SplitMix64;
-use throttle_core::time::Instant;
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -162,37 +163,14 @@ fn window_with_many_shards_allocates_nothing_after_warmup() {
 // Batcher
 // ---------------------------------------------------------------------------------------------
 
-/// `ops` operations spread over `shards` shards, flushed, and every batch completed (each one
-/// answered for all its positions) until nothing is in flight.
 fn batcher_round(
     b: &mut Batcher<u32, u64, RandomState>,
     in_flight: &mut VecDeque<CreditId>,
     shards: u32,
     ops: u64,
-) -> u64 {
-    let now = Instant::from_millis(1);
-    let mut delivered = 0;
-    for op in 0..ops {
-        let shard = (op % u64::from(shards)) as u32;
-        b.handle_op(now, shard, op, 100).expect("open");
-    }
-    b.flush(now);
-    loop {
-        while let Some(action) = b.poll_action() {
-            match action {
-                BatchAction::Send { credit, .. } => in_flight.push_back(credit),
-                BatchAction::Deliver { .. } => delivered += 1,
-                other => panic!("unexpected action {other:?}"),
-            }
-        }
-        let Some(credit) = in_flight.pop_front() else {
-            break;
-        };
-        let len = b.batch(credit).map_or(0, |batch| batch.len());
-        b.handle_response(now, credit, 0..len).expect("live credit");
-    }
+) {
+    let delivered = workloads::batcher_round(b, in_flight, shards, ops);
     assert_eq!(delivered, ops, "every operation is answered");
-    delivered
 }
 
 fn batcher() -> Batcher<u32, u64, RandomState> {
