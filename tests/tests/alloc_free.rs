@@ -8,8 +8,9 @@
 //!
 //! Covered: window submit/complete, batcher ops → batch → dispatch → complete, backoff draws,
 //! pressure mapping (server decision, wire signal, client delay), the pending-bytes limiter,
-//! connection routing (route, send, finish, idle close, reconnect).
-//! Pending until they land on main: write gate install/check/expire, failover decisions.
+//! connection routing (route, send, finish, remote close, reconnect), failover decisions
+//! (call start, error classification, refresh coalescing, retry, budgets).
+//! Pending until they land on main: write gate install/check/expire.
 //!
 //! Findings are kept as `#[ignore]`d tests whose reason says where the allocation happens
 //! (run them with `cargo test -p throttle-tests --test alloc_free -- --ignored`): the window
@@ -32,6 +33,10 @@ use throttle_core::backpressure::{PressureConfig, ServerPressure, Signal, Thrott
 use throttle_core::batcher::{Batcher, BatcherConfig};
 use throttle_core::conn_key::{ConnConfig, ConnKey, ConnTable, Route};
 use throttle_core::dispatch_window::{CreditId, DispatchWindow, WindowConfig};
+use throttle_core::failover::{
+    AdminWriteGateway, Call, CallAction, CallConfig, CoalesceAction, ErrorClassifier, ErrorKind,
+    FinagleBudget, GrpcThrottle, ReadOnlyGateway, RefreshCoalescer, RetryBudget,
+};
 use throttle_core::pending_bytes::{
     Enqueued, PendingBytesAction, PendingBytesConfig, PendingBytesLimiter,
 };
@@ -441,4 +446,101 @@ fn connection_routing_with_many_endpoints_allocates_nothing_after_warmup() {
     assert_no_alloc_after_warmup("connection table, 1000 endpoints", || {
         conn_round(&mut t, &mut now, 1_000, 10_000);
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failover decisions
+// ---------------------------------------------------------------------------------------------
+
+/// 64 calls: a quarter succeed at once, the others fail (not-leader or retriable, by admin
+/// and read-only classifiers, on alternate calls), join one coalesced refresh, are released
+/// and then retry, surface, or succeed.
+fn failover_round<B: RetryBudget>(
+    calls: &mut [Call],
+    cfg: &CallConfig,
+    coalescer: &mut RefreshCoalescer<usize>,
+    budget: &mut B,
+    rng: &mut SplitMix64,
+    now: &mut Instant,
+) -> u32 {
+    let mut retried = 0;
+    let mut generation = None;
+    for (i, call) in calls.iter_mut().enumerate() {
+        *call = Call::new(cfg);
+        assert_eq!(call.start(*now, budget), CallAction::Send);
+        if i % 4 == 0 {
+            assert_eq!(call.handle_success(*now, budget), CallAction::Complete);
+            continue;
+        }
+        let kind = if i % 3 == 0 {
+            ErrorKind::Retriable
+        } else {
+            ErrorKind::NotLeader
+        };
+        let class = if i % 2 == 0 {
+            AdminWriteGateway.classify(&kind)
+        } else {
+            ReadOnlyGateway.classify(&kind)
+        };
+        if call.handle_error(*now, class, budget, rng) == CallAction::Refresh {
+            match coalescer.handle_refresh_needed(i) {
+                CoalesceAction::Start(g) => generation = Some(g),
+                CoalesceAction::Join(_) => {}
+                other => panic!("unexpected coalescer action {other:?}"),
+            }
+        }
+    }
+    if let Some(g) = generation {
+        coalescer
+            .handle_refreshed(g, true)
+            .expect("the running refresh");
+    }
+    while let Some(release) = coalescer.poll_release() {
+        let call = &mut calls[release.waiter];
+        match call.handle_refreshed(*now, release.ok, budget, rng) {
+            CallAction::Retry { .. } => {
+                retried += 1;
+                assert_eq!(call.handle_success(*now, budget), CallAction::Complete);
+            }
+            CallAction::Surface { .. } => {}
+            other => panic!("unexpected call action {other:?}"),
+        }
+    }
+    *now += Duration::from_millis(250);
+    retried
+}
+
+#[test]
+fn failover_decisions_allocate_nothing_after_warmup() {
+    let cfg = CallConfig::default()
+        .with_max_auto_retries(2)
+        .with_backoff(BackoffConfig::kafka_retry());
+    let mut calls = vec![Call::new(&cfg); 64];
+    let mut coalescer = RefreshCoalescer::default();
+    let mut rng = SplitMix64::new(11);
+    let mut now = Instant::from_millis(1);
+    let mut grpc = GrpcThrottle::default();
+    let mut finagle = FinagleBudget::default();
+    let mut retried = 0;
+    assert_no_alloc_after_warmup("failover calls, gRPC throttle", || {
+        retried += failover_round(
+            &mut calls,
+            &cfg,
+            &mut coalescer,
+            &mut grpc,
+            &mut rng,
+            &mut now,
+        );
+    });
+    assert_no_alloc_after_warmup("failover calls, Finagle budget", || {
+        retried += failover_round(
+            &mut calls,
+            &cfg,
+            &mut coalescer,
+            &mut finagle,
+            &mut rng,
+            &mut now,
+        );
+    });
+    assert!(retried > 0, "the workload exercised the retry path");
 }
