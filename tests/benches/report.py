@@ -242,7 +242,7 @@ def main():
     w("```")
     w("")
     w(f"Machine: {m['nproc']} cores, {m['cpu']}, {m['os']}; {m['rustc']}; "
-      f"commit {m['commit']}; load average when the report was generated: {m['load']}.")
+      f"checkout {m['commit']} and load average when the report was generated: {m['load']}.")
     w("")
     w("**Read the ratios, not the absolute numbers.** The machine is shared by about seven")
     w("engineers building and testing at once on 2 cores, so absolute times are inflated and")
