@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use counting_alloc::{Counting, count_allocs, live_bytes};
 use throttle_core::batcher::{Batcher, BatcherConfig};
+use throttle_core::time::Instant;
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -39,6 +40,37 @@ fn criterion_dir() -> PathBuf {
 /// A spread of u64 bucket ids.
 fn key(i: u64) -> u64 {
     i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xABCD
+}
+
+fn gate(results: &mut BTreeMap<String, f64>) {
+    use throttle_core::write_gate::{Reason, WriteGate, WriteGateConfig};
+
+    let now = Instant::from_millis(1_000);
+    let before = live_bytes();
+    let mut gate: WriteGate<u64, RandomState> = WriteGate::new(WriteGateConfig::default());
+    let empty = live_bytes().saturating_sub(before);
+    for i in 0..KEYS {
+        // Deadlines spread over 1..=1000 ms.
+        let delay = Duration::from_millis(1 + i % 1000);
+        black_box(
+            gate.handle_throttle(now, &key(i), Reason::KV_BACKPRESSURE, delay)
+                .expect("built-in reason"),
+        );
+    }
+    while gate.poll_action().is_some() {}
+    let full = live_bytes().saturating_sub(before);
+    assert_eq!(gate.gated_len(), KEYS as usize);
+    // Every gate expires; handle_timeout evicts them all and shrinks the maps.
+    gate.handle_timeout(now + Duration::from_secs(2));
+    assert!(gate.is_empty());
+    let after = live_bytes().saturating_sub(before);
+    results.insert("gate_empty_bytes".into(), empty as f64);
+    results.insert(
+        "gate_bytes_per_bucket".into(),
+        (full.saturating_sub(empty)) as f64 / KEYS as f64,
+    );
+    results.insert("gate_after_expiry_bytes".into(), after as f64);
+    drop(gate);
 }
 
 fn governor(results: &mut BTreeMap<String, f64>) {
@@ -106,6 +138,7 @@ fn main() {
         return;
     }
     let mut results = BTreeMap::new();
+    gate(&mut results);
     governor(&mut results);
     batcher_allocs(&mut results);
 

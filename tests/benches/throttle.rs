@@ -9,7 +9,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -30,6 +30,7 @@ use throttle_core::batcher::{Batcher, BatcherConfig};
 use throttle_core::dispatch_window::{DispatchWindow, WindowConfig};
 use throttle_core::rng::{Rng, SplitMix64};
 use throttle_core::time::Instant;
+use throttle_core::write_gate::{GateState, Reason, WriteGate, WriteGateConfig};
 use workloads::batcher_round;
 
 type C = Criterion<ThreadCpuTime>;
@@ -74,7 +75,7 @@ type Fx = BuildHasherDefault<FxHasher>;
 // Window credit vs tokio::sync::Semaphore::try_acquire
 // ---------------------------------------------------------------------------------------------
 
-fn window<S: std::hash::BuildHasher + Default>() -> DispatchWindow<u32, u64, S> {
+fn window<S: BuildHasher + Default>() -> DispatchWindow<u32, u64, S> {
     DispatchWindow::new(WindowConfig::default()).expect("valid config")
 }
 
@@ -246,41 +247,123 @@ fn bucket_keys(n: usize, seed: u64) -> Vec<u64> {
     keys
 }
 
+type Gate = WriteGate<u64, RandomState>;
+
+/// Ten minutes in ns: deadlines are spread over this span.
+const SPREAD_NS: u64 = 600_000_000_000;
+
+/// The instant every gate bench runs at (time never advances, so nothing expires).
+const NOW: Instant = Instant::from_millis(1_000);
+
+/// A random KV throttle in (0, 10 min].
+fn random_delay(rng: &mut SplitMix64) -> Duration {
+    Duration::from_nanos(1 + rng.next_u64() % SPREAD_NS)
+}
+
+/// A gate on the adapters' hasher with every key in `keys` gated by a KV throttle
+/// (latest-wins, so later installs move deadlines both ways).
+fn gated<S: BuildHasher + Default>(keys: &[u64], seed: u64) -> WriteGate<u64, S> {
+    let mut gate = WriteGate::new(WriteGateConfig::default());
+    let mut rng = SplitMix64::new(seed);
+    for k in keys {
+        let d = random_delay(&mut rng);
+        gate.handle_throttle(NOW, k, Reason::KV_BACKPRESSURE, d)
+            .expect("built-in reason");
+    }
+    while gate.poll_action().is_some() {}
+    assert_eq!(gate.gated_len(), keys.len());
+    gate
+}
+
+/// Installs a fresh KV throttle on one of the gate's buckets (re-sifting it in the heap),
+/// drains the wake it may emit.
+struct Installer {
+    keys: Vec<u64>,
+    delays: Vec<Duration>,
+    i: usize,
+}
+
+impl Installer {
+    fn new(keys: Vec<u64>, seed: u64) -> Self {
+        let mut rng = SplitMix64::new(seed);
+        let delays = (0..4096).map(|_| random_delay(&mut rng)).collect();
+        Installer { keys, delays, i: 0 }
+    }
+
+    #[inline]
+    fn install(&mut self, gate: &mut Gate) -> Duration {
+        self.i = self.i.wrapping_add(1);
+        let key = &self.keys[self.i % self.keys.len()];
+        let delay = self.delays[self.i % self.delays.len()];
+        let left = gate
+            .handle_throttle(NOW, key, Reason::KV_BACKPRESSURE, delay)
+            .expect("built-in reason");
+        while gate.poll_action().is_some() {}
+        left
+    }
+}
+
 fn gate_check(c: &mut C) {
+    let mut g = c.benchmark_group("gate_check_100k");
+    let keys = bucket_keys(100_000, 1);
+    bench_gate_check::<RandomState>(&mut g, "ours", &keys);
+    bench_governor_check::<RandomState>(&mut g, "governor", &keys);
+    // Both sides again with a cheap hasher: what the hash costs, and what the layout costs.
+    bench_gate_check::<Fx>(&mut g, "ours_fxhash", &keys);
+    bench_governor_check::<Fx>(&mut g, "governor_fxhash", &keys);
+    g.finish();
+}
+
+/// `check` on gated buckets, visiting `keys` in their shuffled order.
+fn bench_gate_check<S: BuildHasher + Default>(g: &mut Group<'_>, name: &str, keys: &[u64]) {
+    let gate: WriteGate<u64, S> = gated(keys, 5);
+    assert!(matches!(
+        gate.check(NOW, &keys[0]),
+        GateState::Closed { .. }
+    ));
+    let mut i = 0;
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            black_box(gate.check(black_box(NOW), black_box(&keys[i])))
+        })
+    });
+}
+
+/// governor's keyed limiter on its default store (DashMap) with hasher `S`. A fake clock that
+/// never advances: ours takes `now` as an argument, so neither side reads a clock.
+fn bench_governor_check<S: BuildHasher + Default + Clone>(
+    g: &mut Group<'_>,
+    name: &str,
+    keys: &[u64],
+) {
     use governor::clock::FakeRelativeClock;
     use governor::state::keyed::DashMapStateStore;
     use governor::{Quota, RateLimiter};
-    type GovernorKeyed = RateLimiter<
+
+    let quota = Quota::per_second(NonZeroU32::new(1).expect("nonzero"));
+    let limiter: RateLimiter<
         u64,
-        DashMapStateStore<u64>,
+        DashMapStateStore<u64, S>,
         FakeRelativeClock,
         governor::middleware::NoOpMiddleware<governor::nanos::Nanos>,
-    >;
-
-    let mut g = c.benchmark_group("gate_check_100k");
-    let keys = bucket_keys(100_000, 1);
-
-    // governor's keyed limiter on its default store (DashMap, std RandomState). A fake clock
-    // that never advances: ours takes `now` as an argument, so neither side reads a clock.
-    let quota = Quota::per_second(NonZeroU32::new(1).expect("nonzero"));
-    let limiter: GovernorKeyed = RateLimiter::new(
+    > = RateLimiter::new(
         quota,
-        DashMapStateStore::default(),
+        DashMapStateStore::with_hasher(S::default()),
         FakeRelativeClock::default(),
     );
-    for k in &keys {
+    for k in keys {
         let _ = limiter.check_key(k);
         // Every key is now limited ("gated"): the measured checks all answer "not until".
         assert!(limiter.check_key(k).is_err());
     }
     let mut i = 0;
-    g.bench_function("governor", |b| {
+    g.bench_function(name, |b| {
         b.iter(|| {
             i = (i + 1) % keys.len();
             black_box(limiter.check_key(black_box(&keys[i])).is_ok())
         })
     });
-    g.finish();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -310,6 +393,18 @@ fn bench_scan(g: &mut Group<'_>, id: BenchmarkId, n: usize) {
 fn wake_1m(c: &mut C) {
     let mut g = c.benchmark_group("wake_1m");
     g.sampling_mode(SamplingMode::Flat).sample_size(20);
+
+    let keys = bucket_keys(1_000_000, 2);
+    let mut gate = gated(&keys, 3);
+    let mut installer = Installer::new(keys, 6);
+    g.bench_function("ours", |b| {
+        b.iter(|| {
+            black_box(installer.install(&mut gate));
+            black_box(gate.poll_timeout())
+        })
+    });
+    drop(gate);
+    drop(installer);
     let map = scan_map(1_000_000);
     g.bench_function("hashmap_scan", |b| {
         b.iter(|| black_box(black_box(&map).values().min().copied()))
@@ -347,6 +442,16 @@ fn wake_scaling(c: &mut C) {
     let mut g = c.benchmark_group("wake_scaling");
     g.sampling_mode(SamplingMode::Flat).sample_size(20);
     for n in [1_000, 100_000, 1_000_000] {
+        let keys = bucket_keys(n, 2);
+        let mut gate = gated(&keys, 3);
+        let mut installer = Installer::new(keys, 6);
+        g.bench_function(BenchmarkId::new("install", n), |b| {
+            b.iter(|| black_box(installer.install(&mut gate)))
+        });
+        g.bench_function(BenchmarkId::new("poll_timeout", n), |b| {
+            b.iter(|| black_box(black_box(&gate).poll_timeout()))
+        });
+        drop(gate);
         bench_scan(&mut g, BenchmarkId::new("scan", n), n);
     }
     g.finish();

@@ -9,8 +9,8 @@
 //! Covered: window submit/complete, batcher ops → batch → dispatch → complete, backoff draws,
 //! pressure mapping (server decision, wire signal, client delay), the pending-bytes limiter,
 //! connection routing (route, send, finish, remote close, reconnect), failover decisions
-//! (call start, error classification, refresh coalescing, retry, budgets).
-//! Pending until they land on main: write gate install/check/expire.
+//! (call start, error classification, refresh coalescing, retry, budgets), the write gate
+//! (every install kind, check, remaining, explain, leader changes, poll_timeout, expiry).
 //!
 //! Findings are kept as `#[ignore]`d tests whose reason says where the allocation happens
 //! (run them with `cargo test -p throttle-tests --test alloc_free -- --ignored`): the window
@@ -42,6 +42,7 @@ use throttle_core::pending_bytes::{
 };
 use throttle_core::rng::SplitMix64;
 use throttle_core::time::Instant;
+use throttle_core::write_gate::{GateState, Reason, WriteGate, WriteGateConfig};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -543,4 +544,75 @@ fn failover_decisions_allocate_nothing_after_warmup() {
         );
     });
     assert!(retried > 0, "the workload exercised the retry path");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Write gate
+// ---------------------------------------------------------------------------------------------
+
+type Gate = WriteGate<u64, RandomState>;
+
+/// 1000 buckets gated by every kind of install (disk and retriable backoffs, KV signals
+/// raising and lowering, a direct throttle), read back, a leader lost and found, then all of
+/// them expire and `handle_timeout` evicts them. `anchors` stay gated throughout (installed
+/// before the warm-up), so the maps never fall below a quarter full: a workload whose
+/// buckets all expire lets `handle_timeout` shrink the maps, by design (DESIGN 2.6), and the
+/// next installs regrow them.
+fn gate_round(gate: &mut Gate, rng: &mut SplitMix64, now: &mut Instant) -> usize {
+    let mut closed = 0;
+    for b in 0..1_000u64 {
+        match b % 4 {
+            0 => black_box(gate.handle_disk_write_locked(*now, &b, (b % 7) as u32, rng)),
+            1 => black_box(gate.handle_retriable_write(*now, &b, (b % 5) as u32, rng)),
+            2 => {
+                gate.handle_kv_signal(*now, &b, Signal::Full);
+                black_box(gate.handle_kv_signal(*now, &b, Signal::from_f32(0.5)))
+            }
+            _ => gate
+                .handle_throttle(*now, &b, Reason::RETRIABLE_WRITE, Duration::from_millis(b))
+                .expect("built-in reason"),
+        };
+        while gate.poll_action().is_some() {}
+    }
+    for b in 0..1_000u64 {
+        if matches!(gate.check(*now, &b), GateState::Closed { .. }) {
+            closed += 1;
+        }
+        black_box(gate.remaining_ms(*now, &b));
+        black_box(gate.explain(*now, &b));
+    }
+    for b in (0..1_000u64).step_by(10) {
+        gate.handle_leader(*now, &b, false);
+        assert_eq!(gate.check(*now, &b), GateState::UnknownLeader);
+        gate.handle_leader(*now, &b, true);
+    }
+    black_box(gate.poll_timeout());
+    // Every round's gate is at most the disk backoff's 10 s (+20 %) away.
+    *now += Duration::from_secs(13);
+    gate.handle_timeout(*now);
+    while gate.poll_action().is_some() {}
+    assert!((0..1_000u64).all(|b| gate.check(*now, &b) == GateState::Open));
+    closed
+}
+
+#[test]
+fn write_gate_allocates_nothing_after_warmup() {
+    let mut gate = Gate::new(WriteGateConfig::default());
+    let mut rng = SplitMix64::new(3);
+    let mut now = Instant::from_millis(1);
+    for anchor in 1_000_000..1_001_000u64 {
+        gate.handle_throttle(
+            now,
+            &anchor,
+            Reason::DISK_WRITE_LOCKED,
+            Duration::from_secs(1 << 30),
+        )
+        .expect("built-in reason");
+    }
+    let mut closed = 0;
+    assert_no_alloc_after_warmup("write gate", || {
+        closed += gate_round(&mut gate, &mut rng, &mut now);
+    });
+    assert!(closed > 0, "the workload gated buckets");
+    assert_eq!(gate.len(), 1_000, "only the anchors remain");
 }
