@@ -28,7 +28,7 @@ REPORT = "python3 tests/benches/report.py > BENCHMARKS.md"
 
 # What is not on main yet, by the benchmark that measures it.
 PENDING_GATE = None  # landed: the write gate rows are measured
-PENDING_SYNC = "sync Permit (`throttle_core::sync`)"
+PENDING_SYNC = None  # landed: the sync Permit rows are measured
 
 
 def criterion_dir():
@@ -117,8 +117,12 @@ TIME_ROWS = [
      "window_credit/ours_idle_shard_fxhash", None,
      "tokio `Semaphore::try_acquire` + drop", "window_credit/tokio_semaphore", ("max", 1.0)),
     ("permit through sync",
-     "acquire + complete of a `Permit`, uncontended",
+     "acquire + complete of a `Permit`, one idle shard",
      "permit_sync/ours", PENDING_SYNC,
+     "`Arc<Semaphore>::try_acquire_owned` + drop", "permit_sync/tokio_owned", ("max", 1.5)),
+    ("permit through sync (busy shard)",
+     "acquire + complete of a `Permit`, one shard with another permit held",
+     "permit_sync/ours_busy_shard", PENDING_SYNC,
      "`Arc<Semaphore>::try_acquire_owned` + drop", "permit_sync/tokio_owned", ("max", 1.5)),
     ("async permit",
      "`acquire(shard).await` + complete, tokio current-thread",

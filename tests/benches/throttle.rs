@@ -29,6 +29,7 @@ use throttle_core::backpressure::{PressureConfig, ServerPressure, Signal, Thrott
 use throttle_core::batcher::{Batcher, BatcherConfig};
 use throttle_core::dispatch_window::{DispatchWindow, WindowConfig};
 use throttle_core::rng::{Rng, SplitMix64};
+use throttle_core::sync::WindowHandle;
 use throttle_core::time::Instant;
 use throttle_core::write_gate::{GateState, Reason, WriteGate, WriteGateConfig};
 use workloads::batcher_round;
@@ -128,6 +129,31 @@ fn window_credit(c: &mut C) {
 
 fn permit_sync(c: &mut C) {
     let mut g = c.benchmark_group("permit_sync");
+
+    // One shard, nothing else in flight (as for the window row): the handle's lock, the
+    // window's submit and complete, the permit's Arc.
+    let handle: WindowHandle<u32, RandomState> =
+        WindowHandle::new(WindowConfig::default()).expect("valid config");
+    g.bench_function("ours", |b| {
+        b.iter(|| {
+            let p = black_box(&handle)
+                .try_acquire(black_box(7))
+                .expect("credit");
+            black_box(p.complete())
+        })
+    });
+    // The same shard with another permit held: its window stays.
+    let held = handle.try_acquire(7).expect("credit");
+    g.bench_function("ours_busy_shard", |b| {
+        b.iter(|| {
+            let p = black_box(&handle)
+                .try_acquire(black_box(7))
+                .expect("credit");
+            black_box(p.complete())
+        })
+    });
+    let _ = black_box(held.complete());
+
     let sem = Arc::new(tokio::sync::Semaphore::new(4));
     g.bench_function("tokio_owned", |b| {
         b.iter(|| {
@@ -145,6 +171,25 @@ fn permit_async(c: &mut C) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
+
+    let handle: WindowHandle<u32, RandomState> =
+        WindowHandle::new(WindowConfig::default()).expect("valid config");
+    g.bench_function("ours", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = cpu_time::now();
+                for _ in 0..iters {
+                    let p = black_box(&handle)
+                        .acquire(black_box(7))
+                        .await
+                        .expect("open");
+                    let _ = black_box(p.complete());
+                }
+                cpu_time::now().saturating_sub(start)
+            })
+        })
+    });
+
     let sem = tokio::sync::Semaphore::new(4);
     g.bench_function("tokio_acquire", |b| {
         b.iter_custom(|iters| {
