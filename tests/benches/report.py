@@ -452,6 +452,12 @@ def main():
     if pending:
         w(f"Not covered yet (pending until they land on main): {pending.group(1).rstrip('.')}.")
         w("")
+    src = (REPO / "tests" / "tests" / "alloc_free.rs").read_text()
+    enforced = re.findall(r"#\[test\]\s*fn (\w+)", src)
+    if enforced:
+        w("Enforced (not ignored: `cargo test` runs them and fails on any allocation): "
+          + ", ".join(f"`{name}`" for name in enforced) + ".")
+        w("")
     findings = alloc_findings()
     if not findings:
         w("- none: every hot path allocates nothing after warm-up.")
