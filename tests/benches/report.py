@@ -193,7 +193,7 @@ NOTES = {
         "are what separate it from tokio's semaphore.",
     "backoff with jitter":
         "each draw does integer divisions (`mul_div` through u128, `% resolution`) where "
-        "backon does a few f32 multiplications. An experiment with u64 fast paths and no "
+        "backon does a few f32 multiplications. An experiment (on an earlier revision) with u64 fast paths and no "
         "truncation reached about 1.8× backon, not 4×: closing it needs division-free steps "
         "(den = 1 fast path, fixed-point reciprocals for ppm and the resolution), and may "
         "still fall short; the target may be set too high for exact integer jitter.",
