@@ -138,6 +138,11 @@ where
         lock(&self.shared.state).refreshes_started
     }
 
+    /// Calls waiting for the running refresh (its starter included).
+    pub fn refresh_waiters(&self) -> usize {
+        lock(&self.shared.state).coalescer.held()
+    }
+
     /// Whether a refresh is running now.
     pub fn is_refreshing(&self) -> bool {
         lock(&self.shared.state).coalescer.in_flight().is_some()
