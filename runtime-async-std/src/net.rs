@@ -2,49 +2,30 @@
 
 use core::future::Future;
 
+use std::io;
+
 use async_std::net::TcpStream;
 use throttle_core::sync::Connector;
 
-/// Opens an `async_std::net::TcpStream` to `host:port` (host resolved by async-std), with
-/// `TCP_NODELAY` set unless turned off. `&TcpStream` reads and writes, so leases of one pooled
-/// connection can share it; wrap this connector to put a multiplexing client on top.
-#[derive(Debug, Clone, Copy)]
-pub struct TcpConnector {
-    nodelay: bool,
-}
-
-impl TcpConnector {
-    /// A connector setting `TCP_NODELAY` (requests are small and latency-bound).
-    pub fn new() -> Self {
-        TcpConnector { nodelay: true }
-    }
-
-    /// This connector with `TCP_NODELAY` set to `nodelay`.
-    pub fn with_nodelay(self, nodelay: bool) -> Self {
-        TcpConnector { nodelay }
-    }
-}
-
-impl Default for TcpConnector {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+/// Opens an `async_std::net::TcpStream` to `host:port` (the host resolved by async-std) with `TCP_NODELAY` set,
+/// since pooled requests are small and latency-bound. Wrap it to add a handshake or a
+/// multiplexing client on top: the pool shares one connection between its leases.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TcpConnector;
 
 impl<H: AsRef<str>> Connector<H> for TcpConnector {
+    type Error = io::Error;
     type Conn = TcpStream;
-    type Error = std::io::Error;
 
     fn connect(
         &self,
         host: &H,
         port: u16,
-    ) -> impl Future<Output = Result<TcpStream, std::io::Error>> + Send + 'static {
-        let addr = (host.as_ref().to_owned(), port);
-        let nodelay = self.nodelay;
+    ) -> impl Future<Output = io::Result<TcpStream>> + Send + 'static {
+        let addr = format!("{}:{port}", host.as_ref());
         async move {
-            let stream = TcpStream::connect((addr.0.as_str(), addr.1)).await?;
-            stream.set_nodelay(nodelay)?;
+            let stream = TcpStream::connect(addr.as_str()).await?;
+            stream.set_nodelay(true)?;
             Ok(stream)
         }
     }
@@ -53,20 +34,23 @@ impl<H: AsRef<str>> Connector<H> for TcpConnector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use async_std::io::{ReadExt, WriteExt};
+    use async_std::net::TcpListener;
 
     #[test]
-    fn connects_to_a_loopback_listener_with_nodelay() {
+    fn connected_stream_reaches_the_listener_and_has_nodelay_set() {
         async_std::task::block_on(async {
-            let listener = async_std::net::TcpListener::bind("127.0.0.1:0")
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let mut client = TcpConnector
+                .connect(&"127.0.0.1", addr.port())
                 .await
                 .unwrap();
-            let port = listener.local_addr().unwrap().port();
-            let stream = TcpConnector::new()
-                .connect(&"127.0.0.1", port)
-                .await
-                .unwrap();
-            assert!(stream.nodelay().unwrap());
-            assert_eq!(stream.peer_addr().unwrap().port(), port);
+            let (mut server, _) = listener.accept().await.unwrap();
+            client.write_all(b"ping").await.unwrap();
+            let mut got = [0u8; 4];
+            server.read_exact(&mut got).await.unwrap();
+            assert_eq!((&got, client.nodelay().unwrap()), (b"ping", true));
         });
     }
 }

@@ -5,31 +5,11 @@ use core::future::Future;
 use throttle_core::sync::Connector;
 use tokio::net::TcpStream;
 
-/// Opens a `tokio::net::TcpStream` to `host:port` (host resolved by tokio), with `TCP_NODELAY`
-/// set unless turned off. The pool shares one connection between leases (`&TcpStream`):
-/// wrap this connector to put a multiplexing client on top.
-#[derive(Debug, Clone, Copy)]
-pub struct TcpConnector {
-    nodelay: bool,
-}
-
-impl TcpConnector {
-    /// A connector setting `TCP_NODELAY` (requests are small and latency-bound).
-    pub fn new() -> Self {
-        TcpConnector { nodelay: true }
-    }
-
-    /// This connector with `TCP_NODELAY` set to `nodelay`.
-    pub fn with_nodelay(self, nodelay: bool) -> Self {
-        TcpConnector { nodelay }
-    }
-}
-
-impl Default for TcpConnector {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+/// Opens a `tokio::net::TcpStream` to `host:port` (the host resolved by tokio) with `TCP_NODELAY` set,
+/// since pooled requests are small and latency-bound. Wrap it to add a handshake or a
+/// multiplexing client on top: the pool shares one connection between its leases.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TcpConnector;
 
 impl<H: AsRef<str>> Connector<H> for TcpConnector {
     type Conn = TcpStream;
@@ -40,10 +20,10 @@ impl<H: AsRef<str>> Connector<H> for TcpConnector {
         host: &H,
         port: u16,
     ) -> impl Future<Output = Result<TcpStream, std::io::Error>> + Send + 'static {
-        let (host, nodelay) = (host.as_ref().to_owned(), self.nodelay);
+        let host = host.as_ref().to_owned();
         async move {
             let stream = TcpStream::connect((host.as_str(), port)).await?;
-            stream.set_nodelay(nodelay)?;
+            stream.set_nodelay(true)?;
             Ok(stream)
         }
     }
@@ -57,10 +37,7 @@ mod tests {
     async fn connects_to_a_loopback_listener_with_nodelay() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let stream = TcpConnector::new()
-            .connect(&"127.0.0.1", port)
-            .await
-            .unwrap();
+        let stream = TcpConnector.connect(&"127.0.0.1", port).await.unwrap();
         assert!(stream.nodelay().unwrap());
         assert_eq!(stream.peer_addr().unwrap().port(), port);
     }
