@@ -196,6 +196,7 @@ where
                         conn,
                         id,
                         pool: self.clone(),
+                        finish: PoolShared::<R, C, U, H, S>::finish_lease,
                         live: true,
                     });
                 }
@@ -343,6 +344,11 @@ where
         failed
     }
 
+    /// A lease's end, as a plain `fn` the lease stores (see `Lease::finish`).
+    fn finish_lease(pool: &ConnPool<R, C, U, H, S>, id: ConnId, broken: bool) {
+        pool.shared.finish(id, broken);
+    }
+
     fn finish(&self, id: ConnId, broken: bool) {
         let dropped = self.update(|st, now| {
             if broken {
@@ -360,27 +366,19 @@ where
 /// One request's use of a pooled connection: derefs to the connection; counts as in flight
 /// until dropped. `Send` (and `Sync`) for `Send + Sync` connections; not `Clone`.
 #[must_use = "a lease holds its connection busy until dropped"]
-pub struct Lease<R, C: Connector<H>, U, H, S>
-where
-    R: Runtime,
-    U: Hash + Eq + Clone,
-    H: Hash + Eq + Clone,
-    S: BuildHasher + Clone,
-{
+pub struct Lease<R, C: Connector<H>, U, H, S> {
     conn: Arc<C::Conn>,
     id: ConnId,
     pool: ConnPool<R, C, U, H, S>,
+    /// `PoolShared::finish` for this pool's types, taken where their bounds hold, so the
+    /// lease's `Drop` needs none.
+    finish: FinishFn<R, C, U, H, S>,
     live: bool,
 }
 
-impl<R, C, U, H, S> Lease<R, C, U, H, S>
-where
-    R: Runtime,
-    C: Connector<H>,
-    U: Hash + Eq + Clone,
-    H: Hash + Eq + Clone,
-    S: BuildHasher + Clone,
-{
+type FinishFn<R, C, U, H, S> = fn(&ConnPool<R, C, U, H, S>, ConnId, bool);
+
+impl<R, C: Connector<H>, U, H, S> Lease<R, C, U, H, S> {
     /// The connection's id in the pool's table.
     pub fn id(&self) -> ConnId {
         self.id
@@ -390,47 +388,26 @@ where
     /// its endpoint reconnects at once.
     pub fn broken(mut self) {
         self.live = false;
-        self.pool.shared.finish(self.id, true);
+        (self.finish)(&self.pool, self.id, true);
     }
 }
 
-impl<R, C, U, H, S> Deref for Lease<R, C, U, H, S>
-where
-    R: Runtime,
-    C: Connector<H>,
-    U: Hash + Eq + Clone,
-    H: Hash + Eq + Clone,
-    S: BuildHasher + Clone,
-{
+impl<R, C: Connector<H>, U, H, S> Deref for Lease<R, C, U, H, S> {
     type Target = C::Conn;
     fn deref(&self) -> &C::Conn {
         &self.conn
     }
 }
 
-impl<R, C, U, H, S> Drop for Lease<R, C, U, H, S>
-where
-    R: Runtime,
-    C: Connector<H>,
-    U: Hash + Eq + Clone,
-    H: Hash + Eq + Clone,
-    S: BuildHasher + Clone,
-{
+impl<R, C: Connector<H>, U, H, S> Drop for Lease<R, C, U, H, S> {
     fn drop(&mut self) {
         if core::mem::replace(&mut self.live, false) {
-            self.pool.shared.finish(self.id, false);
+            (self.finish)(&self.pool, self.id, false);
         }
     }
 }
 
-impl<R, C, U, H, S> fmt::Debug for Lease<R, C, U, H, S>
-where
-    R: Runtime,
-    C: Connector<H>,
-    U: Hash + Eq + Clone,
-    H: Hash + Eq + Clone,
-    S: BuildHasher + Clone,
-{
+impl<R, C: Connector<H>, U, H, S> fmt::Debug for Lease<R, C, U, H, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
             .field("id", &self.id)
