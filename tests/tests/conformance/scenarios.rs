@@ -133,19 +133,18 @@ struct Held {
     sent: Arc<Mutex<Vec<Vec<u32>>>>,
 }
 
+type Echo = BatchOutcome<u32, &'static str>;
+
 impl Transport<u32, u32> for Held {
-    type Output = u32;
     type Error = &'static str;
-    fn send(
-        &self,
-        _shard: &u32,
-        ops: Vec<u32>,
-    ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
-        let changed = self.release.changed(0);
+    type Output = u32;
+    fn send(&self, _: &u32, ops: Vec<u32>) -> impl Future<Output = Echo> + Send + 'static {
         self.sent.lock().unwrap().push(ops.clone());
+        let answer: Echo = Ok(ops.into_iter().map(Ok).collect());
+        let released = self.release.changed(0);
         async move {
-            changed.await;
-            Ok(ops.into_iter().map(Ok).collect())
+            released.await;
+            answer
         }
     }
 }
@@ -246,42 +245,35 @@ pub async fn gate_opens_early_when_a_lower_pressure_arrives<H: Harness>(h: &H) {
     );
 }
 
-/// An in-memory connector counting live connections through `Drop`.
-struct Fake(Arc<AtomicUsize>);
-struct FakeConn(Arc<AtomicUsize>);
-impl Drop for FakeConn {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-impl Connector<u32> for Fake {
-    type Conn = FakeConn;
+/// An in-memory connector; its connections are `Arc` clones of one counter, so the counter's
+/// strong count less the test's and the connector's is the number of connections alive.
+struct Memory(Arc<()>);
+
+impl Connector<u32> for Memory {
     type Error = ();
+    type Conn = Arc<()>;
     fn connect(
         &self,
-        _host: &u32,
-        _port: u16,
-    ) -> impl Future<Output = Result<FakeConn, ()>> + Send + 'static {
-        let live = Arc::clone(&self.0);
-        async move {
-            live.fetch_add(1, Ordering::SeqCst);
-            Ok(FakeConn(live))
-        }
+        _: &u32,
+        _: u16,
+    ) -> impl Future<Output = Result<Arc<()>, ()>> + Send + 'static {
+        core::future::ready(Ok(Arc::clone(&self.0)))
     }
 }
 
 pub async fn idle_connection_is_closed_after_max_idle<H: Harness>(h: &H) {
     let rt = h.rt();
-    let live = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::new(());
+    let live = || Arc::strong_count(&counter) - 2;
     let cfg = ConnConfig::default().with_max_idle(Duration::from_secs(10));
     let pool: ConnPool<_, _, u32, u32, RandomState> =
-        ConnPool::new(rt.clone(), Fake(Arc::clone(&live)), cfg).unwrap();
+        ConnPool::new(rt.clone(), Memory(Arc::clone(&counter)), cfg).unwrap();
     let p = pool.clone();
     rt.spawn(async move { p.drive_timeouts().await });
     let key = ConnKey::new(0, 1, 9123);
     let lease = pool.lease(&key).await.unwrap();
     let id = lease.id();
-    assert_eq!((pool.len(), live.load(Ordering::SeqCst)), (1, 1));
+    assert_eq!((pool.len(), live()), (1, 1));
     h.advance(Duration::from_secs(60)).await;
     assert_eq!(pool.len(), 1, "a leased connection is never idle");
     drop(lease);
@@ -294,7 +286,7 @@ pub async fn idle_connection_is_closed_after_max_idle<H: Harness>(h: &H) {
     assert_eq!(pool.len(), 1);
     h.advance(MS).await;
     until(h, "idle connection closed", || {
-        pool.is_empty() && live.load(Ordering::SeqCst) == 0
+        pool.is_empty() && live() == 0
     })
     .await;
     assert_eq!(pool.connection(&key), None);

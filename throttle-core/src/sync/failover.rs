@@ -284,6 +284,7 @@ impl<K, B> Drop for RefreshGuard<'_, K, B> {
 mod tests {
     use super::*;
     use crate::failover::{AdminWriteGateway, ErrorKind, GrpcThrottle, Unlimited};
+    use crate::sync::WakeSignal;
     use crate::sync::test_support::{Executor, TestRuntime};
     use std::sync::Mutex as StdMutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -294,70 +295,79 @@ mod tests {
         rt
     }
 
+    /// A coordinator that moves: sends fail with `NotLeader` until a refresh has found the new
+    /// leader; the refresh itself ends only when the test opens `lookup`.
+    struct Cluster {
+        moved: std::sync::atomic::AtomicBool,
+        sends: AtomicUsize,
+        lookups: AtomicUsize,
+        lookup: WakeSignal,
+    }
+
+    impl Cluster {
+        fn send(&self, id: u32) -> impl Future<Output = Result<u32, ErrorKind>> + use<> {
+            self.sends.fetch_add(1, Ordering::SeqCst);
+            let reply = if self.moved.load(Ordering::SeqCst) {
+                Ok(id)
+            } else {
+                Err(ErrorKind::NotLeader)
+            };
+            core::future::ready(reply)
+        }
+
+        fn refresh(self: &Arc<Self>) -> impl Future<Output = bool> + use<> {
+            self.lookups.fetch_add(1, Ordering::SeqCst);
+            let (this, done) = (Arc::clone(self), self.lookup.changed(0));
+            async move {
+                done.await;
+                this.moved.store(true, Ordering::SeqCst);
+                true
+            }
+        }
+    }
+
+    fn admin_writes(
+        exec: &Executor,
+    ) -> FailoverExecutor<TestRuntime, AdminWriteGateway, Unlimited> {
+        FailoverExecutor::new(
+            runtime(exec),
+            AdminWriteGateway,
+            Unlimited,
+            CallConfig::default(),
+        )
+        .unwrap()
+    }
+
     #[test]
-    fn eight_concurrent_not_leader_failures_share_one_refresh_and_each_retry_once() {
+    fn concurrent_not_leader_failures_share_one_refresh_and_each_retry_once() {
         let mut exec = Executor::default();
-        let rt = runtime(&exec);
-        let fx =
-            FailoverExecutor::new(rt, AdminWriteGateway, Unlimited, CallConfig::default()).unwrap();
-        let leader_moved = Arc::new(AtomicUsize::new(0));
-        let sends = Arc::new(AtomicUsize::new(0));
-        let refreshes = Arc::new(AtomicUsize::new(0));
-        let results = Arc::new(StdMutex::new(alloc::vec::Vec::new()));
-        // The refresh stays pending until every call has failed and joined it.
-        let gate = oneshot::channel::<()>();
-        let gate_rx = Arc::new(StdMutex::new(Some(gate.1)));
-        for i in 0..8 {
-            let (fx, leader, sends, refreshes, results, gate_rx) = (
-                fx.clone(),
-                Arc::clone(&leader_moved),
-                Arc::clone(&sends),
-                Arc::clone(&refreshes),
-                Arc::clone(&results),
-                Arc::clone(&gate_rx),
-            );
+        let fx = admin_writes(&exec);
+        let cluster = Arc::new(Cluster {
+            moved: Default::default(),
+            sends: AtomicUsize::new(0),
+            lookups: AtomicUsize::new(0),
+            lookup: WakeSignal::new(),
+        });
+        let answered = Arc::new(AtomicUsize::new(0));
+        for id in 0..3 {
+            let (fx, c, answered) = (fx.clone(), Arc::clone(&cluster), Arc::clone(&answered));
             exec.spawn(async move {
-                let out = fx
-                    .call(
-                        || {
-                            sends.fetch_add(1, Ordering::SeqCst);
-                            let moved = leader.load(Ordering::SeqCst) == 1;
-                            async move {
-                                if moved {
-                                    Ok(i)
-                                } else {
-                                    Err(ErrorKind::NotLeader)
-                                }
-                            }
-                        },
-                        || {
-                            refreshes.fetch_add(1, Ordering::SeqCst);
-                            let rx = gate_rx.lock().unwrap().take();
-                            let leader = Arc::clone(&leader);
-                            async move {
-                                if let Some(rx) = rx {
-                                    let _ = rx.await;
-                                }
-                                leader.store(1, Ordering::SeqCst);
-                                true
-                            }
-                        },
-                    )
-                    .await;
-                results.lock().unwrap().push(out);
+                if fx.call(|| c.send(id), || c.refresh()).await == Ok(id) {
+                    answered.fetch_add(1, Ordering::SeqCst);
+                }
             });
         }
-        assert_eq!(exec.run_until_stalled(), 8, "all wait for the refresh");
-        assert_eq!(refreshes.load(Ordering::SeqCst), 1);
-        assert!(fx.is_refreshing());
-        gate.0.send(());
+        assert_eq!(exec.run_until_stalled(), 3, "all wait for the one refresh");
+        assert_eq!((fx.refresh_waiters(), fx.refreshes_started()), (3, 1));
+        cluster.lookup.notify();
         assert_eq!(exec.run_until_stalled(), 0);
-        assert_eq!(sends.load(Ordering::SeqCst), 16, "8 first sends, 8 retries");
-        assert_eq!(fx.refreshes_started(), 1);
-        let mut got: alloc::vec::Vec<_> =
-            results.lock().unwrap().iter().map(|r| r.unwrap()).collect();
-        got.sort_unstable();
-        assert_eq!(got, (0..8).collect::<alloc::vec::Vec<_>>());
+        assert_eq!(answered.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            cluster.sends.load(Ordering::SeqCst),
+            6,
+            "one send and one retry each"
+        );
+        assert_eq!(cluster.lookups.load(Ordering::SeqCst), 1);
     }
 
     #[test]
@@ -400,13 +410,7 @@ mod tests {
     #[test]
     fn a_cancelled_refresher_releases_its_joiners_as_failed_and_they_still_retry() {
         let mut exec = Executor::default();
-        let fx = FailoverExecutor::new(
-            runtime(&exec),
-            AdminWriteGateway,
-            Unlimited,
-            CallConfig::default(),
-        )
-        .unwrap();
+        let fx = admin_writes(&exec);
         let waker_count = crate::sync::test_support::CountingWaker::new();
         // The refresher: its refresh never ends; it is dropped mid-refresh.
         let attempts = Arc::new(AtomicUsize::new(0));
