@@ -28,12 +28,34 @@ impl Default for AsyncStdRuntime {
 }
 
 impl Runtime for AsyncStdRuntime {
+    fn spawn<F>(&self, future: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        // Dropping an async-std join handle detaches the task; it keeps running.
+        drop(async_std::task::spawn(future));
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + 'static {
+        AsyncStdRuntime::sleep_until(self, deadline)
+    }
+
     fn now(&self) -> Instant {
+        AsyncStdRuntime::now(self)
+    }
+}
+
+impl AsyncStdRuntime {
+    /// The current instant on the core timeline ([`Runtime::now`], callable without the
+    /// trait in scope).
+    pub fn now(&self) -> Instant {
         let elapsed = self.epoch.elapsed().as_nanos();
         Instant::from_nanos(u64::try_from(elapsed).unwrap_or(u64::MAX))
     }
 
-    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + 'static {
+    /// Resolves once [`now`](Self::now) reaches `deadline`, at once if it has passed
+    /// ([`Runtime::sleep_until`]). Cancel-safe.
+    pub fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + 'static {
         let rt = *self;
         async move {
             // The clock decides expiry, not the timer: sleep again for what is left. A deadline
@@ -46,14 +68,6 @@ impl Runtime for AsyncStdRuntime {
                 async_std::task::sleep(left).await;
             }
         }
-    }
-
-    fn spawn<F>(&self, future: F)
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        // Dropping an async-std join handle detaches the task; it keeps running.
-        drop(async_std::task::spawn(future));
     }
 }
 

@@ -36,25 +36,16 @@ impl TokioRuntime {
         }
     }
 
-    /// The tokio instant of a core instant (`None` beyond what tokio can represent).
-    fn tokio_instant(&self, at: Instant) -> Option<tokio::time::Instant> {
-        self.epoch.checked_add(Duration::from_nanos(at.as_nanos()))
-    }
-}
-
-impl Default for TokioRuntime {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Runtime for TokioRuntime {
-    fn now(&self) -> Instant {
+    /// The current instant on the core timeline ([`Runtime::now`], callable without the
+    /// trait in scope).
+    pub fn now(&self) -> Instant {
         let since = tokio::time::Instant::now().saturating_duration_since(self.epoch);
         Instant::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
     }
 
-    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + 'static {
+    /// Resolves once [`now`](Self::now) reaches `deadline`, at once if it has passed, never for
+    /// a deadline tokio cannot represent ([`Runtime::sleep_until`]). Cancel-safe.
+    pub fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + 'static {
         let rt = self.clone();
         async move {
             let Some(at) = rt.tokio_instant(deadline) else {
@@ -65,6 +56,30 @@ impl Runtime for TokioRuntime {
                 tokio::time::sleep_until(at).await;
             }
         }
+    }
+
+    /// The tokio instant of a core instant (`None` beyond what tokio can represent).
+    fn tokio_instant(&self, at: Instant) -> Option<tokio::time::Instant> {
+        self.epoch.checked_add(Duration::from_nanos(at.as_nanos()))
+    }
+}
+
+/// The adapter's earlier name: the runtime is the clock (`now`, `sleep_until`) too.
+pub type TokioClock = TokioRuntime;
+
+impl Default for TokioRuntime {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Runtime for TokioRuntime {
+    fn now(&self) -> Instant {
+        TokioRuntime::now(self)
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + 'static {
+        TokioRuntime::sleep_until(self, deadline)
     }
 
     fn spawn<F>(&self, future: F)
