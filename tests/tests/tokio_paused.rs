@@ -4,7 +4,7 @@
 use core::time::Duration;
 use std::hash::RandomState;
 
-use runtime_tokio::sync::{GateHandle, Runtime, WindowHandle};
+use runtime_tokio::sync::{GateHandle, WindowHandle};
 use runtime_tokio::{GateState, Instant, Signal, TokioRuntime, WindowConfig, WriteGateConfig};
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
