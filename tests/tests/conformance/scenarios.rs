@@ -114,8 +114,9 @@ pub async fn cancelled_waiter_leaves_the_line_and_the_next_one_gets_the_credit<H
         .await;
     }
     h.advance(5 * MS).await;
-    until(h, "a gave up", || window.waiting(&7) == 1).await;
+    until(h, "a gave up", || outcomes.lock().unwrap().len() == 1).await;
     assert_eq!(*outcomes.lock().unwrap(), [("a", false)]);
+    assert_eq!(window.waiting(&7), 1, "a left the line; b still waits");
     drop(held);
     until(h, "b served", || outcomes.lock().unwrap().len() == 2).await;
     assert_eq!(*outcomes.lock().unwrap(), [("a", false), ("b", true)]);
