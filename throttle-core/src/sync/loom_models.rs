@@ -242,3 +242,35 @@ fn wake_signal_racing_a_sleeper_rearms_its_timer_at_the_earlier_opening() {
         assert!(sleeper.as_mut().poll(&mut cx).is_ready());
     });
 }
+
+/// A one-shot send (a batch result, a refresh release) racing the receiver's first poll: the
+/// receiver either sees the value at once or is woken for it; a sender dropped instead
+/// resolves it to `Closed` the same way.
+#[test]
+fn oneshot_send_or_drop_racing_the_first_poll_loses_no_wakeup() {
+    for send in [true, false] {
+        loom::model(move || {
+            let (tx, mut rx) = super::oneshot::channel::<u32>();
+            let t = thread::spawn(move || {
+                if send {
+                    tx.send(7);
+                } else {
+                    drop(tx);
+                }
+            });
+            let (waker, count) = CountingWaker::new();
+            let first = poll_once(&mut rx, &waker);
+            if t.join().is_err() {
+                panic!("sender thread panicked");
+            }
+            let expected = if send { Ok(7) } else { Err(Closed) };
+            match first {
+                Poll::Ready(got) => assert_eq!(got, expected),
+                Poll::Pending => {
+                    assert_eq!(count.wakes(), 1, "lost wake-up");
+                    assert_eq!(poll_once(&mut rx, &waker), Poll::Ready(expected));
+                }
+            }
+        });
+    }
+}

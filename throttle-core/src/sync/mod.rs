@@ -11,6 +11,9 @@
 //! | [`WindowHandle`] | [`DispatchWindow`](crate::DispatchWindow) | a shard's credit ([`Permit`]), FIFO per shard |
 //! | [`PendingBytes`] | [`PendingBytesLimiter`](crate::PendingBytesLimiter) | admission of `n` bytes ([`BytesPermit`]), FIFO |
 //! | [`GateHandle`] | [`WriteGate`](crate::WriteGate) + two [`WakeSignal`]s | a bucket's opening ([`wait_until_open`](GateHandle::wait_until_open)), re-armed on every `Wake` |
+//! | [`BatchDriver`] | [`Batcher`](crate::Batcher) + a user [`Transport`] | an operation's result ([`Submit`]), batched rate-adaptively |
+//! | [`ConnPool`] | [`ConnTable`](crate::ConnTable) + a [`Connector`] | a connection ([`Lease`]); idle ones close at the table's deadlines |
+//! | [`FailoverExecutor`] | [`Call`](crate::Call), [`RefreshCoalescer`](crate::RefreshCoalescer), a [`RetryBudget`](crate::RetryBudget) | a request's end, with one coalesced refresh for concurrent failures |
 //! | [`WakeSignal`] + [`wait_until`] | any machine whose deadline can move earlier | its deadline, re-armed on every signal |
 //!
 //! Every handle follows the same rules:
@@ -30,9 +33,13 @@
 //! The loom models (`loom_models`, `cfg(loom)`) check the races; see
 //! `docs/sync.md` for the design and how to run them.
 
+mod batch;
+mod failover;
 mod gate;
 mod loom;
+mod oneshot;
 mod pending;
+mod pool;
 mod runtime;
 mod signal;
 mod window;
@@ -43,8 +50,11 @@ pub(crate) mod test_support;
 #[cfg(all(test, loom))]
 mod loom_models;
 
+pub use batch::{BatchDriver, BatchOutcome, OpError, Submit, Transport};
+pub use failover::{FailoverExecutor, Surfaced};
 pub use gate::GateHandle;
 pub use pending::{AcquireBytes, BytesPermit, PendingBytes};
+pub use pool::{ConnPool, Connector, Lease, PoolError};
 pub use runtime::{ManualClock, ManualSleep, Runtime};
 pub use signal::{Changed, WakeSignal, wait_until};
 pub use window::{Acquire, Permit, Released, TryAcquireError, WindowHandle};
@@ -84,5 +94,38 @@ where
     };
     let _wait = |rt: &R, signal: &WakeSignal| {
         send_value(&wait_until(rt, signal, |_| None));
+    };
+}
+
+/// The drivers' bounds: handles `Clone + Send + Sync`, leases and futures `Send`, for `Send`
+/// keys, operations, connections and closures.
+#[allow(dead_code)]
+fn assert_driver_bounds<R, T, C, Shard, Op, U, H, S, K, B>()
+where
+    R: Runtime,
+    T: Transport<Shard, Op>,
+    C: Connector<H>,
+    Shard: core::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    Op: Send + 'static,
+    U: core::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    H: core::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    S: core::hash::BuildHasher + Clone + Send + Sync + 'static,
+    K: crate::failover::ErrorClassifier<u32> + Send + Sync + 'static,
+    B: crate::RetryBudget + Send + 'static,
+{
+    fn handle<X: Clone + Send + Sync + 'static>() {}
+    fn send<X: Send + 'static>() {}
+    fn send_value<X: Send>(_: &X) {}
+    handle::<BatchDriver<R, T, Shard, Op, S>>();
+    send::<Submit<T::Output, T::Error>>();
+    handle::<ConnPool<R, C, U, H, S>>();
+    send::<Lease<R, C, U, H, S>>();
+    handle::<FailoverExecutor<R, K, B>>();
+    let _pool = |pool: &ConnPool<R, C, U, H, S>, key: &crate::ConnKey<U, H>| {
+        send_value(&pool.lease(key));
+        send_value(&pool.drive_timeouts());
+    };
+    let _call = |fx: &FailoverExecutor<R, K, B>| {
+        send_value(&fx.call(|| async { Ok::<u8, u32>(1) }, || async { true }));
     };
 }

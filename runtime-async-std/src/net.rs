@@ -1,0 +1,56 @@
+//! [`TcpConnector`]: the connection pool's connector over async-std's TCP.
+
+use core::future::Future;
+
+use std::io;
+
+use async_std::net::TcpStream;
+use throttle_core::sync::Connector;
+
+/// Opens an `async_std::net::TcpStream` to `host:port` (the host resolved by async-std) with `TCP_NODELAY` set,
+/// since pooled requests are small and latency-bound. Wrap it to add a handshake or a
+/// multiplexing client on top: the pool shares one connection between its leases.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TcpConnector;
+
+impl<H: AsRef<str>> Connector<H> for TcpConnector {
+    type Error = io::Error;
+    type Conn = TcpStream;
+
+    fn connect(
+        &self,
+        host: &H,
+        port: u16,
+    ) -> impl Future<Output = io::Result<TcpStream>> + Send + 'static {
+        let addr = format!("{}:{port}", host.as_ref());
+        async move {
+            let stream = TcpStream::connect(addr.as_str()).await?;
+            stream.set_nodelay(true)?;
+            Ok(stream)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_std::io::{ReadExt, WriteExt};
+    use async_std::net::TcpListener;
+
+    #[test]
+    fn connected_stream_reaches_the_listener_and_has_nodelay_set() {
+        async_std::task::block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let mut client = TcpConnector
+                .connect(&"127.0.0.1", addr.port())
+                .await
+                .unwrap();
+            let (mut server, _) = listener.accept().await.unwrap();
+            client.write_all(b"ping").await.unwrap();
+            let mut got = [0u8; 4];
+            server.read_exact(&mut got).await.unwrap();
+            assert_eq!((&got, client.nodelay().unwrap()), (b"ping", true));
+        });
+    }
+}

@@ -1,0 +1,95 @@
+//! [`AsyncStdRuntime`]: the core's runtime seam on async-std.
+
+use core::future::Future;
+
+use throttle_core::Instant;
+use throttle_core::sync::Runtime;
+
+/// The core timeline on the system's monotonic clock (nanoseconds since the runtime value was
+/// made), async-std's timer and executor. Cheap to clone (`Copy`); clones share the epoch.
+#[derive(Debug, Clone, Copy)]
+pub struct AsyncStdRuntime {
+    epoch: std::time::Instant,
+}
+
+impl AsyncStdRuntime {
+    /// A runtime whose epoch is now.
+    pub fn new() -> Self {
+        AsyncStdRuntime {
+            epoch: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for AsyncStdRuntime {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Runtime for AsyncStdRuntime {
+    fn spawn<F>(&self, future: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        // Dropping an async-std join handle detaches the task; it keeps running.
+        drop(async_std::task::spawn(future));
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + 'static {
+        AsyncStdRuntime::sleep_until(self, deadline)
+    }
+
+    fn now(&self) -> Instant {
+        AsyncStdRuntime::now(self)
+    }
+}
+
+impl AsyncStdRuntime {
+    /// The current instant on the core timeline ([`Runtime::now`], callable without the
+    /// trait in scope).
+    pub fn now(&self) -> Instant {
+        let elapsed = self.epoch.elapsed().as_nanos();
+        Instant::from_nanos(u64::try_from(elapsed).unwrap_or(u64::MAX))
+    }
+
+    /// Resolves once [`now`](Self::now) reaches `deadline`, at once if it has passed
+    /// ([`Runtime::sleep_until`]). Cancel-safe.
+    pub fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + 'static {
+        let rt = *self;
+        async move {
+            // The clock decides expiry, not the timer: sleep again for what is left. A deadline
+            // past what `std::time::Instant` can hold gives a timer that never fires.
+            loop {
+                let left = deadline.saturating_duration_since(rt.now());
+                if left.is_zero() {
+                    return;
+                }
+                async_std::task::sleep(left).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_passed_deadline_resolves_at_once_and_the_clock_never_runs_back() {
+        let rt = AsyncStdRuntime::new();
+        let before = rt.now();
+        async_std::task::block_on(rt.sleep_until(Instant::ZERO));
+        assert!(rt.now() >= before);
+    }
+
+    #[test]
+    fn spawned_tasks_run_on_the_async_std_executor() {
+        let rt = AsyncStdRuntime::new();
+        let (tx, rx) = std::sync::mpsc::channel();
+        rt.spawn(async move {
+            let _ = tx.send(7);
+        });
+        assert_eq!(rx.recv(), Ok(7));
+    }
+}

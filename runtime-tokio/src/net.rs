@@ -1,0 +1,44 @@
+//! [`TcpConnector`]: the connection pool's connector over tokio's TCP.
+
+use core::future::Future;
+
+use throttle_core::sync::Connector;
+use tokio::net::TcpStream;
+
+/// Opens a `tokio::net::TcpStream` to `host:port` (the host resolved by tokio) with `TCP_NODELAY` set,
+/// since pooled requests are small and latency-bound. Wrap it to add a handshake or a
+/// multiplexing client on top: the pool shares one connection between its leases.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TcpConnector;
+
+impl<H: AsRef<str>> Connector<H> for TcpConnector {
+    type Conn = TcpStream;
+    type Error = std::io::Error;
+
+    fn connect(
+        &self,
+        host: &H,
+        port: u16,
+    ) -> impl Future<Output = Result<TcpStream, std::io::Error>> + Send + 'static {
+        let host = host.as_ref().to_owned();
+        async move {
+            let stream = TcpStream::connect((host.as_str(), port)).await?;
+            stream.set_nodelay(true)?;
+            Ok(stream)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn connects_to_a_loopback_listener_with_nodelay() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stream = TcpConnector.connect(&"127.0.0.1", port).await.unwrap();
+        assert!(stream.nodelay().unwrap());
+        assert_eq!(stream.peer_addr().unwrap().port(), port);
+    }
+}

@@ -1,0 +1,601 @@
+//! [`BatchDriver`]: the rate-adaptive [`Batcher`] run as a task, for many submitters at once.
+//!
+//! `submit(shard, op)` puts the operation on the driver's input queue and returns a future of
+//! its result. The driver task (spawned on the runtime) drains the queue into the batcher and
+//! calls [`Batcher::flush`] once the queue is empty, so operations that arrive while a shard's
+//! window is exhausted join its parked batch: the batch size follows the server's rate. Each
+//! `Send` is carried out by a task that awaits the user's [`Transport`] and reports the batch's
+//! end back to the batcher (which releases the credit exactly once and may send the next
+//! batch). Results are handed to submitters through one-shot slots, after the lock is dropped.
+
+use alloc::collections::VecDeque;
+use alloc::sync::Arc as ErrArc;
+use alloc::vec::Vec;
+use core::fmt;
+use core::future::Future;
+use core::hash::{BuildHasher, Hash};
+use core::pin::Pin;
+use core::task::{Context, Poll, Waker};
+
+use super::loom::{Arc, Mutex, lock};
+use super::oneshot::{self, Receiver, Sender};
+use super::{Closed, Runtime};
+use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason};
+use crate::dispatch_window::CreditId;
+use crate::error::ConfigError;
+
+/// What a [`Transport`] answers for one batch: one result per operation by position, or the
+/// whole batch's error.
+pub type BatchOutcome<O, E> = Result<Vec<Result<O, E>>, E>;
+
+/// Sends a batch of operations to a shard: the user's side of a [`BatchDriver`].
+pub trait Transport<Shard, Op>: Send + Sync + 'static {
+    /// One operation's successful result.
+    type Output: Send + 'static;
+    /// An operation's error, or the whole batch's.
+    type Error: Send + Sync + 'static;
+
+    /// The operation's size, for write batches bounded by bytes (default 0: count only).
+    fn op_bytes(&self, op: &Op) -> u64 {
+        let _ = op;
+        0
+    }
+
+    /// Sends `ops` (in submission order) to `shard`. `Ok` holds one result per operation, by
+    /// position; operations past the end of the vector fail with [`OpError::NoResponse`]. An
+    /// `Err` fails every operation of the batch with [`OpError::Batch`]. The future must end
+    /// (time out) on its own: the batch's window credit is held until it does.
+    fn send(
+        &self,
+        shard: &Shard,
+        ops: Vec<Op>,
+    ) -> impl Future<Output = BatchOutcome<Self::Output, Self::Error>> + Send + 'static;
+}
+
+/// Why a submitted operation has no result.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpError<E> {
+    /// The transport's error for this operation.
+    #[error("operation failed")]
+    Op(E),
+    /// Its batch failed as a whole (the error is shared by the batch's operations).
+    #[error("batch failed")]
+    Batch(ErrArc<E>),
+    /// Its batch completed without a result for it.
+    #[error("no response for the operation")]
+    NoResponse,
+    /// The driver closed before the operation was sent.
+    #[error("driver closed")]
+    Closed,
+}
+
+impl<E> From<Closed> for OpError<E> {
+    fn from(_: Closed) -> Self {
+        OpError::Closed
+    }
+}
+
+type OpResult<T, Shard, Op> =
+    Result<<T as Transport<Shard, Op>>::Output, OpError<<T as Transport<Shard, Op>>::Error>>;
+
+struct OpSlot<T: Transport<Shard, Op>, Shard, Op> {
+    op: Option<Op>,
+    tx: Sender<OpResult<T, Shard, Op>>,
+}
+
+struct DriverState<T: Transport<Shard, Op>, Shard, Op, S> {
+    batcher: Batcher<Shard, usize, S>,
+    inbox: VecDeque<(Shard, usize, u64)>,
+    /// Submitted operations by slot (the batcher's handle `H` is the slot index).
+    slots: Vec<Option<OpSlot<T, Shard, Op>>>,
+    free: Vec<usize>,
+    driver: Option<Waker>,
+    closed: bool,
+}
+
+struct DriverShared<R, T: Transport<Shard, Op>, Shard, Op, S> {
+    rt: R,
+    transport: T,
+    state: Mutex<DriverState<T, Shard, Op, S>>,
+}
+
+/// What a critical section decided, carried out after the lock is dropped.
+struct Effects<T: Transport<Shard, Op>, Shard, Op> {
+    sends: Vec<(Shard, CreditId, Vec<Op>)>,
+    done: Vec<Done<T, Shard, Op>>,
+}
+
+/// A submitter's slot and the result to hand it.
+type Done<T, Shard, Op> = (Sender<OpResult<T, Shard, Op>>, OpResult<T, Shard, Op>);
+
+/// How the batch whose end is being reported ended.
+struct Ending<O, E> {
+    results: Vec<Option<Result<O, E>>>,
+    error: Option<ErrArc<E>>,
+}
+
+/// A batching driver over a [`Batcher`] and a user [`Transport`]. `Clone + Send + Sync`;
+/// clones submit to the same driver.
+///
+/// # Contract
+///
+/// - [`submit(shard, op)`](Self::submit) returns a [`Submit`] future of the operation's result.
+///   The operation is queued at once (not on first poll); dropping the future only discards the
+///   result.
+/// - Batching: the driver task drains the queue, then flushes: a shard with free credit sends
+///   its open batch at once; an exhausted shard's batch is parked and grows until a credit
+///   returns. At most `window.max_in_flight` batches per shard are in the transport.
+/// - [`close`](Self::close) fails every operation not yet sent (queued, open or parked) with
+///   [`OpError::Closed`], refuses later submits, and stops the driver task; batches already in
+///   the transport finish normally. Until `close`, the driver task lives on (it holds the
+///   driver), so close a driver you are done with.
+pub struct BatchDriver<R, T: Transport<Shard, Op>, Shard, Op, S> {
+    shared: Arc<DriverShared<R, T, Shard, Op, S>>,
+}
+
+impl<R, T: Transport<Shard, Op>, Shard, Op, S> Clone for BatchDriver<R, T, Shard, Op, S> {
+    fn clone(&self) -> Self {
+        BatchDriver {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<R, T: Transport<Shard, Op>, Shard, Op, S> fmt::Debug for BatchDriver<R, T, Shard, Op, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BatchDriver").finish_non_exhaustive()
+    }
+}
+
+/// The future of [`BatchDriver::submit`]: the operation's result. Cancel-safe (the operation
+/// still goes out; its result is dropped).
+#[must_use = "futures do nothing unless polled"]
+pub struct Submit<O, E> {
+    rx: Receiver<Result<O, OpError<E>>>,
+}
+
+impl<O, E> fmt::Debug for Submit<O, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Submit").finish_non_exhaustive()
+    }
+}
+
+impl<O, E> Future for Submit<O, E> {
+    type Output = Result<O, OpError<E>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|r| r.unwrap_or(Err(OpError::Closed)))
+    }
+}
+
+impl<R, T, Shard, Op, S> BatchDriver<R, T, Shard, Op, S>
+where
+    R: Runtime,
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone + Send + 'static,
+    Op: Send + 'static,
+    S: BuildHasher + Clone + Send + 'static,
+{
+    /// A driver batching with `cfg` (hasher `S::default()`), sending through `transport`; its
+    /// task is spawned on `rt`. Refuses an invalid config.
+    pub fn new(rt: R, transport: T, cfg: BatcherConfig) -> Result<Self, ConfigError>
+    where
+        S: Default,
+    {
+        Self::with_hasher(rt, transport, cfg, S::default())
+    }
+
+    /// As [`new`](Self::new), hashing shard keys with `hasher`.
+    pub fn with_hasher(
+        rt: R,
+        transport: T,
+        cfg: BatcherConfig,
+        hasher: S,
+    ) -> Result<Self, ConfigError> {
+        let driver = BatchDriver {
+            shared: Arc::new(DriverShared {
+                rt,
+                transport,
+                state: Mutex::new(DriverState {
+                    batcher: Batcher::with_hasher(cfg, hasher)?,
+                    inbox: VecDeque::new(),
+                    slots: Vec::new(),
+                    free: Vec::new(),
+                    driver: None,
+                    closed: false,
+                }),
+            }),
+        };
+        let task = driver.clone();
+        driver.shared.rt.spawn(async move { task.run().await });
+        Ok(driver)
+    }
+
+    /// Queues `op` for `shard`; the future resolves with its result (see the contract).
+    pub fn submit(&self, shard: Shard, op: Op) -> Submit<T::Output, T::Error> {
+        let bytes = self.shared.transport.op_bytes(&op);
+        let (tx, rx) = oneshot::channel();
+        let waker = {
+            let mut st = lock(&self.shared.state);
+            if st.closed {
+                drop(st);
+                tx.send(Err(OpError::Closed));
+                return Submit { rx };
+            }
+            let slot = OpSlot { op: Some(op), tx };
+            let index = match st.free.pop() {
+                Some(i) => {
+                    if let Some(s) = st.slots.get_mut(i) {
+                        *s = Some(slot);
+                    }
+                    i
+                }
+                None => {
+                    st.slots.push(Some(slot));
+                    st.slots.len() - 1
+                }
+            };
+            st.inbox.push_back((shard, index, bytes));
+            st.driver.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Submit { rx }
+    }
+
+    /// Fails every operation not yet sent with [`OpError::Closed`], refuses later submits and
+    /// stops the driver task. Batches in the transport finish normally. Idempotent.
+    pub fn close(&self) {
+        let (effects, waker) = {
+            let mut guard = lock(&self.shared.state);
+            let st = &mut *guard;
+            st.closed = true;
+            let mut effects = Effects::new();
+            while let Some((_, index, _)) = st.inbox.pop_front() {
+                if let Some(slot) = take_slot(st, index) {
+                    effects.done.push((slot.tx, Err(OpError::Closed)));
+                }
+            }
+            st.batcher.fail_all();
+            drain(st, &mut effects, None);
+            (effects, st.driver.take())
+        };
+        self.apply(effects);
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.shared.state).closed
+    }
+
+    /// Batches of `shard` in the transport now (at most the window's capacity).
+    pub fn in_flight(&self, shard: &Shard) -> u32 {
+        lock(&self.shared.state).batcher.window().in_flight(shard)
+    }
+
+    /// Operations of `shard` waiting in its open (or parked) batch.
+    pub fn open_ops(&self, shard: &Shard) -> usize {
+        lock(&self.shared.state).batcher.open_ops(shard)
+    }
+
+    /// Operations submitted and not yet sent, queued for the driver task.
+    pub fn queued(&self) -> usize {
+        lock(&self.shared.state).inbox.len()
+    }
+
+    /// The driver task: drain the input queue, flush when it is empty, sleep until a submit.
+    async fn run(self) {
+        core::future::poll_fn(|cx| {
+            loop {
+                let (effects, stop) = {
+                    let mut guard = lock(&self.shared.state);
+                    let st = &mut *guard;
+                    if st.closed {
+                        (None, true)
+                    } else if st.inbox.is_empty() {
+                        if !st.driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                            st.driver = Some(cx.waker().clone());
+                        }
+                        (None, false)
+                    } else {
+                        let now = self.shared.rt.now();
+                        let mut effects = Effects::new();
+                        while let Some((shard, index, bytes)) = st.inbox.pop_front() {
+                            if let Err(refused) = st.batcher.handle_op(now, shard, index, bytes)
+                                && let Some(slot) = take_slot(st, refused.into_handle())
+                            {
+                                effects.done.push((slot.tx, Err(OpError::Closed)));
+                            }
+                        }
+                        // The input queue is empty: the rate-adaptive flush.
+                        st.batcher.flush(now);
+                        drain(st, &mut effects, None);
+                        (Some(effects), false)
+                    }
+                };
+                match effects {
+                    Some(effects) => self.apply(effects),
+                    None if stop => return Poll::Ready(()),
+                    None => return Poll::Pending,
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Carries out a critical section's decisions: results to submitters, batches to the
+    /// transport (each in its own task, which reports the batch's end).
+    fn apply(&self, effects: Effects<T, Shard, Op>) {
+        for (tx, result) in effects.done {
+            tx.send(result);
+        }
+        for (shard, credit, ops) in effects.sends {
+            let sending = self.shared.transport.send(&shard, ops);
+            let driver = self.clone();
+            self.shared.rt.spawn(async move {
+                let outcome = sending.await;
+                driver.finish(credit, outcome);
+            });
+        }
+    }
+
+    fn finish(&self, credit: CreditId, outcome: BatchOutcome<T::Output, T::Error>) {
+        let effects = {
+            let mut guard = lock(&self.shared.state);
+            let st = &mut *guard;
+            let now = self.shared.rt.now();
+            let mut effects = Effects::new();
+            let mut ending = Ending {
+                results: Vec::new(),
+                error: None,
+            };
+            let released = match outcome {
+                Ok(results) => {
+                    let n = results.len();
+                    ending.results = results.into_iter().map(Some).collect();
+                    st.batcher.handle_response(now, credit, 0..n)
+                }
+                Err(e) => {
+                    ending.error = Some(ErrArc::new(e));
+                    st.batcher.handle_failure(now, credit)
+                }
+            };
+            // An unknown credit cannot come back here (each send task reports once).
+            let _ = released;
+            drain(st, &mut effects, Some(&mut ending));
+            effects
+        };
+        self.apply(effects);
+    }
+}
+
+impl<T: Transport<Shard, Op>, Shard, Op> Effects<T, Shard, Op> {
+    fn new() -> Self {
+        Effects {
+            sends: Vec::new(),
+            done: Vec::new(),
+        }
+    }
+}
+
+fn take_slot<T, Shard, Op, S>(
+    st: &mut DriverState<T, Shard, Op, S>,
+    index: usize,
+) -> Option<OpSlot<T, Shard, Op>>
+where
+    T: Transport<Shard, Op>,
+{
+    let slot = st.slots.get_mut(index)?.take()?;
+    st.free.push(index);
+    Some(slot)
+}
+
+/// Drains the batcher's actions into effects; `ending` holds the reported batch's results.
+fn drain<T, Shard, Op, S>(
+    st: &mut DriverState<T, Shard, Op, S>,
+    effects: &mut Effects<T, Shard, Op>,
+    mut ending: Option<&mut Ending<T::Output, T::Error>>,
+) where
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    while let Some(action) = st.batcher.poll_action() {
+        match action {
+            BatchAction::Send { shard, credit } => {
+                let handles: Vec<usize> = st
+                    .batcher
+                    .batch(credit)
+                    .map(|b| b.ops().to_vec())
+                    .unwrap_or_default();
+                let ops = handles
+                    .into_iter()
+                    .filter_map(|h| st.slots.get_mut(h)?.as_mut()?.op.take())
+                    .collect();
+                effects.sends.push((shard, credit, ops));
+            }
+            BatchAction::Deliver { handle, position } => {
+                let result = ending
+                    .as_mut()
+                    .and_then(|e| e.results.get_mut(position)?.take());
+                if let Some(slot) = take_slot(st, handle) {
+                    let result = match result {
+                        Some(Ok(value)) => Ok(value),
+                        Some(Err(e)) => Err(OpError::Op(e)),
+                        None => Err(OpError::NoResponse),
+                    };
+                    effects.done.push((slot.tx, result));
+                }
+            }
+            BatchAction::Fail { handle, reason } => {
+                if let Some(slot) = take_slot(st, handle) {
+                    let error = match (reason, ending.as_ref().and_then(|e| e.error.clone())) {
+                        (FailReason::BatchFailed, Some(e)) => OpError::Batch(e),
+                        (FailReason::Closed, _) => OpError::Closed,
+                        _ => OpError::NoResponse,
+                    };
+                    effects.done.push((slot.tx, Err(error)));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::WindowConfig;
+    use crate::sync::test_support::{Executor, TestRuntime};
+    use std::hash::RandomState;
+    use std::sync::Mutex as StdMutex;
+
+    type Reply = Sender<BatchOutcome<u32, &'static str>>;
+    type Sent = Vec<(u8, Vec<u32>, Reply)>;
+
+    /// Holds every sent batch until the test answers it.
+    #[derive(Clone, Default)]
+    struct Held(Arc<StdMutex<Sent>>);
+
+    impl Transport<u8, u32> for Held {
+        type Output = u32;
+        type Error = &'static str;
+        fn send(
+            &self,
+            shard: &u8,
+            ops: Vec<u32>,
+        ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
+            let (tx, rx) = oneshot::channel();
+            self.0.lock().unwrap().push((*shard, ops, tx));
+            async move { rx.await.unwrap_or(Err("dropped")) }
+        }
+    }
+
+    impl Held {
+        fn take(&self) -> Sent {
+            core::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+
+    type Results = Arc<StdMutex<Vec<(u32, Result<u32, OpError<&'static str>>)>>>;
+
+    fn setup(
+        window: u32,
+    ) -> (
+        Executor,
+        BatchDriver<TestRuntime, Held, u8, u32, RandomState>,
+        Held,
+        Results,
+    ) {
+        let exec = Executor::default();
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(exec.spawner());
+        let held = Held::default();
+        let cfg =
+            BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(window));
+        let driver = BatchDriver::new(rt, held.clone(), cfg).unwrap();
+        (exec, driver, held, Arc::new(StdMutex::new(Vec::new())))
+    }
+
+    fn submit(
+        exec: &Executor,
+        d: &BatchDriver<TestRuntime, Held, u8, u32, RandomState>,
+        out: &Results,
+        op: u32,
+    ) {
+        let (fut, out) = (d.submit(1, op), Arc::clone(out));
+        exec.spawn(async move {
+            let r = fut.await;
+            out.lock().unwrap().push((op, r));
+        });
+    }
+
+    #[test]
+    fn operations_arriving_while_the_window_is_exhausted_ride_one_later_batch() {
+        let (mut exec, driver, held, out) = setup(1);
+        submit(&exec, &driver, &out, 10);
+        exec.run_until_stalled();
+        let first = held.take();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].1, [10]);
+        for op in 11..15 {
+            submit(&exec, &driver, &out, op);
+        }
+        exec.run_until_stalled();
+        assert!(
+            held.take().is_empty(),
+            "the window of 1 is full: nothing else sent"
+        );
+        assert_eq!((driver.in_flight(&1), driver.open_ops(&1)), (1, 4));
+        let (_, _, reply) = first.into_iter().next().unwrap();
+        reply.send(Ok(alloc::vec![Ok(100)]));
+        exec.run_until_stalled();
+        let second = held.take();
+        assert_eq!(second.len(), 1);
+        assert_eq!(
+            second[0].1,
+            [11, 12, 13, 14],
+            "the parked batch grew to four"
+        );
+        let (_, _, reply) = second.into_iter().next().unwrap();
+        reply.send(Ok(alloc::vec![Ok(111), Err("nope"), Ok(113)]));
+        exec.run_until_stalled();
+        let mut got = core::mem::take(&mut *out.lock().unwrap());
+        got.sort_by_key(|(op, _)| *op);
+        assert!(matches!(got[0], (10, Ok(100))));
+        assert!(matches!(got[1], (11, Ok(111))));
+        assert!(matches!(got[2], (12, Err(OpError::Op("nope")))));
+        assert!(matches!(got[3], (13, Ok(113))));
+        assert!(matches!(got[4], (14, Err(OpError::NoResponse))));
+    }
+
+    #[test]
+    fn a_failed_batch_fails_each_of_its_operations_with_the_shared_error() {
+        let (mut exec, driver, held, out) = setup(1);
+        submit(&exec, &driver, &out, 1);
+        submit(&exec, &driver, &out, 2);
+        exec.run_until_stalled();
+        let (_, ops, reply) = held.take().into_iter().next().unwrap();
+        assert_eq!(ops, [1, 2], "queued together: one batch");
+        reply.send(Err("broken pipe"));
+        exec.run_until_stalled();
+        let got = out.lock().unwrap();
+        assert_eq!(got.len(), 2);
+        assert!(
+            got.iter()
+                .all(|(_, r)| matches!(r, Err(OpError::Batch(e)) if **e == "broken pipe"))
+        );
+        assert_eq!(driver.in_flight(&1), 0, "the credit came back");
+    }
+
+    #[test]
+    fn close_fails_held_operations_lets_in_flight_ones_finish_and_refuses_new_ones() {
+        let (mut exec, driver, held, out) = setup(1);
+        submit(&exec, &driver, &out, 1);
+        exec.run_until_stalled();
+        submit(&exec, &driver, &out, 2); // parked behind the full window
+        exec.run_until_stalled();
+        submit(&exec, &driver, &out, 3); // still in the input queue
+        driver.close();
+        submit(&exec, &driver, &out, 4); // refused
+        exec.run_until_stalled();
+        let (_, _, reply) = held.take().into_iter().next().unwrap();
+        reply.send(Ok(alloc::vec![Ok(7)]));
+        assert_eq!(exec.run_until_stalled(), 0, "the driver task stopped");
+        let mut got = core::mem::take(&mut *out.lock().unwrap());
+        got.sort_by_key(|(op, _)| *op);
+        assert!(matches!(got[0], (1, Ok(7))));
+        assert!(
+            got[1..]
+                .iter()
+                .all(|(_, r)| matches!(r, Err(OpError::Closed)))
+        );
+        assert!(held.take().is_empty(), "nothing sent after close");
+    }
+}

@@ -1,0 +1,572 @@
+//! [`ConnPool`]: connections keyed by `(uid, host, port)` over a [`ConnTable`], shared by many
+//! tasks, with idle eviction from the table's deadlines and the table's connect backoff.
+//!
+//! The table decides (`route`, under the lock); the pool carries the decisions out after the
+//! lock is dropped: an `Open` becomes a connect task spawned on the runtime (so a cancelled
+//! leaser never strands a connection in `Connecting`), a `Close` drops the pool's handle to the
+//! connection. Leasers of a connecting endpoint sleep on a [`WakeSignal`] notified when any
+//! connect ends, reading its epoch before routing (the same rule as [`wait_until`]).
+
+use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
+use core::fmt;
+use core::future::Future;
+use core::hash::{BuildHasher, Hash};
+use core::ops::Deref;
+
+use super::failover::random_seed;
+use super::loom::{Arc, Mutex, MutexGuard, lock};
+use super::oneshot;
+use super::{Runtime, WakeSignal, wait_until};
+use crate::conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, Route};
+use crate::error::ConfigError;
+use crate::rng::SplitMix64;
+use crate::time::Instant;
+
+/// Opens a connection to `host:port`. The runtime adapters provide a TCP one; a client wraps
+/// its own protocol handshake the same way.
+pub trait Connector<H>: Send + Sync + 'static {
+    /// The connection. Shared by every request routed to its endpoint (the pool hands out
+    /// `&Conn` through [`Lease`]), so it is typically a multiplexed client.
+    type Conn: Send + Sync + 'static;
+    /// Why a connect failed.
+    type Error: Send + 'static;
+
+    /// Connects to `host:port`. The future owns what it needs (`'static`).
+    fn connect(
+        &self,
+        host: &H,
+        port: u16,
+    ) -> impl Future<Output = Result<Self::Conn, Self::Error>> + Send + 'static;
+}
+
+/// Why [`ConnPool::lease`] gave no connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolError<E> {
+    /// This lease's connect failed; the endpoint now backs off.
+    #[error("connect failed")]
+    Connect(E),
+    /// The endpoint's last connect failed; lease again at `until`.
+    #[error("endpoint in connect backoff")]
+    Backoff {
+        /// When the endpoint's backoff ends (runtime clock).
+        until: Instant,
+    },
+    /// The table ran out of connection ids (see [`Route::Exhausted`]); build a new pool.
+    #[error("connection ids exhausted")]
+    Exhausted,
+    /// The pool was closed.
+    #[error("pool closed")]
+    Closed,
+}
+
+struct PoolState<U, H, S, T> {
+    table: ConnTable<U, H, S>,
+    conns: BTreeMap<ConnId, Arc<T>>,
+    rng: SplitMix64,
+    closed: bool,
+}
+
+struct PoolShared<R, C: Connector<H>, U, H, S> {
+    rt: R,
+    connector: C,
+    state: Mutex<PoolState<U, H, S, C::Conn>>,
+    /// Notified when a connect ends (either way): leasers of a connecting endpoint re-route.
+    connected: WakeSignal,
+    /// Notified when an input moves the table's `poll_timeout` earlier: the timer loop re-arms.
+    timer: WakeSignal,
+}
+
+/// A pool of connections keyed by [`ConnKey`] `(uid, host, port)`, over a [`ConnTable`].
+/// `Clone + Send + Sync`; clones share the table.
+///
+/// # Contract
+///
+/// - [`lease(key)`](Self::lease) routes the key: an existing connection is leased at once; a
+///   new one is connected by a task spawned on the runtime (concurrent leasers of the same
+///   endpoint wait for it); an endpoint in connect backoff is refused with
+///   [`PoolError::Backoff`]. The leaser whose connect failed gets [`PoolError::Connect`].
+/// - A [`Lease`] counts one request in flight on its connection until it is dropped (or
+///   [`Lease::broken`] reports the connection dead); a connection with nothing in flight closes
+///   after the table's `max_idle`.
+/// - [`drive_timeouts`](Self::drive_timeouts) is the pool's timer loop (the table's
+///   `poll_timeout` → sleep → `handle_timeout`; each `Close` drops the pool's handle to the
+///   connection). Spawn it once per pool; without it idle connections are never closed.
+///   Expiry is decided by the table against the runtime's clock, never by the timer firing.
+pub struct ConnPool<R, C: Connector<H>, U, H, S> {
+    shared: Arc<PoolShared<R, C, U, H, S>>,
+}
+
+impl<R, C: Connector<H>, U, H, S> Clone for ConnPool<R, C, U, H, S> {
+    fn clone(&self) -> Self {
+        ConnPool {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<R, C: Connector<H>, U, H, S> fmt::Debug for ConnPool<R, C, U, H, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnPool").finish_non_exhaustive()
+    }
+}
+
+enum Step<T> {
+    Leased(ConnId, Arc<T>),
+    AwaitConnect,
+    Connect(ConnId),
+    Err(PoolError<()>),
+}
+
+impl<R, C, U, H, S> ConnPool<R, C, U, H, S>
+where
+    R: Runtime,
+    C: Connector<H>,
+    U: Hash + Eq + Clone + Send + 'static,
+    H: Hash + Eq + Clone + Send + 'static,
+    S: BuildHasher + Clone + Send + 'static,
+{
+    /// A pool connecting with `connector`, hashing keys with `S::default()`; refuses an
+    /// invalid `cfg`.
+    pub fn new(rt: R, connector: C, cfg: ConnConfig) -> Result<Self, ConfigError>
+    where
+        S: Default,
+    {
+        Self::with_hasher(rt, connector, cfg, S::default())
+    }
+
+    /// A pool hashing keys with `hasher`.
+    pub fn with_hasher(
+        rt: R,
+        connector: C,
+        cfg: ConnConfig,
+        hasher: S,
+    ) -> Result<Self, ConfigError> {
+        Ok(ConnPool {
+            shared: Arc::new(PoolShared {
+                rt,
+                connector,
+                state: Mutex::new(PoolState {
+                    table: ConnTable::with_hasher(cfg, hasher)?,
+                    conns: BTreeMap::new(),
+                    rng: SplitMix64::new(random_seed()),
+                    closed: false,
+                }),
+                connected: WakeSignal::new(),
+                timer: WakeSignal::new(),
+            }),
+        })
+    }
+
+    /// Restarts the connect-backoff jitter from `seed` (tests; the default seed is random).
+    pub fn reseed(&self, seed: u64) {
+        lock(&self.shared.state).rng = SplitMix64::new(seed);
+    }
+
+    /// A connection to `key`, leased until the [`Lease`] is dropped. Cancel-safe: a connect
+    /// already started finishes in its own task.
+    pub async fn lease(
+        &self,
+        key: &ConnKey<U, H>,
+    ) -> Result<Lease<R, C, U, H, S>, PoolError<C::Error>> {
+        loop {
+            // Read the epoch before routing, so a connect ending in between is not missed.
+            let epoch = self.shared.connected.epoch();
+            let step = self.shared.update(|st, now| {
+                if st.closed {
+                    return Step::Err(PoolError::Closed);
+                }
+                match st.table.route(now, key) {
+                    Route::Use(id) => match st.conns.get(&id) {
+                        Some(conn) => match st.table.handle_send(now, id) {
+                            Ok(()) => Step::Leased(id, Arc::clone(conn)),
+                            Err(_) => Step::AwaitConnect, // unreachable: it is live
+                        },
+                        None => Step::AwaitConnect,
+                    },
+                    Route::Open(id, _) => Step::Connect(id),
+                    Route::Wait { until } => Step::Err(PoolError::Backoff { until }),
+                    _ => Step::Err(PoolError::Exhausted),
+                }
+            });
+            match step {
+                Step::Leased(id, conn) => {
+                    return Ok(Lease {
+                        conn,
+                        id,
+                        pool: self.clone(),
+                        finish: PoolShared::<R, C, U, H, S>::finish_lease,
+                        live: true,
+                    });
+                }
+                Step::AwaitConnect => self.shared.connected.changed(epoch).await,
+                Step::Connect(id) => {
+                    let (tx, rx) = oneshot::channel();
+                    let connect = self.shared.connector.connect(&key.host, key.port);
+                    let pool = self.clone();
+                    self.shared.rt.spawn(async move {
+                        let result = connect.await;
+                        let failed = pool.shared.finish_connect(id, result);
+                        if let Some(e) = failed {
+                            tx.send(e);
+                        }
+                    });
+                    if let Ok(error) = rx.await {
+                        return Err(PoolError::Connect(error));
+                    }
+                }
+                Step::Err(e) => {
+                    return Err(match e {
+                        PoolError::Backoff { until } => PoolError::Backoff { until },
+                        PoolError::Closed => PoolError::Closed,
+                        _ => PoolError::Exhausted,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The pool's timer loop: closes idle connections and forgets old backoffs at the table's
+    /// deadlines, forever. Spawn it once per pool (drop the task to stop it).
+    pub async fn drive_timeouts(&self) {
+        loop {
+            wait_until(&self.shared.rt, &self.shared.timer, |now| {
+                match lock(&self.shared.state).table.poll_timeout() {
+                    Some(at) if at <= now => None,
+                    Some(at) => Some(at),
+                    None => Some(Instant::MAX),
+                }
+            })
+            .await;
+            self.shared.update(|st, now| st.table.handle_timeout(now));
+        }
+    }
+
+    /// Closes every connection of server `uid` (it left the cluster); returns how many.
+    pub fn disconnect(&self, uid: &U) -> usize {
+        self.shared.update(|st, now| st.table.disconnect(now, uid))
+    }
+
+    /// Refuses later leases and drops the pool's handles to every connection (leased ones stay
+    /// open until their leases end). Idempotent.
+    pub fn close(&self) {
+        let conns = {
+            let mut st = lock(&self.shared.state);
+            st.closed = true;
+            core::mem::take(&mut st.conns)
+        };
+        drop(conns);
+        self.shared.connected.notify();
+    }
+
+    /// Live connections (connecting or connected).
+    pub fn len(&self) -> usize {
+        lock(&self.shared.state).table.len()
+    }
+
+    /// Whether no connection is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The live connection of `key`, if any.
+    pub fn connection(&self, key: &ConnKey<U, H>) -> Option<ConnId> {
+        lock(&self.shared.state).table.connection(key)
+    }
+
+    /// Leases in flight on `conn` (`None` if it is closed).
+    pub fn in_flight(&self, conn: ConnId) -> Option<u64> {
+        lock(&self.shared.state).table.in_flight(conn)
+    }
+
+    /// When `conn` closes for idleness if nothing happens (`None` while leased or closed).
+    pub fn idle_deadline(&self, conn: ConnId) -> Option<Instant> {
+        lock(&self.shared.state).table.idle_deadline(conn)
+    }
+}
+
+impl<R, C, U, H, S> PoolShared<R, C, U, H, S>
+where
+    R: Runtime,
+    C: Connector<H>,
+    U: Hash + Eq + Clone,
+    H: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    /// Runs `input` on the table under the lock, drains its `Close` actions (the connections
+    /// are dropped after unlock) and re-arms the timer loop if its deadline moved earlier.
+    fn update<T>(&self, input: impl FnOnce(&mut PoolState<U, H, S, C::Conn>, Instant) -> T) -> T {
+        let (out, closed, earlier) = {
+            let mut st: MutexGuard<'_, PoolState<U, H, S, C::Conn>> = lock(&self.state);
+            let before = st.table.poll_timeout();
+            let out = input(&mut st, self.rt.now());
+            let mut closed = Vec::new();
+            while let Some(action) = st.table.poll_action() {
+                match action {
+                    ConnAction::Close(id) => closed.extend(st.conns.remove(&id)),
+                }
+            }
+            let earlier = match (before, st.table.poll_timeout()) {
+                (Some(b), Some(a)) => a < b,
+                (None, Some(_)) => true,
+                _ => false,
+            };
+            (out, closed, earlier)
+        };
+        drop(closed);
+        if earlier {
+            self.timer.notify();
+        }
+        out
+    }
+
+    /// Reports a connect's end to the table; returns the error for the leaser that opened it.
+    fn finish_connect(&self, id: ConnId, result: Result<C::Conn, C::Error>) -> Option<C::Error> {
+        let (failed, stale) = self.update(|st, now| match result {
+            Ok(conn) => {
+                if !st.closed && st.table.handle_connected(now, id) {
+                    st.conns.insert(id, Arc::new(conn));
+                    (None, None)
+                } else {
+                    // Closed meanwhile (idle, disconnected, pool closed): drop it.
+                    (None, Some(conn))
+                }
+            }
+            Err(e) => {
+                let st = &mut *st;
+                let _ = st.table.handle_connect_failed(now, id, &mut st.rng);
+                (Some(e), None)
+            }
+        });
+        drop(stale);
+        self.connected.notify();
+        failed
+    }
+
+    /// A lease's end, as a plain `fn` the lease stores (see `Lease::finish`).
+    fn finish_lease(pool: &ConnPool<R, C, U, H, S>, id: ConnId, broken: bool) {
+        pool.shared.finish(id, broken);
+    }
+
+    fn finish(&self, id: ConnId, broken: bool) {
+        let dropped = self.update(|st, now| {
+            if broken {
+                st.table.handle_closed(now, id);
+                st.conns.remove(&id)
+            } else {
+                let _ = st.table.handle_finished(now, id);
+                None
+            }
+        });
+        drop(dropped);
+    }
+}
+
+/// One request's use of a pooled connection: derefs to the connection; counts as in flight
+/// until dropped. `Send` (and `Sync`) for `Send + Sync` connections; not `Clone`.
+#[must_use = "a lease holds its connection busy until dropped"]
+pub struct Lease<R, C: Connector<H>, U, H, S> {
+    conn: Arc<C::Conn>,
+    id: ConnId,
+    pool: ConnPool<R, C, U, H, S>,
+    /// `PoolShared::finish` for this pool's types, taken where their bounds hold, so the
+    /// lease's `Drop` needs none.
+    finish: FinishFn<R, C, U, H, S>,
+    live: bool,
+}
+
+type FinishFn<R, C, U, H, S> = fn(&ConnPool<R, C, U, H, S>, ConnId, bool);
+
+impl<R, C: Connector<H>, U, H, S> Lease<R, C, U, H, S> {
+    /// The connection's id in the pool's table.
+    pub fn id(&self) -> ConnId {
+        self.id
+    }
+
+    /// Reports the connection dead (an I/O error): the pool forgets it, and the next lease of
+    /// its endpoint reconnects at once.
+    pub fn broken(mut self) {
+        self.live = false;
+        (self.finish)(&self.pool, self.id, true);
+    }
+}
+
+impl<R, C: Connector<H>, U, H, S> Deref for Lease<R, C, U, H, S> {
+    type Target = C::Conn;
+    fn deref(&self) -> &C::Conn {
+        &self.conn
+    }
+}
+
+impl<R, C: Connector<H>, U, H, S> Drop for Lease<R, C, U, H, S> {
+    fn drop(&mut self) {
+        if core::mem::replace(&mut self.live, false) {
+            (self.finish)(&self.pool, self.id, false);
+        }
+    }
+}
+
+impl<R, C: Connector<H>, U, H, S> fmt::Debug for Lease<R, C, U, H, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::sync::test_support::{Executor, TestRuntime};
+    use core::time::Duration;
+    use std::hash::RandomState;
+    use std::sync::Mutex as StdMutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Connects at once (or fails for port 0); counts live connections through `Drop`.
+    struct Fake {
+        connects: Arc<AtomicUsize>,
+        live: Arc<AtomicUsize>,
+    }
+    struct FakeConn(Arc<AtomicUsize>);
+    impl Drop for FakeConn {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    impl Connector<u32> for Fake {
+        type Conn = FakeConn;
+        type Error = &'static str;
+        fn connect(
+            &self,
+            _host: &u32,
+            port: u16,
+        ) -> impl Future<Output = Result<FakeConn, &'static str>> + Send + 'static {
+            self.connects.fetch_add(1, Ordering::SeqCst);
+            let live = Arc::clone(&self.live);
+            async move {
+                if port == 0 {
+                    return Err("refused");
+                }
+                live.fetch_add(1, Ordering::SeqCst);
+                Ok(FakeConn(live))
+            }
+        }
+    }
+
+    type Pool = ConnPool<TestRuntime, Fake, u32, u32, RandomState>;
+
+    fn pool(exec: &Executor) -> (Pool, TestRuntime, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(exec.spawner());
+        let (connects, live) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let fake = Fake {
+            connects: Arc::clone(&connects),
+            live: Arc::clone(&live),
+        };
+        let cfg = ConnConfig::default().with_max_idle(Duration::from_secs(10));
+        (
+            Pool::new(rt.clone(), fake, cfg).unwrap(),
+            rt,
+            connects,
+            live,
+        )
+    }
+
+    #[test]
+    fn concurrent_leases_of_one_endpoint_share_one_connect_and_idle_close_after_max_idle() {
+        let mut exec = Executor::default();
+        let (pool, rt, connects, live) = pool(&exec);
+        let key = ConnKey::new(0, 10_001, 9123);
+        let ids = Arc::new(StdMutex::new(Vec::new()));
+        for _ in 0..3 {
+            let (p, ids) = (pool.clone(), Arc::clone(&ids));
+            exec.spawn(async move {
+                let lease = p.lease(&key).await.unwrap();
+                ids.lock().unwrap().push(lease.id());
+            });
+        }
+        let p = pool.clone();
+        exec.spawn(async move { p.drive_timeouts().await });
+        assert_eq!(exec.run_until_stalled(), 1, "only the timer loop is left");
+        assert_eq!(connects.load(Ordering::SeqCst), 1);
+        let ids = ids.lock().unwrap().clone();
+        assert!(ids.len() == 3 && ids.iter().all(|id| *id == ids[0]));
+        assert_eq!((pool.len(), live.load(Ordering::SeqCst)), (1, 1));
+        rt.clock.advance(Duration::from_millis(9_999));
+        exec.run_until_stalled();
+        assert_eq!(pool.len(), 1, "1 ms before max_idle: still open");
+        rt.clock.advance(Duration::from_millis(1));
+        exec.run_until_stalled();
+        assert_eq!(
+            (pool.len(), live.load(Ordering::SeqCst)),
+            (0, 0),
+            "closed and dropped"
+        );
+    }
+
+    #[test]
+    fn a_held_lease_keeps_its_connection_open_past_max_idle() {
+        let mut exec = Executor::default();
+        let (pool, rt, _, live) = pool(&exec);
+        let key = ConnKey::new(0, 1, 1);
+        let held = Arc::new(StdMutex::new(None));
+        let (p, h) = (pool.clone(), Arc::clone(&held));
+        exec.spawn(async move { *h.lock().unwrap() = Some(p.lease(&key).await.unwrap()) });
+        let p = pool.clone();
+        exec.spawn(async move { p.drive_timeouts().await });
+        exec.run_until_stalled();
+        rt.clock.advance(Duration::from_secs(60));
+        exec.run_until_stalled();
+        assert_eq!(live.load(Ordering::SeqCst), 1);
+        let lease = held.lock().unwrap().take().unwrap();
+        assert_eq!(pool.idle_deadline(lease.id()), None);
+        drop(lease);
+        assert_eq!(
+            pool.idle_deadline(pool.connection(&key).unwrap()),
+            Some(Instant::from_millis(70_000))
+        );
+        rt.clock.advance(Duration::from_secs(10));
+        exec.run_until_stalled();
+        assert_eq!((pool.len(), live.load(Ordering::SeqCst)), (0, 0));
+    }
+
+    #[test]
+    fn a_failed_connect_fails_its_leaser_and_refuses_the_endpoint_until_the_backoff_ends() {
+        let mut exec = Executor::default();
+        let (pool, rt, connects, _) = pool(&exec);
+        pool.reseed(7);
+        let key = ConnKey::new(1, 1, 0);
+        let out = Arc::new(StdMutex::new(Vec::new()));
+        let (p, o) = (pool.clone(), Arc::clone(&out));
+        exec.spawn(async move {
+            let first = p.lease(&key).await.map(|l| l.id());
+            let second = p.lease(&key).await.map(|l| l.id());
+            o.lock().unwrap().extend([first, second]);
+        });
+        exec.run_until_stalled();
+        let out = out.lock().unwrap().clone();
+        assert_eq!(out[0], Err(PoolError::Connect("refused")));
+        let Err(PoolError::Backoff { until }) = out[1] else {
+            panic!("{:?}", out[1])
+        };
+        // gRPC connection backoff: first delay 1 s ± 20 %.
+        assert!(until >= Instant::from_millis(800) && until <= Instant::from_millis(1_200));
+        assert_eq!(
+            connects.load(Ordering::SeqCst),
+            1,
+            "no connect during the backoff"
+        );
+        rt.clock.advance_to(until);
+        let (p, o2) = (pool.clone(), Arc::new(StdMutex::new(None)));
+        let o = Arc::clone(&o2);
+        exec.spawn(async move { *o.lock().unwrap() = Some(p.lease(&key).await.map(|l| l.id())) });
+        exec.run_until_stalled();
+        assert_eq!(
+            connects.load(Ordering::SeqCst),
+            2,
+            "reconnects once the backoff ended"
+        );
+    }
+}
