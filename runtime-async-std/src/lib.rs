@@ -28,7 +28,4 @@ mod runtime;
 
 pub use net::TcpConnector;
 pub use runtime::AsyncStdRuntime;
-
-/// The adapter's earlier name: the runtime is the clock (`now`, `sleep_until`) too.
-pub type AsyncStdClock = AsyncStdRuntime;
 pub use throttle_core::*;

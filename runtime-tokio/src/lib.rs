@@ -30,5 +30,5 @@ mod net;
 mod runtime;
 
 pub use net::TcpConnector;
-pub use runtime::{TokioClock, TokioRuntime};
+pub use runtime::TokioRuntime;
 pub use throttle_core::*;

@@ -64,9 +64,6 @@ impl TokioRuntime {
     }
 }
 
-/// The adapter's earlier name: the runtime is the clock (`now`, `sleep_until`) too.
-pub type TokioClock = TokioRuntime;
-
 impl Default for TokioRuntime {
     fn default() -> Self {
         Self::new()

@@ -3,29 +3,30 @@
 //! - naive: re-sends a rejected request at once, has no gate, dispatches every request as its
 //!   own RPC with no bound on how many are in flight, keeps one connection per server uid at
 //!   the address it first learned, and never refreshes metadata.
-//! - ours: the core's machines driven by a small tokio loop: [`Batcher`] + dispatch window,
-//!   [`WriteGate`] (disk backoff and KV pressure), [`ConnTable`] keyed by (uid, host, port),
-//!   failover [`Call`] + [`RefreshCoalescer`].
+//! - ours: the core's drivers from `runtime_tokio::sync` on [`TokioRuntime`]: a
+//!   [`BatchDriver`] over the demo protocol ([`DemoTransport`]), a [`GateHandle`] whose
+//!   `wait_until_open` paces each write, and for admin writes a [`FailoverExecutor`] over a
+//!   [`ConnPool`] keyed by (uid, host, port) whose connections come from [`TcpConnector`].
 
 use super::conn::{Conn, Disconnected};
 use super::proto::{Request, Status};
 use super::server::lock;
-use runtime_tokio::TokioClock;
-use runtime_tokio::failover::{
-    AdminWriteGateway, Call, CallAction, CallConfig, CoalesceAction, ErrorClassifier, ErrorKind,
-    RefreshCoalescer, Unlimited,
-};
+use runtime_tokio::failover::{AdminWriteGateway, ErrorKind, Unlimited};
 use runtime_tokio::rng::SplitMix64;
-use runtime_tokio::{
-    BatchAction, Batcher, BatcherConfig, ConnKey, ConnTable, GateState, Route, Signal,
-    WindowConfig, WriteGate, WriteGateConfig,
+use runtime_tokio::sync::{
+    BatchDriver, BatchOutcome, ConnPool, Connector, FailoverExecutor, GateHandle, OpError,
+    Transport,
 };
-use std::collections::HashMap;
+use runtime_tokio::{
+    BatcherConfig, CallConfig, ConnKey, GateState, Signal, TcpConnector, ThrottleCurve,
+    TokioRuntime, WindowConfig, WriteGateConfig,
+};
 use std::collections::hash_map::RandomState;
-use std::net::{IpAddr, SocketAddr};
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as StdInstant};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// One operation: a write (`len` value bytes) or a read (`len` = 0) of id `id`.
 #[derive(Clone, Copy, Debug)]
@@ -119,180 +120,6 @@ pub async fn naive_data(
     std::mem::take(&mut *lock(&stats))
 }
 
-/// Our client for writes or reads: one driver task owning a [`Batcher`] (per-shard batches,
-/// at most `max_in_flight` in flight per shard, batches grow while the window is exhausted)
-/// and, for writes, a [`WriteGate`] (disk-write-locked backoff, KV pressure throttle).
-/// Rejected operations wait in `held` until their bucket's gate opens, then re-join a batch.
-pub async fn ours_data(
-    addr: SocketAddr,
-    write: bool,
-    mut ops: mpsc::UnboundedReceiver<Op>,
-    deadline: StdInstant,
-    seed: u64,
-) -> ClientStats {
-    let mut stats = ClientStats::default();
-    let Ok(conn) = Conn::connect(addr).await else {
-        stats.abandoned = drain_count(&mut ops);
-        return stats;
-    };
-    let clock = TokioClock::new();
-    let cfg = if write {
-        BatcherConfig::writes()
-    } else {
-        BatcherConfig::reads()
-    }
-    .with_window(WindowConfig::default());
-    let Ok(mut batcher) = Batcher::<u32, Op, RandomState>::new(cfg) else {
-        return stats;
-    };
-    let mut gate_cfg = WriteGateConfig::default();
-    gate_cfg.kv_curve = runtime_tokio::ThrottleCurve::fluss_landed();
-    let mut gate: WriteGate<u32, RandomState> = WriteGate::new(gate_cfg);
-    let mut rng = SplitMix64::new(seed);
-    // The attempt count of each operation (how often a batch holding it was rejected).
-    let mut attempts: HashMap<u64, u32> = HashMap::new();
-    let mut held: HashMap<u32, Vec<Op>> = HashMap::new();
-    type Done = (
-        u32,
-        runtime_tokio::CreditId,
-        Result<(Status, Vec<u8>), Disconnected>,
-    );
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
-    let mut input_open = true;
-    let mut outstanding = 0usize;
-
-    loop {
-        let now = clock.now();
-        // Held operations whose bucket opened re-join a batch.
-        let opened: Vec<u32> = held
-            .keys()
-            .copied()
-            .filter(|b| gate.check(now, b) == GateState::Open)
-            .collect();
-        for b in opened {
-            for op in held.remove(&b).unwrap_or_default() {
-                let bytes = u64::from(op.len) + 12;
-                let _ = batcher.handle_op(now, b, op, bytes);
-            }
-        }
-        // The input queue is empty: send what has credit, park the rest.
-        batcher.flush(now);
-        while let Some(action) = batcher.poll_action() {
-            match action {
-                BatchAction::Send { shard, credit } => {
-                    let ops: Vec<Op> = batcher
-                        .batch(credit)
-                        .map(|b| b.ops().to_vec())
-                        .unwrap_or_default();
-                    if write && gate.check(now, &shard) != GateState::Open {
-                        // Drain re-checks the gate (upstream's shouldSkipBucket): the batch
-                        // goes back without an RPC; its operations come back as `Fail`.
-                        let _ = batcher.handle_response(now, credit, core::iter::empty());
-                        continue;
-                    }
-                    let (conn, tx) = (conn.clone(), done_tx.clone());
-                    tokio::spawn(async move {
-                        let res = conn.call(request(write, shard, &ops)).await;
-                        let _ = tx.send((shard, credit, res));
-                    });
-                }
-                BatchAction::Deliver { handle, .. } => {
-                    stats.latencies.push(handle.submitted.elapsed());
-                    outstanding = outstanding.saturating_sub(1);
-                }
-                BatchAction::Fail { handle, .. } => {
-                    // Only a rejected or skipped batch fails its operations: retry them when
-                    // the bucket's gate opens.
-                    held.entry(handle.shard).or_default().push(handle);
-                }
-                _ => {}
-            }
-        }
-        if (!input_open && outstanding == 0) || StdInstant::now() >= deadline {
-            break;
-        }
-        let wake = gate
-            .poll_timeout()
-            .map(|t| clock.sleep_until(t))
-            .unwrap_or_else(|| clock.sleep_until(runtime_tokio::Instant::MAX));
-        tokio::select! {
-            op = ops.recv(), if input_open => match op {
-                Some(op) => {
-                    outstanding += 1;
-                    let now = clock.now();
-                    if gate.check(now, &op.shard) == GateState::Open {
-                        let bytes = u64::from(op.len) + 12;
-                        let _ = batcher.handle_op(now, op.shard, op, bytes);
-                    } else {
-                        held.entry(op.shard).or_default().push(op);
-                    }
-                    // Take everything already queued before flushing, so batches fill up.
-                    while let Ok(op) = ops.try_recv() {
-                        outstanding += 1;
-                        if gate.check(now, &op.shard) == GateState::Open {
-                            let bytes = u64::from(op.len) + 12;
-                            let _ = batcher.handle_op(now, op.shard, op, bytes);
-                        } else {
-                            held.entry(op.shard).or_default().push(op);
-                        }
-                    }
-                }
-                None => input_open = false,
-            },
-            Some((shard, credit, res)) = done_rx.recv() => {
-                let now = clock.now();
-                match res {
-                    Ok((Status::Ok, payload)) => {
-                        let n = batcher.batch(credit).map_or(0, |b| b.len());
-                        if write {
-                            let ppm = payload
-                                .get(..4)
-                                .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-                            gate.handle_success(now, &shard);
-                            gate.handle_kv_signal(now, &shard, Signal::from_ppm(ppm));
-                        }
-                        let _ = batcher.handle_response(now, credit, 0..n);
-                    }
-                    Ok((Status::DiskWriteLocked, _)) => {
-                        // The batch's attempt count before this retry (first rejection: 0).
-                        let ids: Vec<u64> = batcher
-                            .batch(credit)
-                            .map(|b| b.ops().iter().map(|o| o.id).collect())
-                            .unwrap_or_default();
-                        let tries = ids.iter().map(|id| attempts.get(id).copied().unwrap_or(0));
-                        let batch_attempts = tries.max().unwrap_or(0);
-                        gate.handle_disk_write_locked(now, &shard, batch_attempts, &mut rng);
-                        for id in ids {
-                            *attempts.entry(id).or_default() += 1;
-                        }
-                        let _ = batcher.handle_response(now, credit, core::iter::empty());
-                    }
-                    Ok((Status::StorageBackpressure, _)) => {
-                        gate.handle_kv_signal(now, &shard, Signal::Full);
-                        let _ = batcher.handle_response(now, credit, core::iter::empty());
-                    }
-                    _ => {
-                        // Disconnected or refused: retry after the retriable-write backoff.
-                        gate.handle_retriable_write(now, &shard, 0, &mut rng);
-                        let _ = batcher.handle_failure(now, credit);
-                    }
-                }
-            },
-            _ = wake => gate.handle_timeout(clock.now()),
-        }
-    }
-    stats.abandoned = outstanding;
-    stats
-}
-
-fn drain_count(ops: &mut mpsc::UnboundedReceiver<Op>) -> usize {
-    let mut n = 0;
-    while ops.try_recv().is_ok() {
-        n += 1;
-    }
-    n
-}
-
 /// Admin writes: the naive client. `tasks` workers pull operations from `ops`; each is
 /// re-sent at once on "not leader" or a broken connection, always to the coordinator uid's
 /// first-learned address.
@@ -343,141 +170,308 @@ pub async fn naive_admin(
     std::mem::take(&mut *lock(&stats))
 }
 
-/// The connection table and the open connection behind each of its ids.
-type Pool = (
-    ConnTable<u32, IpAddr, RandomState>,
-    HashMap<runtime_tokio::ConnId, Conn>,
-);
-/// The refresh coalescer and the joined callers it will release.
-type Refresher = (
-    RefreshCoalescer<usize>,
-    HashMap<usize, oneshot::Sender<bool>>,
-);
-
-/// Shared state of our admin client: the leader's address, the connection table and its
-/// open connections, and the refresh coalescer with the waiters it holds.
-#[derive(Debug)]
-struct Admin {
-    coordinators: [SocketAddr; 2],
-    leader: Mutex<SocketAddr>,
-    table: Mutex<Pool>,
-    refresh: Mutex<Refresher>,
-    clock: TokioClock,
-}
-
 /// How long an admin write waits for its response before it counts as lost (both clients).
 pub const ADMIN_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// The coordinators' server uid (both share it, as in Fluss: `cs-0`).
 const COORDINATOR_UID: u32 = 0;
 
-impl Admin {
-    /// Sends one admin write on the connection for the current leader's endpoint.
-    async fn send(&self, op: u64) -> Result<Status, Disconnected> {
-        let addr = *lock(&self.leader);
-        let key = ConnKey::new(COORDINATOR_UID, addr.ip(), addr.port());
-        let mut conn = None;
-        for _ in 0..1_000 {
-            let route = lock(&self.table).0.route(self.clock.now(), &key);
-            match route {
-                Route::Use(id) => {
-                    if let Some(c) = lock(&self.table).1.get(&id) {
-                        conn = Some((id, c.clone()));
-                        break;
-                    }
-                    // Another task is connecting it.
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                Route::Open(id, _) => {
-                    let c = Conn::connect(addr).await;
-                    let mut t = lock(&self.table);
-                    let now = self.clock.now();
-                    match c {
-                        Ok(c) => {
-                            t.0.handle_connected(now, id);
-                            t.1.insert(id, c.clone());
-                            conn = Some((id, c));
-                            break;
-                        }
-                        Err(_) => {
-                            let mut rng = SplitMix64::new(op);
-                            t.0.handle_connect_failed(now, id, &mut rng);
-                            return Err(Disconnected);
-                        }
-                    }
-                }
-                Route::Wait { until } => self.clock.sleep_until(until).await,
-                _ => return Err(Disconnected),
-            }
-        }
-        let Some((id, c)) = conn else {
-            return Err(Disconnected);
-        };
-        let _ = lock(&self.table).0.handle_send(self.clock.now(), id);
-        let res = c.call_timeout(Request::admin(op), ADMIN_TIMEOUT).await;
-        let mut t = lock(&self.table);
-        let now = self.clock.now();
-        let _ = t.0.handle_finished(now, id);
-        if res.is_err() && c.is_closed() {
-            t.0.handle_closed(now, id);
-            t.1.remove(&id);
-        }
-        res.map(|(s, _)| s)
+/// Upper bound on how often our client submits one operation (each submission follows a
+/// rejection and a wait for the bucket's gate).
+const OURS_MAX_ATTEMPTS: u32 = 1_000;
+
+/// One operation as our data client submits it: with the number of times a batch holding it
+/// was refused with `DISK_WRITE_LOCKED`, which drives the disk backoff's growth.
+#[derive(Clone, Copy, Debug)]
+pub struct Attempt {
+    pub op: Op,
+    pub disk_rejections: u32,
+}
+
+/// Why a batch sent through [`DemoTransport`] has no results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The bucket's gate closed while the batch waited for credit; sent nothing (upstream's
+    /// `shouldSkipBucket` at drain).
+    Skipped,
+    /// `DISK_WRITE_LOCKED`: refused before executing.
+    DiskWriteLocked,
+    /// L0 at the slowdown trigger: refused before executing.
+    Backpressure,
+    /// Disconnected or refused for another reason.
+    Failed,
+}
+
+/// The demo protocol as the [`BatchDriver`]'s [`Transport`]: one WRITE or READ RPC per batch on
+/// one pipelined connection. For writes it also feeds the batch's outcome to the shared
+/// [`GateHandle`] (success and piggybacked pressure, disk backoff, storage backpressure,
+/// retriable backoff), and skips a batch whose bucket's gate closed while it was parked.
+#[derive(Clone, Debug)]
+pub struct DemoTransport {
+    conn: Conn,
+    write: bool,
+    rt: TokioRuntime,
+    gate: GateHandle<u32, RandomState>,
+    rng: Arc<Mutex<SplitMix64>>,
+}
+
+impl Transport<u32, Attempt> for DemoTransport {
+    type Output = ();
+    type Error = Refused;
+
+    fn op_bytes(&self, op: &Attempt) -> u64 {
+        u64::from(op.op.len) + 12
     }
 
-    /// One coalesced metadata refresh: the first caller asks a coordinator for the leader,
-    /// later callers wait for that answer.
-    async fn refresh(&self, me: usize) -> bool {
-        let action = {
-            let mut r = lock(&self.refresh);
-            let a = r.0.handle_refresh_needed(me);
-            if let CoalesceAction::Join(_) = a {
-                let (tx, rx) = oneshot::channel();
-                r.1.insert(me, tx);
-                Some(Err(rx))
-            } else if let CoalesceAction::Start(g) = a {
-                Some(Ok(g))
-            } else {
-                None
+    fn send(
+        &self,
+        shard: &u32,
+        ops: Vec<Attempt>,
+    ) -> impl Future<Output = BatchOutcome<(), Refused>> + Send + 'static {
+        let (shard, this) = (*shard, self.clone());
+        async move {
+            let DemoTransport {
+                conn,
+                write,
+                rt,
+                gate,
+                rng,
+            } = this;
+            if write && matches!(gate.check(rt.now(), &shard), GateState::Closed { .. }) {
+                return Err(Refused::Skipped);
             }
-        };
-        match action {
-            Some(Err(rx)) => rx.await.unwrap_or(false),
-            Some(Ok(g)) => {
-                let mut ok = false;
-                for addr in self.coordinators {
-                    let Ok(c) = Conn::connect(addr).await else {
-                        continue;
-                    };
-                    if let Ok((Status::Ok, p)) = c.call(Request::metadata()).await
-                        && let Some(b) = p.get(..2)
-                    {
-                        let port = u16::from_be_bytes([b[0], b[1]]);
-                        *lock(&self.leader) = SocketAddr::new(addr.ip(), port);
-                        ok = true;
-                        break;
+            let plain: Vec<Op> = ops.iter().map(|a| a.op).collect();
+            let res = conn.call(request(write, shard, &plain)).await;
+            let now = rt.now();
+            match res {
+                Ok((Status::Ok, payload)) => {
+                    if write {
+                        let ppm = payload
+                            .get(..4)
+                            .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+                        gate.handle_success(now, &shard);
+                        gate.handle_kv_signal(now, &shard, Signal::from_ppm(ppm));
                     }
+                    Ok(vec![Ok(()); ops.len()])
                 }
-                let mut r = lock(&self.refresh);
-                let _ = r.0.handle_refreshed(g, ok);
-                let mut mine = ok;
-                while let Some(rel) = r.0.poll_release() {
-                    if rel.waiter == me {
-                        mine = rel.ok;
-                    } else if let Some(tx) = r.1.remove(&rel.waiter) {
-                        let _ = tx.send(rel.ok);
-                    }
+                Ok((Status::DiskWriteLocked, _)) => {
+                    // The batch's attempt count before this retry (first rejection: 0).
+                    let attempts = ops.iter().map(|a| a.disk_rejections).max().unwrap_or(0);
+                    gate.handle_disk_write_locked(now, &shard, attempts, &mut *lock(&rng));
+                    Err(Refused::DiskWriteLocked)
                 }
-                mine
+                Ok((Status::StorageBackpressure, _)) => {
+                    gate.handle_kv_signal(now, &shard, Signal::Full);
+                    Err(Refused::Backpressure)
+                }
+                _ => {
+                    gate.handle_retriable_write(now, &shard, 0, &mut *lock(&rng));
+                    Err(Refused::Failed)
+                }
             }
-            None => false, // the coalescer is full: a failed refresh, which still retries
         }
     }
 }
 
-/// Admin writes: our client. Each write is a failover [`Call`] (admin-write preset: "not
-/// leader" refreshes and retries, since the server refused before executing; a broken
-/// connection refreshes and surfaces, since the write may have run). Connections are keyed
+type DataDriver = BatchDriver<TokioRuntime, DemoTransport, u32, Attempt, RandomState>;
+
+/// Our client for writes or reads: a [`BatchDriver`] (per-shard batches, at most 4 in flight
+/// per shard, batches grow while the window is exhausted) over [`DemoTransport`], and a
+/// [`GateHandle`] (disk-write-locked backoff, KV pressure throttle). Each operation is one
+/// task: it waits with `wait_until_open` for its bucket, submits, and on a refused batch waits
+/// for the gate again and resubmits.
+pub async fn ours_data(
+    addr: SocketAddr,
+    write: bool,
+    mut ops: mpsc::UnboundedReceiver<Op>,
+    deadline: StdInstant,
+    seed: u64,
+) -> ClientStats {
+    let stats = Arc::new(Mutex::new(ClientStats::default()));
+    let Ok(conn) = Conn::connect(addr).await else {
+        let mut stats = ClientStats::default();
+        while ops.recv().await.is_some() {
+            stats.abandoned += 1;
+        }
+        return stats;
+    };
+    let rt = TokioRuntime::new();
+    let mut gate_cfg = WriteGateConfig::default();
+    gate_cfg.kv_curve = ThrottleCurve::fluss_landed();
+    let gate: GateHandle<u32, RandomState> = GateHandle::new(gate_cfg);
+    let transport = DemoTransport {
+        conn,
+        write,
+        rt: rt.clone(),
+        gate: gate.clone(),
+        rng: Arc::new(Mutex::new(SplitMix64::new(seed))),
+    };
+    let cfg = if write {
+        BatcherConfig::writes()
+    } else {
+        BatcherConfig::reads()
+    }
+    .with_window(WindowConfig::default());
+    let Ok(driver) = DataDriver::new(rt.clone(), transport, cfg) else {
+        return ClientStats::default();
+    };
+    // The gate's timer loop only frees memory of expired gates; stopped with the client.
+    let evictor = {
+        let (gate, rt) = (gate.clone(), rt.clone());
+        tokio::spawn(async move { gate.drive_timeouts(&rt).await })
+    };
+    let deadline = tokio::time::Instant::from_std(deadline);
+    let mut tasks = tokio::task::JoinSet::new();
+    while let Some(op) = ops.recv().await {
+        // Submitted here, not in the task, when the bucket is open: the driver sees every
+        // operation already queued before it flushes, so batches fill up.
+        let first = match gate.check(rt.now(), &op.shard) {
+            GateState::Closed { .. } => None,
+            _ => Some(driver.submit(
+                op.shard,
+                Attempt {
+                    op,
+                    disk_rejections: 0,
+                },
+            )),
+        };
+        let (driver, gate, rt, stats) = (driver.clone(), gate.clone(), rt.clone(), stats.clone());
+        tasks.spawn(async move {
+            let done = tokio::time::timeout_at(deadline, one_op(&driver, &gate, &rt, op, first))
+                .await
+                .unwrap_or(false);
+            let mut s = lock(&stats);
+            if done {
+                s.latencies.push(op.submitted.elapsed());
+            } else {
+                s.abandoned += 1;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    driver.close();
+    evictor.abort();
+    std::mem::take(&mut *lock(&stats))
+}
+
+/// Drives one operation to its result: wait for the bucket's gate, submit, repeat on a
+/// refused batch. `first` is a submission already made.
+async fn one_op(
+    driver: &DataDriver,
+    gate: &GateHandle<u32, RandomState>,
+    rt: &TokioRuntime,
+    op: Op,
+    mut first: Option<runtime_tokio::sync::Submit<(), Refused>>,
+) -> bool {
+    let mut disk_rejections = 0u32;
+    for _ in 0..OURS_MAX_ATTEMPTS {
+        let submit = match first.take() {
+            Some(s) => s,
+            None => {
+                // Open, or probing (a submission is the probe); no leader tracking here.
+                let _ = gate.wait_until_open(rt, &op.shard).await;
+                driver.submit(
+                    op.shard,
+                    Attempt {
+                        op,
+                        disk_rejections,
+                    },
+                )
+            }
+        };
+        match submit.await {
+            Ok(()) => return true,
+            Err(OpError::Batch(e)) if *e == Refused::DiskWriteLocked => {
+                disk_rejections = disk_rejections.saturating_add(1)
+            }
+            // Every other refusal fed the gate first (or found it closed): wait and resubmit.
+            Err(OpError::Batch(_) | OpError::NoResponse | OpError::Op(_)) => {}
+            Err(_) => return false, // the driver closed
+        }
+    }
+    false
+}
+
+/// Our connector: tokio's [`TcpConnector`] (TCP_NODELAY) with the demo's pipelined client on
+/// top, so every lease of an endpoint shares one connection.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DemoConnector;
+
+impl Connector<String> for DemoConnector {
+    type Conn = Conn;
+    type Error = std::io::Error;
+
+    fn connect(
+        &self,
+        host: &String,
+        port: u16,
+    ) -> impl Future<Output = std::io::Result<Conn>> + Send + 'static {
+        let stream = TcpConnector.connect(host, port);
+        async move { Ok(Conn::from_stream(stream.await?)) }
+    }
+}
+
+type AdminPool = ConnPool<TokioRuntime, DemoConnector, u32, String, RandomState>;
+
+/// Shared state of our admin client: the leader's address as last learned, and the pool.
+#[derive(Debug)]
+struct Admin {
+    coordinators: [SocketAddr; 2],
+    leader: Mutex<SocketAddr>,
+    pool: AdminPool,
+}
+
+fn coordinator_key(addr: SocketAddr) -> ConnKey<u32, String> {
+    ConnKey::new(COORDINATOR_UID, addr.ip().to_string(), addr.port())
+}
+
+impl Admin {
+    /// Sends one admin write on the pooled connection for the current leader's endpoint.
+    async fn send(&self, op: u64) -> Result<(), ErrorKind> {
+        let addr = *lock(&self.leader);
+        // A lease that failed sent nothing; counted as retriable, like a disconnect (the
+        // coordinators never go down in this scenario).
+        let lease = self
+            .pool
+            .lease(&coordinator_key(addr))
+            .await
+            .map_err(|_| ErrorKind::Retriable)?;
+        match lease.call_timeout(Request::admin(op), ADMIN_TIMEOUT).await {
+            Ok((Status::Ok, _)) => Ok(()),
+            Ok((Status::NotLeader, _)) => Err(ErrorKind::NotLeader),
+            Ok(_) => Err(ErrorKind::Fatal),
+            Err(Disconnected) => {
+                if lease.is_closed() {
+                    lease.broken();
+                }
+                Err(ErrorKind::Retriable)
+            }
+        }
+    }
+
+    /// One metadata refresh (the executor runs at most one at a time; concurrent callers join
+    /// it): ask each coordinator for the leader's port.
+    async fn refresh(&self) -> bool {
+        for addr in self.coordinators {
+            let Ok(lease) = self.pool.lease(&coordinator_key(addr)).await else {
+                continue;
+            };
+            if let Ok((Status::Ok, p)) = lease.call(Request::metadata()).await
+                && let Some(b) = p.get(..2)
+            {
+                let port = u16::from_be_bytes([b[0], b[1]]);
+                *lock(&self.leader) = SocketAddr::new(addr.ip(), port);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Admin writes: our client. Each write is one [`FailoverExecutor::call`] with the
+/// admin-write preset ("not leader" refreshes and retries, since the server refused before
+/// executing; a lost response refreshes and surfaces, since the write may have run), the
+/// refresh coalesced across the `tasks` callers. Connections come from a [`ConnPool`] keyed
 /// by (uid, host, port), so the new leader's address gets its own connection.
 pub async fn ours_admin(
     coordinators: [SocketAddr; 2],
@@ -485,30 +479,39 @@ pub async fn ours_admin(
     tasks: usize,
     ops: mpsc::UnboundedReceiver<Op>,
     deadline: StdInstant,
+    seed: u64,
 ) -> ClientStats {
-    let Ok(table) = ConnTable::new(Default::default()) else {
+    let rt = TokioRuntime::new();
+    let (Ok(pool), Ok(exec)) = (
+        AdminPool::new(rt.clone(), DemoConnector, Default::default()),
+        FailoverExecutor::new(rt, AdminWriteGateway, Unlimited, CallConfig::default()),
+    ) else {
         return ClientStats::default();
+    };
+    exec.reseed(seed);
+    let idle = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.drive_timeouts().await })
     };
     let admin = Arc::new(Admin {
         coordinators,
         leader: Mutex::new(first_leader),
-        table: Mutex::new((table, HashMap::new())),
-        refresh: Mutex::new((RefreshCoalescer::default(), HashMap::new())),
-        clock: TokioClock::new(),
+        pool: pool.clone(),
     });
+    let deadline = tokio::time::Instant::from_std(deadline);
     let ops = Arc::new(tokio::sync::Mutex::new(ops));
     let stats = Arc::new(Mutex::new(ClientStats::default()));
     let mut set = tokio::task::JoinSet::new();
-    for me in 0..tasks {
-        let (admin, ops, stats) = (admin.clone(), ops.clone(), stats.clone());
+    for _ in 0..tasks {
+        let (admin, exec, ops, stats) = (admin.clone(), exec.clone(), ops.clone(), stats.clone());
         set.spawn(async move {
-            let mut rng = SplitMix64::new(me as u64);
-            let cfg = CallConfig::default();
             loop {
                 let Some(op) = ops.lock().await.recv().await else {
                     return;
                 };
-                let outcome = admin_write(&admin, me, op.id, &cfg, &mut rng, deadline).await;
+                let outcome = tokio::time::timeout_at(deadline, admin_write(&admin, &exec, op.id))
+                    .await
+                    .ok();
                 let mut s = lock(&stats);
                 match outcome {
                     Some(true) => s.latencies.push(op.submitted.elapsed()),
@@ -519,59 +522,37 @@ pub async fn ours_admin(
         });
     }
     while set.join_next().await.is_some() {}
+    idle.abort();
+    pool.close();
     std::mem::take(&mut *lock(&stats))
 }
 
-/// `Some(true)`: done; `Some(false)`: an error surfaced to the user (outcome unknown);
-/// `None`: out of time.
+/// `true`: done; `false`: an error surfaced to the user (outcome unknown).
 async fn admin_write(
-    admin: &Admin,
-    me: usize,
+    admin: &Arc<Admin>,
+    exec: &FailoverExecutor<TokioRuntime, AdminWriteGateway, Unlimited>,
     op: u64,
-    cfg: &CallConfig,
-    rng: &mut SplitMix64,
-    deadline: StdInstant,
-) -> Option<bool> {
-    let mut budget = Unlimited;
+) -> bool {
     // A surfaced "not leader" provably did not execute, so the application may start a new
     // call for it; bounded, like everything else here.
     for _ in 0..8 {
-        let mut call = Call::new(cfg);
-        let mut last = ErrorKind::Fatal;
-        let mut action = call.start(admin.clock.now(), &mut budget);
-        for _ in 0..16 {
-            if StdInstant::now() >= deadline {
-                return None;
-            }
-            action = match action {
-                CallAction::Send | CallAction::Retry { .. } => {
-                    if let CallAction::Retry { after } = action {
-                        tokio::time::sleep(after).await;
-                    }
-                    match admin.send(op).await {
-                        Ok(Status::Ok) => call.handle_success(admin.clock.now(), &mut budget),
-                        res => {
-                            last = match res {
-                                Ok(Status::NotLeader) => ErrorKind::NotLeader,
-                                Err(Disconnected) => ErrorKind::Retriable,
-                                Ok(_) => ErrorKind::Fatal,
-                            };
-                            let class = AdminWriteGateway.classify(&last);
-                            call.handle_error(admin.clock.now(), class, &mut budget, rng)
-                        }
-                    }
-                }
-                CallAction::Refresh => {
-                    let ok = admin.refresh(me).await;
-                    call.handle_refreshed(admin.clock.now(), ok, &mut budget, rng)
-                }
-                CallAction::Complete => return Some(true),
-                _ => break,
-            };
-        }
-        if last != ErrorKind::NotLeader {
-            return Some(false);
+        let result = exec
+            .call(
+                || {
+                    let admin = admin.clone();
+                    async move { admin.send(op).await }
+                },
+                || {
+                    let admin = admin.clone();
+                    async move { admin.refresh().await }
+                },
+            )
+            .await;
+        match result {
+            Ok(()) => return true,
+            Err(s) if s.error == ErrorKind::NotLeader => continue,
+            Err(_) => return false,
         }
     }
-    Some(false)
+    false
 }

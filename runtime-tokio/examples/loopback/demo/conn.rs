@@ -35,6 +35,12 @@ impl Conn {
     pub async fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
+        Ok(Conn::from_stream(stream))
+    }
+
+    /// Runs the pipelined client over an open stream (its reader and writer tasks are spawned
+    /// on the current tokio runtime).
+    pub fn from_stream(stream: TcpStream) -> Conn {
         let (mut rd, mut wr) = stream.into_split();
         let shared = Arc::new(Shared {
             pending: Mutex::new(HashMap::new()),
@@ -65,7 +71,7 @@ impl Conn {
             reader_shared.closed.store(true, Ordering::SeqCst);
             lock(&reader_shared.pending).clear();
         });
-        Ok(Conn { shared, out })
+        Conn { shared, out }
     }
 
     pub fn is_closed(&self) -> bool {

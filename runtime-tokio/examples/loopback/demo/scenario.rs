@@ -256,7 +256,8 @@ pub async fn run(p: &Params, client: Client) -> std::io::Result<Row> {
             let stats = match client {
                 Client::Naive => clients::naive_admin(a.addr, p.tasks, ops, deadline).await,
                 Client::Ours => {
-                    clients::ours_admin([a.addr, b.addr], a.addr, p.tasks, ops, deadline).await
+                    clients::ours_admin([a.addr, b.addr], a.addr, p.tasks, ops, deadline, p.seed)
+                        .await
                 }
             };
             swapper.abort();
