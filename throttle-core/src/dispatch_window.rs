@@ -220,7 +220,9 @@ impl<B> SubmitError<B> {
     }
 }
 
-/// What a shard's window holds. Removed from the map as soon as all three are empty.
+/// What a shard's window holds. Once all three are empty the shard is idle: the entry stays in
+/// the map (so the next batch for the shard finds it without an insert) until maintenance or
+/// a growing map evicts it.
 #[derive(Clone, Debug)]
 struct ShardWindow<B> {
     in_flight: u32,
@@ -357,8 +359,14 @@ impl<Shard> CreditSlab<Shard> {
 ///   place memory is given back. Time plays no other part: credits never expire.
 ///
 /// Invariants after every call: per shard `in_flight + available == capacity`; a shard with
-/// available credit holds nothing back; a shard with nothing in flight, queued or parked has
-/// no entry (so memory follows the shards active now, not every shard ever seen).
+/// available credit holds nothing back. A shard with nothing in flight, queued or parked is
+/// idle: it is not counted by [`shard_count`](Self::shard_count), holds no queue buffer, and
+/// its empty entry stays in the map so that its next batch costs one lookup, not an insert
+/// and a remove. Idle entries are evicted by the next [`handle_timeout`](Self::handle_timeout)
+/// run (within one [`MAINTENANCE_INTERVAL`] of a due deadline), and by an insert that would
+/// otherwise grow the map while at least half of it is idle, so memory follows the shards
+/// active recently (within about twice their peak), not every shard ever seen, even when
+/// maintenance is never driven.
 ///
 /// Allocation: after warm-up a workload that repeats allocates nothing. The shard map, the
 /// credit slab and a pool of queue buffers (one per shard that had to queue at the recent
@@ -385,7 +393,10 @@ impl<Shard> CreditSlab<Shard> {
 #[derive(Clone, Debug)]
 pub struct DispatchWindow<Shard, B, S> {
     cfg: WindowConfig,
+    /// Every shard with work, plus idle shards not yet evicted.
     shards: HashMap<Shard, ShardWindow<B>, S>,
+    /// Entries of `shards` that are not idle.
+    active: usize,
     credits: CreditSlab<Shard>,
     closed: bool,
     /// Queue buffers of shards that went idle, for the next shard that has to queue.
@@ -418,6 +429,7 @@ where
         Ok(DispatchWindow {
             cfg,
             shards: HashMap::with_hasher(hasher),
+            active: 0,
             credits: CreditSlab::new(),
             closed: false,
             spare_queues: Vec::new(),
@@ -492,6 +504,10 @@ where
                 self.closed = true;
                 return Err(SubmitError::Closed(batch));
             };
+            if w.in_flight == 0 {
+                // It had credit, so nothing was held back: it was idle until now.
+                self.active = self.active.saturating_add(1);
+            }
             w.in_flight = w.in_flight.saturating_add(1);
             return Ok(Some(Dispatch {
                 shard,
@@ -504,6 +520,8 @@ where
             self.closed = true;
             return Err(SubmitError::Closed(batch));
         };
+        self.make_room();
+        self.active = self.active.saturating_add(1);
         self.shards.insert(
             shard.clone(),
             ShardWindow {
@@ -527,7 +545,12 @@ where
         let batch = w.parked.take()?;
         self.maintenance.touch();
         if w.is_idle() {
-            self.remove(shard);
+            Self::went_idle(
+                w,
+                &mut self.active,
+                &mut self.queues_held,
+                &mut self.spare_queues,
+            );
         }
         Some(batch)
     }
@@ -579,7 +602,12 @@ where
             }
         }
         if w.is_idle() {
-            self.remove(&shard);
+            Self::went_idle(
+                w,
+                &mut self.active,
+                &mut self.queues_held,
+                &mut self.spare_queues,
+            );
         }
         Ok(next)
     }
@@ -608,17 +636,39 @@ where
             }
         }
         self.shards.retain(|_, w| !w.is_idle());
+        self.active = self.shards.len();
         out
     }
 
-    /// Removes an idle shard's window. The map keeps its capacity (only maintenance shrinks
-    /// it), so a shard set that comes back reuses it.
-    fn remove(&mut self, shard: &Shard) {
-        if let Some(w) = self.shards.remove(shard)
-            && w.owns_queue
-        {
-            self.queues_held = self.queues_held.saturating_sub(1);
-            self.spare_queues.push(w.queued);
+    /// Bookkeeping for a shard whose window just became idle: it no longer counts as active,
+    /// and its queue buffer goes back to the pool at once (as if the entry were removed), so
+    /// idle entries hold no buffers and the pool follows the shards queueing now.
+    fn went_idle(
+        w: &mut ShardWindow<B>,
+        active: &mut usize,
+        queues_held: &mut usize,
+        spare_queues: &mut Vec<VecDeque<B>>,
+    ) {
+        *active = active.saturating_sub(1);
+        if core::mem::take(&mut w.owns_queue) {
+            *queues_held = queues_held.saturating_sub(1);
+            spare_queues.push(core::mem::take(&mut w.queued));
+        }
+    }
+
+    /// Before inserting a new shard: if the map is full (the insert would grow it) and at
+    /// least half of its entries are idle, evicts the idle ones instead of growing. Each scan
+    /// frees at least half the entries, so it runs at most once per that many inserts
+    /// (amortized O(1), like the rehash it replaces), and the map stays within about twice the
+    /// shards active at once even if maintenance never runs (the `sync` handle never runs it).
+    fn make_room(&mut self) {
+        // `capacity()` is `len` plus the inserts left before the table must rehash or grow.
+        let len = self.shards.len();
+        if len < self.shards.capacity() {
+            return;
+        }
+        if len.saturating_sub(self.active).saturating_mul(2) >= len {
+            self.shards.retain(|_, w| !w.is_idle());
         }
     }
 
@@ -633,6 +683,11 @@ where
         let now = self.clock.observe(now);
         if !self.maintenance.begin(now) {
             return;
+        }
+        // Idle shards' entries go first (they hold no queue buffer); the peak still counts
+        // them, so a shard set that comes back within the interval finds the capacity.
+        if self.shards.len() > self.active {
+            self.shards.retain(|_, w| !w.is_idle());
         }
         let peak = self.peak_shards.roll(self.shards.len());
         if let Some(target) = self.maintenance.target(self.shards.capacity(), peak) {
@@ -689,8 +744,18 @@ where
         self.shards.get(shard).and_then(|w| w.parked.as_ref())
     }
 
-    /// Shards with anything in flight, queued or parked (the only ones with state).
+    /// Shards with anything in flight, queued or parked.
+    ///
+    /// Idle shards are not counted, although their (empty) entries stay in the map until the
+    /// next [`handle_timeout`](Self::handle_timeout) run, or until the map would otherwise
+    /// grow, evicts them.
     pub fn shard_count(&self) -> usize {
+        self.active
+    }
+
+    /// Entries in the shard map: the active shards plus idle ones not yet evicted.
+    #[cfg(any(test, feature = "model"))]
+    pub(crate) fn tracked_shards(&self) -> usize {
         self.shards.len()
     }
 
@@ -960,6 +1025,49 @@ mod tests {
         assert_eq!(w.live_credits(), 0);
         assert!(w.credits.slots.len() <= 1, "the slab reuses slots");
         assert!(w.shards.capacity() <= 2 * MIN_CAPACITY);
+        assert!(w.tracked_shards() <= w.shards.capacity());
+    }
+
+    #[test]
+    fn idle_shard_entry_is_kept_until_maintenance_evicts_it() {
+        let mut w = window(2);
+        let d = sent(w.submit(1, "a"));
+        assert_eq!(w.complete(d.credit), Ok(None));
+        assert_eq!(
+            (w.shard_count(), w.tracked_shards()),
+            (0, 1),
+            "idle: not counted, but its entry stays for the next batch"
+        );
+        let d = sent(w.submit(1, "b"));
+        assert_eq!((w.shard_count(), w.tracked_shards()), (1, 1));
+        conserved(&w, &[1]);
+        assert_eq!(w.complete(d.credit), Ok(None));
+        let busy = sent(w.submit(2, "c"));
+        w.handle_timeout(secs(1));
+        assert_eq!(
+            (w.shard_count(), w.tracked_shards()),
+            (1, 1),
+            "maintenance evicts the idle shard 1 and keeps the busy shard 2"
+        );
+        assert_eq!((w.in_flight(&1), w.available(&1)), (0, 2));
+        assert_eq!(w.complete(busy.credit), Ok(None));
+    }
+
+    #[test]
+    fn a_map_full_of_idle_shards_evicts_them_instead_of_growing() {
+        let mut w = window(1);
+        let anchor = sent(w.submit(u32::MAX, "busy"));
+        for shard in 0..1_000u32 {
+            let d = sent(w.submit(shard, "x"));
+            assert_eq!(w.complete(d.credit), Ok(None));
+            assert!(w.tracked_shards() <= w.shards.capacity());
+        }
+        assert!(
+            w.shards.capacity() <= 2 * MIN_CAPACITY,
+            "one busy shard: the map never grows past a small table, without maintenance"
+        );
+        assert_eq!((w.shard_count(), w.in_flight(&u32::MAX)), (1, 1));
+        assert_eq!(w.complete(anchor.credit), Ok(None));
     }
 
     /// Sends one batch and queues a second for each of `shards` shards, then completes every

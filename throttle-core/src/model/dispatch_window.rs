@@ -8,7 +8,8 @@
 //! never more than `max_in_flight` per shard, FIFO dispatch (a release sends the shard's
 //! oldest queued batch, then its parked one), ids never reused, double and bogus releases
 //! change nothing, every batch leaves exactly once (dispatched, reclaimed, failed or refused),
-//! and no state is left for idle shards. Maintenance (`handle_timeout`) is interleaved at
+//! and no idle shard is counted or holds a buffer; idle entries are gone once maintenance
+//! has run with nothing live (`tracked_shards() == 0`). Maintenance (`handle_timeout`) is interleaved at
 //! random times and must change none of this; its deadline is never in the past, and it goes
 //! quiet after two runs with nothing live.
 
@@ -193,7 +194,14 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
             }
             15 => {
                 now = c.time_step(now);
+                let due = w.poll_timeout().is_some_and(|t| t <= now);
                 w.handle_timeout(now);
+                if due && w.tracked_shards() != w.shard_count() {
+                    return Err(format!(
+                        "step {step}: maintenance ran at {now:?} and left {} idle entries",
+                        w.tracked_shards() - w.shard_count()
+                    ));
+                }
                 maintenance_is_not_overdue(&w, now).map_err(|e| format!("step {step}: {e}"))?;
             }
             _ => {}
@@ -216,10 +224,11 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     if let Some((b, _)) = r.fates.iter().find(|(_, f)| *f == Fate::Held) {
         return Err(format!("batch {b} never left the window"));
     }
-    if w.shard_count() != 0 || w.live_credits() != 0 {
+    if w.shard_count() != 0 || w.tracked_shards() != 0 || w.live_credits() != 0 {
         return Err(format!(
-            "state left after everything ended: {} shards, {} credits",
+            "state left after everything ended and maintenance ran: {} shards ({} entries), {} credits",
             w.shard_count(),
+            w.tracked_shards(),
             w.live_credits()
         ));
     }
@@ -426,6 +435,12 @@ fn compare(w: &Window, r: &Reference) -> Result<(), Divergence> {
         }
     }
     let live = r.credits.iter().filter(|x| x.2).count();
+    if w.tracked_shards() < active {
+        return Err(format!(
+            "{} map entries for {active} active shards",
+            w.tracked_shards()
+        ));
+    }
     if w.shard_count() != active || w.live_credits() != live || w.is_closed() != r.closed {
         return Err(format!(
             "(shards, live credits, closed) = {:?}, want {:?}",
