@@ -337,6 +337,18 @@ impl<Shard> CreditSlab<Shard> {
     }
 }
 
+/// What [`DispatchWindow::try_take`] did.
+#[cfg(feature = "std")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// A credit was issued.
+    Credit(CreditId),
+    /// The shard has no free credit, or holds batches back.
+    NoCredit,
+    /// The window is closed (by `fail_all`, or its id space is spent).
+    Closed,
+}
+
 /// Per-shard credit windows with FIFO hold-back of batches that find no credit.
 ///
 /// Generic over the shard key `Shard`, the batch type `B` (opaque to the window) and the
@@ -515,10 +527,22 @@ where
                 batch,
             }));
         }
-        // First use of this shard (cap >= 1, so it has credit).
+        let Some(credit) = self.open_shard(&shard) else {
+            return Err(SubmitError::Closed(batch));
+        };
+        Ok(Some(Dispatch {
+            shard,
+            credit,
+            batch,
+        }))
+    }
+
+    /// First use of `shard` (not in the map): its window starts with the credit returned
+    /// (`cap >= 1`, so it has one). `None` closes the window (id space spent).
+    fn open_shard(&mut self, shard: &Shard) -> Option<CreditId> {
         let Some(credit) = self.credits.issue(shard.clone()) else {
             self.closed = true;
-            return Err(SubmitError::Closed(batch));
+            return None;
         };
         self.make_room();
         self.active = self.active.saturating_add(1);
@@ -532,11 +556,36 @@ where
             },
         );
         self.peak_shards.see(self.shards.len());
-        Ok(Some(Dispatch {
-            shard,
-            credit,
-            batch,
-        }))
+        Some(credit)
+    }
+
+    /// For the `sync` handle: a credit of `shard` if it has one free (and holds nothing back),
+    /// with one lookup of the shard; nothing is ever queued or parked.
+    #[cfg(feature = "std")]
+    pub(crate) fn try_take(&mut self, shard: &Shard) -> Take {
+        if self.closed {
+            return Take::Closed;
+        }
+        self.maintenance.touch();
+        let cap = self.cfg.max_in_flight;
+        let Some(w) = self.shards.get_mut(shard) else {
+            return match self.open_shard(shard) {
+                Some(credit) => Take::Credit(credit),
+                None => Take::Closed,
+            };
+        };
+        if w.in_flight >= cap || !w.queued.is_empty() || w.parked.is_some() {
+            return Take::NoCredit;
+        }
+        let Some(credit) = self.credits.issue(shard.clone()) else {
+            self.closed = true;
+            return Take::Closed;
+        };
+        if w.in_flight == 0 {
+            self.active = self.active.saturating_add(1);
+        }
+        w.in_flight = w.in_flight.saturating_add(1);
+        Take::Credit(credit)
     }
 
     /// Takes the shard's parked batch back (to add operations to it), if there is one.

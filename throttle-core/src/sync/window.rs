@@ -31,7 +31,7 @@ use smallvec::SmallVec;
 
 use super::Closed;
 use super::loom::{Arc, Mutex, lock};
-use crate::dispatch_window::{CreditId, DispatchWindow, WindowConfig};
+use crate::dispatch_window::{CreditId, DispatchWindow, Take, WindowConfig};
 use crate::error::ConfigError;
 
 /// The waiting lines map keeps at least this many entries of capacity when it shrinks.
@@ -104,6 +104,8 @@ pub(crate) struct Stats {
 struct WindowState<Shard, S> {
     window: DispatchWindow<Shard, (), S>,
     lines: HashMap<Shard, Line, S>,
+    /// Waiters in all lines: while it is zero, no operation needs to look at `lines`.
+    waiting: usize,
     waiters: Vec<Waiter>,
     free: Vec<usize>,
     closed: bool,
@@ -128,28 +130,27 @@ where
         if self.closed {
             return Issue::Closed;
         }
-        if self.lines.contains_key(shard) || self.window.available(shard) == 0 {
+        if self.waiting > 0 && self.lines.contains_key(shard) {
             return Issue::NoCredit;
         }
         self.issue(shard, wakeups)
     }
 
-    /// Takes a credit from the window for `shard`, which the caller has checked has one.
+    /// Takes a credit from the window for `shard` if it has one free (one lookup of the
+    /// shard; the window never queues anything here).
     fn issue(&mut self, shard: &Shard, wakeups: &mut Wakeups) -> Issue {
-        match self.window.submit(shard.clone(), ()) {
-            Ok(Some(d)) => {
+        match self.window.try_take(shard) {
+            Take::Credit(credit) => {
                 #[cfg(test)]
                 {
                     let n = self.window.in_flight(shard);
                     self.stats.peak_in_flight = self.stats.peak_in_flight.max(n);
                 }
-                Issue::Credit(d.credit)
+                Issue::Credit(credit)
             }
-            // Unreachable (the caller checked for credit), and harmless: the `()` waits in the
-            // window and `release` completes the credit it comes back with.
-            Ok(None) => Issue::NoCredit,
+            Take::NoCredit => Issue::NoCredit,
             // The window has issued its last id (after 2^64 credits): nothing can be issued.
-            Err(_) => {
+            Take::Closed => {
                 self.close(wakeups);
                 Issue::Closed
             }
@@ -170,15 +171,12 @@ where
             }
             return Released::Freed;
         }
-        if self.closed {
+        if self.closed || self.waiting == 0 {
             return Released::Freed;
         }
         let Some(head) = self.lines.get(shard).map(|l| l.head) else {
             return Released::Freed;
         };
-        if self.window.available(shard) == 0 {
-            return Released::Freed;
-        }
         let Issue::Credit(fresh) = self.issue(shard, wakeups) else {
             return Released::Freed;
         };
@@ -201,6 +199,7 @@ where
                 self.waiters.len() - 1
             }
         };
+        self.waiting = self.waiting.saturating_add(1);
         let prev = match self.lines.get_mut(shard) {
             Some(line) => {
                 let prev = line.tail;
@@ -255,6 +254,7 @@ where
             line.tail = prev.unwrap_or(idx);
         }
         line.len = line.len.saturating_sub(1);
+        self.waiting = self.waiting.saturating_sub(1);
         if line.len == 0 {
             self.lines.remove(shard);
             let cap = self.lines.capacity();
@@ -297,6 +297,7 @@ where
             }
         }
         self.lines.clear();
+        self.waiting = 0;
         for credit in handed {
             // After `fail_all` a release frees the slot and issues nothing.
             if self.window.complete(credit).is_err() {
@@ -384,6 +385,7 @@ where
             shared: Arc::new(Mutex::new(WindowState {
                 window,
                 lines: HashMap::with_hasher(hasher),
+                waiting: 0,
                 waiters: Vec::new(),
                 free: Vec::new(),
                 closed: false,
@@ -396,7 +398,7 @@ where
     /// Waits for a credit of `shard`: FIFO per shard, cancel-safe (see the type's contract).
     pub fn acquire(&self, shard: Shard) -> Acquire<Shard, S> {
         Acquire {
-            shared: Arc::clone(&self.shared),
+            shared: Some(Arc::clone(&self.shared)),
             shard,
             state: AcquireState::Start,
         }
@@ -559,7 +561,8 @@ where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
-    shared: Arc<Mutex<WindowState<Shard, S>>>,
+    /// Moved into the [`Permit`] when it resolves (saves a reference-count round trip).
+    shared: Option<Arc<Mutex<WindowState<Shard, S>>>>,
     shard: Shard,
     state: AcquireState,
 }
@@ -593,8 +596,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        let Some(shared) = this.shared.as_ref() else {
+            return Poll::Pending; // resolved already
+        };
         let mut wakeups = Wakeups::new();
-        let mut st = lock(&this.shared);
+        let mut st = lock(shared);
         let outcome = match this.state {
             AcquireState::Start => match st.try_issue(&this.shard, &mut wakeups) {
                 Issue::Credit(credit) => Ok(credit),
@@ -627,10 +633,13 @@ where
         };
         drop(st);
         this.state = AcquireState::Done;
+        let shared = this.shared.take();
         wake_all(wakeups);
-        Poll::Ready(
-            outcome.map(|credit| Permit::new(Arc::clone(&this.shared), this.shard.clone(), credit)),
-        )
+        Poll::Ready(match (outcome, shared) {
+            (Ok(credit), Some(shared)) => Ok(Permit::new(shared, this.shard.clone(), credit)),
+            // `shared` was checked above; an error resolves without it.
+            (Ok(_), None) | (Err(_), _) => Err(Closed),
+        })
     }
 }
 
@@ -640,13 +649,13 @@ where
     S: BuildHasher,
 {
     fn drop(&mut self) {
-        let AcquireState::Waiting(idx) = self.state else {
+        let (AcquireState::Waiting(idx), Some(shared)) = (self.state, self.shared.as_ref()) else {
             return;
         };
         self.state = AcquireState::Done;
         let mut wakeups = Wakeups::new();
         {
-            let mut st = lock(&self.shared);
+            let mut st = lock(shared);
             // Cancelled after a credit was handed to it: pass the credit on.
             if let Waiter::Granted(credit) = st.take_waiter(&self.shard, idx) {
                 let _ = st.release(&self.shard, credit, &mut wakeups);
