@@ -99,7 +99,7 @@ impl IndexedHeap {
     }
 
     /// Whether `slot` is in the heap.
-    #[inline]
+    #[cfg(any(test, feature = "model"))]
     pub(super) fn contains(&self, slot: usize) -> bool {
         self.pos.get(slot).is_some_and(|&p| p != NO_POS)
     }
