@@ -150,7 +150,9 @@ fn bit(index: usize) -> u64 {
 ///   known leader, possibly already past) and call `handle_timeout` at that instant.
 ///
 /// Every input and `poll_timeout` costs O(log n) in the number of gated buckets (an indexed
-/// binary heap); no input scans the buckets (only `shutdown` does, once).
+/// 4-ary heap); no input scans the buckets (only `shutdown` does, once). The gate stores at
+/// most 2³¹ − 2 buckets (slot indices are 31-bit): past that, an input for a new bucket stores
+/// nothing (an install returns zero).
 ///
 /// ```
 /// use core::time::Duration;
