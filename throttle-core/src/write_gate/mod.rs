@@ -16,16 +16,14 @@ use alloc::vec::Vec;
 use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
-use hashbrown::HashMap;
-use smallvec::SmallVec;
+use hashbrown::HashTable;
 
 use crate::backpressure::Signal;
 use crate::rng::Rng;
 use crate::time::{Clock, Instant, ceil_millis};
 
-use config::INLINE_REASONS;
 pub use config::{MAX_REASONS, Reason, ReasonSpec, UpdateRule, WriteGateConfig};
-use heap::{IndexedHeap, Positions};
+use heap::IndexedHeap;
 
 /// The floor of a disk-write-locked backoff: a disk rejection always holds the bucket for at
 /// least 1 ms, whatever the configured jitter draws (the Fluss rule `1 ms ≤ initial`).
@@ -78,76 +76,41 @@ pub enum GateError {
     UnknownReason(Reason),
 }
 
-const NO_POS: usize = usize::MAX;
+/// Reasons whose deadlines live inline in the slot: the three built-ins (fixed indices).
+const BUILTIN: usize = 3;
 
-/// One bucket's state. A slot exists while it holds a stored deadline, an unknown leader or
-/// an armed probe; it is evicted as soon as it holds none of them.
+/// Top bit of a map entry: the bucket's leader is unknown. The other 31 bits are the slot
+/// index. Kept in the map entry (not the slot) because `check` reads the entry anyway and the
+/// slot has no spare byte: the flag costs no extra cache miss and no memory.
+const LEADER_UNKNOWN: u32 = 1 << 31;
+
+/// The slot index of a map entry.
+#[inline]
+fn slot_of(entry: u32) -> usize {
+    (entry & !LEADER_UNKNOWN) as usize
+}
+
+/// One bucket's key and built-in deadlines: 32 bytes for a `u64` key, so with the 4-byte map
+/// entry and the heap's 16 bytes a gated bucket costs about 60 bytes at a million buckets, and
+/// a `check` reads one aligned 32-byte record after the map. A slot exists while the bucket
+/// holds a stored deadline, an unknown leader or an armed probe; it is evicted as soon as it
+/// holds none of them.
 #[derive(Clone, Debug)]
 struct Slot<K> {
     key: K,
-    /// One deadline per reason, indexed by [`Reason::index`]; `Instant::ZERO` means none (a
-    /// stored deadline is always later than the `now` that stored it, so never zero).
-    deadlines: SmallVec<[Instant; INLINE_REASONS]>,
-    /// Index in the heap, or `NO_POS`. In the heap iff the leader is known and a deadline
-    /// is stored.
-    heap_pos: usize,
-    leader_unknown: bool,
+    /// Deadlines of the built-in reasons, indexed by [`Reason::index`]; `Instant::ZERO` means
+    /// none (a stored deadline is always later than the `now` that stored it, so never zero).
+    /// Custom reasons' deadlines live in `WriteGate::extra`.
+    deadlines: [Instant; BUILTIN],
+}
+
+/// Probe state of one bucket, kept (one per slot) only when some reason has probe mode.
+#[derive(Clone, Copy, Debug, Default)]
+struct Probe {
     /// Bit `r` set: reason `r` (with probe mode) gated this bucket since the last success.
     armed: u64,
     /// Sends counted since the bucket's backoffs expired.
-    probes_used: u32,
-}
-
-impl<K> Slot<K> {
-    fn new(key: K, reasons: usize) -> Self {
-        Slot {
-            key,
-            deadlines: core::iter::repeat_n(Instant::ZERO, reasons).collect(),
-            heap_pos: NO_POS,
-            leader_unknown: false,
-            armed: 0,
-            probes_used: 0,
-        }
-    }
-
-    /// The latest stored deadline (`ZERO` when none).
-    fn opening(&self) -> Instant {
-        self.deadlines
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(Instant::ZERO)
-    }
-
-    /// Max over reasons of the time left; expired deadlines count as zero.
-    fn remaining(&self, now: Instant) -> Duration {
-        self.opening().saturating_duration_since(now)
-    }
-
-    /// The pending reason with the latest deadline; ties go to the lower index.
-    fn dominant(&self, now: Instant) -> Option<(Reason, Instant)> {
-        let mut best: Option<(usize, Instant)> = None;
-        for (r, &d) in self.deadlines.iter().enumerate() {
-            if d > now && best.is_none_or(|(_, b)| d > b) {
-                best = Some((r, d));
-            }
-        }
-        best.and_then(|(r, d)| Some((reason_at(r)?, d)))
-    }
-
-    /// Forget deadlines that have passed (so stored deadlines were all pending at the last
-    /// input that touched the bucket).
-    fn clean(&mut self, now: Instant) {
-        for d in &mut self.deadlines {
-            if *d <= now {
-                *d = Instant::ZERO;
-            }
-        }
-    }
-
-    fn is_idle(&self) -> bool {
-        !self.leader_unknown && self.armed == 0 && self.opening() == Instant::ZERO
-    }
+    used: u32,
 }
 
 fn reason_at(index: usize) -> Option<Reason> {
@@ -160,14 +123,6 @@ fn bit(index: usize) -> u64 {
         .ok()
         .and_then(|i| 1u64.checked_shl(i))
         .unwrap_or(0)
-}
-
-impl<K> Positions for Vec<Slot<K>> {
-    fn set(&mut self, slot: usize, pos: usize) {
-        if let Some(s) = self.get_mut(slot) {
-            s.heap_pos = pos;
-        }
-    }
 }
 
 /// The unified per-bucket write throttle (Fluss's `WriteThrottleController`), sans-IO.
@@ -195,7 +150,9 @@ impl<K> Positions for Vec<Slot<K>> {
 ///   known leader, possibly already past) and call `handle_timeout` at that instant.
 ///
 /// Every input and `poll_timeout` costs O(log n) in the number of gated buckets (an indexed
-/// binary heap); no input scans the buckets (only `shutdown` does, once).
+/// 4-ary heap); no input scans the buckets (only `shutdown` does, once). The gate stores at
+/// most 2³¹ − 2 buckets (slot indices are 31-bit): past that, an input for a new bucket stores
+/// nothing (an install returns zero).
 ///
 /// ```
 /// use core::time::Duration;
@@ -229,8 +186,18 @@ impl<K> Positions for Vec<Slot<K>> {
 #[derive(Clone, Debug)]
 pub struct WriteGate<K, S> {
     cfg: WriteGateConfig,
-    index: HashMap<K, usize, S>,
+    hasher: S,
+    /// One entry per stored bucket: its slot index (hashed by the key stored in the slot) and
+    /// the leader-unknown flag ([`LEADER_UNKNOWN`]).
+    index: HashTable<u32>,
+    /// Dense: evicting swaps the last slot in.
     slots: Vec<Slot<K>>,
+    /// Deadlines of custom reasons (index ≥ 3), `reasons - 3` per slot; empty without them.
+    extra: Vec<Instant>,
+    /// One per slot when some reason has probe mode; empty otherwise (the default).
+    probes: Vec<Probe>,
+    /// Whether any registered reason has probe mode (fixed at construction).
+    probing: bool,
     heap: IndexedHeap,
     clock: Clock,
     wake: Option<Instant>,
@@ -246,9 +213,13 @@ where
     /// A gate with no buckets, hashing keys with `hasher`.
     pub fn with_hasher(cfg: WriteGateConfig, hasher: S) -> Self {
         WriteGate {
+            probing: cfg.reasons().iter().any(|r| r.probe_sends().is_some()),
             cfg,
-            index: HashMap::with_hasher(hasher),
+            hasher,
+            index: HashTable::new(),
             slots: Vec::new(),
+            extra: Vec::new(),
+            probes: Vec::new(),
             heap: IndexedHeap::default(),
             clock: Clock::default(),
             wake: None,
@@ -352,67 +323,82 @@ where
     /// else, is evicted.
     pub fn handle_leader(&mut self, now: Instant, bucket: &K, known: bool) {
         let now = self.clock.observe(now);
-        let i = match (self.index.get(bucket), known) {
-            (Some(&i), _) => i,
+        let entry = match (self.find(bucket), known) {
+            (Some(e), _) => e,
             (None, true) => return,
-            (None, false) => self.insert(bucket),
+            (None, false) => match self.insert(bucket.clone(), LEADER_UNKNOWN) {
+                Some(e) => e,
+                None => return,
+            },
         };
-        let Some(slot) = self.slots.get_mut(i) else {
-            return;
-        };
-        slot.clean(now);
+        let i = slot_of(entry);
+        self.clean(i, now);
         if known {
-            slot.leader_unknown = false;
+            if entry & LEADER_UNKNOWN != 0 {
+                self.set_leader_unknown(bucket, i, false);
+            }
         } else {
-            let before = slot.remaining(now);
-            for (r, spec) in self.cfg.reasons().iter().enumerate() {
-                if spec.is_leader_scoped() {
-                    if let Some(d) = slot.deadlines.get_mut(r) {
+            let before = self.slot_remaining(i, now);
+            let mut dropped = 0u64;
+            for r in 0..self.cfg.reasons().len() {
+                if self
+                    .cfg
+                    .reasons()
+                    .get(r)
+                    .is_some_and(|s| s.is_leader_scoped())
+                {
+                    if let Some(d) = self.deadline_mut(i, r) {
                         *d = Instant::ZERO;
                     }
-                    slot.armed &= !bit(r);
+                    dropped |= bit(r);
                 }
             }
-            slot.leader_unknown = true;
-            let after = slot.remaining(now);
+            if let Some(p) = self.probes.get_mut(i) {
+                p.armed &= !dropped;
+            }
+            if entry & LEADER_UNKNOWN == 0 {
+                self.set_leader_unknown(bucket, i, true);
+            }
+            let after = self.slot_remaining(i, now);
             if after < before {
                 self.push_wake(now + after);
             }
         }
-        self.settle(i);
+        self.settle(i, !known);
     }
 
     /// A batch was sent to `bucket`. Counted only while probing: the bucket's deadlines have
     /// all passed and a probe-mode reason gated it since the last success.
     pub fn handle_send(&mut self, now: Instant, bucket: &K) {
         let now = self.clock.observe(now);
-        let Some(&i) = self.index.get(bucket) else {
+        let Some(entry) = self.find(bucket) else {
             return;
         };
-        let Some(slot) = self.slots.get_mut(i) else {
-            return;
-        };
-        slot.clean(now);
-        if slot.armed != 0 && slot.opening() == Instant::ZERO {
-            slot.probes_used = slot.probes_used.saturating_add(1);
+        let i = slot_of(entry);
+        self.clean(i, now);
+        let open = self.opening(i) == Instant::ZERO;
+        if let Some(p) = self.probes.get_mut(i)
+            && p.armed != 0
+            && open
+        {
+            p.used = p.used.saturating_add(1);
         }
-        self.settle(i);
+        self.settle(i, entry & LEADER_UNKNOWN != 0);
     }
 
     /// A write to `bucket` succeeded: probe mode ends for the bucket (its allowance resets).
     /// Pending deadlines stay: the success may answer a batch sent before the rejection.
     pub fn handle_success(&mut self, now: Instant, bucket: &K) {
         let now = self.clock.observe(now);
-        let Some(&i) = self.index.get(bucket) else {
+        let Some(entry) = self.find(bucket) else {
             return;
         };
-        let Some(slot) = self.slots.get_mut(i) else {
-            return;
-        };
-        slot.clean(now);
-        slot.armed = 0;
-        slot.probes_used = 0;
-        self.settle(i);
+        let i = slot_of(entry);
+        self.clean(i, now);
+        if let Some(p) = self.probes.get_mut(i) {
+            *p = Probe::default();
+        }
+        self.settle(i, entry & LEADER_UNKNOWN != 0);
     }
 
     /// Evict every gate whose deadline has passed (`deadline ≤ now`); a bucket holding
@@ -428,10 +414,9 @@ where
             if at > now {
                 break;
             }
-            if let Some(slot) = self.slots.get_mut(i) {
-                slot.clean(now);
-            }
-            self.settle(i);
+            self.clean(i, now);
+            // Only buckets with a known leader are in the heap.
+            self.settle(i, false);
         }
         self.maybe_shrink();
     }
@@ -448,18 +433,27 @@ where
     pub fn shutdown(&mut self) {
         self.shut_down = true;
         let now = self.clock.peek(Instant::ZERO);
-        if self.slots.iter().any(|s| s.remaining(now) > Duration::ZERO) {
+        if (0..self.slots.len()).any(|i| self.slot_remaining(i, now) > Duration::ZERO) {
             self.push_wake(now);
         }
-        self.heap.clear();
-        self.slots.retain(|s| s.leader_unknown);
+        // Keep only the buckets whose leader is unknown, holding nothing else.
+        let mut unknown = alloc::vec![false; self.slots.len()];
+        for &e in self.index.iter() {
+            if e & LEADER_UNKNOWN != 0
+                && let Some(u) = unknown.get_mut(slot_of(e))
+            {
+                *u = true;
+            }
+        }
+        let slots = core::mem::take(&mut self.slots);
         self.index.clear();
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            slot.deadlines.iter_mut().for_each(|d| *d = Instant::ZERO);
-            slot.heap_pos = NO_POS;
-            slot.armed = 0;
-            slot.probes_used = 0;
-            self.index.insert(slot.key.clone(), i);
+        self.extra.clear();
+        self.probes.clear();
+        self.heap.clear();
+        for (slot, keep) in slots.into_iter().zip(unknown) {
+            if keep {
+                let _ = self.insert(slot.key, LEADER_UNKNOWN);
+            }
         }
     }
 
@@ -468,8 +462,8 @@ where
     /// How long `bucket` stays closed: the maximum over its reasons (zero when open).
     pub fn remaining(&self, now: Instant, bucket: &K) -> Duration {
         let now = self.clock.peek(now);
-        self.slot(bucket)
-            .map_or(Duration::ZERO, |s| s.remaining(now))
+        self.find(bucket)
+            .map_or(Duration::ZERO, |e| self.slot_remaining(slot_of(e), now))
     }
 
     /// [`Self::remaining`] in whole milliseconds, rounded **up**: a closed bucket never
@@ -481,17 +475,19 @@ where
     /// Whether `bucket` may send now; leader-first, then the dominant gate, then probing.
     pub fn check(&self, now: Instant, bucket: &K) -> GateState {
         let now = self.clock.peek(now);
-        let Some(slot) = self.slot(bucket) else {
+        let Some(entry) = self.find(bucket) else {
             return GateState::Open;
         };
-        if slot.leader_unknown {
+        if entry & LEADER_UNKNOWN != 0 {
             return GateState::UnknownLeader;
         }
-        if let Some((reason, until)) = slot.dominant(now) {
+        let i = slot_of(entry);
+        if let Some((reason, until)) = self.dominant(i, now) {
             return GateState::Closed { until, reason };
         }
-        match self.probe_limit(slot) {
-            Some((reason, allowed)) if slot.probes_used >= allowed => GateState::Probing { reason },
+        let probe = self.probe(i);
+        match self.probe_limit(probe.armed) {
+            Some((reason, allowed)) if probe.used >= allowed => GateState::Probing { reason },
             _ => GateState::Open,
         }
     }
@@ -501,12 +497,12 @@ where
     /// and probe state.
     pub fn explain(&self, now: Instant, bucket: &K) -> Option<(Reason, Instant)> {
         let now = self.clock.peek(now);
-        self.slot(bucket)?.dominant(now)
+        self.dominant(slot_of(self.find(bucket)?), now)
     }
 
     /// Whether the gate holds `bucket`'s leader as known (the default for any bucket).
     pub fn is_leader_known(&self, bucket: &K) -> bool {
-        self.slot(bucket).is_none_or(|s| !s.leader_unknown)
+        self.find(bucket).is_none_or(|e| e & LEADER_UNKNOWN == 0)
     }
 
     /// Number of buckets with any state (a stored deadline, an unknown leader, or probe
@@ -551,30 +547,155 @@ where
 
     // ---------------------------------------------------------------------------- helpers
 
-    fn slot(&self, bucket: &K) -> Option<&Slot<K>> {
-        self.index.get(bucket).and_then(|&i| self.slots.get(i))
+    /// `bucket`'s map entry (slot index and leader flag), comparing keys in the slots.
+    #[inline]
+    fn find(&self, bucket: &K) -> Option<u32> {
+        let hash = self.hasher.hash_one(bucket);
+        let slots = &self.slots;
+        self.index
+            .find(hash, |&e| {
+                slots.get(slot_of(e)).is_some_and(|s| s.key == *bucket)
+            })
+            .copied()
+    }
+
+    /// Deadlines per slot kept in `extra` (the custom reasons).
+    #[inline]
+    fn stride(&self) -> usize {
+        self.cfg.reasons().len().saturating_sub(BUILTIN)
+    }
+
+    /// Slot `i`'s custom deadlines.
+    fn extra_of(&self, i: usize) -> &[Instant] {
+        let stride = self.stride();
+        if stride == 0 {
+            return &[];
+        }
+        let start = i.saturating_mul(stride);
+        self.extra
+            .get(start..start.saturating_add(stride))
+            .unwrap_or(&[])
+    }
+
+    /// Slot `i`'s deadlines in reason order (`ZERO` for none).
+    #[inline]
+    fn deadlines(&self, i: usize) -> impl Iterator<Item = Instant> + '_ {
+        let builtin = self.slots.get(i).map_or(&[][..], |s| &s.deadlines[..]);
+        builtin.iter().chain(self.extra_of(i)).copied()
+    }
+
+    fn deadline_mut(&mut self, i: usize, r: usize) -> Option<&mut Instant> {
+        if r < BUILTIN {
+            return self.slots.get_mut(i)?.deadlines.get_mut(r);
+        }
+        let at = i
+            .checked_mul(self.stride())?
+            .checked_add(r.checked_sub(BUILTIN)?)?;
+        self.extra.get_mut(at)
+    }
+
+    /// The latest stored deadline of slot `i` (`ZERO` when none).
+    #[inline]
+    fn opening(&self, i: usize) -> Instant {
+        self.deadlines(i).max().unwrap_or(Instant::ZERO)
+    }
+
+    /// Max over reasons of the time left; expired deadlines count as zero.
+    #[inline]
+    fn slot_remaining(&self, i: usize, now: Instant) -> Duration {
+        self.opening(i).saturating_duration_since(now)
+    }
+
+    /// The pending reason with the latest deadline; ties go to the lower index.
+    #[inline]
+    fn dominant(&self, i: usize, now: Instant) -> Option<(Reason, Instant)> {
+        let mut best: Option<(usize, Instant)> = None;
+        for (r, d) in self.deadlines(i).enumerate() {
+            if d > now && best.is_none_or(|(_, b)| d > b) {
+                best = Some((r, d));
+            }
+        }
+        best.and_then(|(r, d)| Some((reason_at(r)?, d)))
+    }
+
+    /// Forget slot `i`'s deadlines that have passed (so stored deadlines were all pending at
+    /// the last input that touched the bucket).
+    fn clean(&mut self, i: usize, now: Instant) {
+        let clear = |d: &mut Instant| {
+            if *d <= now {
+                *d = Instant::ZERO;
+            }
+        };
+        if let Some(s) = self.slots.get_mut(i) {
+            s.deadlines.iter_mut().for_each(clear);
+        }
+        let stride = self.stride();
+        if stride > 0 {
+            let start = i.saturating_mul(stride);
+            if let Some(e) = self.extra.get_mut(start..start.saturating_add(stride)) {
+                e.iter_mut().for_each(clear);
+            }
+        }
+    }
+
+    fn probe(&self, i: usize) -> Probe {
+        self.probes.get(i).copied().unwrap_or_default()
     }
 
     /// The armed probe reason with the smallest allowance (ties to the lower index).
-    fn probe_limit(&self, slot: &Slot<K>) -> Option<(Reason, u32)> {
+    fn probe_limit(&self, armed: u64) -> Option<(Reason, u32)> {
+        if armed == 0 {
+            return None;
+        }
         let mut best: Option<(usize, u32)> = None;
         for (r, spec) in self.cfg.reasons().iter().enumerate() {
             let Some(n) = spec.probe_sends() else {
                 continue;
             };
-            if slot.armed & bit(r) != 0 && best.is_none_or(|(_, b)| n < b) {
+            if armed & bit(r) != 0 && best.is_none_or(|(_, b)| n < b) {
                 best = Some((r, n));
             }
         }
         best.and_then(|(r, n)| Some((reason_at(r)?, n)))
     }
 
-    fn insert(&mut self, bucket: &K) -> usize {
+    /// Store a new bucket with nothing gated; returns its map entry. `None` (nothing stored)
+    /// once [`heap::MAX_SLOTS`]` - 1` buckets are stored: slot indices must fit in 31 bits.
+    fn insert(&mut self, key: K, flag: u32) -> Option<u32> {
         let i = self.slots.len();
-        self.slots
-            .push(Slot::new(bucket.clone(), self.cfg.reasons().len()));
-        self.index.insert(bucket.clone(), i);
-        i
+        if i >= heap::MAX_SLOTS - 1 {
+            return None;
+        }
+        let entry = (i as u32) | flag;
+        let hash = self.hasher.hash_one(&key);
+        self.slots.push(Slot {
+            key,
+            deadlines: [Instant::ZERO; BUILTIN],
+        });
+        let stride = self.stride();
+        self.extra
+            .extend(core::iter::repeat_n(Instant::ZERO, stride));
+        if self.probing {
+            self.probes.push(Probe::default());
+        }
+        self.heap.add_slot();
+        let (hasher, slots) = (&self.hasher, &self.slots);
+        self.index.insert_unique(hash, entry, |&e| {
+            slots.get(slot_of(e)).map_or(0, |s| hasher.hash_one(&s.key))
+        });
+        Some(entry)
+    }
+
+    /// Set or clear the leader-unknown flag of slot `i` (whose key is `bucket`).
+    fn set_leader_unknown(&mut self, bucket: &K, i: usize, unknown: bool) {
+        let hash = self.hasher.hash_one(bucket);
+        if let Some(e) = self.index.find_mut(hash, |&e| slot_of(e) == i) {
+            *e = if unknown {
+                *e | LEADER_UNKNOWN
+            } else {
+                *e & !LEADER_UNKNOWN
+            };
+        }
     }
 
     fn push_wake(&mut self, at: Instant) {
@@ -593,19 +714,20 @@ where
         };
         let candidate = now + delay;
         let pending = candidate > now;
-        let i = match self.index.get(bucket) {
-            Some(&i) => i,
-            None if pending => self.insert(bucket),
+        let entry = match self.find(bucket) {
+            Some(e) => e,
+            None if pending => match self.insert(bucket.clone(), 0) {
+                Some(e) => e,
+                None => return Duration::ZERO,
+            },
             // Nothing stored and nothing to store: an absent bucket stays absent.
             None => return Duration::ZERO,
         };
-        let Some(slot) = self.slots.get_mut(i) else {
-            return Duration::ZERO;
-        };
-        slot.clean(now);
-        let before = slot.remaining(now);
-        let ignored = spec.is_leader_scoped() && slot.leader_unknown;
-        if let (false, Some(d)) = (ignored, slot.deadlines.get_mut(r)) {
+        let (i, unknown) = (slot_of(entry), entry & LEADER_UNKNOWN != 0);
+        self.clean(i, now);
+        let before = self.slot_remaining(i, now);
+        let ignored = spec.is_leader_scoped() && unknown;
+        if let (false, Some(d)) = (ignored, self.deadline_mut(i, r)) {
             match spec.rule() {
                 UpdateRule::NeverShorten => {
                     if pending && candidate > *d {
@@ -614,70 +736,78 @@ where
                 }
                 UpdateRule::LatestWins => *d = if pending { candidate } else { Instant::ZERO },
             }
-            if pending {
-                // A new rejection re-gates: a fresh probe allowance once it expires.
-                slot.probes_used = 0;
-                if spec.probe_sends().is_some() {
-                    slot.armed |= bit(r);
+            if let Some(p) = self.probes.get_mut(i) {
+                if pending {
+                    // A new rejection re-gates: a fresh probe allowance once it expires.
+                    p.used = 0;
+                    if spec.probe_sends().is_some() {
+                        p.armed |= bit(r);
+                    }
+                } else if spec.rule() == UpdateRule::LatestWins {
+                    p.armed &= !bit(r);
                 }
-            } else if spec.rule() == UpdateRule::LatestWins {
-                slot.armed &= !bit(r);
             }
         }
-        let after = slot.remaining(now);
+        let after = self.slot_remaining(i, now);
         if after < before {
             self.push_wake(now + after);
         }
-        self.settle(i);
+        self.settle(i, unknown);
         after
     }
 
-    /// Restore the slot's invariants after a change: in the heap (at its opening) iff its
+    /// Restore slot `i`'s invariants after a change: in the heap (at its opening) iff its
     /// leader is known and a deadline is stored; evicted when it holds nothing.
-    fn settle(&mut self, i: usize) {
-        let Some(slot) = self.slots.get(i) else {
+    fn settle(&mut self, i: usize, leader_unknown: bool) {
+        let opening = self.opening(i);
+        if !leader_unknown && opening != Instant::ZERO {
+            self.heap.set(i, opening);
             return;
-        };
-        let opening = slot.opening();
-        let wanted = !slot.leader_unknown && opening != Instant::ZERO;
-        let pos = slot.heap_pos;
-        let idle = slot.is_idle();
-        match (wanted, pos != NO_POS) {
-            (true, true) => self.heap.update(pos, opening, &mut self.slots),
-            (true, false) => self.heap.push(opening, i, &mut self.slots),
-            (false, true) => {
-                self.heap.remove(pos, &mut self.slots);
-                if let Some(s) = self.slots.get_mut(i) {
-                    s.heap_pos = NO_POS;
-                }
-            }
-            (false, false) => {}
         }
-        if idle {
+        self.heap.remove(i);
+        if !leader_unknown && self.probe(i).armed == 0 {
             self.evict(i);
         }
     }
 
-    /// Remove slot `i` (out of the heap already or not), keeping the slot vector dense: the
-    /// last slot moves into `i`, and its map entry and heap item follow.
+    /// Remove slot `i` (from the heap too), keeping the slot vector dense: the last slot moves
+    /// into `i`, and its map entry, custom deadlines, probe state and heap item follow.
     fn evict(&mut self, i: usize) {
-        let Some(slot) = self.slots.get(i) else {
+        let Some(last) = self.slots.len().checked_sub(1) else {
             return;
         };
-        let pos = slot.heap_pos;
-        if pos != NO_POS {
-            self.heap.remove(pos, &mut self.slots);
+        let Some(gone) = self.slots.get(i) else {
+            return;
+        };
+        // Entries are found by slot index, so no key is compared.
+        let hash = self.hasher.hash_one(&gone.key);
+        if let Ok(e) = self.index.find_entry(hash, |&e| slot_of(e) == i) {
+            e.remove();
         }
-        let gone = self.slots.swap_remove(i);
-        self.index.remove(&gone.key);
-        if let Some(moved) = self.slots.get(i) {
-            if let Some(v) = self.index.get_mut(&moved.key) {
-                *v = i;
-            }
-            if moved.heap_pos != NO_POS {
-                self.heap.set_slot(moved.heap_pos, i);
+        if i != last
+            && let Some(moved) = self.slots.get(last)
+        {
+            let hash = self.hasher.hash_one(&moved.key);
+            if let Some(e) = self.index.find_mut(hash, |&e| slot_of(e) == last) {
+                *e = (*e & LEADER_UNKNOWN) | i as u32;
             }
         }
+        self.slots.swap_remove(i);
+        let stride = self.stride();
+        if stride > 0 {
+            let (from, to) = (last.saturating_mul(stride), i.saturating_mul(stride));
+            for k in 0..stride {
+                let moved = self.extra.get(from.saturating_add(k)).copied();
+                if let (Some(v), Some(d)) = (moved, self.extra.get_mut(to.saturating_add(k))) {
+                    *d = v;
+                }
+            }
+            self.extra.truncate(from);
+        }
+        if i < self.probes.len() {
+            self.probes.swap_remove(i);
+        }
+        self.heap.swap_remove_slot(i);
     }
 
     /// Shrink (to twice the live size) once below a quarter of capacity, so memory follows
@@ -686,13 +816,26 @@ where
         let len = self.slots.len();
         let target = len.saturating_mul(2);
         if len == 0 || len < self.index.capacity() / 4 {
-            self.index.shrink_to(target);
+            let (hasher, slots) = (&self.hasher, &self.slots);
+            self.index.shrink_to(target, |&e| {
+                slots.get(slot_of(e)).map_or(0, |s| hasher.hash_one(&s.key))
+            });
         }
+        let mut slots_target = None;
         if len < self.slots.capacity() / 4 || len == 0 {
             self.slots.shrink_to(target);
+            self.extra.shrink_to(target.saturating_mul(self.stride()));
+            self.probes.shrink_to(if self.probing { target } else { 0 });
+            slots_target = Some(target);
         }
-        if self.heap.len() < self.heap.capacity() / 4 || self.heap.len() == 0 {
-            self.heap.shrink_to(self.heap.len().saturating_mul(2));
+        let gated = self.heap.len();
+        let items_target =
+            (gated < self.heap.capacity() / 4 || gated == 0).then(|| gated.saturating_mul(2));
+        if items_target.is_some() || slots_target.is_some() {
+            self.heap.shrink_to(
+                items_target.unwrap_or(usize::MAX),
+                slots_target.unwrap_or(usize::MAX),
+            );
         }
     }
 
@@ -700,34 +843,41 @@ where
     #[cfg(any(test, feature = "model"))]
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), &'static str> {
-        if self.index.len() != self.slots.len() {
-            return Err("map and slot vector differ in length");
+        let n = self.slots.len();
+        if self.index.len() != n || self.heap.slots() != n {
+            return Err("map, slot vector and heap positions differ in length");
+        }
+        if self.extra.len() != n.saturating_mul(self.stride()) {
+            return Err("custom deadlines do not match the slots and the registry");
+        }
+        if self.probes.len() != if self.probing { n } else { 0 } {
+            return Err("probe state does not match the slots");
         }
         for (i, slot) in self.slots.iter().enumerate() {
-            if self.index.get(&slot.key) != Some(&i) {
+            let Some(entry) = self.find(&slot.key) else {
+                return Err("a slot's key is not in the map");
+            };
+            if slot_of(entry) != i {
                 return Err("map does not point at the slot holding the key");
             }
-            if slot.is_idle() {
+            let unknown = entry & LEADER_UNKNOWN != 0;
+            let opening = self.opening(i);
+            if !unknown && self.probe(i).armed == 0 && opening == Instant::ZERO {
                 return Err("an idle bucket was not evicted");
             }
-            if slot.deadlines.len() != self.cfg.reasons().len() {
-                return Err("a bucket's deadline array does not match the registry");
-            }
-            let wanted = !slot.leader_unknown && slot.opening() != Instant::ZERO;
-            if wanted != (slot.heap_pos != NO_POS) {
+            let wanted = !unknown && opening != Instant::ZERO;
+            if wanted != self.heap.contains(i) {
                 return Err("heap membership disagrees with the bucket's state");
             }
-            if wanted && self.heap.get(slot.heap_pos) != Some((slot.opening(), i)) {
+            if wanted && self.heap.position(i).and_then(|p| self.heap.get(p)) != Some((opening, i))
+            {
                 return Err("heap item does not match the bucket's opening");
             }
-            if self.shut_down && slot.opening() != Instant::ZERO {
+            if self.shut_down && opening != Instant::ZERO {
                 return Err("a gate survived shutdown");
             }
         }
-        if !self
-            .heap
-            .is_consistent(|s| self.slots.get(s).map(|slot| slot.heap_pos))
-        {
+        if !self.heap.is_consistent() {
             return Err("heap order or positions broken");
         }
         Ok(())
