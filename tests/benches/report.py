@@ -166,51 +166,50 @@ REPORT_ROWS = [
 # Why a row misses and what would close it: printed only under a row that missed.
 NOTES = {
     "window credit, uncontended":
-        "a shard with nothing in flight has no window, so every submit inserts one into the "
-        "shard map and every complete removes it again (four hash lookups instead of two); "
-        "the busy-shard row, where the window stays, is on par with tokio. Keeping an idle "
-        "shard's window until the window's `handle_timeout` evicts it (as the gate evicts "
-        "expired buckets) would bring the idle case down to the busy one.",
+        "an idle shard keeps its (empty) map entry until maintenance evicts it, so submit and "
+        "complete each cost one SipHash lookup of the shard map plus the slab update; tokio's "
+        "`try_acquire` is one CAS. Storing each shard's hash in its credit slot and keying "
+        "the map through `hashbrown::HashTable` would make `complete` hash-free, which is "
+        "what the FxHash row suggests is left.",
     "window credit, uncontended (busy shard)":
-        "on par with tokio's semaphore within the run-to-run noise (±5 %); what is left is "
-        "one SipHash lookup in submit and one in complete.",
+        "as above: one SipHash lookup in submit and one in complete is what is left.",
     "window credit, uncontended (FxHash)":
-        "as for the idle shard: the map insert and remove, not the hash, dominate.",
+        "with a cheap hash the map lookup is no longer the cost; what remains is the slab "
+        "and counter updates.",
     "permit through sync":
-        "one try_acquire + complete takes the handle's mutex twice and hashes the shard about "
-        "six times with SipHash (the waiter-line map, then the window's `available`, `submit` "
-        "with its insert, `complete` with its remove, the line map again), plus the window's "
-        "idle-shard insert/remove (row 1); tokio's owned permit is an Arc clone and one CAS "
-        "each way. Hashing the shard once per operation (one map holding the line and the "
-        "window entry, or a precomputed hash through `hashbrown::HashTable`) and keeping idle "
-        "windows would close most of it.",
+        "one acquire + complete now takes the handle's mutex once each way and hashes the "
+        "shard once per operation; what separates it from tokio's owned permit (an Arc clone "
+        "and one CAS each way) is the lock/unlock pair on both sides plus the Arc clone and "
+        "drop: about six atomic read-modify-writes against tokio's four. Closing it needs a "
+        "lock-free fast path for uncontended credit (an atomic per-shard counter beside the "
+        "mutex-protected waiter line), which must be re-proved under loom.",
     "permit through sync (busy shard)":
-        "as above without the idle-window insert/remove: the mutex and the repeated hashing "
-        "remain.",
+        "as above: the mutex pair and the Arc, not the hashing, dominate.",
     "async permit":
-        "the same critical sections as the sync permit (the first poll of a ready acquire "
-        "takes the credit like try_acquire); the repeated hashing and the idle-window churn "
-        "are what separate it from tokio's semaphore.",
+        "the first poll of a ready acquire takes the credit like `try_acquire`, so the same "
+        "lock/unlock pairs and Arc traffic separate it from tokio's semaphore; the same "
+        "lock-free fast path would close most of it.",
     "backoff with jitter":
         "each draw does integer divisions (`mul_div` through u128, `% resolution`) where "
-        "backon does a few f32 multiplications. An experiment (on an earlier revision) with u64 fast paths and no "
+        "backon does a few f32 multiplications. An experiment with u64 fast paths and no "
         "truncation reached about 1.8× backon, not 4×: closing it needs division-free steps "
         "(den = 1 fast path, fixed-point reciprocals for ppm and the resolution), and may "
         "still fall short; the target may be set too high for exact integer jitter.",
     "gate check, 100 k tracked buckets (u64 keys)":
-        "a check makes two dependent cache misses (the key's map entry, then its slot in "
-        "`slots`), where governor makes one (its state is inline in the DashMap entry). "
-        "Keeping the opening instant and dominant reason inline in the map value would save "
-        "the second miss; 2× on a cache-missing lookup over 100 k keys is unlikely even so.",
+        "the memory target (≤ 64 B per bucket) puts the key and deadlines in a 32-byte slot "
+        "behind a 4-byte table entry, so a check makes three dependent cache misses (control "
+        "bytes, entry, slot) where governor makes two plus its atomics. Storing the opening "
+        "inline in the table entry would cost about 86 B per bucket at 1 M, missing the "
+        "memory target instead.",
     "gate check, 100 k tracked buckets (FxHash)":
-        "as above, without the hash cost: the extra indirection remains.",
+        "as above, without the hash cost: the indirection through the slot remains.",
     "earliest wake-up, 1 M gated buckets (vs heap)":
-        "an install re-sifts an existing entry (up or down, up to log2(1 M) = 20 levels) and "
-        "writes every moved entry's position back into its 72-byte slot (a random cache miss "
-        "per level); a bare heap push of a random key sifts up O(1) levels on average and "
-        "tracks no positions. A 4-ary heap and a dense u32 position array beside the heap "
-        "would cut the misses; within 2× of a bare push is not reachable for an exact "
-        "indexed update.",
+        "an exact indexed update of a random bucket among 1 M costs about seven DRAM misses "
+        "(the map lookup, the position, the heap item, a parent or child and each moved "
+        "item's position write), where a bare push appends to a warm tail; the 4-ary heap "
+        "with dense u32 positions cut it by 15–20 %. Within 2× of a bare push is not "
+        "reachable for an exact indexed update; a lazily-cleaned heap would be, but DESIGN "
+        "§3.3 rules it out (not exact through `&self`, grows under latest-wins churn).",
 }
 
 BATCHER_OPS = 10_000
