@@ -392,9 +392,8 @@ type Conns = ConnTable<u32, u32, RandomState>;
 
 /// Routes `requests` requests round-robin over `endpoints` endpoints (opening what is not
 /// open), sends and finishes each; then the remote side closes every fourth connection, which
-/// reconnects on the next round. Nothing idles out: the table keeps its working size (letting
-/// every connection idle out shrinks the table in `handle_timeout`, by design, and the next
-/// routes regrow it).
+/// reconnects on the next round. Nothing idles out here; idling out is covered by
+/// `endpoint_cycling_through_idle_close_allocates_nothing_after_warmup`.
 fn conn_round(t: &mut Conns, now: &mut Instant, endpoints: u32, requests: u32) {
     for r in 0..requests {
         let e = r % endpoints;
@@ -438,6 +437,26 @@ fn connection_routing_with_many_endpoints_allocates_nothing_after_warmup() {
     let mut now = Instant::from_millis(1);
     assert_no_alloc_after_warmup("connection table, 1000 endpoints", || {
         conn_round(&mut t, &mut now, 1_000, 10_000);
+    });
+}
+
+/// One endpoint used now and then: open, idle close in `handle_timeout`, reopen. The table
+/// empties every cycle, yet its shrink keeps a small floor capacity, so reopening reuses it.
+#[test]
+fn endpoint_cycling_through_idle_close_allocates_nothing_after_warmup() {
+    let cfg = ConnConfig::default().with_max_idle(Duration::from_millis(1));
+    let mut t = Conns::new(cfg).expect("valid config");
+    let mut now = Instant::from_millis(1);
+    let key = ConnKey::new(1, 1, 9092);
+    assert_no_alloc_after_warmup("connection table, open/idle-close cycles", || {
+        for _ in 0..100 {
+            assert!(matches!(t.route(now, &key), Route::Open(..)));
+            now += Duration::from_millis(2);
+            t.handle_timeout(now);
+            assert!(t.poll_action().is_some(), "idle close");
+            assert!(t.poll_action().is_none());
+            assert_eq!(t.tracked_endpoints(), 0);
+        }
     });
 }
 

@@ -252,7 +252,7 @@ struct Entry<U, H> {
 /// Costs: `route` and every handler are O(log n) (one hash lookup at most, one sift in an
 /// indexed binary heap; no allocation once grown); `poll_timeout` is O(1) (the heap's top);
 /// `disconnect(uid)` is O(k log n) for the uid's k endpoints; `handle_timeout` is O(log n)
-/// per expired entry.
+/// per expired entry plus amortised O(1) maintenance (it never scans the table).
 ///
 /// ```
 /// use std::hash::RandomState;
@@ -276,7 +276,9 @@ pub struct ConnTable<U, H, S> {
     cfg: ConnConfig,
     clock: Clock,
     slots: Vec<Option<Entry<U, H>>>,
-    /// Free slots, lowest first, so a shrinking table compacts towards the front.
+    /// Free slots, lowest first, so a shrinking table compacts towards the front. Entries at
+    /// or past `slots.len()` are stale (their slot was trimmed off the end); since the heap
+    /// hands out its smallest first, meeting one means all remaining ones are stale.
     free: BinaryHeap<Reverse<u32>>,
     by_key: HashMap<ConnKey<U, H>, u32, S>,
     by_uid: HashMap<U, SmallVec<[u32; 2]>, S>,
@@ -287,7 +289,15 @@ pub struct ConnTable<U, H, S> {
     actions: VecDeque<ConnAction>,
     next_seq: u64,
     live: usize,
+    /// Slots trimmed plus free-list entries visited by `shrink`, to pin its cost in tests.
+    #[cfg(test)]
+    maintenance_steps: u64,
 }
+
+/// The capacity every container keeps when it shrinks: a table that empties and refills
+/// (one endpoint opened, idled out, reopened) reuses its storage instead of allocating
+/// again each cycle (DESIGN §2.6).
+const SHRINK_FLOOR: usize = 16;
 
 impl<U, H, S> ConnTable<U, H, S>
 where
@@ -318,6 +328,8 @@ where
             actions: VecDeque::new(),
             next_seq: 1,
             live: 0,
+            #[cfg(test)]
+            maintenance_steps: 0,
         })
     }
 
@@ -538,7 +550,7 @@ where
     /// Acts on every deadline at or before `now`: closes connections idle for `max_idle`
     /// (queuing [`ConnAction::Close`]) and forgets the connect backoff of endpoints without a
     /// connection for `max_idle` past their backoff. Shrinks the table once it is below a
-    /// quarter of its capacity.
+    /// quarter of its capacity, keeping a small floor.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.observe(now);
         // Each turn removes a connection or an entry, so the loop ends.
@@ -672,8 +684,16 @@ where
     }
 
     fn alloc_slot(&mut self) -> Option<u32> {
-        if let Some(Reverse(slot)) = self.free.pop() {
-            return Some(slot);
+        while let Some(Reverse(slot)) = self.free.pop() {
+            if (slot as usize) < self.slots.len() {
+                if matches!(self.slots.get(slot as usize), Some(None)) {
+                    return Some(slot);
+                }
+                continue; // unreachable: a free entry below the end names an empty slot
+            }
+            // The smallest entry is past the end, so every entry is stale. Dropping them
+            // before the table grows keeps a trimmed slot from being handed out twice.
+            self.free.clear();
         }
         let slot = u32::try_from(self.slots.len()).ok()?;
         self.slots.push(None);
@@ -809,30 +829,54 @@ where
         self.free.push(Reverse(slot));
     }
 
-    /// Gives memory back once the table is below a quarter of what it holds.
+    /// Gives memory back once the table is below a quarter of what it holds, never below
+    /// [`SHRINK_FLOOR`]. Costs O(1) plus work already paid for: O(1) per trailing slot
+    /// trimmed, and a purge of stale free-list entries only once they outnumber the valid
+    /// ones (so it visits fewer than two entries per slot trimmed since the last purge).
     fn shrink(&mut self) {
         let used = self.by_key.len();
         if used < self.slots.len() / 4 {
-            // Allocation prefers low slots, so the used ones gather at the front.
+            // Allocation prefers low slots, so the used ones gather at the front. A live
+            // connection in a high slot stops the trim: its id names that slot.
             while matches!(self.slots.last(), Some(None)) {
                 self.slots.pop();
+                #[cfg(test)]
+                {
+                    self.maintenance_steps += 1;
+                }
             }
-            let len = self.slots.len();
+            let target = self.slots.len().saturating_mul(2).max(SHRINK_FLOOR);
+            self.slots.shrink_to(target);
+        }
+        // Trimmed slots stay in the free heap (finding them there would cost a scan) until
+        // they outnumber the valid entries; `alloc_slot` skips them meanwhile.
+        let len = self.slots.len();
+        let valid = len.saturating_sub(used);
+        if self.free.len().saturating_sub(valid) > valid {
+            #[cfg(test)]
+            {
+                self.maintenance_steps += self.free.len() as u64;
+            }
             self.free.retain(|&Reverse(s)| (s as usize) < len);
-            self.slots.shrink_to(len.saturating_mul(2));
-            self.free.shrink_to(len);
+        }
+        if self.free.len() < self.free.capacity() / 4 {
+            let target = self.free.len().saturating_mul(2).max(SHRINK_FLOOR);
+            self.free.shrink_to(target);
         }
         if self.timers.len() < self.timers.capacity() / 4 {
-            self.timers.shrink_to(self.timers.len().saturating_mul(2));
+            let target = self.timers.len().saturating_mul(2).max(SHRINK_FLOOR);
+            self.timers.shrink_to(target);
         }
         if self.by_key.len() < self.by_key.capacity() / 4 {
-            self.by_key.shrink_to(self.by_key.len().saturating_mul(2));
+            let target = self.by_key.len().saturating_mul(2).max(SHRINK_FLOOR);
+            self.by_key.shrink_to(target);
         }
         if self.by_uid.len() < self.by_uid.capacity() / 4 {
-            self.by_uid.shrink_to(self.by_uid.len().saturating_mul(2));
+            let target = self.by_uid.len().saturating_mul(2).max(SHRINK_FLOOR);
+            self.by_uid.shrink_to(target);
         }
-        if self.actions.is_empty() && self.actions.capacity() > 64 {
-            self.actions.shrink_to(16);
+        if self.actions.is_empty() && self.actions.capacity() > 4 * SHRINK_FLOOR {
+            self.actions.shrink_to(SHRINK_FLOOR);
         }
     }
 
@@ -1370,5 +1414,123 @@ mod tests {
         };
         assert_eq!(again.slot, 3);
         assert!(ids.iter().all(|old| *old != again));
+    }
+
+    /// Opens `n` endpoints, closes all but the one in the highest slot, runs maintenance.
+    fn sparse_table(n: u32) -> (ConnTable<u32, u32, RandomState>, ConnId) {
+        let mut t: ConnTable<u32, u32, RandomState> =
+            ConnTable::new(ConnConfig::default()).unwrap();
+        let mut ids = Vec::new();
+        for i in 0..n {
+            match t.route(ms(0), &ConnKey::new(i, 0, 1)) {
+                Route::Open(id, _) => ids.push(id),
+                other => panic!("{other:?}"),
+            }
+        }
+        let (&last, rest) = ids.split_last().unwrap();
+        for id in rest {
+            assert!(t.handle_closed(ms(0), *id));
+        }
+        t.handle_timeout(ms(0));
+        (t, last)
+    }
+
+    /// DESIGN §2.6, no scans on a hot path: a live connection in a high slot keeps the slots
+    /// below it (its id names its slot), and maintenance must not revisit them every call.
+    #[test]
+    fn handle_timeout_with_nothing_due_does_no_work_on_a_sparse_table() {
+        let (mut t, last) = sparse_table(2_000);
+        assert_eq!(t.slot_count(), 2_000, "the live top slot pins the others");
+        assert_eq!(t.free.len(), 1_999);
+        let steps = t.maintenance_steps;
+        for k in 1..=200 {
+            t.handle_timeout(ms(k));
+        }
+        assert_eq!(t.maintenance_steps, steps, "200 idle calls visited slots");
+        assert_eq!(t.free.len(), 1_999);
+        // Once the top connection closes, the trim and the purge run once, for about
+        // two steps per trimmed slot, and then the table is empty.
+        assert!(t.handle_closed(ms(300), last));
+        t.handle_timeout(ms(300));
+        assert_eq!((t.slot_count(), t.free.len()), (0, 0));
+        assert!(t.maintenance_steps - steps <= 2 * 2_000);
+        assert!(t.free.capacity() <= 2 * SHRINK_FLOOR);
+        let after = t.maintenance_steps;
+        t.handle_timeout(ms(301));
+        assert_eq!(t.maintenance_steps, after);
+    }
+
+    /// Trimmed slots stay in the free heap until a purge; they must never be handed out
+    /// while the table regrows, or two endpoints would share a slot.
+    #[test]
+    fn trimmed_slots_left_in_the_free_list_are_never_handed_out_twice() {
+        let mut t: ConnTable<u32, u32, RandomState> =
+            ConnTable::new(ConnConfig::default()).unwrap();
+        let mut ids = Vec::new();
+        for i in 0..100 {
+            match t.route(ms(0), &ConnKey::new(i, 0, 1)) {
+                Route::Open(id, _) => ids.push(id),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Keep slots 0..5 and 60: 6 used of 100, so the table trims 61..100.
+        for (i, id) in ids.iter().enumerate() {
+            if !(i < 5 || i == 60) {
+                assert!(t.handle_closed(ms(0), *id));
+            }
+        }
+        t.handle_timeout(ms(0));
+        assert_eq!(t.slot_count(), 61);
+        assert_eq!(
+            t.free.len(),
+            55 + 39,
+            "39 stale entries are kept, not purged"
+        );
+        let mut slots: Vec<u32> = [0, 1, 2, 3, 4, 60].into();
+        for i in 1_000..1_100 {
+            let key = ConnKey::new(i, 1, 1);
+            let Route::Open(id, _) = t.route(ms(1), &key) else {
+                panic!("fresh endpoint opens")
+            };
+            slots.push(id.slot);
+            assert_eq!(t.key(id), Some(&key));
+        }
+        let mut unique = slots.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), slots.len(), "a slot was handed out twice");
+        assert_eq!(
+            unique.last(),
+            Some(&105),
+            "the table filled its holes first"
+        );
+        for (i, id) in ids.iter().enumerate() {
+            let live = i < 5 || i == 60;
+            assert_eq!(t.key(*id).is_some(), live, "old connection {i}");
+        }
+    }
+
+    /// DESIGN §2.6: an endpoint opened, idled out and reopened must not make the table
+    /// give its storage back and allocate it again each cycle.
+    #[test]
+    fn emptied_table_keeps_a_floor_capacity() {
+        let mut t: ConnTable<u32, u32, RandomState> =
+            ConnTable::new(ConnConfig::default().with_max_idle(Duration::from_millis(1))).unwrap();
+        let key = ConnKey::new(1, 1, 1);
+        for k in 0..10 {
+            assert!(matches!(t.route(ms(2 * k), &key), Route::Open(..)));
+            t.handle_timeout(ms(2 * k + 2));
+            assert!(matches!(t.poll_action(), Some(ConnAction::Close(_))));
+            assert_eq!(t.tracked_endpoints(), 0);
+            assert!(t.timers.capacity() > 0, "timer heap freed");
+            assert!(
+                t.by_key.capacity() > 0 && t.by_uid.capacity() > 0,
+                "maps freed"
+            );
+            assert!(
+                t.slots.capacity() > 0 && t.free.capacity() > 0,
+                "slots freed"
+            );
+        }
     }
 }

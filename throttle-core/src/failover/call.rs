@@ -739,6 +739,46 @@ mod tests {
         );
     }
 
+    /// DESIGN §3.6: the backoff is asked before the shared budget. A gRPC throttle's
+    /// withdrawal is free, so only a Finagle budget shows the order: a refused delay must
+    /// leave its balance untouched.
+    #[test]
+    fn backoff_refusal_does_not_spend_a_finagle_withdrawal() {
+        // 100 ms fixed delays under a 150 ms hard total: the second retry's delay is refused.
+        let backoff = BackoffConfig::builder()
+            .initial(Duration::from_millis(100))
+            .max(Duration::from_millis(100))
+            .jitter(crate::backoff::Jitter::None)
+            .total_budget(Some(Duration::from_millis(150)))
+            .build()
+            .unwrap();
+        let cfg = CallConfig::default()
+            .with_max_auto_retries(5)
+            .with_backoff(backoff);
+        // Reserve of 2 retries per 1 s TTL, no percentage of requests.
+        let mut b =
+            FinagleBudget::new(FinagleBudgetConfig::new(Duration::from_secs(1), 2, 0).unwrap());
+        let r = &mut SplitMix64::new(1);
+        let mut call = Call::new(&cfg);
+        assert_eq!(call.start(T, &mut b), CallAction::Send);
+        assert!(matches!(
+            call.handle_error(T, ErrorClass::RETRY, &mut b, r),
+            CallAction::Retry { .. }
+        ));
+        assert_eq!(
+            call.handle_error(T, ErrorClass::RETRY, &mut b, r),
+            CallAction::Surface {
+                reason: SurfaceReason::BackoffExhausted
+            }
+        );
+        assert_eq!(
+            b.balance(T),
+            1,
+            "the refused retry withdrew from the budget"
+        );
+        assert!(b.can_retry(T));
+    }
+
     #[test]
     fn extremes_of_time_and_retry_count_do_not_panic() {
         let (r, mut b) = (&mut SplitMix64::new(1), FinagleBudget::default());
