@@ -105,7 +105,7 @@ def cell(value, pending):
 
 TIME_ROWS = [
     ("window credit, uncontended",
-     "core submit + complete, one shard (idle: window created and removed), SipHash",
+     "core submit + complete, one shard with nothing else in flight (idle shard), SipHash",
      "window_credit/ours_idle_shard", None,
      "tokio `Semaphore::try_acquire` + drop", "window_credit/tokio_semaphore", ("max", 1.0)),
     ("window credit, uncontended (busy shard)",
