@@ -84,6 +84,10 @@ const BUILTIN: usize = 3;
 /// slot has no spare byte: the flag costs no extra cache miss and no memory.
 const LEADER_UNKNOWN: u32 = 1 << 31;
 
+/// Buckets' worth of capacity the shrink rule never releases: an emptied gate keeps this much
+/// so the next install allocates nothing (a few hundred bytes for small keys).
+const MIN_CAPACITY: usize = 16;
+
 /// The slot index of a map entry.
 #[inline]
 fn slot_of(entry: u32) -> usize {
@@ -810,19 +814,23 @@ where
         self.heap.swap_remove_slot(i);
     }
 
-    /// Shrink (to twice the live size) once below a quarter of capacity, so memory follows
-    /// the number of gated buckets without reallocating on every eviction.
+    /// Shrink (to twice the live size, never below [`MIN_CAPACITY`]) once below a quarter of
+    /// capacity, so memory follows the number of gated buckets without reallocating on every
+    /// eviction. The floor keeps an emptied gate's small arrays: freeing them at zero entries
+    /// would re-allocate the map, slots and heap on the next install, i.e. on every cycle of
+    /// a bucket gated now and then (DESIGN §2.6: no per-decision allocation after warm-up).
+    /// `shrink_to` is a no-op at or below the target, so a gate within the floor never moves.
     fn maybe_shrink(&mut self) {
         let len = self.slots.len();
-        let target = len.saturating_mul(2);
-        if len == 0 || len < self.index.capacity() / 4 {
+        let target = len.saturating_mul(2).max(MIN_CAPACITY);
+        if len < self.index.capacity() / 4 {
             let (hasher, slots) = (&self.hasher, &self.slots);
             self.index.shrink_to(target, |&e| {
                 slots.get(slot_of(e)).map_or(0, |s| hasher.hash_one(&s.key))
             });
         }
         let mut slots_target = None;
-        if len < self.slots.capacity() / 4 || len == 0 {
+        if len < self.slots.capacity() / 4 {
             self.slots.shrink_to(target);
             self.extra.shrink_to(target.saturating_mul(self.stride()));
             self.probes.shrink_to(if self.probing { target } else { 0 });
@@ -830,7 +838,7 @@ where
         }
         let gated = self.heap.len();
         let items_target =
-            (gated < self.heap.capacity() / 4 || gated == 0).then(|| gated.saturating_mul(2));
+            (gated < self.heap.capacity() / 4).then(|| gated.saturating_mul(2).max(MIN_CAPACITY));
         if items_target.is_some() || slots_target.is_some() {
             self.heap.shrink_to(
                 items_target.unwrap_or(usize::MAX),
@@ -1453,6 +1461,30 @@ mod tests {
             g.index.capacity()
         );
         assert_eq!(g.poll_timeout(), None);
+    }
+
+    #[test]
+    fn an_emptied_gate_keeps_a_floor_capacity_for_the_next_install() {
+        let mut g = gate();
+        install(&mut g, at(0), 1, RETRY, ms(5));
+        g.handle_timeout(at(10));
+        assert!(g.is_empty());
+        // Freeing everything at zero entries would re-allocate on the next install.
+        assert!(g.index.capacity() >= 1 && g.slots.capacity() >= 1);
+        assert!(g.heap.capacity() >= 1);
+        let n = 200u32;
+        for b in 0..n {
+            install(&mut g, at(10), b, RETRY, ms(5));
+        }
+        g.handle_timeout(at(20));
+        assert!(g.is_empty());
+        assert!(
+            g.index.capacity() >= MIN_CAPACITY && g.index.capacity() < 2 * MIN_CAPACITY,
+            "shrunk to the floor, not to zero: {}",
+            g.index.capacity()
+        );
+        assert!(g.slots.capacity() >= MIN_CAPACITY && g.slots.capacity() < n as usize);
+        assert!(g.heap.capacity() >= MIN_CAPACITY && g.heap.capacity() < n as usize);
     }
 
     #[test]
