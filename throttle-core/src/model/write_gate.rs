@@ -168,8 +168,16 @@ impl Reference {
                 }
                 (_, false, _) => {}
             }
-            if pending {
+            // DESIGN §3.3: the allowance is given back by a success or "a new rejection
+            // [that] re-gates" the bucket. Rejections are the never-shorten reasons'
+            // installs; a latest-wins reason is a signal, not a rejection, and re-gates only
+            // the probe mode it has itself.
+            let is_rejection = !rule.latest_wins;
+            let regates_own_probe = rule.latest_wins && rule.probe.is_some();
+            if pending && (is_rejection || regates_own_probe) {
                 self.set_used(b, 0);
+            }
+            if pending {
                 if rule.probe.is_some() && !self.armed.contains(&(b, reason)) {
                     self.armed.push((b, reason));
                 }

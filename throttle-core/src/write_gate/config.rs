@@ -84,7 +84,8 @@ impl ReasonSpec {
     }
 
     /// Probe mode: once this reason's deadline has passed, only `sends` sends are allowed
-    /// until a success (or a new rejection re-gates the bucket). `None` disables it.
+    /// until a success or a new rejection re-gates the bucket (a never-shorten install, or an
+    /// install of this reason if it is latest-wins). `None` disables it.
     /// Zero is refused by [`WriteGateConfig::register`].
     pub const fn probe(mut self, sends: Option<u32>) -> Self {
         self.probe_sends = sends;

@@ -44,7 +44,10 @@ pub enum GateState {
         reason: Reason,
     },
     /// Closed with no deadline: `reason`'s probe allowance after its backoff is used up. It
-    /// opens on [`WriteGate::handle_success`]; a new rejection re-gates it with a deadline.
+    /// opens on [`WriteGate::handle_success`]; a new rejection (an install of a never-shorten
+    /// reason, or of a latest-wins reason that has probe mode itself) re-gates it with a
+    /// deadline and a fresh allowance. A latest-wins signal without probe mode (KV pressure)
+    /// is not a rejection and leaves the used allowance as it is.
     Probing {
         /// The probing reason (the smallest allowance among armed ones; ties to lower index).
         reason: Reason,
@@ -742,8 +745,13 @@ where
             }
             if let Some(p) = self.probes.get_mut(i) {
                 if pending {
-                    // A new rejection re-gates: a fresh probe allowance once it expires.
-                    p.used = 0;
+                    // Only a new rejection re-gates (DESIGN §3.3): a never-shorten install is
+                    // one, and a latest-wins reason with probe mode re-gates its own probe.
+                    // A latest-wins signal without probe mode (KV pressure, carried by
+                    // accepted writes) is no rejection: it leaves the allowance as it is.
+                    if spec.rule() == UpdateRule::NeverShorten || spec.probe_sends().is_some() {
+                        p.used = 0;
+                    }
                     if spec.probe_sends().is_some() {
                         p.armed |= bit(r);
                     }
@@ -1313,6 +1321,37 @@ mod tests {
         );
         g.handle_send(at(250), &1);
         assert_eq!(g.check(at(250), &1), GateState::Probing { reason: DISK });
+    }
+
+    #[test]
+    fn kv_pressure_does_not_reopen_a_used_disk_probe_allowance() {
+        let mut g = probing_gate(1);
+        install(&mut g, at(0), 1, DISK, ms(100));
+        g.handle_send(at(100), &1);
+        assert_eq!(g.check(at(100), &1), GateState::Probing { reason: DISK });
+        // Default curve: 5000 ms · 0.1³ = 5 ms. The signal rides on an accepted write: no
+        // rejection, no success, so the disk allowance stays used.
+        assert_eq!(
+            g.handle_kv_signal(at(100), &1, Signal::Pressure(100_000)),
+            ms(5)
+        );
+        assert_eq!(g.check(at(200), &1), GateState::Probing { reason: DISK });
+        g.handle_send(at(200), &1);
+        assert_eq!(g.check(at(200), &1), GateState::Probing { reason: DISK });
+    }
+
+    #[test]
+    fn a_retriable_rejection_regates_and_refreshes_the_probe_allowance() {
+        let mut g = probing_gate(1);
+        install(&mut g, at(0), 1, DISK, ms(100));
+        g.handle_send(at(100), &1);
+        assert_eq!(g.check(at(100), &1), GateState::Probing { reason: DISK });
+        install(&mut g, at(110), 1, RETRY, ms(10));
+        assert_eq!(
+            g.check(at(120), &1),
+            GateState::Open,
+            "a rejection re-gates: fresh allowance"
+        );
     }
 
     #[test]
