@@ -22,7 +22,7 @@ use crate::backpressure::Signal;
 use crate::rng::Rng;
 use crate::time::{Clock, Instant, ceil_millis};
 
-pub use config::{MAX_REASONS, Reason, ReasonSpec, UpdateRule, WriteGateConfig};
+pub use config::{DEFAULT_PROBE_TTL, MAX_REASONS, Reason, ReasonSpec, UpdateRule, WriteGateConfig};
 use heap::IndexedHeap;
 
 /// The floor of a disk-write-locked backoff: a disk rejection always holds the bucket for at
@@ -44,7 +44,8 @@ pub enum GateState {
         reason: Reason,
     },
     /// Closed with no deadline: `reason`'s probe allowance after its backoff is used up. It
-    /// opens on [`WriteGate::handle_success`]; a new rejection (an install of a never-shorten
+    /// opens on [`WriteGate::handle_success`], or when the probe state lapses
+    /// ([`ReasonSpec::probe_ttl`] after the bucket opened); a new rejection (an install of a never-shorten
     /// reason, or of a latest-wins reason that has probe mode itself) re-gates it with a
     /// deadline and a fresh allowance. A latest-wins signal without probe mode (KV pressure)
     /// is not a rejection and leaves the used allowance as it is.
@@ -118,6 +119,9 @@ struct Probe {
     armed: u64,
     /// Sends counted since the bucket's backoffs expired.
     used: u32,
+    /// When the bucket last opened (its latest deadline while one is pending): the probe
+    /// state lapses the armed reasons' longest `probe_ttl` after it.
+    opened: Instant,
 }
 
 fn reason_at(index: usize) -> Option<Reason> {
@@ -371,7 +375,7 @@ where
                 self.push_wake(now + after);
             }
         }
-        self.settle(i, !known);
+        self.settle(i, !known, now);
     }
 
     /// A batch was sent to `bucket`. Counted only while probing: the bucket's deadlines have
@@ -390,7 +394,7 @@ where
         {
             p.used = p.used.saturating_add(1);
         }
-        self.settle(i, entry & LEADER_UNKNOWN != 0);
+        self.settle(i, entry & LEADER_UNKNOWN != 0, now);
     }
 
     /// A write to `bucket` succeeded: probe mode ends for the bucket (its allowance resets).
@@ -405,11 +409,11 @@ where
         if let Some(p) = self.probes.get_mut(i) {
             *p = Probe::default();
         }
-        self.settle(i, entry & LEADER_UNKNOWN != 0);
+        self.settle(i, entry & LEADER_UNKNOWN != 0, now);
     }
 
-    /// Evict every gate whose deadline has passed (`deadline ≤ now`); a bucket holding
-    /// nothing else is removed. Shrinks the maps once they are below a quarter of their
+    /// Evict every gate whose deadline has passed (`deadline ≤ now`) and every probe state
+    /// that lapsed; a bucket holding nothing else is removed. Shrinks the maps once they are below a quarter of their
     /// capacity. Call it at [`Self::poll_timeout`].
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.observe(now);
@@ -423,7 +427,7 @@ where
             }
             self.clean(i, now);
             // Only buckets with a known leader are in the heap.
-            self.settle(i, false);
+            self.settle(i, false, now);
         }
         self.maybe_shrink();
     }
@@ -492,6 +496,10 @@ where
         if let Some((reason, until)) = self.dominant(i, now) {
             return GateState::Closed { until, reason };
         }
+        // A lapsed probe state reads as open before handle_timeout evicts it.
+        if self.probe_lapse(i).is_none_or(|l| l <= now) {
+            return GateState::Open;
+        }
         let probe = self.probe(i);
         match self.probe_limit(probe.armed) {
             Some((reason, allowed)) if probe.used >= allowed => GateState::Probing { reason },
@@ -545,8 +553,9 @@ where
         self.wake.take().map(|at| GateAction::Wake { at })
     }
 
-    /// The earliest opening among gated buckets whose leader is known: sleep until then and
-    /// call [`Self::handle_timeout`]. May be in the past (a gate expired but not yet evicted).
+    /// The earliest opening among gated buckets whose leader is known, where a probing
+    /// bucket's opening is its probe lapse ([`ReasonSpec::probe_ttl`] after its gates
+    /// opened): sleep until then and call [`Self::handle_timeout`]. May be in the past (a gate expired but not yet evicted).
     /// `None` when no such bucket is gated. O(1).
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.heap.peek().map(|(at, _)| at)
@@ -643,6 +652,7 @@ where
                 e.iter_mut().for_each(clear);
             }
         }
+        self.lapse_probe(i, now);
     }
 
     fn probe(&self, i: usize) -> Probe {
@@ -764,21 +774,68 @@ where
         if after < before {
             self.push_wake(now + after);
         }
-        self.settle(i, unknown);
+        self.settle(i, unknown, now);
         after
     }
 
-    /// Restore slot `i`'s invariants after a change: in the heap (at its opening) iff its
-    /// leader is known and a deadline is stored; evicted when it holds nothing.
-    fn settle(&mut self, i: usize, leader_unknown: bool) {
+    /// Restore slot `i`'s invariants after a change at `now` (after [`Self::clean`]): note
+    /// when the bucket opened and lapse its probe state past the ttl; in the heap iff its
+    /// leader is known and it holds a deadline (keyed by its opening) or a live probe state
+    /// (keyed by the lapse: the instant it turns from `Probing` to `Open`); evicted when it
+    /// holds nothing.
+    fn settle(&mut self, i: usize, leader_unknown: bool, now: Instant) {
         let opening = self.opening(i);
-        if !leader_unknown && opening != Instant::ZERO {
-            self.heap.set(i, opening);
-            return;
+        if let Some(p) = self.probes.get_mut(i) {
+            // Pending: it opens at `opening`. Not pending: it opened when the last deadline
+            // passed (already noted) or now, if an input just lifted a later one.
+            p.opened = if opening != Instant::ZERO {
+                opening
+            } else {
+                p.opened.min(now)
+            };
+        }
+        self.lapse_probe(i, now);
+        if !leader_unknown {
+            if opening != Instant::ZERO {
+                self.heap.set(i, opening);
+                return;
+            }
+            if let Some(lapse) = self.probe_lapse(i) {
+                self.heap.set(i, lapse);
+                return;
+            }
         }
         self.heap.remove(i);
         if !leader_unknown && self.probe(i).armed == 0 {
             self.evict(i);
+        }
+    }
+
+    /// When slot `i`'s probe state lapses (`None` when no probe is armed).
+    fn probe_lapse(&self, i: usize) -> Option<Instant> {
+        let p = self.probes.get(i)?;
+        if p.armed == 0 {
+            return None;
+        }
+        let ttl = self
+            .cfg
+            .reasons()
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| p.armed & bit(*r) != 0)
+            .map(|(_, spec)| spec.probe_time_to_live())
+            .max()
+            .unwrap_or(Duration::ZERO);
+        Some(p.opened + ttl)
+    }
+
+    /// End slot `i`'s probe state if it lapsed by `now` (only while no deadline is pending).
+    fn lapse_probe(&mut self, i: usize, now: Instant) {
+        if self.opening(i) == Instant::ZERO
+            && self.probe_lapse(i).is_some_and(|l| l <= now)
+            && let Some(p) = self.probes.get_mut(i)
+        {
+            *p = Probe::default();
         }
     }
 
@@ -881,11 +938,17 @@ where
             if !unknown && self.probe(i).armed == 0 && opening == Instant::ZERO {
                 return Err("an idle bucket was not evicted");
             }
-            let wanted = !unknown && opening != Instant::ZERO;
+            let key = if opening != Instant::ZERO {
+                Some(opening)
+            } else {
+                self.probe_lapse(i)
+            };
+            let wanted = !unknown && key.is_some();
             if wanted != self.heap.contains(i) {
                 return Err("heap membership disagrees with the bucket's state");
             }
-            if wanted && self.heap.position(i).and_then(|p| self.heap.get(p)) != Some((opening, i))
+            if let (true, Some(key)) = (wanted, key)
+                && self.heap.position(i).and_then(|p| self.heap.get(p)) != Some((key, i))
             {
                 return Err("heap item does not match the bucket's opening");
             }
@@ -1279,8 +1342,39 @@ mod tests {
             GateState::Probing { reason: DISK },
             "no deadline to expire"
         );
-        assert_eq!(g.poll_timeout(), None, "probing needs no timer");
+        assert_eq!(
+            g.poll_timeout(),
+            Some(at(100) + DEFAULT_PROBE_TTL),
+            "the probe state's lapse is the next change"
+        );
         assert_eq!(g.len(), 1);
+    }
+
+    #[test]
+    fn an_unanswered_probe_state_lapses_ttl_after_the_bucket_opened_and_is_evicted() {
+        let mut g = probing_gate(1);
+        for b in 0..50 {
+            install(&mut g, at(0), b, DISK, ms(5));
+        }
+        g.handle_send(at(5), &0);
+        assert_eq!(g.check(at(5), &0), GateState::Probing { reason: DISK });
+        let lapse = at(5) + DEFAULT_PROBE_TTL;
+        g.handle_timeout(at(5));
+        assert_eq!(g.poll_timeout(), Some(lapse));
+        assert_eq!(g.len(), 50, "probe states outlive the backoff");
+        let just_before = lapse - Duration::from_nanos(1);
+        assert_eq!(
+            g.check(just_before, &0),
+            GateState::Probing { reason: DISK }
+        );
+        assert_eq!(g.check(lapse, &0), GateState::Open, "lapsed reads open");
+        g.handle_timeout(lapse);
+        assert!(
+            g.is_empty(),
+            "every gate and probe state lapsed: no entries"
+        );
+        assert_eq!(g.poll_timeout(), None);
+        assert!(g.check_invariants().is_ok());
     }
 
     #[test]
