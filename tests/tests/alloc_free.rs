@@ -44,7 +44,9 @@ use throttle_core::pending_bytes::{
 use throttle_core::rng::SplitMix64;
 use throttle_core::sync::{Released, WindowHandle};
 use throttle_core::time::Instant;
-use throttle_core::write_gate::{GateState, Reason, WriteGate, WriteGateConfig};
+use throttle_core::write_gate::{
+    GateState, Reason, ReasonSpec, UpdateRule, WriteGate, WriteGateConfig,
+};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -626,6 +628,56 @@ fn write_gate_allocates_nothing_after_warmup() {
     });
     assert!(closed > 0, "the workload gated buckets");
     assert_eq!(gate.len(), 1_000, "only the anchors remain");
+}
+
+/// One bucket gated now and then: install, expire, `handle_timeout` evicts it and the gate is
+/// empty. The empty gate keeps a small floor capacity, so the next install reuses it instead
+/// of re-allocating the map, the slot vector and the heap on every cycle.
+#[test]
+fn single_bucket_gated_now_and_then_allocates_nothing_after_warmup() {
+    let mut gate = Gate::new(WriteGateConfig::default());
+    let mut now = Instant::from_millis(1);
+    assert_no_alloc_after_warmup("one bucket install -> expire cycles", || {
+        for _ in 0..100 {
+            gate.handle_throttle(now, &1, Reason::RETRIABLE_WRITE, Duration::from_millis(5))
+                .expect("built-in reason");
+            now += Duration::from_millis(10);
+            gate.handle_timeout(now);
+            assert!(gate.is_empty(), "the expired bucket was evicted");
+        }
+    });
+}
+
+/// Two custom reasons (five in all): a bucket re-gated and cleared again by KV signals
+/// (latest-wins: `Clear` evicts it at once) reuses the custom-deadline storage of the slot it
+/// left; one bucket stays gated so nothing shrinks.
+#[test]
+fn kv_full_clear_cycles_with_two_custom_reasons_allocate_nothing_after_warmup() {
+    let mut cfg = WriteGateConfig::default();
+    for spec in [
+        ReasonSpec::new("quota", UpdateRule::LatestWins),
+        ReasonSpec::new("retry-after", UpdateRule::NeverShorten),
+    ] {
+        cfg.register(spec).expect("room for two custom reasons");
+    }
+    let mut gate = Gate::new(cfg);
+    let mut now = Instant::from_millis(1);
+    gate.handle_throttle(
+        now,
+        &0,
+        Reason::DISK_WRITE_LOCKED,
+        Duration::from_secs(1 << 30),
+    )
+    .expect("built-in reason");
+    assert_no_alloc_after_warmup("KV Full -> Clear with five reasons", || {
+        for b in 1..=100u64 {
+            gate.handle_kv_signal(now, &b, Signal::Full);
+            gate.handle_kv_signal(now, &b, Signal::Clear);
+            while gate.poll_action().is_some() {}
+            now += Duration::from_millis(1);
+        }
+        assert_eq!(gate.len(), 1, "cleared buckets are evicted at once");
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

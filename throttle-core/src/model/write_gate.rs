@@ -59,6 +59,8 @@ struct Rule {
     latest_wins: bool,
     leader_scoped: bool,
     probe: Option<u32>,
+    /// Probe state time to live after the bucket opened, in ns.
+    ttl: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -77,6 +79,9 @@ struct Reference {
     unknown: Vec<u8>,
     armed: Vec<(u8, usize)>,
     used: Vec<(u8, u32)>,
+    /// When each bucket last opened: its latest deadline while one is pending, else the
+    /// instant an input lifted the gate (the documented probe-lapse rule's starting point).
+    opened: Vec<(u8, u64)>,
     shut: bool,
 }
 
@@ -115,6 +120,50 @@ impl Reference {
     fn touch(&mut self, b: u8, now: u64) {
         self.records
             .retain(|r| !(r.bucket == b && r.deadline <= now));
+        self.drop_lapsed(b, now);
+    }
+
+    /// Documented rule (docs/write-gate.md): an unanswered probe state lapses the armed
+    /// reasons' longest `probe_ttl` after the bucket last opened.
+    fn lapse(&self, b: u8) -> Option<u64> {
+        let ttl = self
+            .armed
+            .iter()
+            .filter(|&&(x, _)| x == b)
+            .filter_map(|&(_, r)| self.rules.get(r).map(|rule| rule.ttl))
+            .max()?;
+        let opened = self.opened.iter().find(|(x, _)| *x == b).map_or(0, |o| o.1);
+        Some(opened.saturating_add(ttl))
+    }
+
+    fn drop_lapsed(&mut self, b: u8, now: u64) {
+        let pending = self
+            .records
+            .iter()
+            .any(|r| r.bucket == b && r.deadline > now);
+        if !pending && self.lapse(b).is_some_and(|l| l <= now) {
+            self.armed.retain(|&(x, _)| x != b);
+            self.set_used(b, 0);
+        }
+    }
+
+    /// After an input at `now` touched `b`: record when it opens or opened.
+    fn note_opened(&mut self, b: u8, now: u64) {
+        let latest = self
+            .records
+            .iter()
+            .filter(|r| r.bucket == b && r.deadline > now)
+            .map(|r| r.deadline)
+            .max();
+        let before = self.opened.iter().find(|(x, _)| *x == b).map(|o| o.1);
+        let opened = match (latest, before) {
+            (Some(d), _) => d,
+            (None, Some(o)) => o.min(now),
+            (None, None) => now,
+        };
+        self.opened.retain(|(x, _)| *x != b);
+        self.opened.push((b, opened));
+        self.drop_lapsed(b, now);
     }
 
     fn used(&self, b: u8) -> u32 {
@@ -168,8 +217,16 @@ impl Reference {
                 }
                 (_, false, _) => {}
             }
-            if pending {
+            // DESIGN §3.3: the allowance is given back by a success or "a new rejection
+            // [that] re-gates" the bucket. Rejections are the never-shorten reasons'
+            // installs; a latest-wins reason is a signal, not a rejection, and re-gates only
+            // the probe mode it has itself.
+            let is_rejection = !rule.latest_wins;
+            let regates_own_probe = rule.latest_wins && rule.probe.is_some();
+            if pending && (is_rejection || regates_own_probe) {
                 self.set_used(b, 0);
+            }
+            if pending {
                 if rule.probe.is_some() && !self.armed.contains(&(b, reason)) {
                     self.armed.push((b, reason));
                 }
@@ -177,6 +234,7 @@ impl Reference {
                 self.armed.retain(|&x| x != (b, reason));
             }
         }
+        self.note_opened(b, now);
         let after = self.remaining(b, now);
         (after, (after < before).then(|| now.saturating_add(after)))
     }
@@ -185,6 +243,7 @@ impl Reference {
         self.touch(b, now);
         if known {
             self.unknown.retain(|&x| x != b);
+            self.note_opened(b, now);
             return None;
         }
         let before = self.remaining(b, now);
@@ -196,6 +255,7 @@ impl Reference {
         if !self.is_unknown(b) {
             self.unknown.push(b);
         }
+        self.note_opened(b, now);
         let after = self.remaining(b, now);
         (after < before).then(|| now.saturating_add(after))
     }
@@ -206,18 +266,25 @@ impl Reference {
             let n = self.used(b).saturating_add(1);
             self.set_used(b, n);
         }
+        self.note_opened(b, now);
     }
 
     fn success(&mut self, now: u64, b: u8) {
         self.touch(b, now);
         self.armed.retain(|&(x, _)| x != b);
         self.set_used(b, 0);
+        self.note_opened(b, now);
     }
 
     fn timeout(&mut self, now: u64) {
         let unknown = self.unknown.clone();
         self.records
             .retain(|r| r.deadline > now || unknown.contains(&r.bucket));
+        for b in 0..BUCKETS {
+            if !unknown.contains(&b) {
+                self.drop_lapsed(b, now);
+            }
+        }
     }
 
     fn shutdown(&mut self) -> Option<u64> {
@@ -236,6 +303,9 @@ impl Reference {
         }
         if let Some((reason, until)) = self.explain(now, b) {
             return Expect::Closed { until, reason };
+        }
+        if self.lapse(b).is_none_or(|l| l <= now) {
+            return Expect::Open;
         }
         let mut probe: Option<(usize, u32)> = None;
         for &(x, r) in &self.armed {
@@ -288,7 +358,10 @@ impl Reference {
                 .filter(|r| r.bucket == b)
                 .map(|r| r.deadline)
                 .max();
-            if let Some(o) = opening {
+            let Some(o) = opening.or_else(|| self.lapse(b)) else {
+                continue;
+            };
+            {
                 earliest = Some(earliest.map_or(o, |e| e.min(o)));
             }
         }
@@ -340,16 +413,26 @@ fn configure(bits: u8) -> Result<(WriteGateConfig, Vec<Rule>, [Reason; 5], Reaso
     let quota_scoped = bits & 4 != 0;
     let quota_probe = (bits & 8 != 0).then_some(1);
     let after_probe = (bits & 16 != 0).then_some(3);
+    // Short ttls so lapses happen within a run; otherwise the 10 min default.
+    let ttl = if bits & 32 != 0 {
+        Duration::from_millis(100)
+    } else {
+        crate::write_gate::DEFAULT_PROBE_TTL
+    };
+    let ttl_ns = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
     let err = |e| format!("config refused: {e}");
     cfg.set_probe(Reason::DISK_WRITE_LOCKED, disk_probe)
         .map_err(err)?;
     cfg.set_probe(Reason::KV_BACKPRESSURE, kv_probe)
         .map_err(err)?;
+    cfg.set_probe_ttl(Reason::DISK_WRITE_LOCKED, ttl)
+        .map_err(err)?;
     let quota = cfg
         .register(
             ReasonSpec::new("quota", UpdateRule::LatestWins)
                 .leader_scoped(quota_scoped)
-                .probe(quota_probe),
+                .probe(quota_probe)
+                .probe_ttl(Duration::from_millis(30)),
         )
         .map_err(err)?;
     let retry_after = cfg
@@ -359,17 +442,19 @@ fn configure(bits: u8) -> Result<(WriteGateConfig, Vec<Rule>, [Reason; 5], Reaso
     let foreign = other
         .register(ReasonSpec::new("foreign", UpdateRule::LatestWins))
         .map_err(err)?;
-    let rule = |latest_wins, leader_scoped, probe| Rule {
+    let rule = |latest_wins, leader_scoped, probe, ttl| Rule {
         latest_wins,
         leader_scoped,
         probe,
+        ttl,
     };
+    let default_ttl = 600_000_000_000;
     let rules = alloc::vec![
-        rule(false, false, disk_probe),
-        rule(true, true, kv_probe),
-        rule(false, false, None),
-        rule(true, quota_scoped, quota_probe),
-        rule(false, false, after_probe),
+        rule(false, false, disk_probe, ttl_ns),
+        rule(true, true, kv_probe, default_ttl),
+        rule(false, false, None, default_ttl),
+        rule(true, quota_scoped, quota_probe, 30_000_000),
+        rule(false, false, after_probe, default_ttl),
     ];
     let handles = [
         Reason::DISK_WRITE_LOCKED,

@@ -1,6 +1,7 @@
 //! The gate's configuration: the built-in reasons' delay sources and the reason registry.
 
 use core::fmt;
+use core::time::Duration;
 
 use smallvec::SmallVec;
 
@@ -62,6 +63,7 @@ pub struct ReasonSpec {
     rule: UpdateRule,
     leader_scoped: bool,
     probe_sends: Option<u32>,
+    probe_ttl: Duration,
 }
 
 impl ReasonSpec {
@@ -73,6 +75,7 @@ impl ReasonSpec {
             rule,
             leader_scoped: false,
             probe_sends: None,
+            probe_ttl: DEFAULT_PROBE_TTL,
         }
     }
 
@@ -84,11 +87,27 @@ impl ReasonSpec {
     }
 
     /// Probe mode: once this reason's deadline has passed, only `sends` sends are allowed
-    /// until a success (or a new rejection re-gates the bucket). `None` disables it.
+    /// until a success or a new rejection re-gates the bucket (a never-shorten install, or an
+    /// install of this reason if it is latest-wins). `None` disables it.
     /// Zero is refused by [`WriteGateConfig::register`].
     pub const fn probe(mut self, sends: Option<u32>) -> Self {
         self.probe_sends = sends;
         self
+    }
+
+    /// How long a probe state outlives the bucket's gates: `ttl` after the bucket last opened
+    /// (its last deadline passed or was lifted) with no success and no new rejection, the
+    /// probe state lapses, the bucket is `Open` again and its entry is evicted. Bounds the
+    /// state of buckets rejected once and never written again. Default
+    /// [`DEFAULT_PROBE_TTL`] (10 min). With several armed reasons the longest ttl applies.
+    pub const fn probe_ttl(mut self, ttl: Duration) -> Self {
+        self.probe_ttl = ttl;
+        self
+    }
+
+    /// The probe state's time to live after the bucket opened (see [`Self::probe_ttl`]).
+    pub const fn probe_time_to_live(&self) -> Duration {
+        self.probe_ttl
     }
 
     /// The name given at registration.
@@ -124,6 +143,12 @@ impl ReasonSpec {
         Ok(())
     }
 }
+
+/// How long an unanswered probe state lasts after the bucket opened, unless
+/// [`ReasonSpec::probe_ttl`] says otherwise: 10 minutes, long past any backoff (the disk
+/// backoff caps at 10 s) yet short enough that buckets rejected once and then abandoned
+/// (moved, dropped table) do not accumulate.
+pub const DEFAULT_PROBE_TTL: Duration = Duration::from_secs(600);
 
 const PROBE_OPTION: &str = "client.writer.throttle.probe-sends";
 const REASONS_OPTION: &str = "client.writer.throttle.reasons";
@@ -210,6 +235,18 @@ impl WriteGateConfig {
         let updated = spec.probe(sends);
         updated.validate()?;
         *spec = updated;
+        Ok(())
+    }
+
+    /// Set the [`ReasonSpec::probe_ttl`] of a registered reason, built-ins included.
+    pub fn set_probe_ttl(&mut self, reason: Reason, ttl: Duration) -> Result<(), ConfigError> {
+        let Some(spec) = self.reasons.get_mut(reason.index()) else {
+            return Err(ConfigError::Invalid {
+                option: PROBE_OPTION,
+                reason: "the reason is not registered",
+            });
+        };
+        *spec = spec.probe_ttl(ttl);
         Ok(())
     }
 

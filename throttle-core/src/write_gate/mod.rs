@@ -22,7 +22,7 @@ use crate::backpressure::Signal;
 use crate::rng::Rng;
 use crate::time::{Clock, Instant, ceil_millis};
 
-pub use config::{MAX_REASONS, Reason, ReasonSpec, UpdateRule, WriteGateConfig};
+pub use config::{DEFAULT_PROBE_TTL, MAX_REASONS, Reason, ReasonSpec, UpdateRule, WriteGateConfig};
 use heap::IndexedHeap;
 
 /// The floor of a disk-write-locked backoff: a disk rejection always holds the bucket for at
@@ -44,7 +44,11 @@ pub enum GateState {
         reason: Reason,
     },
     /// Closed with no deadline: `reason`'s probe allowance after its backoff is used up. It
-    /// opens on [`WriteGate::handle_success`]; a new rejection re-gates it with a deadline.
+    /// opens on [`WriteGate::handle_success`], or when the probe state lapses
+    /// ([`ReasonSpec::probe_ttl`] after the bucket opened); a new rejection (an install of a never-shorten
+    /// reason, or of a latest-wins reason that has probe mode itself) re-gates it with a
+    /// deadline and a fresh allowance. A latest-wins signal without probe mode (KV pressure)
+    /// is not a rejection and leaves the used allowance as it is.
     Probing {
         /// The probing reason (the smallest allowance among armed ones; ties to lower index).
         reason: Reason,
@@ -84,6 +88,10 @@ const BUILTIN: usize = 3;
 /// slot has no spare byte: the flag costs no extra cache miss and no memory.
 const LEADER_UNKNOWN: u32 = 1 << 31;
 
+/// Buckets' worth of capacity the shrink rule never releases: an emptied gate keeps this much
+/// so the next install allocates nothing (a few hundred bytes for small keys).
+const MIN_CAPACITY: usize = 16;
+
 /// The slot index of a map entry.
 #[inline]
 fn slot_of(entry: u32) -> usize {
@@ -111,6 +119,9 @@ struct Probe {
     armed: u64,
     /// Sends counted since the bucket's backoffs expired.
     used: u32,
+    /// When the bucket last opened (its latest deadline while one is pending): the probe
+    /// state lapses the armed reasons' longest `probe_ttl` after it.
+    opened: Instant,
 }
 
 fn reason_at(index: usize) -> Option<Reason> {
@@ -364,7 +375,7 @@ where
                 self.push_wake(now + after);
             }
         }
-        self.settle(i, !known);
+        self.settle(i, !known, now);
     }
 
     /// A batch was sent to `bucket`. Counted only while probing: the bucket's deadlines have
@@ -383,7 +394,7 @@ where
         {
             p.used = p.used.saturating_add(1);
         }
-        self.settle(i, entry & LEADER_UNKNOWN != 0);
+        self.settle(i, entry & LEADER_UNKNOWN != 0, now);
     }
 
     /// A write to `bucket` succeeded: probe mode ends for the bucket (its allowance resets).
@@ -398,11 +409,11 @@ where
         if let Some(p) = self.probes.get_mut(i) {
             *p = Probe::default();
         }
-        self.settle(i, entry & LEADER_UNKNOWN != 0);
+        self.settle(i, entry & LEADER_UNKNOWN != 0, now);
     }
 
-    /// Evict every gate whose deadline has passed (`deadline ≤ now`); a bucket holding
-    /// nothing else is removed. Shrinks the maps once they are below a quarter of their
+    /// Evict every gate whose deadline has passed (`deadline ≤ now`) and every probe state
+    /// that lapsed; a bucket holding nothing else is removed. Shrinks the maps once they are below a quarter of their
     /// capacity. Call it at [`Self::poll_timeout`].
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.observe(now);
@@ -416,7 +427,7 @@ where
             }
             self.clean(i, now);
             // Only buckets with a known leader are in the heap.
-            self.settle(i, false);
+            self.settle(i, false, now);
         }
         self.maybe_shrink();
     }
@@ -485,6 +496,10 @@ where
         if let Some((reason, until)) = self.dominant(i, now) {
             return GateState::Closed { until, reason };
         }
+        // A lapsed probe state reads as open before handle_timeout evicts it.
+        if self.probe_lapse(i).is_none_or(|l| l <= now) {
+            return GateState::Open;
+        }
         let probe = self.probe(i);
         match self.probe_limit(probe.armed) {
             Some((reason, allowed)) if probe.used >= allowed => GateState::Probing { reason },
@@ -538,8 +553,9 @@ where
         self.wake.take().map(|at| GateAction::Wake { at })
     }
 
-    /// The earliest opening among gated buckets whose leader is known: sleep until then and
-    /// call [`Self::handle_timeout`]. May be in the past (a gate expired but not yet evicted).
+    /// The earliest opening among gated buckets whose leader is known, where a probing
+    /// bucket's opening is its probe lapse ([`ReasonSpec::probe_ttl`] after its gates
+    /// opened): sleep until then and call [`Self::handle_timeout`]. May be in the past (a gate expired but not yet evicted).
     /// `None` when no such bucket is gated. O(1).
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.heap.peek().map(|(at, _)| at)
@@ -636,6 +652,7 @@ where
                 e.iter_mut().for_each(clear);
             }
         }
+        self.lapse_probe(i, now);
     }
 
     fn probe(&self, i: usize) -> Probe {
@@ -738,8 +755,13 @@ where
             }
             if let Some(p) = self.probes.get_mut(i) {
                 if pending {
-                    // A new rejection re-gates: a fresh probe allowance once it expires.
-                    p.used = 0;
+                    // Only a new rejection re-gates (DESIGN §3.3): a never-shorten install is
+                    // one, and a latest-wins reason with probe mode re-gates its own probe.
+                    // A latest-wins signal without probe mode (KV pressure, carried by
+                    // accepted writes) is no rejection: it leaves the allowance as it is.
+                    if spec.rule() == UpdateRule::NeverShorten || spec.probe_sends().is_some() {
+                        p.used = 0;
+                    }
                     if spec.probe_sends().is_some() {
                         p.armed |= bit(r);
                     }
@@ -752,21 +774,68 @@ where
         if after < before {
             self.push_wake(now + after);
         }
-        self.settle(i, unknown);
+        self.settle(i, unknown, now);
         after
     }
 
-    /// Restore slot `i`'s invariants after a change: in the heap (at its opening) iff its
-    /// leader is known and a deadline is stored; evicted when it holds nothing.
-    fn settle(&mut self, i: usize, leader_unknown: bool) {
+    /// Restore slot `i`'s invariants after a change at `now` (after [`Self::clean`]): note
+    /// when the bucket opened and lapse its probe state past the ttl; in the heap iff its
+    /// leader is known and it holds a deadline (keyed by its opening) or a live probe state
+    /// (keyed by the lapse: the instant it turns from `Probing` to `Open`); evicted when it
+    /// holds nothing.
+    fn settle(&mut self, i: usize, leader_unknown: bool, now: Instant) {
         let opening = self.opening(i);
-        if !leader_unknown && opening != Instant::ZERO {
-            self.heap.set(i, opening);
-            return;
+        if let Some(p) = self.probes.get_mut(i) {
+            // Pending: it opens at `opening`. Not pending: it opened when the last deadline
+            // passed (already noted) or now, if an input just lifted a later one.
+            p.opened = if opening != Instant::ZERO {
+                opening
+            } else {
+                p.opened.min(now)
+            };
+        }
+        self.lapse_probe(i, now);
+        if !leader_unknown {
+            if opening != Instant::ZERO {
+                self.heap.set(i, opening);
+                return;
+            }
+            if let Some(lapse) = self.probe_lapse(i) {
+                self.heap.set(i, lapse);
+                return;
+            }
         }
         self.heap.remove(i);
         if !leader_unknown && self.probe(i).armed == 0 {
             self.evict(i);
+        }
+    }
+
+    /// When slot `i`'s probe state lapses (`None` when no probe is armed).
+    fn probe_lapse(&self, i: usize) -> Option<Instant> {
+        let p = self.probes.get(i)?;
+        if p.armed == 0 {
+            return None;
+        }
+        let ttl = self
+            .cfg
+            .reasons()
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| p.armed & bit(*r) != 0)
+            .map(|(_, spec)| spec.probe_time_to_live())
+            .max()
+            .unwrap_or(Duration::ZERO);
+        Some(p.opened + ttl)
+    }
+
+    /// End slot `i`'s probe state if it lapsed by `now` (only while no deadline is pending).
+    fn lapse_probe(&mut self, i: usize, now: Instant) {
+        if self.opening(i) == Instant::ZERO
+            && self.probe_lapse(i).is_some_and(|l| l <= now)
+            && let Some(p) = self.probes.get_mut(i)
+        {
+            *p = Probe::default();
         }
     }
 
@@ -810,19 +879,23 @@ where
         self.heap.swap_remove_slot(i);
     }
 
-    /// Shrink (to twice the live size) once below a quarter of capacity, so memory follows
-    /// the number of gated buckets without reallocating on every eviction.
+    /// Shrink (to twice the live size, never below [`MIN_CAPACITY`]) once below a quarter of
+    /// capacity, so memory follows the number of gated buckets without reallocating on every
+    /// eviction. The floor keeps an emptied gate's small arrays: freeing them at zero entries
+    /// would re-allocate the map, slots and heap on the next install, i.e. on every cycle of
+    /// a bucket gated now and then (DESIGN §2.6: no per-decision allocation after warm-up).
+    /// `shrink_to` is a no-op at or below the target, so a gate within the floor never moves.
     fn maybe_shrink(&mut self) {
         let len = self.slots.len();
-        let target = len.saturating_mul(2);
-        if len == 0 || len < self.index.capacity() / 4 {
+        let target = len.saturating_mul(2).max(MIN_CAPACITY);
+        if len < self.index.capacity() / 4 {
             let (hasher, slots) = (&self.hasher, &self.slots);
             self.index.shrink_to(target, |&e| {
                 slots.get(slot_of(e)).map_or(0, |s| hasher.hash_one(&s.key))
             });
         }
         let mut slots_target = None;
-        if len < self.slots.capacity() / 4 || len == 0 {
+        if len < self.slots.capacity() / 4 {
             self.slots.shrink_to(target);
             self.extra.shrink_to(target.saturating_mul(self.stride()));
             self.probes.shrink_to(if self.probing { target } else { 0 });
@@ -830,7 +903,7 @@ where
         }
         let gated = self.heap.len();
         let items_target =
-            (gated < self.heap.capacity() / 4 || gated == 0).then(|| gated.saturating_mul(2));
+            (gated < self.heap.capacity() / 4).then(|| gated.saturating_mul(2).max(MIN_CAPACITY));
         if items_target.is_some() || slots_target.is_some() {
             self.heap.shrink_to(
                 items_target.unwrap_or(usize::MAX),
@@ -865,11 +938,17 @@ where
             if !unknown && self.probe(i).armed == 0 && opening == Instant::ZERO {
                 return Err("an idle bucket was not evicted");
             }
-            let wanted = !unknown && opening != Instant::ZERO;
+            let key = if opening != Instant::ZERO {
+                Some(opening)
+            } else {
+                self.probe_lapse(i)
+            };
+            let wanted = !unknown && key.is_some();
             if wanted != self.heap.contains(i) {
                 return Err("heap membership disagrees with the bucket's state");
             }
-            if wanted && self.heap.position(i).and_then(|p| self.heap.get(p)) != Some((opening, i))
+            if let (true, Some(key)) = (wanted, key)
+                && self.heap.position(i).and_then(|p| self.heap.get(p)) != Some((key, i))
             {
                 return Err("heap item does not match the bucket's opening");
             }
@@ -1263,8 +1342,39 @@ mod tests {
             GateState::Probing { reason: DISK },
             "no deadline to expire"
         );
-        assert_eq!(g.poll_timeout(), None, "probing needs no timer");
+        assert_eq!(
+            g.poll_timeout(),
+            Some(at(100) + DEFAULT_PROBE_TTL),
+            "the probe state's lapse is the next change"
+        );
         assert_eq!(g.len(), 1);
+    }
+
+    #[test]
+    fn an_unanswered_probe_state_lapses_ttl_after_the_bucket_opened_and_is_evicted() {
+        let mut g = probing_gate(1);
+        for b in 0..50 {
+            install(&mut g, at(0), b, DISK, ms(5));
+        }
+        g.handle_send(at(5), &0);
+        assert_eq!(g.check(at(5), &0), GateState::Probing { reason: DISK });
+        let lapse = at(5) + DEFAULT_PROBE_TTL;
+        g.handle_timeout(at(5));
+        assert_eq!(g.poll_timeout(), Some(lapse));
+        assert_eq!(g.len(), 50, "probe states outlive the backoff");
+        let just_before = lapse - Duration::from_nanos(1);
+        assert_eq!(
+            g.check(just_before, &0),
+            GateState::Probing { reason: DISK }
+        );
+        assert_eq!(g.check(lapse, &0), GateState::Open, "lapsed reads open");
+        g.handle_timeout(lapse);
+        assert!(
+            g.is_empty(),
+            "every gate and probe state lapsed: no entries"
+        );
+        assert_eq!(g.poll_timeout(), None);
+        assert!(g.check_invariants().is_ok());
     }
 
     #[test]
@@ -1305,6 +1415,37 @@ mod tests {
         );
         g.handle_send(at(250), &1);
         assert_eq!(g.check(at(250), &1), GateState::Probing { reason: DISK });
+    }
+
+    #[test]
+    fn kv_pressure_does_not_reopen_a_used_disk_probe_allowance() {
+        let mut g = probing_gate(1);
+        install(&mut g, at(0), 1, DISK, ms(100));
+        g.handle_send(at(100), &1);
+        assert_eq!(g.check(at(100), &1), GateState::Probing { reason: DISK });
+        // Default curve: 5000 ms · 0.1³ = 5 ms. The signal rides on an accepted write: no
+        // rejection, no success, so the disk allowance stays used.
+        assert_eq!(
+            g.handle_kv_signal(at(100), &1, Signal::Pressure(100_000)),
+            ms(5)
+        );
+        assert_eq!(g.check(at(200), &1), GateState::Probing { reason: DISK });
+        g.handle_send(at(200), &1);
+        assert_eq!(g.check(at(200), &1), GateState::Probing { reason: DISK });
+    }
+
+    #[test]
+    fn a_retriable_rejection_regates_and_refreshes_the_probe_allowance() {
+        let mut g = probing_gate(1);
+        install(&mut g, at(0), 1, DISK, ms(100));
+        g.handle_send(at(100), &1);
+        assert_eq!(g.check(at(100), &1), GateState::Probing { reason: DISK });
+        install(&mut g, at(110), 1, RETRY, ms(10));
+        assert_eq!(
+            g.check(at(120), &1),
+            GateState::Open,
+            "a rejection re-gates: fresh allowance"
+        );
     }
 
     #[test]
@@ -1433,7 +1574,8 @@ mod tests {
     #[test]
     fn handle_timeout_evicts_expired_gates_and_empties_the_maps() {
         let mut g = gate();
-        let n = if cfg!(miri) { 40 } else { 1_000u32 };
+        // Enough buckets (even under miri) that the 16-bucket floor is below a quarter.
+        let n = if cfg!(miri) { 200 } else { 1_000u32 };
         for b in 0..n {
             install(&mut g, at(0), b, DISK, ms(1 + u64::from(b * 7 % 97)));
         }
@@ -1453,6 +1595,30 @@ mod tests {
             g.index.capacity()
         );
         assert_eq!(g.poll_timeout(), None);
+    }
+
+    #[test]
+    fn an_emptied_gate_keeps_a_floor_capacity_for_the_next_install() {
+        let mut g = gate();
+        install(&mut g, at(0), 1, RETRY, ms(5));
+        g.handle_timeout(at(10));
+        assert!(g.is_empty());
+        // Freeing everything at zero entries would re-allocate on the next install.
+        assert!(g.index.capacity() >= 1 && g.slots.capacity() >= 1);
+        assert!(g.heap.capacity() >= 1);
+        let n = 200u32;
+        for b in 0..n {
+            install(&mut g, at(10), b, RETRY, ms(5));
+        }
+        g.handle_timeout(at(20));
+        assert!(g.is_empty());
+        assert!(
+            g.index.capacity() >= MIN_CAPACITY && g.index.capacity() < 2 * MIN_CAPACITY,
+            "shrunk to the floor, not to zero: {}",
+            g.index.capacity()
+        );
+        assert!(g.slots.capacity() >= MIN_CAPACITY && g.slots.capacity() < n as usize);
+        assert!(g.heap.capacity() >= MIN_CAPACITY && g.heap.capacity() < n as usize);
     }
 
     #[test]
