@@ -788,6 +788,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn seed_1500_reads_behind_four_in_flight_go_out_as_two_rpcs() {
         // Seed: "at most maxReadBatchesInFlight (default 4) read batches may be outstanding per
         // shard"; while exhausted "the open read batch keeps accumulating toward
@@ -1172,6 +1173,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn flush_keeps_open_map_capacity_until_maintenance_after_a_quiet_period() {
         let mut b = reads(4);
         round(&mut b, 300);

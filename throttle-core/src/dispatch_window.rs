@@ -1103,6 +1103,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn a_map_full_of_idle_shards_evicts_them_instead_of_growing() {
         let mut w = window(1);
         let anchor = sent(w.submit(u32::MAX, "busy"));
@@ -1177,6 +1178,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn repeated_bursts_keep_their_capacity_through_maintenance() {
         let mut w = window(1);
         let mut now = secs(0);
@@ -1219,6 +1221,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn credit_ids_are_never_reused() {
         let mut w = window(3);
         let mut seen = vec![];

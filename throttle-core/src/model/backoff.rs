@@ -700,6 +700,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn every_preset_survives_a_long_run_of_next_delay() {
         for preset in 0..6u8 {
             let mut data = alloc::vec![preset, 0, 0];
@@ -710,6 +711,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn every_strategy_matches_the_reference_exactly_over_a_long_run() {
         // Two shapes, each with every strategy (mask bit 8 overrides the jitter):
         // the general preset (1 s → 10 s, ×2, 1 ms grid), where ms truncation hides 1 ns slips;
@@ -749,6 +751,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn a_jittered_start_that_grows_too_slowly_is_refused_by_both() {
         // 9 999 ns → max, ×10001/10000, additive range 2 ns, 1 ns grid (mask 31): the start
         // 10 000 ns grows 1 ns per attempt, so a max of 14 097 ns takes 4097 attempts.

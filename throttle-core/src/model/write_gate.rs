@@ -669,6 +669,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn scripted_scenario_passes() {
         // Probes on everywhere; disk installs, KV signals, leader flips, sends, time steps.
         let mut bytes = alloc::vec![0x1F];
