@@ -15,42 +15,17 @@
 
 use alloc::format;
 use alloc::vec::Vec;
-use core::hash::{BuildHasher, Hasher};
 use core::time::Duration;
 
 use super::{Cursor, Divergence};
+// The fixed FNV-1a hasher the tests and checkers share (no `std` needed).
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::conn_key::{
     ConnAction, ConnConfig, ConnId, ConnKey, ConnState, ConnTable, Disconnected, FinishError, Route,
 };
+use crate::dispatch_window::TestHasher as Fnv;
 use crate::rng::SplitMix64;
 use crate::time::Instant;
-
-/// FNV-1a, so the checker needs no std hasher.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Fnv;
-
-/// The running FNV-1a state.
-#[derive(Debug)]
-pub struct FnvHasher(u64);
-
-impl BuildHasher for Fnv {
-    type Hasher = FnvHasher;
-    fn build_hasher(&self) -> FnvHasher {
-        FnvHasher(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Hasher for FnvHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
 
 type Key = ConnKey<u8, u8>;
 type Table = ConnTable<u8, u8, Fnv>;

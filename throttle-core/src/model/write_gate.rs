@@ -14,11 +14,12 @@
 
 use alloc::format;
 use alloc::vec::Vec;
-use core::hash::{BuildHasher, Hasher};
 use core::time::Duration;
 
 use super::{Cursor, Divergence};
+// The fixed FNV-1a hasher the tests and checkers share (no `std` needed).
 use crate::backpressure::{Signal, ThrottleCurve};
+use crate::dispatch_window::TestHasher as Fnv;
 use crate::rng::SplitMix64;
 use crate::time::Instant;
 use crate::write_gate::{
@@ -26,32 +27,6 @@ use crate::write_gate::{
 };
 
 const BUCKETS: u8 = 5;
-
-/// FNV-1a: a fixed hasher so the checker needs no `std`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Fnv;
-
-/// State of [`Fnv`].
-#[derive(Debug)]
-pub struct FnvHasher(u64);
-
-impl BuildHasher for Fnv {
-    type Hasher = FnvHasher;
-    fn build_hasher(&self) -> FnvHasher {
-        FnvHasher(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Hasher for FnvHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-}
 
 /// What the reference knows about a reason, decoded from the same config bits as the gate's.
 #[derive(Clone, Copy, Debug)]
