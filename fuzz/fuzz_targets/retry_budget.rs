@@ -1,8 +1,8 @@
 #![no_main]
 // One checker, two drivers: the same decoder and naive reference that proptest drives
-// (calls sharing a coalescer, the coalescer alone, both retry budgets).
+// (the gRPC retry throttle and the Finagle budget).
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    if let Err(divergence) = throttle_core::model::failover::check(data) {
+    if let Err(divergence) = throttle_core::model::failover::check_budget(data) {
         panic!("{divergence}");
     }
 });
