@@ -332,7 +332,7 @@ mod tests {
 mod loom_models {
     use super::*;
     use crate::dispatch_window::TestHasher;
-    use crate::sync::test_support::{CountingWaker, TestRuntime};
+    use crate::sync::test_support::{CountingWaker, TestRuntime, repoll_while_woken};
     use alloc::boxed::Box;
     use core::task::{Context, Poll};
     use loom::thread;
@@ -358,11 +358,7 @@ mod loom_models {
             let mut sleeper = Box::pin(gate.wait_until_open(&rt, &7));
             assert!(sleeper.as_mut().poll(&mut cx).is_pending());
             let _ = t1.join();
-            let mut seen = 0;
-            while wakes.wakes() != seen {
-                seen = wakes.wakes();
-                assert!(sleeper.as_mut().poll(&mut cx).is_pending());
-            }
+            repoll_while_woken(sleeper.as_mut(), &wakes, &mut cx);
             assert_eq!(
                 rt.clock.next_deadline(),
                 Some(Instant::from_millis(625)),

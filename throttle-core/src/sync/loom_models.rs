@@ -12,7 +12,7 @@ use core::task::{Context, Poll};
 use loom::thread;
 
 use super::loom::{Arc, Mutex, lock};
-use super::test_support::{CountingWaker, TestRuntime, poll_once};
+use super::test_support::{CountingWaker, TestRuntime, poll_once, repoll_while_woken};
 use super::{Closed, PendingBytes, Released, WakeSignal, WindowHandle, wait_until};
 use crate::dispatch_window::{TestHasher, WindowConfig};
 use crate::pending_bytes::PendingBytesConfig;
@@ -227,11 +227,7 @@ fn wake_signal_racing_a_sleeper_rearms_its_timer_at_the_earlier_opening() {
         assert!(sleeper.as_mut().poll(&mut cx).is_pending()); // read the gate, arm, listen
         let _ = t1.join();
         // Re-poll for as long as it was woken; after that it is asleep for good.
-        let mut seen = 0;
-        while wakes.wakes() != seen {
-            seen = wakes.wakes();
-            assert!(sleeper.as_mut().poll(&mut cx).is_pending());
-        }
+        repoll_while_woken(sleeper.as_mut(), &wakes, &mut cx);
         assert_eq!(
             rt.clock.next_deadline(),
             Some(Instant::from_millis(10)),

@@ -55,6 +55,21 @@ pub(crate) fn poll_once<F: Future + Unpin>(future: &mut F, waker: &Waker) -> Pol
     Pin::new(future).poll(&mut Context::from_waker(waker))
 }
 
+/// Re-polls `future` for as long as it has been woken since its last poll, asserting it stays
+/// pending; afterwards it is asleep until its next wake (the loom models' "settle" step).
+#[cfg(loom)]
+pub(crate) fn repoll_while_woken<F: Future>(
+    mut future: Pin<&mut F>,
+    wakes: &WakeCount,
+    cx: &mut Context<'_>,
+) {
+    let mut seen = 0;
+    while wakes.wakes() != seen {
+        seen = wakes.wakes();
+        assert!(future.as_mut().poll(cx).is_pending());
+    }
+}
+
 #[cfg(not(loom))]
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
