@@ -20,7 +20,7 @@ use alloc::vec::Vec;
 use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
-use hashbrown::HashMap;
+use hashbrown::HashTable;
 
 use crate::error::{ConfigError, ReleaseError};
 use crate::time::{Clock, Instant};
@@ -239,6 +239,15 @@ impl<B> ShardWindow<B> {
     }
 }
 
+/// What a live credit's slot remembers: its generation, its shard and the shard's hash (so
+/// that [`DispatchWindow::complete`] finds the shard's window without hashing the key again).
+#[derive(Clone, Debug)]
+struct LiveCredit<Shard> {
+    generation: u64,
+    hash: u64,
+    shard: Shard,
+}
+
 /// Live credits: a slab of slots, each remembering the generation and shard of its credit.
 ///
 /// The slab never holds more slots than the peak number of credits live at once; freed slots
@@ -246,7 +255,7 @@ impl<B> ShardWindow<B> {
 /// window, not from the slot.
 #[derive(Clone, Debug)]
 struct CreditSlab<Shard> {
-    slots: Vec<Option<(u64, Shard)>>,
+    slots: Vec<Option<LiveCredit<Shard>>>,
     free: Vec<u32>,
     live: usize,
     peak_live: Peak,
@@ -267,7 +276,7 @@ impl<Shard> CreditSlab<Shard> {
 
     /// A fresh credit for `shard`, or `None` once the id space is spent (after
     /// `u64::MAX - 1` credits, or `u32::MAX` credits live at once).
-    fn issue(&mut self, shard: Shard) -> Option<CreditId> {
+    fn issue(&mut self, shard: Shard, hash: u64) -> Option<CreditId> {
         let generation = self.next_generation;
         if generation == u64::MAX {
             return None;
@@ -281,7 +290,13 @@ impl<Shard> CreditSlab<Shard> {
             }
         };
         match self.slots.get_mut(slot as usize) {
-            Some(entry) => *entry = Some((generation, shard)),
+            Some(entry) => {
+                *entry = Some(LiveCredit {
+                    generation,
+                    hash,
+                    shard,
+                })
+            }
             None => {
                 // Unreachable: free slots and fresh pushes are in range. Keep the slot free.
                 self.free.push(slot);
@@ -313,21 +328,22 @@ impl<Shard> CreditSlab<Shard> {
         }
     }
 
-    /// Frees a live credit and returns its shard. Nothing changes on error.
+    /// Frees a live credit and returns its shard and the shard's hash. Nothing changes on
+    /// error.
     ///
     /// A credit that is not live is `AlreadyReleased` when its generation has been issued
     /// (`1..next_generation`), `Unknown` otherwise. A forged id whose generation was issued to
     /// a different slot is therefore reported as `AlreadyReleased`; telling the two apart
     /// exactly would mean remembering every credit ever issued.
-    fn release(&mut self, credit: CreditId) -> Result<Shard, ReleaseError> {
+    fn release(&mut self, credit: CreditId) -> Result<(Shard, u64), ReleaseError> {
         let entry = self.slots.get_mut(credit.slot());
         if let Some(entry) = entry
-            && matches!(entry, Some((g, _)) if *g == credit.generation)
-            && let Some((_, shard)) = entry.take()
+            && matches!(entry, Some(c) if c.generation == credit.generation)
+            && let Some(c) = entry.take()
         {
             self.free.push(credit.slot);
             self.live = self.live.saturating_sub(1);
-            return Ok(shard);
+            return Ok((c.shard, c.hash));
         }
         if credit.generation >= 1 && credit.generation < self.next_generation {
             Err(ReleaseError::AlreadyReleased)
@@ -405,8 +421,10 @@ pub(crate) enum Take {
 #[derive(Clone, Debug)]
 pub struct DispatchWindow<Shard, B, S> {
     cfg: WindowConfig,
-    /// Every shard with work, plus idle shards not yet evicted.
-    shards: HashMap<Shard, ShardWindow<B>, S>,
+    /// Every shard with work, plus idle shards not yet evicted, keyed by `hasher`'s hash of
+    /// the shard (a live credit remembers it, so releases do not hash again).
+    shards: HashTable<(Shard, ShardWindow<B>)>,
+    hasher: S,
     /// Entries of `shards` that are not idle.
     active: usize,
     credits: CreditSlab<Shard>,
@@ -440,7 +458,8 @@ where
         cfg.validate()?;
         Ok(DispatchWindow {
             cfg,
-            shards: HashMap::with_hasher(hasher),
+            shards: HashTable::new(),
+            hasher,
             active: 0,
             credits: CreditSlab::new(),
             closed: false,
@@ -488,7 +507,8 @@ where
         }
         self.maintenance.touch();
         let cap = self.cfg.max_in_flight;
-        if let Some(w) = self.shards.get_mut(&shard) {
+        let hash = self.hasher.hash_one(&shard);
+        if let Some((_, w)) = self.shards.find_mut(hash, |(k, _)| *k == shard) {
             if park && w.parked.is_some() {
                 return Err(SubmitError::AlreadyParked(batch));
             }
@@ -512,7 +532,7 @@ where
                 }
                 return Ok(None);
             }
-            let Some(credit) = self.credits.issue(shard.clone()) else {
+            let Some(credit) = self.credits.issue(shard.clone(), hash) else {
                 self.closed = true;
                 return Err(SubmitError::Closed(batch));
             };
@@ -527,7 +547,7 @@ where
                 batch,
             }));
         }
-        let Some(credit) = self.open_shard(&shard) else {
+        let Some(credit) = self.open_shard(&shard, hash) else {
             return Err(SubmitError::Closed(batch));
         };
         Ok(Some(Dispatch {
@@ -539,21 +559,26 @@ where
 
     /// First use of `shard` (not in the map): its window starts with the credit returned
     /// (`cap >= 1`, so it has one). `None` closes the window (id space spent).
-    fn open_shard(&mut self, shard: &Shard) -> Option<CreditId> {
-        let Some(credit) = self.credits.issue(shard.clone()) else {
+    fn open_shard(&mut self, shard: &Shard, hash: u64) -> Option<CreditId> {
+        let Some(credit) = self.credits.issue(shard.clone(), hash) else {
             self.closed = true;
             return None;
         };
         self.make_room();
         self.active = self.active.saturating_add(1);
-        self.shards.insert(
-            shard.clone(),
-            ShardWindow {
-                in_flight: 1,
-                queued: VecDeque::new(),
-                parked: None,
-                owns_queue: false,
-            },
+        let hasher = &self.hasher;
+        self.shards.insert_unique(
+            hash,
+            (
+                shard.clone(),
+                ShardWindow {
+                    in_flight: 1,
+                    queued: VecDeque::new(),
+                    parked: None,
+                    owns_queue: false,
+                },
+            ),
+            |(k, _)| hasher.hash_one(k),
         );
         self.peak_shards.see(self.shards.len());
         Some(credit)
@@ -568,8 +593,9 @@ where
         }
         self.maintenance.touch();
         let cap = self.cfg.max_in_flight;
-        let Some(w) = self.shards.get_mut(shard) else {
-            return match self.open_shard(shard) {
+        let hash = self.hasher.hash_one(shard);
+        let Some((_, w)) = self.shards.find_mut(hash, |(k, _)| k == shard) else {
+            return match self.open_shard(shard, hash) {
                 Some(credit) => Take::Credit(credit),
                 None => Take::Closed,
             };
@@ -577,7 +603,7 @@ where
         if w.in_flight >= cap || !w.queued.is_empty() || w.parked.is_some() {
             return Take::NoCredit;
         }
-        let Some(credit) = self.credits.issue(shard.clone()) else {
+        let Some(credit) = self.credits.issue(shard.clone(), hash) else {
             self.closed = true;
             return Take::Closed;
         };
@@ -590,7 +616,8 @@ where
 
     /// Takes the shard's parked batch back (to add operations to it), if there is one.
     pub fn reclaim(&mut self, shard: &Shard) -> Option<B> {
-        let w = self.shards.get_mut(shard)?;
+        let hash = self.hasher.hash_one(shard);
+        let (_, w) = self.shards.find_mut(hash, |(k, _)| k == shard)?;
         let batch = w.parked.take()?;
         self.maintenance.touch();
         if w.is_idle() {
@@ -615,9 +642,9 @@ where
         &mut self,
         credit: CreditId,
     ) -> Result<Option<Dispatch<Shard, B>>, ReleaseError> {
-        let shard = self.credits.release(credit)?;
+        let (shard, hash) = self.credits.release(credit)?;
         self.maintenance.touch();
-        let Some(w) = self.shards.get_mut(&shard) else {
+        let Some((_, w)) = self.shards.find_mut(hash, |(k, _)| *k == shard) else {
             // Unreachable: a live credit's shard always has a window. Nothing to release there.
             return Ok(None);
         };
@@ -629,7 +656,7 @@ where
                 None => (w.parked.take(), false),
             };
             if let Some(batch) = batch {
-                match self.credits.issue(shard.clone()) {
+                match self.credits.issue(shard.clone(), hash) {
                     Some(credit) => {
                         w.in_flight = w.in_flight.saturating_add(1);
                         next = Some(Dispatch {
@@ -684,7 +711,7 @@ where
                 self.spare_queues.push(core::mem::take(&mut w.queued));
             }
         }
-        self.shards.retain(|_, w| !w.is_idle());
+        self.shards.retain(|(_, w)| !w.is_idle());
         self.active = self.shards.len();
         out
     }
@@ -717,7 +744,7 @@ where
             return;
         }
         if len.saturating_sub(self.active).saturating_mul(2) >= len {
-            self.shards.retain(|_, w| !w.is_idle());
+            self.shards.retain(|(_, w)| !w.is_idle());
         }
     }
 
@@ -736,11 +763,12 @@ where
         // Idle shards' entries go first (they hold no queue buffer); the peak still counts
         // them, so a shard set that comes back within the interval finds the capacity.
         if self.shards.len() > self.active {
-            self.shards.retain(|_, w| !w.is_idle());
+            self.shards.retain(|(_, w)| !w.is_idle());
         }
         let peak = self.peak_shards.roll(self.shards.len());
         if let Some(target) = self.maintenance.target(self.shards.capacity(), peak) {
-            self.shards.shrink_to(target);
+            let hasher = &self.hasher;
+            self.shards.shrink_to(target, |(k, _)| hasher.hash_one(k));
         }
         let held = self.peak_queues_held.roll(self.queues_held);
         self.spare_queues
@@ -763,6 +791,12 @@ where
         self.maintenance.deadline()
     }
 
+    /// `shard`'s window, if it has an entry.
+    fn window(&self, shard: &Shard) -> Option<&ShardWindow<B>> {
+        let hash = self.hasher.hash_one(shard);
+        self.shards.find(hash, |(k, _)| k == shard).map(|(_, w)| w)
+    }
+
     /// Batches allowed outstanding per shard.
     pub fn capacity(&self) -> u32 {
         self.cfg.max_in_flight
@@ -770,7 +804,7 @@ where
 
     /// Batches of `shard` in flight (holding a credit).
     pub fn in_flight(&self, shard: &Shard) -> u32 {
-        self.shards.get(shard).map_or(0, |w| w.in_flight)
+        self.window(shard).map_or(0, |w| w.in_flight)
     }
 
     /// Credits of `shard` not in use: `capacity() - in_flight(shard)`.
@@ -780,7 +814,7 @@ where
 
     /// Full batches of `shard` waiting for credit.
     pub fn queued(&self, shard: &Shard) -> usize {
-        self.shards.get(shard).map_or(0, |w| w.queued.len())
+        self.window(shard).map_or(0, |w| w.queued.len())
     }
 
     /// Whether `shard` has a parked open batch.
@@ -790,7 +824,7 @@ where
 
     /// `shard`'s parked open batch, if any.
     pub fn parked(&self, shard: &Shard) -> Option<&B> {
-        self.shards.get(shard).and_then(|w| w.parked.as_ref())
+        self.window(shard).and_then(|w| w.parked.as_ref())
     }
 
     /// Shards with anything in flight, queued or parked.

@@ -15,19 +15,13 @@ use core::task::{Context, Poll, Waker};
 
 use smallvec::SmallVec;
 
-use super::Closed;
 use super::loom::{Arc, Mutex, lock};
+use super::{Closed, wake_all};
 use crate::pending_bytes::{
     Enqueued, Grant, PendingBytesAction, PendingBytesConfig, PendingBytesLimiter, Ticket,
 };
 
 type Wakeups = SmallVec<[Waker; 4]>;
-
-fn wake_all(wakeups: Wakeups) {
-    for waker in wakeups {
-        waker.wake();
-    }
-}
 
 enum Entry {
     Waiting(Option<Waker>),

@@ -29,8 +29,8 @@ use core::task::{Context, Poll, Waker};
 use hashbrown::HashMap;
 use smallvec::SmallVec;
 
-use super::Closed;
 use super::loom::{Arc, Mutex, lock};
+use super::{Closed, wake_all};
 use crate::dispatch_window::{CreditId, DispatchWindow, Take, WindowConfig};
 use crate::error::ConfigError;
 
@@ -39,12 +39,6 @@ const MIN_MAP_CAPACITY: usize = 16;
 
 /// Wakers collected under the lock, woken after it is dropped.
 type Wakeups = SmallVec<[Waker; 2]>;
-
-fn wake_all(wakeups: Wakeups) {
-    for waker in wakeups {
-        waker.wake();
-    }
-}
 
 /// What releasing a [`Permit`] did with its credit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
