@@ -146,6 +146,16 @@ TIME_ROWS = [
      "gate_check_100k/ours_fxhash", PENDING_GATE,
      "governor keyed `check_key`, 100 k keys (DashMap, FxHash-style)",
      "gate_check_100k/governor_fxhash", ("min_speedup", 2.0)),
+    ("floor of any keyed check, 100 k keys (vs governor)",
+     "bare `HashMap<u64, deadline>::get`, SipHash (no gate logic at all)",
+     "gate_check_100k/hashmap_get_floor", None,
+     "governor keyed `check_key`, 100 k keys (DashMap, SipHash)", "gate_check_100k/governor",
+     None),
+    ("floor of any keyed check, 100 k keys (FxHash, vs governor)",
+     "bare `HashMap<u64, deadline>::get`, FxHash-style hasher",
+     "gate_check_100k/hashmap_get_floor_fxhash", None,
+     "governor keyed `check_key`, 100 k keys (DashMap, FxHash-style)",
+     "gate_check_100k/governor_fxhash", None),
     ("earliest wake-up, 1 M gated buckets",
      "install + `poll_timeout`",
      "wake_1m/ours", PENDING_GATE,
@@ -155,6 +165,10 @@ TIME_ROWS = [
      "install + `poll_timeout`",
      "wake_1m/ours", PENDING_GATE,
      "std `BinaryHeap` push + peek", "wake_1m/binary_heap", ("max", 2.0)),
+    ("floor of any keyed install, 1 M buckets (vs heap)",
+     "bare `HashMap<u64, deadline>` update of a random bucket, SipHash (no heap at all)",
+     "wake_1m/hashmap_update_floor", PENDING_GATE,
+     "std `BinaryHeap` push + peek", "wake_1m/binary_heap", None),
 ]
 
 REPORT_ROWS = [

@@ -320,6 +320,18 @@ fn gated<S: BuildHasher + Default>(keys: &[u64], seed: u64) -> WriteGate<u64, S>
     gate
 }
 
+/// Distinct delays an [`Installer`] cycles through (a power of two: `% DELAYS` is a mask).
+const DELAYS: usize = 4096;
+
+/// The next index of a walk over `len` items, wrapping to 0: a compare, where `% len` would
+/// be a 64-bit division (tens of cycles, charged to every side of a comparison alike, which
+/// would understate the ratio between them).
+#[inline]
+fn next_index(i: usize, len: usize) -> usize {
+    let next = i + 1;
+    if next >= len { 0 } else { next }
+}
+
 /// Installs a fresh KV throttle on one of the gate's buckets (re-sifting it in the heap),
 /// drains the wake it may emit.
 struct Installer {
@@ -331,15 +343,15 @@ struct Installer {
 impl Installer {
     fn new(keys: Vec<u64>, seed: u64) -> Self {
         let mut rng = SplitMix64::new(seed);
-        let delays = (0..4096).map(|_| random_delay(&mut rng)).collect();
+        let delays = (0..DELAYS).map(|_| random_delay(&mut rng)).collect();
         Installer { keys, delays, i: 0 }
     }
 
     #[inline]
     fn install(&mut self, gate: &mut Gate) -> Duration {
-        self.i = self.i.wrapping_add(1);
-        let key = &self.keys[self.i % self.keys.len()];
-        let delay = self.delays[self.i % self.delays.len()];
+        self.i = next_index(self.i, self.keys.len());
+        let key = &self.keys[self.i];
+        let delay = self.delays[self.i % DELAYS];
         let left = gate
             .handle_throttle(NOW, key, Reason::KV_BACKPRESSURE, delay)
             .expect("built-in reason");
@@ -356,7 +368,22 @@ fn gate_check(c: &mut C) {
     // Both sides again with a cheap hasher: what the hash costs, and what the layout costs.
     bench_gate_check::<Fx>(&mut g, "ours_fxhash", &keys);
     bench_governor_check::<Fx>(&mut g, "governor_fxhash", &keys);
+    // The floor of any keyed check: a bare std HashMap get of the same keys, same order.
+    bench_map_get::<RandomState>(&mut g, "hashmap_get_floor", &keys);
+    bench_map_get::<Fx>(&mut g, "hashmap_get_floor_fxhash", &keys);
     g.finish();
+}
+
+/// `get` on a bare `HashMap<u64, deadline>` holding `keys`, visiting them in their order.
+fn bench_map_get<S: BuildHasher + Default>(g: &mut Group<'_>, name: &str, keys: &[u64]) {
+    let map: HashMap<u64, Instant, S> = deadlines(keys, 5).into_iter().collect();
+    let mut i = 0;
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            i = next_index(i, keys.len());
+            black_box(map.get(black_box(&keys[i])).copied())
+        })
+    });
 }
 
 /// `check` on gated buckets, visiting `keys` in their shuffled order.
@@ -369,7 +396,7 @@ fn bench_gate_check<S: BuildHasher + Default>(g: &mut Group<'_>, name: &str, key
     let mut i = 0;
     g.bench_function(name, |b| {
         b.iter(|| {
-            i = (i + 1) % keys.len();
+            i = next_index(i, keys.len());
             black_box(gate.check(black_box(NOW), black_box(&keys[i])))
         })
     });
@@ -405,7 +432,7 @@ fn bench_governor_check<S: BuildHasher + Default + Clone>(
     let mut i = 0;
     g.bench_function(name, |b| {
         b.iter(|| {
-            i = (i + 1) % keys.len();
+            i = next_index(i, keys.len());
             black_box(limiter.check_key(black_box(&keys[i])).is_ok())
         })
     });
@@ -455,6 +482,25 @@ fn wake_1m(c: &mut C) {
         b.iter(|| black_box(black_box(&map).values().min().copied()))
     });
     drop(map);
+
+    // The floor of any keyed install, exact or not: update the deadline of a random bucket
+    // among 1 M in a bare std HashMap (same hasher and key order as ours), nothing else.
+    let keys = bucket_keys(1_000_000, 2);
+    let mut map: HashMap<u64, Instant> = deadlines(&keys, 3).into_iter().collect();
+    let mut installer = Installer::new(keys, 6);
+    g.bench_function("hashmap_update_floor", |b| {
+        b.iter(|| {
+            installer.i = next_index(installer.i, installer.keys.len());
+            let key = &installer.keys[installer.i];
+            let delay = installer.delays[installer.i % DELAYS];
+            if let Some(d) = map.get_mut(black_box(key)) {
+                *d = NOW + delay;
+            }
+            black_box(&map);
+        })
+    });
+    drop(map);
+    drop(installer);
 
     // A bare std BinaryHeap of (deadline, key): push one deadline and peek the earliest. Each
     // sample starts from a copy of the 1 M heap with room reserved, outside the timed loop.

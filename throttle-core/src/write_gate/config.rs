@@ -251,6 +251,7 @@ impl WriteGateConfig {
     }
 
     /// The registered reasons, built-ins first, indexed by [`Reason::index`].
+    #[inline]
     pub fn reasons(&self) -> &[ReasonSpec] {
         &self.reasons
     }

@@ -625,13 +625,28 @@ where
     /// The pending reason with the latest deadline; ties go to the lower index.
     #[inline]
     fn dominant(&self, i: usize, now: Instant) -> Option<(Reason, Instant)> {
-        let mut best: Option<(usize, Instant)> = None;
-        for (r, d) in self.deadlines(i).enumerate() {
-            if d > now && best.is_none_or(|(_, b)| d > b) {
-                best = Some((r, d));
+        // The built-in reasons first, unrolled over the fixed-size array (the common gate has
+        // no custom reason, and `check` is its hot path); ties keep the lower index.
+        let (mut best_r, mut best) = (0, Instant::ZERO);
+        if let Some(s) = self.slots.get(i) {
+            for (r, &d) in s.deadlines.iter().enumerate() {
+                if d > best {
+                    (best_r, best) = (r, d);
+                }
             }
         }
-        best.and_then(|(r, d)| Some((reason_at(r)?, d)))
+        for (r, &d) in self.extra_of(i).iter().enumerate() {
+            if d > best {
+                (best_r, best) = (BUILTIN + r, d);
+            }
+        }
+        // The latest deadline is pending iff any is: a pending reason's deadline exceeds
+        // `now`, so the maximum does too.
+        if best > now {
+            Some((reason_at(best_r)?, best))
+        } else {
+            None
+        }
     }
 
     /// Forget slot `i`'s deadlines that have passed (so stored deadlines were all pending at
