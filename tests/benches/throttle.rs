@@ -134,25 +134,37 @@ fn permit_sync(c: &mut C) {
     // window's submit and complete, the permit's Arc.
     let handle: WindowHandle<u32, RandomState> =
         WindowHandle::new(WindowConfig::default()).expect("valid config");
-    g.bench_function("ours", |b| {
-        b.iter(|| {
-            let p = black_box(&handle)
-                .try_acquire(black_box(7))
-                .expect("credit");
-            black_box(p.complete())
-        })
-    });
+    bench_try_acquire(&mut g, "ours", &handle);
     // The same shard with another permit held: its window stays.
     let held = handle.try_acquire(7).expect("credit");
-    g.bench_function("ours_busy_shard", |b| {
+    bench_try_acquire(&mut g, "ours_busy_shard", &handle);
+    let _ = black_box(held.complete());
+    let handle: WindowHandle<u32, Fx> =
+        WindowHandle::new(WindowConfig::default()).expect("valid config");
+    bench_try_acquire(&mut g, "ours_fxhash", &handle);
+
+    // What a keyed permit costs at the least with one mutex: the naive keyed semaphore a
+    // client would otherwise write (a per-shard count in a locked map, the Arc kept by the
+    // permit), with no FIFO line, no credit ids and no exactly-once guard.
+    let naive: Arc<std::sync::Mutex<HashMap<u32, u32>>> = Arc::default();
+    g.bench_function("naive_keyed_floor", |b| {
         b.iter(|| {
-            let p = black_box(&handle)
-                .try_acquire(black_box(7))
-                .expect("credit");
-            black_box(p.complete())
+            let shard = black_box(7);
+            let owner = {
+                let mut m = black_box(&naive).lock().expect("unpoisoned");
+                let n = m.entry(shard).or_insert(0);
+                assert!(*n < 4);
+                *n += 1;
+                Arc::clone(&naive)
+            };
+            let mut m = owner.lock().expect("unpoisoned");
+            if let Some(n) = m.get_mut(&shard) {
+                *n -= 1;
+            }
+            drop(m);
+            drop(black_box(owner));
         })
     });
-    let _ = black_box(held.complete());
 
     let sem = Arc::new(tokio::sync::Semaphore::new(4));
     g.bench_function("tokio_owned", |b| {
@@ -166,6 +178,20 @@ fn permit_sync(c: &mut C) {
     g.finish();
 }
 
+/// `try_acquire` + `complete` of shard 7 on `handle`.
+fn bench_try_acquire<S: BuildHasher + Sync>(
+    g: &mut Group<'_>,
+    name: &str,
+    handle: &WindowHandle<u32, S>,
+) {
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            let p = black_box(handle).try_acquire(black_box(7)).expect("credit");
+            black_box(p.complete())
+        })
+    });
+}
+
 fn permit_async(c: &mut C) {
     let mut g = c.benchmark_group("permit_async");
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -174,21 +200,10 @@ fn permit_async(c: &mut C) {
 
     let handle: WindowHandle<u32, RandomState> =
         WindowHandle::new(WindowConfig::default()).expect("valid config");
-    g.bench_function("ours", |b| {
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let start = cpu_time::now();
-                for _ in 0..iters {
-                    let p = black_box(&handle)
-                        .acquire(black_box(7))
-                        .await
-                        .expect("open");
-                    let _ = black_box(p.complete());
-                }
-                cpu_time::now().saturating_sub(start)
-            })
-        })
-    });
+    bench_acquire(&mut g, &rt, "ours", &handle);
+    let handle: WindowHandle<u32, Fx> =
+        WindowHandle::new(WindowConfig::default()).expect("valid config");
+    bench_acquire(&mut g, &rt, "ours_fxhash", &handle);
 
     let sem = tokio::sync::Semaphore::new(4);
     g.bench_function("tokio_acquire", |b| {
@@ -204,6 +219,27 @@ fn permit_async(c: &mut C) {
         })
     });
     g.finish();
+}
+
+/// `acquire(7).await` + `complete` on `handle`, in a tokio current-thread runtime.
+fn bench_acquire<S: BuildHasher + Sync>(
+    g: &mut Group<'_>,
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    handle: &WindowHandle<u32, S>,
+) {
+    g.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = cpu_time::now();
+                for _ in 0..iters {
+                    let p = black_box(handle).acquire(black_box(7)).await.expect("open");
+                    let _ = black_box(p.complete());
+                }
+                cpu_time::now().saturating_sub(start)
+            })
+        })
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -276,6 +276,7 @@ impl<Shard> CreditSlab<Shard> {
 
     /// A fresh credit for `shard`, or `None` once the id space is spent (after
     /// `u64::MAX - 1` credits, or `u32::MAX` credits live at once).
+    #[inline]
     fn issue(&mut self, shard: Shard, hash: u64) -> Option<CreditId> {
         let generation = self.next_generation;
         if generation == u64::MAX {
@@ -335,6 +336,7 @@ impl<Shard> CreditSlab<Shard> {
     /// (`1..next_generation`), `Unknown` otherwise. A forged id whose generation was issued to
     /// a different slot is therefore reported as `AlreadyReleased`; telling the two apart
     /// exactly would mean remembering every credit ever issued.
+    #[inline]
     fn release(&mut self, credit: CreditId) -> Result<(Shard, u64), ReleaseError> {
         let entry = self.slots.get_mut(credit.slot());
         if let Some(entry) = entry
@@ -586,19 +588,38 @@ where
 
     /// For the `sync` handle: a credit of `shard` if it has one free (and holds nothing back),
     /// with one lookup of the shard; nothing is ever queued or parked.
+    ///
+    /// `hash` is the shard's hash by a clone of this window's hasher, computed by the caller
+    /// before it took its lock (so the lock is not held while hashing). It is only a hint:
+    /// before a shard is added, the window hashes it itself, so a clone that hashed
+    /// differently costs a second lookup, never a second entry for the same shard.
     #[cfg(feature = "std")]
-    pub(crate) fn try_take(&mut self, shard: &Shard) -> Take {
+    #[inline]
+    pub(crate) fn try_take(&mut self, shard: &Shard, hash: u64) -> Take {
         if self.closed {
             return Take::Closed;
         }
         self.maintenance.touch();
         let cap = self.cfg.max_in_flight;
-        let hash = self.hasher.hash_one(shard);
-        let Some((_, w)) = self.shards.find_mut(hash, |(k, _)| k == shard) else {
-            return match self.open_shard(shard, hash) {
-                Some(credit) => Take::Credit(credit),
-                None => Take::Closed,
-            };
+        let (hash, w) = match self.shards.find_mut(hash, |(k, _)| k == shard) {
+            Some((_, w)) => (hash, w),
+            None => {
+                let own = self.hasher.hash_one(shard);
+                let again = if own == hash {
+                    None
+                } else {
+                    self.shards.find_mut(own, |(k, _)| k == shard)
+                };
+                match again {
+                    Some((_, w)) => (own, w),
+                    None => {
+                        return match self.open_shard(shard, own) {
+                            Some(credit) => Take::Credit(credit),
+                            None => Take::Closed,
+                        };
+                    }
+                }
+            }
         };
         if w.in_flight >= cap || !w.queued.is_empty() || w.parked.is_some() {
             return Take::NoCredit;
@@ -638,6 +659,7 @@ where
     /// An unknown or already-released credit is an `Err` and changes nothing; a forged id is
     /// never mistaken for a live one. After [`fail_all`](Self::fail_all) a live credit is
     /// still released (`Ok(None)`): its slot frees and nothing is sent.
+    #[inline]
     pub fn complete(
         &mut self,
         credit: CreditId,
@@ -719,6 +741,7 @@ where
     /// Bookkeeping for a shard whose window just became idle: it no longer counts as active,
     /// and its queue buffer goes back to the pool at once (as if the entry were removed), so
     /// idle entries hold no buffers and the pool follows the shards queueing now.
+    #[inline]
     fn went_idle(
         w: &mut ShardWindow<B>,
         active: &mut usize,

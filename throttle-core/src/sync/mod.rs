@@ -77,12 +77,12 @@ pub use window::{Acquire, Permit, Released, TryAcquireError, WindowHandle};
 pub struct Closed;
 
 /// Compile-time checks of the bounds DESIGN §4 promises: handles `Clone + Send + Sync`,
-/// permits and futures `Send`, for any `Send + Sync` key, `Send` hasher and any [`Runtime`].
+/// permits and futures `Send`, for any `Send + Sync` key and hasher and any [`Runtime`].
 #[allow(dead_code)]
 fn assert_bounds<Shard, S, R>()
 where
     Shard: core::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    S: core::hash::BuildHasher + Send + 'static,
+    S: core::hash::BuildHasher + Send + Sync + 'static,
     R: Runtime,
 {
     fn handle<T: Clone + Send + Sync + 'static>() {}

@@ -120,20 +120,22 @@ where
 {
     /// A credit for a newcomer, if it may have one without waiting: the shard has free credit
     /// and nobody is in its line (no barging).
-    fn try_issue(&mut self, shard: &Shard, wakeups: &mut Wakeups) -> Issue {
+    #[inline]
+    fn try_issue(&mut self, shard: &Shard, hash: u64, wakeups: &mut Wakeups) -> Issue {
         if self.closed {
             return Issue::Closed;
         }
         if self.waiting > 0 && self.lines.contains_key(shard) {
             return Issue::NoCredit;
         }
-        self.issue(shard, wakeups)
+        self.issue(shard, hash, wakeups)
     }
 
     /// Takes a credit from the window for `shard` if it has one free (one lookup of the
     /// shard; the window never queues anything here).
-    fn issue(&mut self, shard: &Shard, wakeups: &mut Wakeups) -> Issue {
-        match self.window.try_take(shard) {
+    #[inline]
+    fn issue(&mut self, shard: &Shard, hash: u64, wakeups: &mut Wakeups) -> Issue {
+        match self.window.try_take(shard, hash) {
             Take::Credit(credit) => {
                 #[cfg(test)]
                 {
@@ -152,7 +154,14 @@ where
     }
 
     /// Releases `credit` of `shard` and hands a fresh one to the shard's oldest waiter.
-    fn release(&mut self, shard: &Shard, credit: CreditId, wakeups: &mut Wakeups) -> Released {
+    #[inline]
+    fn release(
+        &mut self,
+        shard: &Shard,
+        hash: u64,
+        credit: CreditId,
+        wakeups: &mut Wakeups,
+    ) -> Released {
         let mut next = self.window.complete(credit);
         // The window hands back a held-back `()` only if `issue` ever queued one; complete it.
         while let Ok(Some(d)) = next {
@@ -171,7 +180,7 @@ where
         let Some(head) = self.lines.get(shard).map(|l| l.head) else {
             return Released::Freed;
         };
-        let Issue::Credit(fresh) = self.issue(shard, wakeups) else {
+        let Issue::Credit(fresh) = self.issue(shard, hash, wakeups) else {
             return Released::Freed;
         };
         self.unlink(shard, head);
@@ -339,7 +348,14 @@ where
 /// assert_eq!(window.available(&7), 1);
 /// ```
 pub struct WindowHandle<Shard, S> {
-    shared: Arc<Mutex<WindowState<Shard, S>>>,
+    shared: Arc<Shared<Shard, S>>,
+}
+
+/// What a handle's clones, permits and futures share: the locked state, and a clone of the
+/// window's hasher so that a shard key is hashed before the lock is taken, not under it.
+struct Shared<Shard, S> {
+    hasher: S,
+    state: Mutex<WindowState<Shard, S>>,
 }
 
 impl<Shard, S> Clone for WindowHandle<Shard, S> {
@@ -376,22 +392,27 @@ where
     {
         let window = DispatchWindow::with_hasher(cfg, hasher.clone())?;
         Ok(WindowHandle {
-            shared: Arc::new(Mutex::new(WindowState {
-                window,
-                lines: HashMap::with_hasher(hasher),
-                waiting: 0,
-                waiters: Vec::new(),
-                free: Vec::new(),
-                closed: false,
-                #[cfg(test)]
-                stats: Stats::default(),
-            })),
+            shared: Arc::new(Shared {
+                state: Mutex::new(WindowState {
+                    window,
+                    lines: HashMap::with_hasher(hasher.clone()),
+                    waiting: 0,
+                    waiters: Vec::new(),
+                    free: Vec::new(),
+                    closed: false,
+                    #[cfg(test)]
+                    stats: Stats::default(),
+                }),
+                hasher,
+            }),
         })
     }
 
     /// Waits for a credit of `shard`: FIFO per shard, cancel-safe (see the type's contract).
+    #[inline]
     pub fn acquire(&self, shard: Shard) -> Acquire<Shard, S> {
         Acquire {
+            hash: self.shared.hasher.hash_one(&shard),
             shared: Some(Arc::clone(&self.shared)),
             shard,
             state: AcquireState::Start,
@@ -399,12 +420,14 @@ where
     }
 
     /// A credit of `shard` now, if one is free and nobody waits for the shard.
+    #[inline]
     pub fn try_acquire(&self, shard: Shard) -> Result<Permit<Shard, S>, TryAcquireError> {
         let mut wakeups = Wakeups::new();
-        let issued = lock(&self.shared).try_issue(&shard, &mut wakeups);
+        let hash = self.shared.hasher.hash_one(&shard);
+        let issued = lock(&self.shared.state).try_issue(&shard, hash, &mut wakeups);
         wake_all(wakeups);
         match issued {
-            Issue::Credit(credit) => Ok(Permit::new(Arc::clone(&self.shared), shard, credit)),
+            Issue::Credit(credit) => Ok(Permit::new(Arc::clone(&self.shared), shard, hash, credit)),
             Issue::NoCredit => Err(TryAcquireError::NoCredit),
             Issue::Closed => Err(TryAcquireError::Closed),
         }
@@ -414,43 +437,46 @@ where
     /// Permits already held stay valid; releasing them frees their slots. Idempotent.
     pub fn close(&self) {
         let mut wakeups = Wakeups::new();
-        lock(&self.shared).close(&mut wakeups);
+        lock(&self.shared.state).close(&mut wakeups);
         wake_all(wakeups);
     }
 
     /// Whether [`close`](Self::close) was called (or the window ran out of credit ids).
     pub fn is_closed(&self) -> bool {
-        lock(&self.shared).closed
+        lock(&self.shared.state).closed
     }
 
     /// Credits per shard.
     pub fn capacity(&self) -> u32 {
-        lock(&self.shared).window.capacity()
+        lock(&self.shared.state).window.capacity()
     }
 
     /// Credits of `shard` held (by permits, or handed to waiters not yet woken).
     pub fn in_flight(&self, shard: &Shard) -> u32 {
-        lock(&self.shared).window.in_flight(shard)
+        lock(&self.shared.state).window.in_flight(shard)
     }
 
     /// Free credits of `shard`. Never positive while waiters are in the shard's line.
     pub fn available(&self, shard: &Shard) -> u32 {
-        lock(&self.shared).window.available(shard)
+        lock(&self.shared.state).window.available(shard)
     }
 
     /// Waiters in `shard`'s line.
     pub fn waiting(&self, shard: &Shard) -> usize {
-        lock(&self.shared).lines.get(shard).map_or(0, |l| l.len)
+        lock(&self.shared.state)
+            .lines
+            .get(shard)
+            .map_or(0, |l| l.len)
     }
 
     #[cfg(test)]
     pub(crate) fn stats(&self) -> Stats {
-        lock(&self.shared).stats
+        lock(&self.shared.state).stats
     }
 
     #[cfg(test)]
     pub(crate) fn live_credits(&self) -> usize {
-        lock(&self.shared).window.live_credits()
+        lock(&self.shared.state).window.live_credits()
     }
 }
 
@@ -464,8 +490,10 @@ where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
-    shared: Arc<Mutex<WindowState<Shard, S>>>,
+    shared: Arc<Shared<Shard, S>>,
     shard: Shard,
+    /// `shard`'s hash, for the hand-off to a waiter on release.
+    hash: u64,
     credit: CreditId,
     /// Cleared by the first release, so `complete` followed by `Drop` releases once.
     live: bool,
@@ -489,10 +517,12 @@ where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
-    fn new(shared: Arc<Mutex<WindowState<Shard, S>>>, shard: Shard, credit: CreditId) -> Self {
+    #[inline]
+    fn new(shared: Arc<Shared<Shard, S>>, shard: Shard, hash: u64, credit: CreditId) -> Self {
         Permit {
             shared,
             shard,
+            hash,
             credit,
             live: true,
         }
@@ -510,16 +540,19 @@ where
 
     /// Releases the credit: the shard's oldest waiter receives one in its place
     /// ([`Released::HandedOn`]), else the slot frees ([`Released::Freed`]).
+    #[inline]
     pub fn complete(mut self) -> Released {
         self.release()
     }
 
+    #[inline]
     fn release(&mut self) -> Released {
         if !core::mem::replace(&mut self.live, false) {
             return Released::Freed;
         }
         let mut wakeups = Wakeups::new();
-        let released = lock(&self.shared).release(&self.shard, self.credit, &mut wakeups);
+        let released =
+            lock(&self.shared.state).release(&self.shard, self.hash, self.credit, &mut wakeups);
         wake_all(wakeups);
         released
     }
@@ -530,6 +563,7 @@ where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
+    #[inline]
     fn drop(&mut self) {
         let _ = self.release();
     }
@@ -556,8 +590,10 @@ where
     S: BuildHasher,
 {
     /// Moved into the [`Permit`] when it resolves (saves a reference-count round trip).
-    shared: Option<Arc<Mutex<WindowState<Shard, S>>>>,
+    shared: Option<Arc<Shared<Shard, S>>>,
     shard: Shard,
+    /// `shard`'s hash, computed once when the future is made.
+    hash: u64,
     state: AcquireState,
 }
 
@@ -588,15 +624,16 @@ where
 {
     type Output = Result<Permit<Shard, S>, Closed>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let Some(shared) = this.shared.as_ref() else {
             return Poll::Pending; // resolved already
         };
         let mut wakeups = Wakeups::new();
-        let mut st = lock(shared);
+        let mut st = lock(&shared.state);
         let outcome = match this.state {
-            AcquireState::Start => match st.try_issue(&this.shard, &mut wakeups) {
+            AcquireState::Start => match st.try_issue(&this.shard, this.hash, &mut wakeups) {
                 Issue::Credit(credit) => Ok(credit),
                 Issue::Closed => Err(Closed),
                 Issue::NoCredit => {
@@ -630,7 +667,9 @@ where
         let shared = this.shared.take();
         wake_all(wakeups);
         Poll::Ready(match (outcome, shared) {
-            (Ok(credit), Some(shared)) => Ok(Permit::new(shared, this.shard.clone(), credit)),
+            (Ok(credit), Some(shared)) => {
+                Ok(Permit::new(shared, this.shard.clone(), this.hash, credit))
+            }
             // `shared` was checked above; an error resolves without it.
             (Ok(_), None) | (Err(_), _) => Err(Closed),
         })
@@ -642,6 +681,7 @@ where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
+    #[inline]
     fn drop(&mut self) {
         let (AcquireState::Waiting(idx), Some(shared)) = (self.state, self.shared.as_ref()) else {
             return;
@@ -649,10 +689,10 @@ where
         self.state = AcquireState::Done;
         let mut wakeups = Wakeups::new();
         {
-            let mut st = lock(shared);
+            let mut st = lock(&shared.state);
             // Cancelled after a credit was handed to it: pass the credit on.
             if let Waiter::Granted(credit) = st.take_waiter(&self.shard, idx) {
-                let _ = st.release(&self.shard, credit, &mut wakeups);
+                let _ = st.release(&self.shard, self.hash, credit, &mut wakeups);
             }
         }
         wake_all(wakeups);
@@ -674,6 +714,58 @@ mod tests {
             Ok(h) => h,
             Err(e) => panic!("valid config refused: {e}"),
         }
+    }
+
+    /// A hasher builder whose clones hash differently from the original (each clone gets the
+    /// next seed): legal, if odd, so the handle must not trust its own clone's hashes.
+    #[derive(Default)]
+    struct DriftingHasher(u64);
+
+    impl Clone for DriftingHasher {
+        fn clone(&self) -> Self {
+            DriftingHasher(self.0.wrapping_add(1))
+        }
+    }
+
+    impl BuildHasher for DriftingHasher {
+        type Hasher = crate::dispatch_window::FnvHasher;
+        fn build_hasher(&self) -> Self::Hasher {
+            let mut h = crate::dispatch_window::FnvHasher::default();
+            core::hash::Hasher::write_u64(&mut h, self.0);
+            h
+        }
+    }
+
+    #[test]
+    fn a_hasher_clone_that_hashes_differently_costs_a_lookup_not_a_second_window() {
+        // The handle hashes with the original, the window with a clone: every hint is wrong.
+        let h: WindowHandle<u32, DriftingHasher> = match WindowHandle::with_hasher(
+            WindowConfig::default().with_max_in_flight(2),
+            DriftingHasher(7),
+        ) {
+            Ok(h) => h,
+            Err(e) => panic!("valid config refused: {e}"),
+        };
+        let a = h.try_acquire(5).expect("first credit");
+        let b = h.try_acquire(5).expect("second credit");
+        // A second entry for shard 5 would have handed out a third credit here.
+        assert_eq!(h.try_acquire(5).unwrap_err(), TryAcquireError::NoCredit);
+        assert_eq!(h.in_flight(&5), 2);
+        assert_eq!(lock(&h.shared.state).window.tracked_shards(), 1);
+        // The hand-off to a waiter goes through the same hint.
+        let (waker, _count) = CountingWaker::new();
+        let mut waiter = h.acquire(5);
+        assert!(poll_once(&mut waiter, &waker).is_pending());
+        assert_eq!(a.complete(), Released::HandedOn);
+        assert_eq!(h.try_acquire(5).unwrap_err(), TryAcquireError::NoCredit);
+        let Poll::Ready(Ok(again)) = poll_once(&mut waiter, &waker) else {
+            panic!("the handed-on credit resolves the waiter");
+        };
+        assert_eq!(h.in_flight(&5), 2);
+        let _ = b.complete();
+        let _ = again.complete();
+        assert_eq!(h.available(&5), 2);
+        assert_eq!(h.live_credits(), 0);
     }
 
     /// A future polled by hand, with its own counting waker.
@@ -932,7 +1024,7 @@ mod tests {
         }
         drop(ws);
         drop(first);
-        let st = lock(&h.shared);
+        let st = lock(&h.shared.state);
         assert_eq!((st.lines.len(), st.waiters.len(), st.free.len()), (0, 0, 0));
         assert_eq!(st.window.live_credits(), 0);
     }
