@@ -131,17 +131,19 @@ fn permit_sync(c: &mut C) {
     let mut g = c.benchmark_group("permit_sync");
 
     // One shard, nothing else in flight (as for the window row): the handle's lock, the
-    // window's submit and complete, the permit's Arc.
+    // window's submit and complete, the owned permit's Arc (as tokio's owned permit's).
     let handle: WindowHandle<u32, RandomState> =
         WindowHandle::new(WindowConfig::default()).expect("valid config");
-    bench_try_acquire(&mut g, "ours", &handle);
+    bench_try_acquire(&mut g, "ours", &handle, Hold::Owned);
     // The same shard with another permit held: its window stays.
     let held = handle.try_acquire(7).expect("credit");
-    bench_try_acquire(&mut g, "ours_busy_shard", &handle);
+    bench_try_acquire(&mut g, "ours_busy_shard", &handle, Hold::Owned);
     let _ = black_box(held.complete());
+    // The borrowed permit (no reference count), against tokio's borrowed one.
+    bench_try_acquire(&mut g, "ours_borrowed", &handle, Hold::Borrowed);
     let handle: WindowHandle<u32, Fx> =
         WindowHandle::new(WindowConfig::default()).expect("valid config");
-    bench_try_acquire(&mut g, "ours_fxhash", &handle);
+    bench_try_acquire(&mut g, "ours_fxhash", &handle, Hold::Owned);
 
     // What a keyed permit costs at the least with one mutex: the naive keyed semaphore a
     // client would otherwise write (a per-shard count in a locked map, the Arc kept by the
@@ -175,20 +177,40 @@ fn permit_sync(c: &mut C) {
             drop(black_box(p));
         })
     });
+    g.bench_function("tokio_borrowed", |b| {
+        b.iter(|| {
+            let p = black_box(&*sem).try_acquire().expect("permit");
+            drop(black_box(p));
+        })
+    });
     g.finish();
 }
 
-/// `try_acquire` + `complete` of shard 7 on `handle`.
-fn bench_try_acquire<S: BuildHasher + Sync>(
+/// Which permit a bench takes: borrowing the handle, or owning a reference count of it.
+#[derive(Clone, Copy)]
+enum Hold {
+    Borrowed,
+    Owned,
+}
+
+/// `try_acquire` (or `try_acquire_owned`) + `complete` of shard 7 on `handle`.
+fn bench_try_acquire<S: BuildHasher + Sync + 'static>(
     g: &mut Group<'_>,
     name: &str,
     handle: &WindowHandle<u32, S>,
+    hold: Hold,
 ) {
-    g.bench_function(name, |b| {
-        b.iter(|| {
+    g.bench_function(name, |b| match hold {
+        Hold::Borrowed => b.iter(|| {
             let p = black_box(handle).try_acquire(black_box(7)).expect("credit");
             black_box(p.complete())
-        })
+        }),
+        Hold::Owned => b.iter(|| {
+            let p = black_box(handle)
+                .try_acquire_owned(black_box(7))
+                .expect("credit");
+            black_box(p.complete())
+        }),
     });
 }
 
@@ -198,20 +220,37 @@ fn permit_async(c: &mut C) {
         .build()
         .expect("runtime");
 
+    // `acquire` borrows the handle, as tokio's `acquire` borrows its semaphore.
     let handle: WindowHandle<u32, RandomState> =
         WindowHandle::new(WindowConfig::default()).expect("valid config");
-    bench_acquire(&mut g, &rt, "ours", &handle);
+    bench_acquire(&mut g, &rt, "ours", &handle, Hold::Borrowed);
+    bench_acquire(&mut g, &rt, "ours_owned", &handle, Hold::Owned);
     let handle: WindowHandle<u32, Fx> =
         WindowHandle::new(WindowConfig::default()).expect("valid config");
-    bench_acquire(&mut g, &rt, "ours_fxhash", &handle);
+    bench_acquire(&mut g, &rt, "ours_fxhash", &handle, Hold::Borrowed);
 
-    let sem = tokio::sync::Semaphore::new(4);
+    let sem = Arc::new(tokio::sync::Semaphore::new(4));
     g.bench_function("tokio_acquire", |b| {
         b.iter_custom(|iters| {
             rt.block_on(async {
                 let start = cpu_time::now();
                 for _ in 0..iters {
-                    let p = black_box(&sem).acquire().await.expect("open");
+                    let p = black_box(&*sem).acquire().await.expect("open");
+                    drop(black_box(p));
+                }
+                cpu_time::now().saturating_sub(start)
+            })
+        })
+    });
+    g.bench_function("tokio_acquire_owned", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = cpu_time::now();
+                for _ in 0..iters {
+                    let p = Arc::clone(black_box(&sem))
+                        .acquire_owned()
+                        .await
+                        .expect("open");
                     drop(black_box(p));
                 }
                 cpu_time::now().saturating_sub(start)
@@ -221,20 +260,33 @@ fn permit_async(c: &mut C) {
     g.finish();
 }
 
-/// `acquire(7).await` + `complete` on `handle`, in a tokio current-thread runtime.
-fn bench_acquire<S: BuildHasher + Sync>(
+/// `acquire(7).await` (or `acquire_owned`) + `complete` on `handle`, in a tokio
+/// current-thread runtime.
+fn bench_acquire<S: BuildHasher + Sync + 'static>(
     g: &mut Group<'_>,
     rt: &tokio::runtime::Runtime,
     name: &str,
     handle: &WindowHandle<u32, S>,
+    hold: Hold,
 ) {
+    // One loop per kind, so neither pays for the other's future in its state machine.
     g.bench_function(name, |b| {
         b.iter_custom(|iters| {
             rt.block_on(async {
                 let start = cpu_time::now();
-                for _ in 0..iters {
-                    let p = black_box(handle).acquire(black_box(7)).await.expect("open");
-                    let _ = black_box(p.complete());
+                match hold {
+                    Hold::Borrowed => {
+                        for _ in 0..iters {
+                            let p = black_box(handle).acquire(black_box(7)).await;
+                            let _ = black_box(p.expect("open").complete());
+                        }
+                    }
+                    Hold::Owned => {
+                        for _ in 0..iters {
+                            let p = black_box(handle).acquire_owned(black_box(7)).await;
+                            let _ = black_box(p.expect("open").complete());
+                        }
+                    }
                 }
                 cpu_time::now().saturating_sub(start)
             })

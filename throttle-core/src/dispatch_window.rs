@@ -664,13 +664,12 @@ where
         &mut self,
         credit: CreditId,
     ) -> Result<Option<Dispatch<Shard, B>>, ReleaseError> {
-        let (shard, hash) = self.credits.release(credit)?;
+        let (shard, hash, w) = Self::release_slot(&mut self.credits, &mut self.shards, credit)?;
         self.maintenance.touch();
-        let Some((_, w)) = self.shards.find_mut(hash, |(k, _)| *k == shard) else {
+        let Some(w) = w else {
             // Unreachable: a live credit's shard always has a window. Nothing to release there.
             return Ok(None);
         };
-        w.in_flight = w.in_flight.saturating_sub(1);
         let mut next = None;
         if !self.closed {
             let (batch, from_queue) = match w.queued.pop_front() {
@@ -708,6 +707,43 @@ where
             );
         }
         Ok(next)
+    }
+
+    /// For the `sync` handle, whose window never holds a batch back (it takes credit only
+    /// through [`try_take`](Self::try_take)): releases `credit` exactly once, with nothing to
+    /// dispatch. Small enough to inline, unlike [`complete`](Self::complete).
+    #[cfg(feature = "std")]
+    #[inline]
+    pub(crate) fn release_credit(&mut self, credit: CreditId) -> Result<(), ReleaseError> {
+        let (_, _, w) = Self::release_slot(&mut self.credits, &mut self.shards, credit)?;
+        self.maintenance.touch();
+        if let Some(w) = w
+            && w.is_idle()
+        {
+            Self::went_idle(
+                w,
+                &mut self.active,
+                &mut self.queues_held,
+                &mut self.spare_queues,
+            );
+        }
+        Ok(())
+    }
+
+    /// Frees `credit`'s slot and takes the credit off its shard's count: the shard, its hash
+    /// and its window (always there for a live credit). Nothing changes on error.
+    #[inline]
+    fn release_slot<'w>(
+        credits: &mut CreditSlab<Shard>,
+        shards: &'w mut HashTable<(Shard, ShardWindow<B>)>,
+        credit: CreditId,
+    ) -> Result<(Shard, u64, Option<&'w mut ShardWindow<B>>), ReleaseError> {
+        let (shard, hash) = credits.release(credit)?;
+        let w = shards.find_mut(hash, |(k, _)| *k == shard).map(|(_, w)| {
+            w.in_flight = w.in_flight.saturating_sub(1);
+            w
+        });
+        Ok((shard, hash, w))
     }
 
     /// Closes the window and returns every held-back batch (queued, then parked, per shard;

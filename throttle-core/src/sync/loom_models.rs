@@ -27,8 +27,8 @@ fn window(cap: u32) -> Handle {
     }
 }
 
-fn permit(h: &Handle) -> super::Permit<u32, TestHasher> {
-    match h.try_acquire(0) {
+fn permit(h: &Handle) -> super::OwnedPermit<u32, TestHasher> {
+    match h.try_acquire_owned(0) {
         Ok(p) => p,
         Err(e) => panic!("expected free credit: {e}"),
     }
@@ -43,7 +43,7 @@ fn permit_complete_drop_and_close_release_every_credit_once() {
         let h = window(2);
         let (p1, p2) = (permit(&h), permit(&h));
         let (waker, wakes) = CountingWaker::new();
-        let mut waiter = h.acquire(0);
+        let mut waiter = h.acquire_owned(0);
         assert!(poll_once(&mut waiter, &waker).is_pending());
 
         let t1 = thread::spawn(move || {
@@ -85,8 +85,8 @@ fn cancelled_waiter_racing_the_handoff_passes_the_credit_on() {
         let p = permit(&h);
         let (wa, _) = CountingWaker::new();
         let (wb, b_wakes) = CountingWaker::new();
-        let mut a = h.acquire(0);
-        let mut b = h.acquire(0);
+        let mut a = h.acquire_owned(0);
+        let mut b = h.acquire_owned(0);
         assert!(poll_once(&mut a, &wa).is_pending());
         assert!(poll_once(&mut b, &wb).is_pending());
 
@@ -120,7 +120,7 @@ fn release_racing_a_first_poll_loses_no_wakeup() {
             let _ = p.complete();
         });
         let (waker, wakes) = CountingWaker::new();
-        let mut w = h.acquire(0);
+        let mut w = h.acquire_owned(0);
         let first = poll_once(&mut w, &waker);
         let _ = t1.join();
         let permit = match first {
@@ -147,13 +147,13 @@ fn release_racing_a_newcomer_serves_the_older_waiter_first() {
         let h = window(1);
         let p = permit(&h);
         let (wa, a_wakes) = CountingWaker::new();
-        let mut a = h.acquire(0);
+        let mut a = h.acquire_owned(0);
         assert!(poll_once(&mut a, &wa).is_pending());
         let t1 = thread::spawn(move || {
             let _ = p.complete();
         });
         let (wb, b_wakes) = CountingWaker::new();
-        let mut b = h.acquire(0);
+        let mut b = h.acquire_owned(0);
         let b_first = poll_once(&mut b, &wb);
         let _ = t1.join();
 

@@ -69,7 +69,7 @@ pub use pending::{AcquireBytes, BytesPermit, PendingBytes};
 pub use pool::{ConnPool, Connector, Lease, PoolError};
 pub use runtime::{ManualClock, ManualSleep, Runtime};
 pub use signal::{Changed, WakeSignal, wait_until};
-pub use window::{Acquire, Permit, Released, TryAcquireError, WindowHandle};
+pub use window::{Acquire, OwnedPermit, Permit, Released, TryAcquireError, WindowHandle};
 
 /// The handle was closed: the wait failed and nothing is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
@@ -89,8 +89,8 @@ where
     fn send<T: Send + 'static>() {}
     fn send_value<T: Send>(_: &T) {}
     handle::<WindowHandle<Shard, S>>();
-    send::<Permit<Shard, S>>();
-    send::<Acquire<Shard, S>>();
+    send::<OwnedPermit<Shard, S>>();
+    send::<Acquire<'static, Shard, S>>();
     handle::<PendingBytes>();
     send::<BytesPermit>();
     send::<AcquireBytes>();

@@ -111,6 +111,10 @@ enum Issue {
     Credit(CreditId),
     NoCredit,
     Closed,
+    /// The window has just issued its last id (after 2^64 credits); the caller must
+    /// [`close`](WindowState::close) the handle (kept out of the hot path, which therefore
+    /// needs no buffer of wakers).
+    Exhausted,
 }
 
 impl<Shard, S> WindowState<Shard, S>
@@ -121,20 +125,20 @@ where
     /// A credit for a newcomer, if it may have one without waiting: the shard has free credit
     /// and nobody is in its line (no barging).
     #[inline]
-    fn try_issue(&mut self, shard: &Shard, hash: u64, wakeups: &mut Wakeups) -> Issue {
+    fn try_issue(&mut self, shard: &Shard, hash: u64) -> Issue {
         if self.closed {
             return Issue::Closed;
         }
         if self.waiting > 0 && self.lines.contains_key(shard) {
             return Issue::NoCredit;
         }
-        self.issue(shard, hash, wakeups)
+        self.issue(shard, hash)
     }
 
     /// Takes a credit from the window for `shard` if it has one free (one lookup of the
     /// shard; the window never queues anything here).
     #[inline]
-    fn issue(&mut self, shard: &Shard, hash: u64, wakeups: &mut Wakeups) -> Issue {
+    fn issue(&mut self, shard: &Shard, hash: u64) -> Issue {
         match self.window.try_take(shard, hash) {
             Take::Credit(credit) => {
                 #[cfg(test)]
@@ -145,16 +149,12 @@ where
                 Issue::Credit(credit)
             }
             Take::NoCredit => Issue::NoCredit,
-            // The window has issued its last id (after 2^64 credits): nothing can be issued.
-            Take::Closed => {
-                self.close(wakeups);
-                Issue::Closed
-            }
+            // The window is out of ids (after 2^64 credits): nothing can be issued any more.
+            Take::Closed => Issue::Exhausted,
         }
     }
 
     /// Releases `credit` of `shard` and hands a fresh one to the shard's oldest waiter.
-    #[inline]
     fn release(
         &mut self,
         shard: &Shard,
@@ -162,26 +162,50 @@ where
         credit: CreditId,
         wakeups: &mut Wakeups,
     ) -> Released {
-        let mut next = self.window.complete(credit);
-        // The window hands back a held-back `()` only if `issue` ever queued one; complete it.
-        while let Ok(Some(d)) = next {
-            next = self.window.complete(d.credit);
+        if !self.free(credit) {
+            return Released::Freed;
         }
-        if next.is_err() {
+        self.hand_on(shard, hash, wakeups)
+    }
+
+    /// Frees `credit` in the window; `false` if the window refused it (released already).
+    /// Nothing is ever held back in this window (credit is only taken by `try_take`), so a
+    /// release has nothing to dispatch.
+    #[inline]
+    fn free(&mut self, credit: CreditId) -> bool {
+        if self.window.release_credit(credit).is_err() {
             #[cfg(test)]
             {
                 self.stats.refused_releases += 1;
             }
-            return Released::Freed;
+            return false;
         }
-        if self.closed || self.waiting == 0 {
+        true
+    }
+
+    /// Whether a credit of `shard` just freed may be wanted: someone is waiting, so
+    /// [`hand_on`](Self::hand_on) has work.
+    #[inline]
+    fn has_waiters(&self) -> bool {
+        !self.closed && self.waiting > 0
+    }
+
+    /// After a credit of `shard` was freed: hands a fresh one to the shard's oldest waiter,
+    /// if it has one.
+    fn hand_on(&mut self, shard: &Shard, hash: u64, wakeups: &mut Wakeups) -> Released {
+        if !self.has_waiters() {
             return Released::Freed;
         }
         let Some(head) = self.lines.get(shard).map(|l| l.head) else {
             return Released::Freed;
         };
-        let Issue::Credit(fresh) = self.issue(shard, hash, wakeups) else {
-            return Released::Freed;
+        let fresh = match self.issue(shard, hash) {
+            Issue::Credit(fresh) => fresh,
+            Issue::Exhausted => {
+                self.close(wakeups);
+                return Released::Freed;
+            }
+            Issue::NoCredit | Issue::Closed => return Released::Freed,
         };
         self.unlink(shard, head);
         if let Some(slot) = self.waiters.get_mut(head)
@@ -358,6 +382,38 @@ struct Shared<Shard, S> {
     state: Mutex<WindowState<Shard, S>>,
 }
 
+impl<Shard, S> Shared<Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    /// Fails every waiter and refuses later acquires; wakes the waiters after unlocking.
+    fn close(&self) {
+        let mut wakeups = Wakeups::new();
+        lock(&self.state).close(&mut wakeups);
+        wake_all(wakeups);
+    }
+}
+
+/// How a [`Permit`] or an [`Acquire`] reaches the handle's state: by borrowing the handle
+/// ([`WindowHandle::acquire`], [`WindowHandle::try_acquire`]: no reference count to touch), or
+/// by owning a count of it ([`WindowHandle::acquire_owned`],
+/// [`WindowHandle::try_acquire_owned`]: `'static`, so it can move into a spawned task).
+enum Holder<'a, Shard, S> {
+    Borrowed(&'a Shared<Shard, S>),
+    Owned(Arc<Shared<Shard, S>>),
+}
+
+impl<Shard, S> Holder<'_, Shard, S> {
+    #[inline]
+    fn get(&self) -> &Shared<Shard, S> {
+        match self {
+            Holder::Borrowed(shared) => shared,
+            Holder::Owned(shared) => shared,
+        }
+    }
+}
+
 impl<Shard, S> Clone for WindowHandle<Shard, S> {
     fn clone(&self) -> Self {
         WindowHandle {
@@ -409,36 +465,65 @@ where
     }
 
     /// Waits for a credit of `shard`: FIFO per shard, cancel-safe (see the type's contract).
+    /// The permit borrows the handle; [`acquire_owned`](Self::acquire_owned) gives one that
+    /// can outlive it.
     #[inline]
-    pub fn acquire(&self, shard: Shard) -> Acquire<Shard, S> {
-        Acquire {
-            hash: self.shared.hasher.hash_one(&shard),
-            shared: Some(Arc::clone(&self.shared)),
-            shard,
-            state: AcquireState::Start,
-        }
+    pub fn acquire(&self, shard: Shard) -> Acquire<'_, Shard, S> {
+        Acquire::new(Holder::Borrowed(&self.shared), shard)
     }
 
-    /// A credit of `shard` now, if one is free and nobody waits for the shard.
+    /// As [`acquire`](Self::acquire), for a `'static` permit ([`OwnedPermit`]) that holds a
+    /// reference count of the handle's state, e.g. to move into a spawned task.
     #[inline]
-    pub fn try_acquire(&self, shard: Shard) -> Result<Permit<Shard, S>, TryAcquireError> {
-        let mut wakeups = Wakeups::new();
+    pub fn acquire_owned(&self, shard: Shard) -> Acquire<'static, Shard, S>
+    where
+        Shard: 'static,
+        S: 'static,
+    {
+        Acquire::new(Holder::Owned(Arc::clone(&self.shared)), shard)
+    }
+
+    /// A credit of `shard` now, if one is free and nobody waits for the shard. The permit
+    /// borrows the handle; see [`try_acquire_owned`](Self::try_acquire_owned).
+    #[inline]
+    pub fn try_acquire(&self, shard: Shard) -> Result<Permit<'_, Shard, S>, TryAcquireError> {
+        self.take_now(shard, || Holder::Borrowed(&self.shared))
+    }
+
+    /// As [`try_acquire`](Self::try_acquire), for a `'static` permit ([`OwnedPermit`]).
+    #[inline]
+    pub fn try_acquire_owned(&self, shard: Shard) -> Result<OwnedPermit<Shard, S>, TryAcquireError>
+    where
+        Shard: 'static,
+        S: 'static,
+    {
+        self.take_now(shard, || Holder::Owned(Arc::clone(&self.shared)))
+    }
+
+    /// A credit now, held through the holder `hold` makes once the credit is issued.
+    #[inline]
+    fn take_now<'a>(
+        &self,
+        shard: Shard,
+        hold: impl FnOnce() -> Holder<'a, Shard, S>,
+    ) -> Result<Permit<'a, Shard, S>, TryAcquireError> {
         let hash = self.shared.hasher.hash_one(&shard);
-        let issued = lock(&self.shared.state).try_issue(&shard, hash, &mut wakeups);
-        wake_all(wakeups);
+        let issued = lock(&self.shared.state).try_issue(&shard, hash);
         match issued {
-            Issue::Credit(credit) => Ok(Permit::new(Arc::clone(&self.shared), shard, hash, credit)),
+            Issue::Credit(credit) => Ok(Permit::new(hold(), shard, hash, credit)),
             Issue::NoCredit => Err(TryAcquireError::NoCredit),
             Issue::Closed => Err(TryAcquireError::Closed),
+            Issue::Exhausted => {
+                self.close();
+                Err(TryAcquireError::Closed)
+            }
         }
     }
 
     /// Fails every waiter (their futures resolve to [`Closed`]) and refuses later acquires.
     /// Permits already held stay valid; releasing them frees their slots. Idempotent.
     pub fn close(&self) {
-        let mut wakeups = Wakeups::new();
-        lock(&self.shared.state).close(&mut wakeups);
-        wake_all(wakeups);
+        self.shared.close();
     }
 
     /// Whether [`close`](Self::close) was called (or the window ran out of credit ids).
@@ -482,15 +567,21 @@ where
 
 /// One credit of a shard's window, held until [`complete`](Self::complete)d or dropped.
 ///
-/// Not `Clone`; `Send` (for `Send` shard keys and hasher). Dropping it releases the credit just
-/// like `complete`, so a task cancelled while holding it gives the credit back.
+/// Not `Clone`; `Send` (for `Send` shard keys and a `Send + Sync` hasher). Dropping it
+/// releases the credit just like `complete`, so a task cancelled while holding it gives the
+/// credit back. `Permit<'a, …>` borrows its [`WindowHandle`] (from
+/// [`acquire`](WindowHandle::acquire) / [`try_acquire`](WindowHandle::try_acquire));
+/// [`OwnedPermit`] = `Permit<'static, …>` holds a reference count of the handle's state
+/// instead (from [`acquire_owned`](WindowHandle::acquire_owned) /
+/// [`try_acquire_owned`](WindowHandle::try_acquire_owned)), like tokio's `SemaphorePermit` and
+/// `OwnedSemaphorePermit`. Both release the same way.
 #[must_use = "a permit holds a window credit until it is completed or dropped"]
-pub struct Permit<Shard, S>
+pub struct Permit<'a, Shard, S>
 where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
-    shared: Arc<Shared<Shard, S>>,
+    shared: Holder<'a, Shard, S>,
     shard: Shard,
     /// `shard`'s hash, for the hand-off to a waiter on release.
     hash: u64,
@@ -499,7 +590,11 @@ where
     live: bool,
 }
 
-impl<Shard, S> fmt::Debug for Permit<Shard, S>
+/// A [`Permit`] that owns a reference count of the handle's state: `'static`, so it can move
+/// into a spawned task. See [`WindowHandle::acquire_owned`].
+pub type OwnedPermit<Shard, S> = Permit<'static, Shard, S>;
+
+impl<Shard, S> fmt::Debug for Permit<'_, Shard, S>
 where
     Shard: Hash + Eq + Clone + fmt::Debug,
     S: BuildHasher,
@@ -512,13 +607,13 @@ where
     }
 }
 
-impl<Shard, S> Permit<Shard, S>
+impl<'a, Shard, S> Permit<'a, Shard, S>
 where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
     #[inline]
-    fn new(shared: Arc<Shared<Shard, S>>, shard: Shard, hash: u64, credit: CreditId) -> Self {
+    fn new(shared: Holder<'a, Shard, S>, shard: Shard, hash: u64, credit: CreditId) -> Self {
         Permit {
             shared,
             shard,
@@ -550,15 +645,19 @@ where
         if !core::mem::replace(&mut self.live, false) {
             return Released::Freed;
         }
+        let mut st = lock(&self.shared.get().state);
+        if !st.free(self.credit) || !st.has_waiters() {
+            return Released::Freed; // nobody to wake: no buffer of wakers needed
+        }
         let mut wakeups = Wakeups::new();
-        let released =
-            lock(&self.shared.state).release(&self.shard, self.hash, self.credit, &mut wakeups);
+        let released = st.hand_on(&self.shard, self.hash, &mut wakeups);
+        drop(st);
         wake_all(wakeups);
         released
     }
 }
 
-impl<Shard, S> Drop for Permit<Shard, S>
+impl<Shard, S> Drop for Permit<'_, Shard, S>
 where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
@@ -579,33 +678,52 @@ enum AcquireState {
     Done,
 }
 
-/// The future of [`WindowHandle::acquire`]: resolves to a [`Permit`] or [`Closed`].
+/// The future of [`WindowHandle::acquire`] (`Acquire<'a, …>`, resolving to a `Permit<'a, …>`)
+/// and of [`WindowHandle::acquire_owned`] (`Acquire<'static, …>`, resolving to an
+/// [`OwnedPermit`]), or to [`Closed`].
 ///
 /// It joins the shard's line when first polled. Dropping it at any point is safe: it leaves the
 /// line, and a credit already handed to it passes to the next waiter.
 #[must_use = "futures do nothing unless polled"]
-pub struct Acquire<Shard, S>
+pub struct Acquire<'a, Shard, S>
 where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
-    /// Moved into the [`Permit`] when it resolves (saves a reference-count round trip).
-    shared: Option<Arc<Shared<Shard, S>>>,
+    /// Moved into the [`Permit`] when it resolves (an owned holder's reference count is taken
+    /// once, when the future is made).
+    shared: Option<Holder<'a, Shard, S>>,
     shard: Shard,
     /// `shard`'s hash, computed once when the future is made.
     hash: u64,
     state: AcquireState,
 }
 
+impl<'a, Shard, S> Acquire<'a, Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    #[inline]
+    fn new(shared: Holder<'a, Shard, S>, shard: Shard) -> Self {
+        Acquire {
+            hash: shared.get().hasher.hash_one(&shard),
+            shared: Some(shared),
+            shard,
+            state: AcquireState::Start,
+        }
+    }
+}
+
 // No field is structurally pinned.
-impl<Shard, S> Unpin for Acquire<Shard, S>
+impl<Shard, S> Unpin for Acquire<'_, Shard, S>
 where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
 }
 
-impl<Shard, S> fmt::Debug for Acquire<Shard, S>
+impl<Shard, S> fmt::Debug for Acquire<'_, Shard, S>
 where
     Shard: Hash + Eq + Clone + fmt::Debug,
     S: BuildHasher,
@@ -617,12 +735,12 @@ where
     }
 }
 
-impl<Shard, S> Future for Acquire<Shard, S>
+impl<'a, Shard, S> Future for Acquire<'a, Shard, S>
 where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
-    type Output = Result<Permit<Shard, S>, Closed>;
+    type Output = Result<Permit<'a, Shard, S>, Closed>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -630,12 +748,13 @@ where
         let Some(shared) = this.shared.as_ref() else {
             return Poll::Pending; // resolved already
         };
-        let mut wakeups = Wakeups::new();
-        let mut st = lock(&shared.state);
+        let mut st = lock(&shared.get().state);
+        // `Err(true)`: the window just ran out of ids; close the handle before resolving.
         let outcome = match this.state {
-            AcquireState::Start => match st.try_issue(&this.shard, this.hash, &mut wakeups) {
+            AcquireState::Start => match st.try_issue(&this.shard, this.hash) {
                 Issue::Credit(credit) => Ok(credit),
-                Issue::Closed => Err(Closed),
+                Issue::Closed => Err(false),
+                Issue::Exhausted => Err(true),
                 Issue::NoCredit => {
                     // Checking for credit and joining the line happen under one lock, so a
                     // release cannot slip in between and be missed.
@@ -653,19 +772,21 @@ where
                 }
                 Some(Waiter::Granted(_)) => match st.take_waiter(&this.shard, idx) {
                     Waiter::Granted(credit) => Ok(credit),
-                    _ => Err(Closed),
+                    _ => Err(false),
                 },
                 _ => {
                     st.take_waiter(&this.shard, idx);
-                    Err(Closed)
+                    Err(false)
                 }
             },
             AcquireState::Done => return Poll::Pending,
         };
         drop(st);
+        if outcome == Err(true) {
+            shared.get().close();
+        }
         this.state = AcquireState::Done;
         let shared = this.shared.take();
-        wake_all(wakeups);
         Poll::Ready(match (outcome, shared) {
             (Ok(credit), Some(shared)) => {
                 Ok(Permit::new(shared, this.shard.clone(), this.hash, credit))
@@ -676,7 +797,7 @@ where
     }
 }
 
-impl<Shard, S> Drop for Acquire<Shard, S>
+impl<Shard, S> Drop for Acquire<'_, Shard, S>
 where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
@@ -689,7 +810,7 @@ where
         self.state = AcquireState::Done;
         let mut wakeups = Wakeups::new();
         {
-            let mut st = lock(&shared.state);
+            let mut st = lock(&shared.get().state);
             // Cancelled after a credit was handed to it: pass the credit on.
             if let Waiter::Granted(credit) = st.take_waiter(&self.shard, idx) {
                 let _ = st.release(&self.shard, self.hash, credit, &mut wakeups);
@@ -737,6 +858,109 @@ mod tests {
     }
 
     #[test]
+    fn running_out_of_credit_ids_closes_the_handle_on_every_path() {
+        let (waker, count) = CountingWaker::new();
+        let spend_ids = |h: &Handle| lock(&h.shared.state).window.skip_generations_to(u64::MAX);
+
+        // A release that would hand a fresh credit to a waiter finds no id left.
+        let h = handle(1);
+        let p = h.try_acquire(1).expect("free credit");
+        let mut waiter = h.acquire(1);
+        assert!(poll_once(&mut waiter, &waker).is_pending());
+        spend_ids(&h);
+        assert_eq!(p.complete(), Released::Freed);
+        assert_eq!(count.wakes(), 1, "the failed waiter is woken");
+        assert!(matches!(
+            poll_once(&mut waiter, &waker),
+            Poll::Ready(Err(Closed))
+        ));
+        assert!(h.is_closed());
+        assert_eq!(h.live_credits(), 0);
+
+        // try_acquire finds no id left.
+        let h = handle(1);
+        let mut other = h.acquire(2); // made before, first polled after the close
+        let held = h.try_acquire(3).expect("free credit");
+        let mut queued = h.acquire(3);
+        assert!(poll_once(&mut queued, &waker).is_pending());
+        spend_ids(&h);
+        assert_eq!(h.try_acquire(4).unwrap_err(), TryAcquireError::Closed);
+        assert!(h.is_closed());
+        assert!(matches!(
+            poll_once(&mut queued, &waker),
+            Poll::Ready(Err(Closed))
+        ));
+        assert!(matches!(
+            poll_once(&mut other, &waker),
+            Poll::Ready(Err(Closed))
+        ));
+        drop(held);
+
+        // The first poll of an acquire finds no id left.
+        let h = handle(1);
+        let held = h.try_acquire(5).expect("free credit");
+        let mut queued = h.acquire(5);
+        assert!(poll_once(&mut queued, &waker).is_pending());
+        spend_ids(&h);
+        let mut fresh = h.acquire(6);
+        assert!(matches!(
+            poll_once(&mut fresh, &waker),
+            Poll::Ready(Err(Closed))
+        ));
+        assert!(h.is_closed());
+        assert!(matches!(
+            poll_once(&mut queued, &waker),
+            Poll::Ready(Err(Closed))
+        ));
+        assert_eq!(held.complete(), Released::Freed);
+        assert_eq!(h.live_credits(), 0);
+        assert_eq!(h.stats().refused_releases, 0);
+    }
+
+    #[test]
+    fn borrowed_permits_release_exactly_once_and_hand_off_like_owned_ones() {
+        let h = handle(2);
+        // complete, then the drop that follows: one release.
+        let a = h.try_acquire(1).expect("free credit");
+        assert_eq!(a.complete(), Released::Freed);
+        // dropping releases too.
+        let b = h.try_acquire(1).expect("free credit");
+        drop(b);
+        assert_eq!(h.available(&1), 2);
+
+        // Borrowed and owned permits share the shard's credits.
+        let c = h.try_acquire(1).expect("free credit");
+        let d = h.try_acquire_owned(1).expect("free credit");
+        assert_eq!(h.try_acquire(1).unwrap_err(), TryAcquireError::NoCredit);
+
+        // A borrowed waiter is served in line, before a newcomer, and resolves to a permit.
+        let (waker, count) = CountingWaker::new();
+        let mut first = h.acquire(1);
+        let mut second = h.acquire(1);
+        assert!(poll_once(&mut first, &waker).is_pending());
+        assert!(poll_once(&mut second, &waker).is_pending());
+        assert_eq!(h.waiting(&1), 2);
+        assert_eq!(c.complete(), Released::HandedOn);
+        assert_eq!(count.wakes(), 1);
+        let Poll::Ready(Ok(e)) = poll_once(&mut first, &waker) else {
+            panic!("the first waiter is served first");
+        };
+        // Cancelled after its credit was handed over, the second waiter passes it on.
+        drop(d);
+        assert_eq!(h.waiting(&1), 0);
+        drop(second);
+        assert_eq!(
+            h.in_flight(&1),
+            1,
+            "the cancelled waiter's credit went back"
+        );
+        assert_eq!(e.complete(), Released::Freed);
+        assert_eq!(h.available(&1), 2);
+        assert_eq!(h.live_credits(), 0);
+        assert_eq!(h.stats().refused_releases, 0);
+    }
+
+    #[test]
     fn a_hasher_clone_that_hashes_differently_costs_a_lookup_not_a_second_window() {
         // The handle hashes with the original, the window with a clone: every hint is wrong.
         let h: WindowHandle<u32, DriftingHasher> = match WindowHandle::with_hasher(
@@ -770,7 +994,7 @@ mod tests {
 
     /// A future polled by hand, with its own counting waker.
     struct Polled {
-        fut: Acquire<u32, TestHasher>,
+        fut: Acquire<'static, u32, TestHasher>,
         waker: Waker,
         count: WakeCount,
     }
@@ -779,15 +1003,15 @@ mod tests {
         fn new(h: &Handle, shard: u32) -> Self {
             let (waker, count) = CountingWaker::new();
             Polled {
-                fut: h.acquire(shard),
+                fut: h.acquire_owned(shard),
                 waker,
                 count,
             }
         }
-        fn poll(&mut self) -> Poll<Result<Permit<u32, TestHasher>, Closed>> {
+        fn poll(&mut self) -> Poll<Result<OwnedPermit<u32, TestHasher>, Closed>> {
             poll_once(&mut self.fut, &self.waker)
         }
-        fn permit(&mut self) -> Permit<u32, TestHasher> {
+        fn permit(&mut self) -> OwnedPermit<u32, TestHasher> {
             match self.poll() {
                 Poll::Ready(Ok(p)) => p,
                 Poll::Ready(Err(e)) => panic!("expected a permit, got {e}"),
@@ -852,7 +1076,7 @@ mod tests {
         for i in 0..5u32 {
             let (h, log) = (h.clone(), std::sync::Arc::clone(&log));
             ex.spawn(async move {
-                let Ok(permit) = h.acquire(1).await else {
+                let Ok(permit) = h.acquire_owned(1).await else {
                     return;
                 };
                 if let Ok(mut l) = log.lock() {
