@@ -886,7 +886,32 @@ impl Backoff {
     ///
     /// O(1): the base grows from the previous one. A refusal changes nothing but marks the
     /// sequence exhausted.
+    #[inline]
     pub fn next_delay<R: Rng + ?Sized>(
+        &mut self,
+        cfg: &BackoffConfig,
+        rng: &mut R,
+    ) -> Option<Duration> {
+        // The common call, small enough to inline: proportional jitter whose growth fits in
+        // `u64`. It is the general path below specialised (same helpers, same draws); anything
+        // else goes there before drawing. Proportional jitter has no additive offset, so the
+        // first base is `initial`.
+        if let Some(spread) = &cfg.spread
+            && !self.exhausted
+            && let Some(base) = match self.attempt {
+                0 => Some(cfg.initial),
+                _ => cfg.next_base_narrow(self.base),
+            }
+        {
+            let delay = cfg.draw_spread(spread, base, rng);
+            return self.hand_out(cfg, base, delay);
+        }
+        self.next_delay_general(cfg, rng)
+    }
+
+    /// [`Backoff::next_delay`] for every state and config.
+    #[inline(never)]
+    fn next_delay_general<R: Rng + ?Sized>(
         &mut self,
         cfg: &BackoffConfig,
         rng: &mut R,
@@ -2113,6 +2138,70 @@ mod tests {
                     prop_assert_eq!(d, ref_next(&cfg, &mut want, &mut want_rng));
                     prop_assert_eq!(&got, &want);
                     prop_assert_eq!(&got_rng, &want_rng, "same RNG consumption");
+                }
+            }
+        }
+
+        #[test]
+        fn fast_and_general_paths_agree_at_the_extremes() {
+            let ns = Duration::from_nanos;
+            let cfgs = [
+                BackoffConfig::fluss_disk_write_locked(),
+                BackoffConfig::grpc_connection(),
+                builder_ns(3, 1 << 40)
+                    .multiplier(3, 2)
+                    .resolution(ns(7))
+                    .jitter(TWENTY_PERCENT)
+                    .build()
+                    .unwrap(),
+                builder_ns(1, u64::MAX)
+                    .multiplier(u32::MAX, 1)
+                    .jitter(Jitter::Proportional { ppm: 1_000_000 })
+                    .build()
+                    .unwrap(),
+                builder_ns(999_999, u64::MAX)
+                    .multiplier(16, 10)
+                    .resolution(ns(999_999))
+                    .floor(ns(3 * 999_999))
+                    .jitter(TWENTY_PERCENT)
+                    .total_budget(Some(ns(40_000_000)))
+                    .build()
+                    .unwrap(),
+                builder_ns(1 << 45, u64::MAX)
+                    .resolution(ns(1 << 45))
+                    .jitter(TWENTY_PERCENT)
+                    .total_budget(Some(Duration::MAX))
+                    .build()
+                    .unwrap(),
+            ];
+            let states = [
+                Backoff::new(),
+                Backoff {
+                    attempt: u32::MAX,
+                    base: u64::MAX,
+                    ..Backoff::new()
+                },
+                Backoff {
+                    attempt: 3,
+                    base: u64::MAX / 3,
+                    spent: u64::MAX - 5,
+                    ..Backoff::new()
+                },
+            ];
+            for cfg in &cfgs {
+                for start in &states {
+                    let mut rng = SplitMix64::new(0x5eed);
+                    let (mut fast, mut general) = (start.clone(), start.clone());
+                    let mut general_rng = rng.clone();
+                    for _ in 0..40 {
+                        let want = general.next_delay_general(cfg, &mut general_rng);
+                        assert_eq!(
+                            fast.next_delay(cfg, &mut rng),
+                            want,
+                            "{cfg:?} from {start:?}"
+                        );
+                        assert_eq!((&fast, &rng), (&general, &general_rng));
+                    }
                 }
             }
         }
