@@ -359,6 +359,16 @@ fn backoff_jitter(c: &mut C) {
             black_box(eb.next_backoff())
         })
     });
+    // Not a peer: the floor of any exact integer jitter in this harness, the bench's RNG word,
+    // the unbiased draw of the ±20 % factor (Lemire) and one scaling into a Duration, with none
+    // of the sequence's clamping, truncation or bookkeeping.
+    let mut floor_rng = SplitMix64::new(0x5eed);
+    g.bench_function("floor_draw", |b| {
+        b.iter(|| {
+            let factor = 800_000 + throttle_core::rng::below(&mut floor_rng, black_box(400_000));
+            black_box(Duration::from_nanos(factor * 10_000))
+        })
+    });
     g.finish();
 }
 

@@ -8,7 +8,7 @@
 //!
 //! For the 0-based attempt `a`, every step in nanoseconds, in this order:
 //!
-//! 1. **Base.** `d₀ = initial`, `dₐ₊₁ = min(max, ⌊dₐ·num/den⌋)`, exact in `u128`
+//! 1. **Base.** `d₀ = initial`, `dₐ₊₁ = min(max, ⌊dₐ·num/den⌋)`, exact and saturating
 //!    ([`Jitter::Additive`] starts the same recurrence from `initial + offset` instead). The
 //!    attempt at which the base stops changing is found when the config is built, so a
 //!    sequence costs O(1) per delay and any attempt (`u32::MAX` included) costs at most
@@ -28,6 +28,10 @@
 //! except that an
 //! `initial` of zero disables the backoff: every delay is zero (see
 //! [`BackoffConfig::is_disabled`]).
+//!
+//! Every step is exact as written; the code reaches the same values without a division
+//! instruction on the way (precomputed reciprocals, and truncation merged into the
+//! proportional scaling), as `docs/backoff.md` explains.
 //!
 //! ```
 //! use core::time::Duration;
@@ -51,6 +55,7 @@
 
 use core::time::Duration;
 
+use crate::divisor::Divisor;
 use crate::error::ConfigError;
 use crate::rng::{Rng, below, between_inclusive};
 use crate::time::duration_to_nanos;
@@ -201,7 +206,27 @@ pub struct BackoffConfig {
     settle: u32,
     /// The base of every attempt from `settle` on.
     settled: u64,
+    /// `den` and `resolution` prepared for division without a divide instruction, `None`
+    /// for 1 (derived from them, so equality still means equal options).
+    den_div: Option<Divisor>,
+    res_div: Option<Divisor>,
+    /// What an enabled, non-fixed [`Jitter::Proportional`] draws with, else `None`.
+    spread: Option<Spread>,
+    /// `max` truncated to the resolution.
+    top: u64,
+    /// `floor` truncated to the resolution, and at least one step.
+    bottom: u64,
     rules: Rules,
+}
+
+/// A proportional jitter's factor in ppm, `low + U[0, width)`, and what scaling and
+/// truncating a delay divides by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Spread {
+    low: u64,
+    width: u64,
+    /// `10⁶·resolution`, saturated at `u64::MAX` (see [`BackoffConfig::draw_spread`]).
+    unit: Divisor,
 }
 
 impl Default for BackoffConfig {
@@ -349,7 +374,7 @@ impl BackoffConfig {
         }
         let mut d = self.initial;
         for _ in 0..attempt {
-            d = grow(d, self.num, self.den, self.max);
+            d = grow(d, self.num, self.den_div, self.max);
         }
         d
     }
@@ -392,7 +417,7 @@ impl BackoffConfig {
     fn ramp_from(&self, start: u64, attempt: u32) -> u64 {
         let mut d = start;
         for _ in 0..attempt.min(MAX_RAMP_ATTEMPTS) {
-            let next = grow(d, self.num, self.den, self.max);
+            let next = grow(d, self.num, self.den_div, self.max);
             if next == d {
                 break;
             }
@@ -412,19 +437,15 @@ impl BackoffConfig {
     /// Steps 2–4: jitter around `base`, clamp, floor, truncate. For [`Jitter::Additive`]
     /// `base` already grew from the jittered start ([`BackoffConfig::base_for`]).
     fn draw<R: Rng + ?Sized>(&self, base: u64, prev: u64, rng: &mut R) -> u64 {
-        if self.is_disabled() {
-            return 0;
-        }
         let raw = match self.jitter {
-            Jitter::None => base,
-            // A fixed backoff (initial == max) stays fixed: jittering it could only shorten it.
-            Jitter::Proportional { .. } if self.initial == self.max => base,
-            Jitter::Proportional { ppm } => {
-                let half = u64::from(ppm).min(PPM);
-                let factor = PPM - half + below(rng, 2 * half);
-                mul_div(base, factor, PPM)
-            }
-            Jitter::Additive { .. } => base,
+            _ if self.is_disabled() => return 0,
+            Jitter::Proportional { .. } => match &self.spread {
+                Some(spread) => return self.draw_spread(spread, base, rng),
+                // A fixed backoff (initial == max) stays fixed: jittering it could only
+                // shorten it.
+                None => base,
+            },
+            Jitter::None | Jitter::Additive { .. } => base,
             Jitter::Full => between_inclusive(rng, 0, base),
             Jitter::Equal => {
                 let half = base / 2;
@@ -432,29 +453,107 @@ impl BackoffConfig {
             }
             Jitter::Decorrelated => between_inclusive(rng, self.initial, prev.saturating_mul(3)),
         };
-        let v = raw.min(self.max).max(self.floor);
-        // Never below one step: a zero delay would retry at once while the backoff claims to
-        // be enabled. Validation keeps `resolution ≤ max`, so this stays within `max`.
-        (v - v.checked_rem(self.resolution).unwrap_or(0)).max(self.resolution)
+        self.finish(raw)
+    }
+
+    /// Steps 2–4 for an effective [`Jitter::Proportional`]: `⌊base·f/10⁶⌋` with a freshly
+    /// drawn factor `f`, then [`BackoffConfig::finish`].
+    #[inline]
+    fn draw_spread<R: Rng + ?Sized>(&self, spread: &Spread, base: u64, rng: &mut R) -> u64 {
+        let factor = spread.low + below(rng, spread.width);
+        match base.checked_mul(factor) {
+            // Scaling then truncating, `⌊⌊p/10⁶⌋/res⌋·res`, is `⌊p/(10⁶·res)⌋·res`: one
+            // division instead of two, and the product is at most `⌊p/10⁶⌋`, so it cannot
+            // wrap. A `10⁶·res` past `u64` is saturated: then the true quotient is 0 and the
+            // saturated one at most 1, and both end as `bottom`, which is at least `res`.
+            Some(p) => spread
+                .unit
+                .div(p)
+                .wrapping_mul(self.resolution)
+                .min(self.top)
+                .max(self.bottom),
+            // `factor ≤ 2·10⁶`: `(10⁶ − 1)·factor` fits, as `mul_div` needs.
+            None => self.finish(mul_div(base, factor, PPM, |n| n / PPM)),
+        }
+    }
+
+    /// Steps 2–4 after the jitter: `min(max)`, `max(floor)`, truncation, then at least one
+    /// step (a zero delay would retry at once while the backoff claims to be enabled).
+    ///
+    /// Rewritten exactly: truncation `T` is monotone, so it commutes with `min` and `max` and
+    /// comes first, against the precomputed `top = T(max)` and
+    /// `bottom = max(T(floor), resolution)`.
+    #[inline]
+    fn finish(&self, raw: u64) -> u64 {
+        round_down(raw, self.res_div).min(self.top).max(self.bottom)
+    }
+
+    /// The base after `prev` in a running sequence: `grow(prev)`.
+    fn next_base(&self, prev: u64) -> u64 {
+        self.next_base_narrow(prev)
+            .unwrap_or_else(|| grow(prev, self.num, self.den_div, self.max))
+    }
+
+    /// [`BackoffConfig::next_base`] when it needs no product wider than `u64`, else `None`.
+    #[inline]
+    fn next_base_narrow(&self, prev: u64) -> Option<u64> {
+        // `settled` is a fixed point of `grow`. Comparing (a predictable branch) instead of
+        // multiplying also keeps the previous base off the critical path once the ramp is over.
+        if prev == self.settled {
+            return Some(self.settled);
+        }
+        grow_narrow(prev, self.num, self.den_div, self.max)
     }
 }
 
-/// `min(cap, ⌊d·num/den⌋)`, exact; a zero `den` (never in a built config) leaves `d` alone.
-fn grow(d: u64, num: u32, den: u32, cap: u64) -> u64 {
-    mul_div(d, u64::from(num), u64::from(den)).min(cap)
+/// `min(cap, ⌊d·num/den⌋)`, exact; `den` is `None` for 1.
+fn grow(d: u64, num: u32, den: Option<Divisor>, cap: u64) -> u64 {
+    grow_narrow(d, num, den, cap).unwrap_or_else(|| {
+        let num = u64::from(num);
+        match den {
+            // `den ≤ u32::MAX` and `num ≤ u32::MAX`: `(den − 1)·num` fits, as `mul_div` needs.
+            Some(den) => mul_div(d, num, den.get(), |n| den.div(n)),
+            // `d·num` does not fit in `u64`.
+            None => u64::MAX,
+        }
+        .min(cap)
+    })
 }
 
-/// `⌊a·b/c⌋` in `u128`, saturating at `u64::MAX`; `a` when `c == 0`.
-fn mul_div(a: u64, b: u64, c: u64) -> u64 {
-    let q = (u128::from(a) * u128::from(b))
-        .checked_div(u128::from(c))
-        .unwrap_or(u128::from(a));
-    u64::try_from(q).unwrap_or(u64::MAX)
+/// [`grow`] when `d·num` fits in `u64`, else `None`.
+#[inline]
+fn grow_narrow(d: u64, num: u32, den: Option<Divisor>, cap: u64) -> Option<u64> {
+    let p = d.checked_mul(u64::from(num))?;
+    // A whole multiplier (every preset but gRPC's) needs no division.
+    let q = den.map_or(p, |den| den.div(p));
+    Some(q.min(cap))
+}
+
+/// `n` rounded down to a multiple of the resolution (`None` for 1 ns).
+#[inline]
+fn round_down(n: u64, res: Option<Divisor>) -> u64 {
+    res.map_or(n, |res| res.round_down(n))
+}
+
+/// `⌊a·b/c⌋`, exact, saturating at `u64::MAX`, with no 128-bit division, provided
+/// `(c − 1)·b` fits in `u64` (both callers guarantee it); `div` divides by `c`.
+///
+/// The product itself when it fits; otherwise `a = q·c + r` gives `⌊a·b/c⌋ = q·b + ⌊r·b/c⌋`
+/// exactly, where `r·b < c·b` fits.
+fn mul_div(a: u64, b: u64, c: u64, div: impl Fn(u64) -> u64) -> u64 {
+    match a.checked_mul(b) {
+        Some(p) => div(p),
+        None => {
+            let q = div(a);
+            let r = a - q * c;
+            q.saturating_mul(b).saturating_add(div(r.saturating_mul(b)))
+        }
+    }
 }
 
 /// Where the base settles: `(settle, settled)`, or `None` if it is still growing after
 /// [`MAX_RAMP_ATTEMPTS`] attempts.
-fn ramp(initial: u64, max: u64, num: u32, den: u32) -> Option<(u32, u64)> {
+fn ramp(initial: u64, max: u64, num: u32, den: Option<Divisor>) -> Option<(u32, u64)> {
     let mut d = initial;
     for a in 0..=MAX_RAMP_ATTEMPTS {
         let next = grow(d, num, den, max);
@@ -652,12 +751,12 @@ impl BackoffConfigBuilder {
             });
         }
         let settles =
-            ramp(self.initial, self.max, self.num, self.den).ok_or(ConfigError::Invalid {
+            ramp(self.initial, self.max, self.num, self.den_div()).ok_or(ConfigError::Invalid {
                 option: r.multiplier,
                 reason: "grows too slowly: the delay must settle within 4096 attempts",
             })?;
         if let Some(start) = self.slowest_jittered_start()
-            && ramp(start, self.max, self.num, self.den).is_none()
+            && ramp(start, self.max, self.num, self.den_div()).is_none()
         {
             return Err(ConfigError::Invalid {
                 option: r.jitter,
@@ -691,13 +790,38 @@ impl BackoffConfigBuilder {
 
     /// A preset's config; presets are checked by `presets_pass_their_own_validation`.
     fn assemble(self) -> BackoffConfig {
-        let (settle, settled) = ramp(self.initial, self.max, self.num, self.den)
+        let (settle, settled) = ramp(self.initial, self.max, self.num, self.den_div())
             .unwrap_or((MAX_RAMP_ATTEMPTS, self.max));
         self.finish(settle, settled)
     }
 
+    /// `den` as a [`Divisor`], `None` for 1 (and for 0, which validation refuses before any
+    /// ramp is computed).
+    fn den_div(&self) -> Option<Divisor> {
+        Divisor::new(u64::from(self.den))
+    }
+
     fn finish(self, settle: u32, settled: u64) -> BackoffConfig {
+        // `None` for 1 ns (and for 0, which validation refuses): nothing to truncate.
+        let res_div = Divisor::new(self.resolution);
+        let spread = match self.jitter {
+            Jitter::Proportional { ppm } if self.initial != 0 && self.initial != self.max => {
+                let half = u64::from(ppm).min(PPM);
+                // At least 10⁶, so always a divisor.
+                Divisor::new(self.resolution.saturating_mul(PPM)).map(|unit| Spread {
+                    low: PPM - half,
+                    width: 2 * half,
+                    unit,
+                })
+            }
+            _ => None,
+        };
         BackoffConfig {
+            den_div: self.den_div(),
+            res_div,
+            spread,
+            top: round_down(self.max, res_div),
+            bottom: round_down(self.floor, res_div).max(self.resolution),
             initial: self.initial,
             max: self.max,
             num: self.num,
@@ -762,7 +886,32 @@ impl Backoff {
     ///
     /// O(1): the base grows from the previous one. A refusal changes nothing but marks the
     /// sequence exhausted.
+    #[inline]
     pub fn next_delay<R: Rng + ?Sized>(
+        &mut self,
+        cfg: &BackoffConfig,
+        rng: &mut R,
+    ) -> Option<Duration> {
+        // The common call, small enough to inline: proportional jitter whose growth fits in
+        // `u64`. It is the general path below specialised (same helpers, same draws); anything
+        // else goes there before drawing. Proportional jitter has no additive offset, so the
+        // first base is `initial`.
+        if let Some(spread) = &cfg.spread
+            && !self.exhausted
+            && let Some(base) = match self.attempt {
+                0 => Some(cfg.initial),
+                _ => cfg.next_base_narrow(self.base),
+            }
+        {
+            let delay = cfg.draw_spread(spread, base, rng);
+            return self.hand_out(cfg, base, delay);
+        }
+        self.next_delay_general(cfg, rng)
+    }
+
+    /// [`Backoff::next_delay`] for every state and config.
+    #[inline(never)]
+    fn next_delay_general<R: Rng + ?Sized>(
         &mut self,
         cfg: &BackoffConfig,
         rng: &mut R,
@@ -775,9 +924,19 @@ impl Backoff {
             // The additive offset, if any, is drawn here: once per sequence.
             (cfg.base_for(0, &mut offset, rng), cfg.initial)
         } else {
-            (grow(self.base, cfg.num, cfg.den, cfg.max), self.prev)
+            (cfg.next_base(self.base), self.prev)
         };
         let delay = cfg.draw(base, prev, rng);
+        let out = self.hand_out(cfg, base, delay);
+        if out.is_some() {
+            self.offset = offset;
+        }
+        out
+    }
+
+    /// The budget check and the bookkeeping of a drawn delay.
+    #[inline]
+    fn hand_out(&mut self, cfg: &BackoffConfig, base: u64, delay: u64) -> Option<Duration> {
         if let Some(budget) = cfg.budget
             && delay > budget.saturating_sub(self.spent)
         {
@@ -787,7 +946,6 @@ impl Backoff {
         self.attempt = self.attempt.saturating_add(1);
         self.base = base;
         self.prev = delay;
-        self.offset = offset;
         self.spent = self.spent.saturating_add(delay);
         Some(Duration::from_nanos(delay))
     }
@@ -1804,5 +1962,248 @@ mod tests {
             alloc::string::ToString::to_string(&e),
             "`grpc.connection-backoff.multiplier`: must be at least 1 (num >= den)"
         );
+    }
+
+    /// The division-free arithmetic against the plain `u128` formulas it replaced (`/`, `%`,
+    /// clamp then truncate), bit for bit and draw for draw.
+    mod division_free {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// `⌊a·b/c⌋` in `u128`, saturating: the formula before the rewrite.
+        fn ref_mul_div(a: u64, b: u64, c: u64) -> u64 {
+            u64::try_from(u128::from(a) * u128::from(b) / u128::from(c)).unwrap_or(u64::MAX)
+        }
+
+        fn ref_grow(d: u64, cfg: &BackoffConfig) -> u64 {
+            ref_mul_div(d, u64::from(cfg.num), u64::from(cfg.den)).min(cfg.max)
+        }
+
+        /// Clamp to `max`, floor, truncate with `%`, at least one step.
+        fn ref_finish(cfg: &BackoffConfig, raw: u64) -> u64 {
+            let v = raw.min(cfg.max).max(cfg.floor);
+            (v - v % cfg.resolution).max(cfg.resolution)
+        }
+
+        /// Steps 2–4 for `Jitter::Proportional` as written before the rewrite.
+        fn ref_draw(cfg: &BackoffConfig, base: u64, rng: &mut SplitMix64) -> u64 {
+            let Jitter::Proportional { ppm } = cfg.jitter else {
+                unreachable!("proportional configs only");
+            };
+            if cfg.initial == 0 {
+                return 0;
+            }
+            let raw = if cfg.initial == cfg.max {
+                base
+            } else {
+                let half = u64::from(ppm).min(PPM);
+                let factor = PPM - half + below(rng, 2 * half);
+                ref_mul_div(base, factor, PPM)
+            };
+            ref_finish(cfg, raw)
+        }
+
+        /// `next_delay` as written before the rewrite (the bookkeeping, unchanged, is shared).
+        fn ref_next(cfg: &BackoffConfig, b: &mut Backoff, rng: &mut SplitMix64) -> Option<u64> {
+            if b.exhausted {
+                return None;
+            }
+            let base = if b.attempt == 0 {
+                cfg.initial
+            } else {
+                ref_grow(b.base, cfg)
+            };
+            let delay = ref_draw(cfg, base, rng);
+            b.hand_out(cfg, base, delay).map(duration_to_nanos)
+        }
+
+        /// Any width is equally likely, plus both ends.
+        fn wide() -> impl Strategy<Value = u64> {
+            prop_oneof![
+                (any::<u64>(), 0u32..64).prop_map(|(x, s)| x >> s),
+                Just(u64::MAX),
+                Just(0),
+            ]
+        }
+
+        fn resolution() -> impl Strategy<Value = u64> {
+            prop_oneof![
+                Just(1),
+                Just(7),
+                Just(NS_PER_MS),
+                Just(999_999),
+                // 10⁶·res past u64: the saturated unit of `draw_spread` (2^58·10⁶ would
+                // wrap to 0).
+                Just(1 << 45),
+                Just(1 << 58),
+                (1u64 << 44)..=u64::MAX,
+                1..=u64::from(u32::MAX),
+            ]
+        }
+
+        fn multiplier() -> impl Strategy<Value = (u32, u32)> {
+            prop_oneof![
+                Just((2, 1)),
+                Just((3, 2)),
+                Just((16, 10)),
+                Just((u32::MAX, 1)),
+                Just((u32::MAX, u32::MAX / 2)),
+                (1u32..1_000, 0u32..4).prop_map(|(den, k)| (den * (k + 1) + k, den)),
+            ]
+        }
+
+        /// Valid proportional configs over the whole range: any initial and max, whole and
+        /// fractional multipliers, fine, odd, 1 ms and huge resolutions, floors and budgets.
+        fn proportional_config() -> impl Strategy<Value = BackoffConfig> {
+            (
+                (wide(), wide(), resolution()),
+                (multiplier(), 0u32..=1_000_001, 0u64..4),
+                proptest::option::of(wide()),
+            )
+                .prop_filter_map(
+                    "valid config",
+                    |((a, b, res), ((num, den), ppm, k), budget)| {
+                        let max = a.max(b).max(res);
+                        BackoffConfig::builder()
+                            .initial(Duration::from_nanos(a.min(b)))
+                            .max(Duration::from_nanos(max))
+                            .multiplier(num, den)
+                            .jitter(Jitter::Proportional { ppm })
+                            .resolution(Duration::from_nanos(res))
+                            .floor(Duration::from_nanos(
+                                res.saturating_mul(k).min(max / res * res),
+                            ))
+                            .total_budget(budget.map(Duration::from_nanos))
+                            .build()
+                            .ok()
+                    },
+                )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: if cfg!(miri) { 8 } else { 4_000 },
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn growth_matches_the_u128_formula_for_any_base(
+                cfg in proportional_config(),
+                d in wide(),
+            ) {
+                prop_assert_eq!(cfg.next_base(d), ref_grow(d, &cfg));
+                prop_assert_eq!(grow(d, cfg.num, cfg.den_div, cfg.max), ref_grow(d, &cfg));
+                // The settled shortcut is exact: `settled` is a fixed point.
+                prop_assert_eq!(ref_grow(cfg.settled, &cfg), cfg.settled);
+            }
+
+            #[test]
+            fn proportional_draw_matches_the_u128_formula_draw_for_draw(
+                cfg in proportional_config(),
+                base in wide(),
+                seed in any::<u64>(),
+            ) {
+                let (mut got_rng, mut want_rng) = (SplitMix64::new(seed), SplitMix64::new(seed));
+                let got = cfg.draw(base, 0, &mut got_rng);
+                prop_assert_eq!(got, ref_draw(&cfg, base, &mut want_rng));
+                prop_assert_eq!(got_rng, want_rng, "same RNG consumption");
+            }
+
+            #[test]
+            fn truncating_first_matches_clamping_first(cfg in proportional_config(), raw in wide()) {
+                // A disabled config hands out zero before truncating anything.
+                if !cfg.is_disabled() {
+                    prop_assert_eq!(cfg.finish(raw), ref_finish(&cfg, raw));
+                }
+            }
+
+            #[test]
+            fn next_delay_matches_the_u128_formula_from_any_state(
+                cfg in proportional_config(),
+                (attempt, base, spent) in (
+                    prop_oneof![Just(0), Just(1), Just(u32::MAX - 1), Just(u32::MAX), any::<u32>()],
+                    wide(),
+                    wide(),
+                ),
+                seed in any::<u64>(),
+            ) {
+                // Any state, even a base no sequence of this config reaches (from another
+                // config, or past `max`): both paths of `next_delay` must agree with it.
+                let mut got = Backoff { attempt, base, prev: base, spent, ..Backoff::new() };
+                let mut want = got.clone();
+                let (mut got_rng, mut want_rng) = (SplitMix64::new(seed), SplitMix64::new(seed));
+                for _ in 0..12 {
+                    let d = got.next_delay(&cfg, &mut got_rng).map(duration_to_nanos);
+                    prop_assert_eq!(d, ref_next(&cfg, &mut want, &mut want_rng));
+                    prop_assert_eq!(&got, &want);
+                    prop_assert_eq!(&got_rng, &want_rng, "same RNG consumption");
+                }
+            }
+        }
+
+        #[test]
+        fn fast_and_general_paths_agree_at_the_extremes() {
+            let ns = Duration::from_nanos;
+            let cfgs = [
+                BackoffConfig::fluss_disk_write_locked(),
+                BackoffConfig::grpc_connection(),
+                builder_ns(3, 1 << 40)
+                    .multiplier(3, 2)
+                    .resolution(ns(7))
+                    .jitter(TWENTY_PERCENT)
+                    .build()
+                    .unwrap(),
+                builder_ns(1, u64::MAX)
+                    .multiplier(u32::MAX, 1)
+                    .jitter(Jitter::Proportional { ppm: 1_000_000 })
+                    .build()
+                    .unwrap(),
+                builder_ns(999_999, u64::MAX)
+                    .multiplier(16, 10)
+                    .resolution(ns(999_999))
+                    .floor(ns(3 * 999_999))
+                    .jitter(TWENTY_PERCENT)
+                    .total_budget(Some(ns(40_000_000)))
+                    .build()
+                    .unwrap(),
+                builder_ns(1 << 45, u64::MAX)
+                    .resolution(ns(1 << 45))
+                    .jitter(TWENTY_PERCENT)
+                    .total_budget(Some(Duration::MAX))
+                    .build()
+                    .unwrap(),
+            ];
+            let states = [
+                Backoff::new(),
+                Backoff {
+                    attempt: u32::MAX,
+                    base: u64::MAX,
+                    ..Backoff::new()
+                },
+                Backoff {
+                    attempt: 3,
+                    base: u64::MAX / 3,
+                    spent: u64::MAX - 5,
+                    ..Backoff::new()
+                },
+            ];
+            for cfg in &cfgs {
+                for start in &states {
+                    let mut rng = SplitMix64::new(0x5eed);
+                    let (mut fast, mut general) = (start.clone(), start.clone());
+                    let mut general_rng = rng.clone();
+                    for _ in 0..40 {
+                        let want = general.next_delay_general(cfg, &mut general_rng);
+                        assert_eq!(
+                            fast.next_delay(cfg, &mut rng),
+                            want,
+                            "{cfg:?} from {start:?}"
+                        );
+                        assert_eq!((&fast, &rng), (&general, &general_rng));
+                    }
+                }
+            }
+        }
     }
 }

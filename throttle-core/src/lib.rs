@@ -16,6 +16,7 @@ pub mod backpressure;
 pub mod batcher;
 pub mod conn_key;
 pub mod dispatch_window;
+mod divisor;
 pub mod error;
 pub mod failover;
 pub mod pending_bytes;
