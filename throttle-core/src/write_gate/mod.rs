@@ -209,6 +209,9 @@ pub struct WriteGate<K, S> {
     probes: Vec<Probe>,
     /// Whether any registered reason has probe mode (fixed at construction).
     probing: bool,
+    /// Custom reasons, i.e. `extra` deadlines per slot (fixed at construction; kept here so
+    /// the hot paths need not read the registry).
+    stride: usize,
     heap: IndexedHeap,
     clock: Clock,
     wake: Option<Instant>,
@@ -225,6 +228,7 @@ where
     pub fn with_hasher(cfg: WriteGateConfig, hasher: S) -> Self {
         WriteGate {
             probing: cfg.reasons().iter().any(|r| r.probe_sends().is_some()),
+            stride: cfg.reasons().len().saturating_sub(BUILTIN),
             cfg,
             hasher,
             index: HashTable::new(),
@@ -578,7 +582,7 @@ where
     /// Deadlines per slot kept in `extra` (the custom reasons).
     #[inline]
     fn stride(&self) -> usize {
-        self.cfg.reasons().len().saturating_sub(BUILTIN)
+        self.stride
     }
 
     /// Slot `i`'s custom deadlines.
