@@ -423,9 +423,10 @@ pub(crate) enum Take {
 #[derive(Clone, Debug)]
 pub struct DispatchWindow<Shard, B, S> {
     cfg: WindowConfig,
-    /// Every shard with work, plus idle shards not yet evicted, keyed by `hasher`'s hash of
-    /// the shard (a live credit remembers it, so releases do not hash again).
-    shards: HashTable<(Shard, ShardWindow<B>)>,
+    /// Every shard with work, plus idle shards not yet evicted, with the hash by `hasher` of
+    /// the shard that placed each entry (a live credit remembers it, so releases do not hash
+    /// again, and growing the table rehashes nothing).
+    shards: HashTable<(Shard, u64, ShardWindow<B>)>,
     hasher: S,
     /// Entries of `shards` that are not idle.
     active: usize,
@@ -510,7 +511,7 @@ where
         self.maintenance.touch();
         let cap = self.cfg.max_in_flight;
         let hash = self.hasher.hash_one(&shard);
-        if let Some((_, w)) = self.shards.find_mut(hash, |(k, _)| *k == shard) {
+        if let Some((_, _, w)) = self.shards.find_mut(hash, |(k, _, _)| *k == shard) {
             if park && w.parked.is_some() {
                 return Err(SubmitError::AlreadyParked(batch));
             }
@@ -560,7 +561,8 @@ where
     }
 
     /// First use of `shard` (not in the map): its window starts with the credit returned
-    /// (`cap >= 1`, so it has one). `None` closes the window (id space spent).
+    /// (`cap >= 1`, so it has one). `None` closes the window (id space spent). `hash` must be
+    /// this window's own hash of `shard`: it places the entry.
     fn open_shard(&mut self, shard: &Shard, hash: u64) -> Option<CreditId> {
         let Some(credit) = self.credits.issue(shard.clone(), hash) else {
             self.closed = true;
@@ -568,11 +570,11 @@ where
         };
         self.make_room();
         self.active = self.active.saturating_add(1);
-        let hasher = &self.hasher;
         self.shards.insert_unique(
             hash,
             (
                 shard.clone(),
+                hash,
                 ShardWindow {
                     in_flight: 1,
                     queued: VecDeque::new(),
@@ -580,7 +582,7 @@ where
                     owns_queue: false,
                 },
             ),
-            |(k, _)| hasher.hash_one(k),
+            |&(_, own, _)| own,
         );
         self.peak_shards.see(self.shards.len());
         Some(credit)
@@ -601,17 +603,19 @@ where
         }
         self.maintenance.touch();
         let cap = self.cfg.max_in_flight;
-        let (hash, w) = match self.shards.find_mut(hash, |(k, _)| k == shard) {
-            Some((_, w)) => (hash, w),
+        let (hash, w) = match self.shards.find_mut(hash, |(k, _, _)| k == shard) {
+            // The entry's own hash, not the hint that found it: after the table grows, only
+            // the hash the entry was placed by is sure to find it again.
+            Some((_, own, w)) => (*own, w),
             None => {
                 let own = self.hasher.hash_one(shard);
                 let again = if own == hash {
                     None
                 } else {
-                    self.shards.find_mut(own, |(k, _)| k == shard)
+                    self.shards.find_mut(own, |(k, _, _)| k == shard)
                 };
                 match again {
-                    Some((_, w)) => (own, w),
+                    Some((_, _, w)) => (own, w),
                     None => {
                         return match self.open_shard(shard, own) {
                             Some(credit) => Take::Credit(credit),
@@ -638,7 +642,7 @@ where
     /// Takes the shard's parked batch back (to add operations to it), if there is one.
     pub fn reclaim(&mut self, shard: &Shard) -> Option<B> {
         let hash = self.hasher.hash_one(shard);
-        let (_, w) = self.shards.find_mut(hash, |(k, _)| k == shard)?;
+        let (_, _, w) = self.shards.find_mut(hash, |(k, _, _)| k == shard)?;
         let batch = w.parked.take()?;
         self.maintenance.touch();
         if w.is_idle() {
@@ -667,7 +671,9 @@ where
         let (shard, hash, w) = Self::release_slot(&mut self.credits, &mut self.shards, credit)?;
         self.maintenance.touch();
         let Some(w) = w else {
-            // Unreachable: a live credit's shard always has a window. Nothing to release there.
+            // Unreachable: a live credit's shard always has a window, found by the hash that
+            // placed it. Nothing to release there.
+            debug_assert!(false, "a live credit's shard has no window");
             return Ok(None);
         };
         let mut next = None;
@@ -717,6 +723,7 @@ where
     pub(crate) fn release_credit(&mut self, credit: CreditId) -> Result<(), ReleaseError> {
         let (_, _, w) = Self::release_slot(&mut self.credits, &mut self.shards, credit)?;
         self.maintenance.touch();
+        debug_assert!(w.is_some(), "a live credit's shard has no window");
         if let Some(w) = w
             && w.is_idle()
         {
@@ -735,14 +742,16 @@ where
     #[inline]
     fn release_slot<'w>(
         credits: &mut CreditSlab<Shard>,
-        shards: &'w mut HashTable<(Shard, ShardWindow<B>)>,
+        shards: &'w mut HashTable<(Shard, u64, ShardWindow<B>)>,
         credit: CreditId,
     ) -> Result<(Shard, u64, Option<&'w mut ShardWindow<B>>), ReleaseError> {
         let (shard, hash) = credits.release(credit)?;
-        let w = shards.find_mut(hash, |(k, _)| *k == shard).map(|(_, w)| {
-            w.in_flight = w.in_flight.saturating_sub(1);
-            w
-        });
+        let w = shards
+            .find_mut(hash, |(k, _, _)| *k == shard)
+            .map(|(_, _, w)| {
+                w.in_flight = w.in_flight.saturating_sub(1);
+                w
+            });
         Ok((shard, hash, w))
     }
 
@@ -754,7 +763,7 @@ where
         self.closed = true;
         self.maintenance.touch();
         let mut out = Vec::new();
-        for (shard, w) in self.shards.iter_mut() {
+        for (shard, _, w) in self.shards.iter_mut() {
             for batch in w.queued.drain(..) {
                 out.push((shard.clone(), batch));
             }
@@ -769,7 +778,7 @@ where
                 self.spare_queues.push(core::mem::take(&mut w.queued));
             }
         }
-        self.shards.retain(|(_, w)| !w.is_idle());
+        self.shards.retain(|(_, _, w)| !w.is_idle());
         self.active = self.shards.len();
         out
     }
@@ -803,7 +812,7 @@ where
             return;
         }
         if len.saturating_sub(self.active).saturating_mul(2) >= len {
-            self.shards.retain(|(_, w)| !w.is_idle());
+            self.shards.retain(|(_, _, w)| !w.is_idle());
         }
     }
 
@@ -822,12 +831,11 @@ where
         // Idle shards' entries go first (they hold no queue buffer); the peak still counts
         // them, so a shard set that comes back within the interval finds the capacity.
         if self.shards.len() > self.active {
-            self.shards.retain(|(_, w)| !w.is_idle());
+            self.shards.retain(|(_, _, w)| !w.is_idle());
         }
         let peak = self.peak_shards.roll(self.shards.len());
         if let Some(target) = self.maintenance.target(self.shards.capacity(), peak) {
-            let hasher = &self.hasher;
-            self.shards.shrink_to(target, |(k, _)| hasher.hash_one(k));
+            self.shards.shrink_to(target, |&(_, own, _)| own);
         }
         let held = self.peak_queues_held.roll(self.queues_held);
         self.spare_queues
@@ -853,7 +861,9 @@ where
     /// `shard`'s window, if it has an entry.
     fn window(&self, shard: &Shard) -> Option<&ShardWindow<B>> {
         let hash = self.hasher.hash_one(shard);
-        self.shards.find(hash, |(k, _)| k == shard).map(|(_, w)| w)
+        self.shards
+            .find(hash, |(k, _, _)| k == shard)
+            .map(|(_, _, w)| w)
     }
 
     /// Batches allowed outstanding per shard.

@@ -91,6 +91,11 @@ where
     handle::<WindowHandle<Shard, S>>();
     send::<OwnedPermit<Shard, S>>();
     send::<Acquire<'static, Shard, S>>();
+    // The borrowed forms, through a closure that is type-checked and never called.
+    let _borrowed = |window: &WindowHandle<Shard, S>, shard: Shard| {
+        send_value(&window.acquire(shard.clone()));
+        send_value(&window.try_acquire(shard));
+    };
     handle::<PendingBytes>();
     send::<BytesPermit>();
     send::<AcquireBytes>();

@@ -111,9 +111,9 @@ enum Issue {
     Credit(CreditId),
     NoCredit,
     Closed,
-    /// The window has just issued its last id (after 2^64 credits); the caller must
-    /// [`close`](WindowState::close) the handle (kept out of the hot path, which therefore
-    /// needs no buffer of wakers).
+    /// The window cannot issue another id (after `u64::MAX - 1` credits, or `u32::MAX` live
+    /// at once) and has closed itself; the caller must [`close`](WindowState::close) the
+    /// handle (kept out of the hot path, which therefore needs no buffer of wakers).
     Exhausted,
 }
 
@@ -183,8 +183,8 @@ where
         true
     }
 
-    /// Whether a credit of `shard` just freed may be wanted: someone is waiting, so
-    /// [`hand_on`](Self::hand_on) has work.
+    /// Whether a freed credit may be wanted: the handle is open and someone, for any shard,
+    /// is waiting (only then can [`hand_on`](Self::hand_on) have work).
     #[inline]
     fn has_waiters(&self) -> bool {
         !self.closed && self.waiting > 0
@@ -340,7 +340,8 @@ where
 /// A cloneable handle to a dispatch window shared by concurrent submitters: await a credit per
 /// shard ([`acquire`](Self::acquire)), in FIFO order, and hold it as a [`Permit`].
 ///
-/// `Clone + Send + Sync` (for `Send` shard keys and hasher); clones share one window.
+/// `Clone + Send + Sync` (for `Send` shard keys and a `Send + Sync` hasher: a clone of the
+/// hasher lives beside the lock and is used from every thread); clones share one window.
 ///
 /// # Contract
 ///
@@ -854,6 +855,41 @@ mod tests {
             let mut h = crate::dispatch_window::FnvHasher::default();
             core::hash::Hasher::write_u64(&mut h, self.0);
             h
+        }
+    }
+
+    #[test]
+    fn a_hint_that_finds_its_shard_is_not_trusted_after_the_table_grows() {
+        // Keys whose two hashes (the handle's clone, the window's) share hashbrown's 7-bit tag:
+        // in a small table the wrong hint still finds the entry. The credit must remember the
+        // hash that placed the entry, or its release misses the shard once the table grows.
+        let tag = |seed: u64, k: u32| DriftingHasher(seed).hash_one(k) >> 57;
+        let keys: Vec<u32> = (0..100_000)
+            .filter(|&k| tag(7, k) == tag(8, k))
+            .take(8)
+            .collect();
+        assert_eq!(keys.len(), 8);
+        for k in keys {
+            let h: WindowHandle<u32, DriftingHasher> = match WindowHandle::with_hasher(
+                WindowConfig::default().with_max_in_flight(1),
+                DriftingHasher(7),
+            ) {
+                Ok(h) => h,
+                Err(e) => panic!("valid config refused: {e}"),
+            };
+            drop(h.try_acquire(k).expect("free credit")); // the entry stays, idle
+            let p = h.try_acquire(k).expect("free credit");
+            // Forty more active shards: the table grows and every entry moves.
+            let others: Vec<_> = (1_000_000..1_000_040)
+                .map(|o| h.try_acquire(o).expect("free credit"))
+                .collect();
+            assert_eq!(p.complete(), Released::Freed);
+            assert_eq!(h.in_flight(&k), 0, "key {k}: the release found its shard");
+            let again = h.try_acquire(k).expect("the credit is free again");
+            drop(again);
+            drop(others);
+            assert_eq!(h.live_credits(), 0);
+            assert_eq!(lock(&h.shared.state).window.shard_count(), 0);
         }
     }
 
