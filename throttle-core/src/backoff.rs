@@ -2081,11 +2081,7 @@ mod tests {
         }
 
         proptest! {
-            #![proptest_config(ProptestConfig {
-                cases: if cfg!(miri) { 8 } else { 4_000 },
-                failure_persistence: None,
-                ..ProptestConfig::default()
-            })]
+            #![proptest_config(crate::proptest_config(4_000))]
 
             #[test]
             fn growth_matches_the_u128_formula_for_any_base(

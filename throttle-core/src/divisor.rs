@@ -168,11 +168,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: if cfg!(miri) { 8 } else { 20_000 },
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        })]
+        #![proptest_config(crate::proptest_config(20_000))]
 
         #[test]
         fn division_and_rounding_match_plain_div_and_rem_over_all_u64(

@@ -41,3 +41,14 @@ pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;
 pub use time::Instant;
 pub use write_gate::{GateAction, GateState, Reason, WriteGate, WriteGateConfig};
+
+/// The proptest settings of the crate's unit tests: `cases` normally, a handful under miri,
+/// and no failure files (the crate's tests must not write into the source tree).
+#[cfg(test)]
+pub(crate) fn proptest_config(cases: u32) -> proptest::test_runner::Config {
+    proptest::test_runner::Config {
+        cases: if cfg!(miri) { 8 } else { cases },
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    }
+}
