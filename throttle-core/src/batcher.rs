@@ -23,8 +23,9 @@ use core::hash::{BuildHasher, Hash};
 
 use hashbrown::HashMap;
 
-use crate::dispatch_window::{CreditId, Dispatch, DispatchWindow, Maintenance, Peak, WindowConfig};
+use crate::dispatch_window::{CreditId, Dispatch, DispatchWindow, WindowConfig};
 use crate::error::{ConfigError, ReleaseError};
+use crate::maintenance::{Maintenance, Peak};
 use crate::time::{Clock, Instant};
 
 const MAX_REQUESTS_OPTION: &str = "client.batch.max-requests-per-batch";
@@ -713,7 +714,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch_window::TestHasher;
+    use crate::test_hasher::TestHasher;
     use alloc::vec;
 
     type B = Batcher<u32, u32, TestHasher>;

@@ -19,6 +19,7 @@ pub mod dispatch_window;
 mod divisor;
 pub mod error;
 pub mod failover;
+mod maintenance;
 pub mod pending_bytes;
 pub mod rng;
 #[cfg(feature = "std")]
@@ -26,6 +27,9 @@ pub mod rng;
 pub mod sync;
 pub mod time;
 pub mod write_gate;
+
+#[cfg(any(test, feature = "model"))]
+mod test_hasher;
 
 #[cfg(feature = "model")]
 pub mod model;

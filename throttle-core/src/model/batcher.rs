@@ -18,8 +18,9 @@ use alloc::vec::Vec;
 
 use super::{Cursor, Divergence};
 use crate::batcher::{BatchAction, Batcher, BatcherConfig, Closed, FailReason};
-use crate::dispatch_window::{CreditId, TestHasher, WindowConfig};
+use crate::dispatch_window::{CreditId, WindowConfig};
 use crate::error::ReleaseError;
+use crate::test_hasher::TestHasher;
 use crate::time::Instant;
 
 const SHARDS: u8 = 4;

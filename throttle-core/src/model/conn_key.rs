@@ -23,8 +23,8 @@ use crate::backoff::{Backoff, BackoffConfig};
 use crate::conn_key::{
     ConnAction, ConnConfig, ConnId, ConnKey, ConnState, ConnTable, Disconnected, FinishError, Route,
 };
-use crate::dispatch_window::TestHasher as Fnv;
 use crate::rng::SplitMix64;
+use crate::test_hasher::TestHasher as Fnv;
 use crate::time::Instant;
 
 type Key = ConnKey<u8, u8>;

@@ -17,8 +17,9 @@ use alloc::format;
 use alloc::vec::Vec;
 
 use super::{Cursor, Divergence};
-use crate::dispatch_window::{CreditId, DispatchWindow, SubmitError, TestHasher, WindowConfig};
+use crate::dispatch_window::{CreditId, DispatchWindow, SubmitError, WindowConfig};
 use crate::error::ReleaseError;
+use crate::test_hasher::TestHasher;
 use crate::time::Instant;
 
 const SHARDS: u8 = 4;

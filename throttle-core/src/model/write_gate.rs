@@ -19,8 +19,8 @@ use core::time::Duration;
 use super::{Cursor, Divergence};
 // The fixed FNV-1a hasher the tests and checkers share (no `std` needed).
 use crate::backpressure::{Signal, ThrottleCurve};
-use crate::dispatch_window::TestHasher as Fnv;
 use crate::rng::SplitMix64;
+use crate::test_hasher::TestHasher as Fnv;
 use crate::time::Instant;
 use crate::write_gate::{
     GateAction, GateError, GateState, Reason, ReasonSpec, UpdateRule, WriteGate, WriteGateConfig,

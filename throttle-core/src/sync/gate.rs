@@ -207,8 +207,8 @@ where
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::dispatch_window::TestHasher;
     use crate::sync::test_support::{Executor, TestRuntime};
+    use crate::test_hasher::TestHasher;
     use std::sync::Mutex as StdMutex;
 
     type Gate = GateHandle<u32, TestHasher>;
@@ -331,8 +331,8 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_models {
     use super::*;
-    use crate::dispatch_window::TestHasher;
     use crate::sync::test_support::{CountingWaker, TestRuntime, repoll_while_woken};
+    use crate::test_hasher::TestHasher;
     use alloc::boxed::Box;
     use core::task::{Context, Poll};
     use loom::thread;

@@ -14,8 +14,9 @@ use loom::thread;
 use super::loom::{Arc, Mutex, lock};
 use super::test_support::{CountingWaker, TestRuntime, poll_once, repoll_while_woken};
 use super::{Closed, PendingBytes, Released, WakeSignal, WindowHandle, wait_until};
-use crate::dispatch_window::{TestHasher, WindowConfig};
+use crate::dispatch_window::WindowConfig;
 use crate::pending_bytes::PendingBytesConfig;
+use crate::test_hasher::TestHasher;
 use crate::time::Instant;
 
 type Handle = WindowHandle<u32, TestHasher>;

@@ -824,8 +824,8 @@ where
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::dispatch_window::TestHasher;
     use crate::sync::test_support::{CountingWaker, Executor, WakeCount, poll_once};
+    use crate::test_hasher::TestHasher;
     use alloc::vec;
     use std::sync::Mutex as StdMutex;
 
@@ -850,9 +850,9 @@ mod tests {
     }
 
     impl BuildHasher for DriftingHasher {
-        type Hasher = crate::dispatch_window::FnvHasher;
+        type Hasher = crate::test_hasher::FnvHasher;
         fn build_hasher(&self) -> Self::Hasher {
-            let mut h = crate::dispatch_window::FnvHasher::default();
+            let mut h = crate::test_hasher::FnvHasher::default();
             core::hash::Hasher::write_u64(&mut h, self.0);
             h
         }
