@@ -366,7 +366,9 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
 
     while !c.is_empty() {
         step += 1;
-        let op = c.below(32);
+        let Some(op) = c.select(32) else {
+            continue;
+        };
         let mut expect_closed: Vec<ConnId> = Vec::new();
         let what = match op {
             0..=3 => {

@@ -129,8 +129,11 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut step = 0usize;
     while !c.is_empty() {
         step += 1;
+        let Some(op) = c.select(16) else {
+            continue;
+        };
         let shard = c.below(SHARDS);
-        match c.below(16) {
+        match op {
             0..=5 => {
                 let park = c.bool();
                 let batch = next_batch;

@@ -69,7 +69,22 @@ impl<'a> Cursor<'a> {
         self.u8() & 1 == 1
     }
 
-    /// A value in `0..n` (0 when `n == 0`).
+    /// An operation (or variant) selector: `Some(v)` for a value `v < n`, `None` for a value
+    /// not assigned yet. Reads exactly one byte either way.
+    ///
+    /// Selector values keep their meaning forever, so a stored corpus input means the same
+    /// run after an operation is added: the new operation takes the next unassigned value,
+    /// and every input that used that value as a no-op is the only one whose meaning changes.
+    /// On `None` the caller skips the operation and reads nothing else for it. A modulo here
+    /// would renumber every operation whenever `n` grows (see "Stable decoders" in
+    /// `docs/verification.md`).
+    pub fn select(&mut self, n: u8) -> Option<u8> {
+        let v = self.u8();
+        (v < n).then_some(v)
+    }
+
+    /// A parameter value in `0..n` (0 when `n == 0`). For ranges of a parameter only: an
+    /// operation or a variant is picked with [`Cursor::select`].
     pub fn below(&mut self, n: u8) -> u8 {
         if n == 0 { 0 } else { self.u8() % n }
     }
@@ -127,6 +142,20 @@ mod tests {
         assert!(c.is_empty());
         assert_eq!(c.u64(), 0);
         assert_eq!(c.below(0), 0);
+    }
+
+    #[test]
+    fn select_keeps_assigned_values_and_skips_the_rest_reading_one_byte() {
+        let mut c = Cursor::new(&[0, 5, 6, 255, 7]);
+        assert_eq!(c.select(6), Some(0));
+        assert_eq!(c.select(6), Some(5));
+        assert_eq!(c.select(6), None);
+        assert_eq!(c.select(6), None);
+        assert_eq!(c.u8(), 7);
+        assert!(c.is_empty());
+        // Exhausted bytes read as zero, the first operation.
+        assert_eq!(c.select(6), Some(0));
+        assert_eq!(Cursor::new(&[0]).select(0), None);
     }
 
     #[test]
