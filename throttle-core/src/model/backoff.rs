@@ -149,7 +149,8 @@ fn span(c: &mut Cursor<'_>) -> (u64, Duration) {
 }
 
 fn decode_spec(c: &mut Cursor<'_>) -> (Spec, BackoffConfig, Result<BackoffConfig, String>) {
-    let preset = c.below(6);
+    // An unassigned preset value is a skipped override: the plain builder, like preset 0.
+    let preset = c.select(6).unwrap_or(0);
     let mut s = preset_spec(preset);
     let start = machine_preset(preset);
     let mut b = if preset == 0 {
@@ -186,23 +187,28 @@ fn decode_spec(c: &mut Cursor<'_>) -> (Spec, BackoffConfig, Result<BackoffConfig
         b = b.multiplier(num, den);
     }
     if mask & 8 != 0 {
-        s.jitter = match c.u8() % 6 {
-            0 => RefJitter::None,
-            1 => RefJitter::Proportional(match c.u8() % 4 {
+        // An unassigned strategy skips the override: the preset's jitter stays.
+        let jitter = match c.select(6) {
+            None => None,
+            Some(0) => Some(RefJitter::None),
+            Some(1) => Some(RefJitter::Proportional(match c.u8() % 4 {
                 0 => 200_000,
                 1 => 1_000_000,
                 2 => 1_000_001,
                 _ => c.u32(),
-            }),
-            2 => {
+            })),
+            Some(2) => {
                 let (ns, d) = span(c);
-                RefJitter::Additive(ns, d)
+                Some(RefJitter::Additive(ns, d))
             }
-            3 => RefJitter::Full,
-            4 => RefJitter::Equal,
-            _ => RefJitter::Decorrelated,
+            Some(3) => Some(RefJitter::Full),
+            Some(4) => Some(RefJitter::Equal),
+            Some(_) => Some(RefJitter::Decorrelated),
         };
-        b = b.jitter(s.jitter.to_machine());
+        if let Some(jitter) = jitter {
+            s.jitter = jitter;
+            b = b.jitter(jitter.to_machine());
+        }
     }
     if mask & 16 != 0 {
         let res = match c.u8() % 6 {
@@ -642,7 +648,10 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut ops = 0;
     while !c.is_empty() && ops < MAX_OPS {
         ops += 1;
-        match c.u8() % 10 {
+        let Some(op) = c.select(10) else {
+            continue;
+        };
+        match op {
             0..=4 => {
                 step_next(&s, &cfg, &mut m, &mut r, &mut rngs)?;
             }

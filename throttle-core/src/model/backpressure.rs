@@ -324,7 +324,9 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut step = 0u32;
     while !c.is_empty() {
         step = step.saturating_add(1);
-        let op = c.u8() % 7;
+        let Some(op) = c.select(7) else {
+            continue;
+        };
         match op {
             0 | 1 => {
                 let l0 = match c.u8() % 8 {

@@ -259,7 +259,10 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     while !c.is_empty() {
         step += 1;
         let mut flushed = false;
-        match c.below(16) {
+        let Some(op) = c.select(16) else {
+            continue;
+        };
+        match op {
             0..=6 => {
                 let shard = c.below(SHARDS);
                 let bytes = match c.below(8) {

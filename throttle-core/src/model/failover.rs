@@ -202,7 +202,10 @@ pub fn check_coalescer(data: &[u8]) -> Result<(), Divergence> {
 
     while !c.is_empty() {
         step += 1;
-        match c.below(4) {
+        let Some(op) = c.select(4) else {
+            continue;
+        };
+        match op {
             0 => {
                 let serial = joined.len() as u64;
                 let got = real.handle_refresh_needed(serial);
@@ -585,10 +588,11 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
         2 => c.small_or_extreme_u32(),
         _ => u32::from(c.below(4)),
     };
-    let backoff = match c.below(4) {
-        0 => BackoffMode::Fluss,
+    // An unassigned mode skips the override: no backoff, the call's default.
+    let backoff = match c.select(3) {
+        Some(0) => BackoffMode::Fluss,
         // Room for 0 to 3 delays, and 50 ms spare that never fits a fourth.
-        1 => BackoffMode::Fixed {
+        Some(1) => BackoffMode::Fixed {
             total: FIXED_DELAY * u32::from(c.below(4)) + Duration::from_millis(50),
         },
         _ => BackoffMode::None,
@@ -635,9 +639,12 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
 
     while !c.is_empty() {
         s.step += 1;
+        let Some(op) = c.select(10) else {
+            continue;
+        };
         // Most inputs go to a live call; one index in nine is past the end (ignored).
         let i = usize::from(c.below(9)) % (n + 1);
-        match c.below(10) {
+        match op {
             0 => s.now = c.time_step(s.now),
             1 => {
                 let want = match s.refs.get(i) {
@@ -655,10 +662,11 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
             }
             2 | 3 => {
                 let refresh = c.bool();
-                let retry = if c.bool() {
-                    RetrySafety::NotExecuted
-                } else {
-                    RetrySafety::Never
+                // The error class is a variant: an unassigned one skips the error.
+                let retry = match c.select(2) {
+                    Some(0) => RetrySafety::Never,
+                    Some(_) => RetrySafety::NotExecuted,
+                    None => continue,
                 };
                 let class = ErrorClass::new(refresh, retry);
                 let ne = retry == RetrySafety::NotExecuted;
@@ -777,10 +785,11 @@ fn budget_time(c: &mut Cursor<'_>, now: Instant) -> Instant {
 /// Both retry budgets against a naive recount, including configuration validation.
 pub fn check_budget(data: &[u8]) -> Result<(), Divergence> {
     let mut c = Cursor::new(data);
-    if c.bool() {
-        check_grpc(&mut c)
-    } else {
-        check_finagle(&mut c)
+    // Which budget is a variant: an unassigned one checks nothing.
+    match c.select(2) {
+        Some(0) => check_finagle(&mut c),
+        Some(_) => check_grpc(&mut c),
+        None => Ok(()),
     }
 }
 
@@ -814,7 +823,10 @@ fn check_grpc(c: &mut Cursor<'_>) -> Result<(), Divergence> {
         step += 1;
         let tokens = grpc_recount(max_milli, ratio_milli, &history);
         let allowed = 2 * tokens > max_milli;
-        match c.below(6) {
+        let Some(op) = c.select(6) else {
+            continue;
+        };
+        match op {
             0 => now = c.time_step(now),
             1 => real.handle_request(now),
             2 => {
@@ -893,12 +905,16 @@ fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
     let mut step = 0usize;
     while !c.is_empty() {
         step += 1;
+        // The selector comes first so that a no-op reads nothing else, not even a time.
+        let Some(op) = c.select(7) else {
+            continue;
+        };
         now = budget_time(c, now);
         // The reference's own clamp: time never runs backwards.
         let effective = core::cmp::max(now, latest);
         let sec = effective.as_nanos() / 1_000_000_000;
         let balance = finagle_recount(reserve, ttl_secs, sec, &events);
-        match c.below(6) {
+        match op {
             0 => {
                 real.handle_request(now);
                 latest = effective;
@@ -919,12 +935,13 @@ fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
                     events.push((sec, -1_000_000));
                 }
             }
+            // Failure and success are two operations, not one picked by a flag.
             2 => {
-                if c.bool() {
-                    real.handle_failure(now);
-                } else {
-                    real.handle_success(now);
-                }
+                real.handle_failure(now);
+                latest = effective;
+            }
+            6 => {
+                real.handle_success(now);
                 latest = effective;
             }
             3 => {
@@ -965,8 +982,7 @@ mod tests {
     #[test]
     fn backoff_refusal_is_reached_and_withdraws_nothing() {
         let data = [
-            2, 11, 57, 193, 52, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 194, 61, 2, 98, 143, 222, 0,
-            91,
+            2, 11, 57, 1, 52, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 194, 8, 2, 2, 143, 0, 1,
         ];
         assert_eq!(check_call(&data), Ok(()));
     }
