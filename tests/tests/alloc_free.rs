@@ -372,7 +372,7 @@ fn pending_bytes_limiter_allocates_nothing_after_warmup() {
         // 20 operations of 300 bytes: three admitted at once, the rest wait in FIFO order and
         // are admitted as earlier ones release.
         for _ in 0..20 {
-            if let Enqueued::Granted(g) = limiter.enqueue(300) {
+            if let Ok(Enqueued::Granted(g)) = limiter.enqueue(300) {
                 grants.push_back(g);
             }
         }

@@ -683,9 +683,10 @@ where
         self.close_if_window_closed();
     }
 
-    /// The window closes itself when its credit ids run out; fail what it still holds.
+    /// Once the window can issue no credit id, nothing held back could ever be sent: fail
+    /// it and close (the window itself refuses new batches with `Exhausted`).
     fn close_if_window_closed(&mut self) {
-        if self.window.is_closed() && !self.closed {
+        if (self.window.is_closed() || self.window.is_exhausted()) && !self.closed {
             self.fail_all();
         }
     }
@@ -837,7 +838,10 @@ mod tests {
         assert!(drain(&mut b).is_empty(), "an open batch waits for flush");
         b.flush(T0);
         let a = drain(&mut b);
-        assert_eq!(sends(&b, &a), [(1, CreditId::forge(0, 1), vec![7])]);
+        assert_eq!(
+            sends(&b, &a),
+            [(1, CreditId::forge(b.window.instance_tag(), 0, 1), vec![7])]
+        );
         assert_eq!(b.open_batches(), 0);
     }
 
@@ -1074,7 +1078,7 @@ mod tests {
             Err(ReleaseError::AlreadyReleased)
         );
         assert_eq!(
-            b.handle_response(T0, CreditId::forge(5, 77), [0]),
+            b.handle_response(T0, CreditId::forge(b.window.instance_tag(), 5, 77), [0]),
             Err(ReleaseError::Unknown)
         );
         assert!(drain(&mut b).is_empty());

@@ -46,6 +46,7 @@ use smallvec::SmallVec;
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::error::ConfigError;
 use crate::rng::Rng;
+use crate::slab::IdSpace;
 use crate::time::{Clock, Instant};
 
 /// One server endpoint: the server's uid and the address it was announced at.
@@ -71,13 +72,15 @@ impl<U, H> ConnKey<U, H> {
 
 /// A connection's identity; never reused by the table that issued it.
 ///
-/// It carries a sequence number (unique per table, never reused) and the table's internal
-/// slot, so every lookup is O(1) without hashing. An id from another table, a closed
-/// connection or [`ConnId::from_bits`] of arbitrary bits is simply unknown.
+/// It carries a sequence number (unique per table, never reused), the table's internal slot,
+/// so every lookup is O(1) without hashing, and the issuing table's instance tag. An id from
+/// another table, a closed connection or [`ConnId::from_bits`] of arbitrary bits is unknown to
+/// this table: every method treats it as closed and changes nothing.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId {
     seq: u64,
     slot: u32,
+    tag: u32,
 }
 
 impl ConnId {
@@ -87,24 +90,25 @@ impl ConnId {
         self.seq
     }
 
-    /// The id as 96 meaningful bits, for adapters that store it compactly.
+    /// The id as 128 bits (tag, sequence number, slot), for adapters that store it compactly.
     pub const fn to_bits(self) -> u128 {
-        ((self.seq as u128) << 32) | self.slot as u128
+        ((self.tag as u128) << 96) | ((self.seq as u128) << 32) | self.slot as u128
     }
 
-    /// The id with these bits (bits above the 96th are ignored). Arbitrary bits give an id
-    /// the table does not know, which every method treats as closed.
+    /// The id with these bits. Arbitrary bits give an id the table does not know, which every
+    /// method treats as closed.
     pub const fn from_bits(bits: u128) -> Self {
         ConnId {
             seq: (bits >> 32) as u64,
             slot: bits as u32,
+            tag: (bits >> 96) as u32,
         }
     }
 }
 
 impl fmt::Debug for ConnId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ConnId(#{}@{})", self.seq, self.slot)
+        write!(f, "ConnId(#{}@{}/{})", self.seq, self.slot, self.tag)
     }
 }
 
@@ -287,7 +291,9 @@ pub struct ConnTable<U, H, S> {
     /// `BTreeSet` would allocate on node splits while routes re-key hot connections).
     timers: Vec<(Instant, u32)>,
     actions: VecDeque<ConnAction>,
-    next_seq: u64,
+    /// The table's instance tag and sequence numbers (the crate's one id rule: never wrap,
+    /// bound to this table).
+    ids: IdSpace,
     live: usize,
     /// Slots trimmed plus free-list entries visited by `shrink`, to pin its cost in tests.
     #[cfg(test)]
@@ -326,11 +332,20 @@ where
             by_uid: HashMap::with_hasher(hasher),
             timers: Vec::new(),
             actions: VecDeque::new(),
-            next_seq: 1,
+            ids: IdSpace::new(),
             live: 0,
             #[cfg(test)]
             maintenance_steps: 0,
         })
+    }
+
+    /// Gives the table the instance tag `tag` (for targets without 32-bit atomics, where
+    /// every table otherwise has tag 0). Call it on a fresh table: ids issued before are no
+    /// longer recognised.
+    #[must_use]
+    pub fn with_instance_tag(mut self, tag: u32) -> Self {
+        self.ids.set_tag(tag);
+        self
     }
 
     /// The table's settings.
@@ -369,7 +384,11 @@ where
             let Some(seq) = self.take_seq() else {
                 return Route::Exhausted;
             };
-            let id = ConnId { seq, slot };
+            let id = ConnId {
+                seq,
+                slot,
+                tag: self.ids.tag(),
+            };
             if let Some(e) = self.entry_mut(slot) {
                 e.conn = Some(Conn {
                     id,
@@ -381,7 +400,7 @@ where
             self.set_deadline(slot, Some(idle_at));
             return Route::Open(id, node.clone());
         }
-        if self.next_seq == u64::MAX {
+        if self.ids.peek().is_err() {
             return Route::Exhausted;
         }
         let Some(slot) = self.alloc_slot() else {
@@ -390,7 +409,11 @@ where
         let Some(seq) = self.take_seq() else {
             return Route::Exhausted; // unreachable: checked above
         };
-        let id = ConnId { seq, slot };
+        let id = ConnId {
+            seq,
+            slot,
+            tag: self.ids.tag(),
+        };
         let entry = Entry {
             key: node.clone(),
             conn: Some(Conn {
@@ -674,13 +697,7 @@ where
     }
 
     fn take_seq(&mut self) -> Option<u64> {
-        // u64::MAX is never issued, so "exhausted" needs no extra state.
-        let seq = self.next_seq;
-        if seq == u64::MAX {
-            return None;
-        }
-        self.next_seq = seq.saturating_add(1);
-        Some(seq)
+        self.ids.next().ok()
     }
 
     fn alloc_slot(&mut self) -> Option<u32> {
@@ -882,7 +899,13 @@ where
 
     #[cfg(test)]
     fn set_next_seq(&mut self, seq: u64) {
-        self.next_seq = seq;
+        self.ids.skip_to(seq);
+    }
+
+    /// The table's instance tag (carried by every id it issues).
+    #[cfg(test)]
+    pub(crate) fn instance_tag(&self) -> u32 {
+        self.ids.tag()
     }
 
     #[cfg(test)]
@@ -1536,5 +1559,28 @@ mod tests {
                 "slots freed"
             );
         }
+    }
+
+    #[test]
+    fn another_tables_connection_id_is_unknown_and_closes_nothing() {
+        let mut one = table();
+        let mut two = table();
+        assert_ne!(one.instance_tag(), two.instance_tag());
+        let k = key("u", "h");
+        let mine = open(&mut one, ms(0), &k);
+        let theirs = open(&mut two, ms(0), &k);
+        assert_eq!(
+            (theirs.seq(), theirs.to_bits() as u32),
+            (mine.seq(), mine.to_bits() as u32)
+        );
+        // Before the instance tag, this closed the first table's live connection.
+        assert!(!one.handle_closed(ms(1), theirs));
+        assert!(one.handle_send(ms(1), theirs).is_err());
+        assert_eq!(one.state(theirs), None);
+        assert!(
+            one.state(mine).is_some(),
+            "the live connection is untouched"
+        );
+        assert_eq!(one.route(ms(2), &k), Route::Use(mine));
     }
 }

@@ -24,6 +24,8 @@ use hashbrown::HashTable;
 use crate::error::{ConfigError, ReleaseError};
 pub use crate::maintenance::MAINTENANCE_INTERVAL;
 use crate::maintenance::{Maintenance, Peak};
+pub use crate::slab::{Exhausted, Ticket};
+use crate::slab::{Key, Slab};
 use crate::time::{Clock, Instant};
 
 /// Option name used in configuration errors.
@@ -74,24 +76,39 @@ impl WindowConfig {
 /// One credit of a shard's window, held by exactly one batch in flight.
 ///
 /// Ids are never reused by the window that issued them: each carries a generation drawn from
-/// a counter that only grows. Ids from a different window are meaningless to this one.
+/// a counter that only grows, and the tag of the window that issued it, so an id from another
+/// window is refused as [`ReleaseError::Unknown`] and changes nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CreditId {
-    slot: u32,
-    generation: u64,
-}
+pub struct CreditId(Key);
 
 impl CreditId {
     /// The slab slot this credit occupies while it is live (dense, reused after release).
     #[inline]
     pub(crate) fn slot(self) -> usize {
-        self.slot as usize
+        self.0.slot as usize
     }
 
-    /// Builds an arbitrary id: for tests and model checkers that forge bogus credits.
+    /// Builds an arbitrary id of the window tagged `tag`: for tests and model checkers that
+    /// forge bogus credits.
     #[cfg(any(test, feature = "model"))]
-    pub(crate) fn forge(slot: u32, generation: u64) -> Self {
-        CreditId { slot, generation }
+    pub(crate) fn forge(tag: u32, slot: u32, generation: u64) -> Self {
+        CreditId(Key {
+            generation,
+            slot,
+            tag,
+        })
+    }
+
+    /// The tag of the window that issued it.
+    #[cfg(feature = "model")]
+    pub(crate) fn tag(self) -> u32 {
+        self.0.tag
+    }
+
+    /// Its generation: unique for the issuing window's life.
+    #[cfg(any(test, feature = "model"))]
+    pub(crate) fn generation(self) -> u64 {
+        self.0.generation
     }
 }
 
@@ -114,21 +131,37 @@ pub struct Dispatch<Shard, B> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SubmitError<B> {
-    /// The window was closed by [`DispatchWindow::fail_all`] (or ran out of credit ids).
+    /// The window was closed by [`DispatchWindow::fail_all`].
     #[error("dispatch window is closed")]
     Closed(B),
     /// `submit_or_park` found a batch already parked for the shard; reclaim it first.
     #[error("the shard already has a parked batch")]
     AlreadyParked(B),
+    /// The window has issued every credit or ticket id it can ([`Exhausted`]): it takes no
+    /// new batch, while credits already issued still complete.
+    #[error("dispatch window has issued every id it can")]
+    Exhausted(B),
 }
 
 impl<B> SubmitError<B> {
     /// The refused batch.
     pub fn into_batch(self) -> B {
         match self {
-            SubmitError::Closed(b) | SubmitError::AlreadyParked(b) => b,
+            SubmitError::Closed(b) | SubmitError::AlreadyParked(b) | SubmitError::Exhausted(b) => b,
         }
     }
+}
+
+/// What [`DispatchWindow::enqueue`] did with a full batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "send a dispatched batch; keep a ticket to cancel the queued one"]
+#[non_exhaustive]
+pub enum Submitted<Shard, B> {
+    /// The shard had credit: send the batch now.
+    Sent(Dispatch<Shard, B>),
+    /// Queued behind the shard's older held-back batches. [`DispatchWindow::cancel`] with this
+    /// ticket withdraws it in O(1) until a release dispatches it.
+    Queued(Ticket),
 }
 
 /// What a shard's window holds. Once all three are empty the shard is idle: the entry stays in
@@ -137,133 +170,55 @@ impl<B> SubmitError<B> {
 #[derive(Clone, Debug)]
 struct ShardWindow<B> {
     in_flight: u32,
-    queued: VecDeque<B>,
+    /// The shard's waiting line: tickets of its held-back full batches in arrival order, plus
+    /// tombstones (tickets cancelled while waiting, recognised by no longer being live in the
+    /// window's `held` slab). Cancelling only frees the ticket, so it is O(1); tombstones are
+    /// dropped when they reach the head, or all at once when they outnumber the live entries.
+    line: VecDeque<Key>,
+    /// Live (non-tombstone) entries of `line`.
+    queued: usize,
     parked: Option<B>,
-    /// `queued` is one of the window's pooled queue buffers (counted in `queues_held`), taken
-    /// when the shard first had to queue; it goes back to the pool when the shard idles.
+    /// `line` is one of the window's pooled buffers (counted in `queues_held`), taken when the
+    /// shard first had to queue; it goes back to the pool when the shard idles.
     owns_queue: bool,
 }
 
 impl<B> ShardWindow<B> {
     fn is_idle(&self) -> bool {
-        self.in_flight == 0 && self.queued.is_empty() && self.parked.is_none()
+        self.in_flight == 0 && self.queued == 0 && self.parked.is_none()
+    }
+
+    /// Whether a newcomer would have to wait: no free credit, or anything held back (no
+    /// barging past the line).
+    #[inline]
+    fn must_wait(&self, cap: u32) -> bool {
+        self.in_flight >= cap || self.queued > 0 || self.parked.is_some()
     }
 }
 
-/// What a live credit's slot remembers: its generation, its shard and the shard's hash (so
-/// that [`DispatchWindow::complete`] finds the shard's window without hashing the key again).
+/// One entry of the shard map: the key, the hash that placed it, an id unique for the
+/// window's life, and the shard's window. Credits and tickets name their shard by
+/// `(hash, id)`, so finding it again runs no user `Hash` or `Eq`.
 #[derive(Clone, Debug)]
-struct LiveCredit<Shard> {
-    generation: u64,
+struct ShardEntry<Shard, B> {
+    key: Shard,
     hash: u64,
-    shard: Shard,
+    id: u64,
+    w: ShardWindow<B>,
 }
 
-/// Live credits: a slab of slots, each remembering the generation and shard of its credit.
-///
-/// The slab never holds more slots than the peak number of credits live at once; freed slots
-/// are reused. Ids stay unique because the generation comes from one counter for the whole
-/// window, not from the slot.
+/// Where a live credit's or a held batch's shard is: its entry's hash and id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Place {
+    hash: u64,
+    entry: u64,
+}
+
+/// A held-back full batch, live in the `held` slab while it waits.
 #[derive(Clone, Debug)]
-struct CreditSlab<Shard> {
-    slots: Vec<Option<LiveCredit<Shard>>>,
-    free: Vec<u32>,
-    live: usize,
-    peak_live: Peak,
-    /// Generation of the next credit; generations `1..next_generation` have been issued.
-    next_generation: u64,
-}
-
-impl<Shard> CreditSlab<Shard> {
-    fn new() -> Self {
-        CreditSlab {
-            slots: Vec::new(),
-            free: Vec::new(),
-            live: 0,
-            peak_live: Peak::default(),
-            next_generation: 1,
-        }
-    }
-
-    /// A fresh credit for `shard`, or `None` once the id space is spent (after
-    /// `u64::MAX - 1` credits, or `u32::MAX` credits live at once).
-    #[inline]
-    fn issue(&mut self, shard: Shard, hash: u64) -> Option<CreditId> {
-        let generation = self.next_generation;
-        if generation == u64::MAX {
-            return None;
-        }
-        let slot = match self.free.pop() {
-            Some(slot) => slot,
-            None => {
-                let slot = u32::try_from(self.slots.len()).ok()?;
-                self.slots.push(None);
-                slot
-            }
-        };
-        match self.slots.get_mut(slot as usize) {
-            Some(entry) => {
-                *entry = Some(LiveCredit {
-                    generation,
-                    hash,
-                    shard,
-                })
-            }
-            None => {
-                // Unreachable: free slots and fresh pushes are in range. Keep the slot free.
-                self.free.push(slot);
-                return None;
-            }
-        }
-        self.next_generation = generation.saturating_add(1);
-        self.live = self.live.saturating_add(1);
-        self.peak_live.see(self.live);
-        Some(CreditId { slot, generation })
-    }
-
-    /// Maintenance: once the recent peak of live credits is below a quarter of the slab's
-    /// capacity, drops the free slots at its end and shrinks it (generations are untouched,
-    /// so ids stay unique).
-    fn shrink(&mut self, m: &Maintenance) {
-        let peak = self.peak_live.roll(self.live);
-        let Some(target) = m.target(self.slots.capacity(), peak) else {
-            return;
-        };
-        while matches!(self.slots.last(), Some(None)) {
-            self.slots.pop();
-        }
-        let len = self.slots.len();
-        self.free.retain(|&slot| (slot as usize) < len);
-        self.slots.shrink_to(target);
-        if let Some(target) = m.target(self.free.capacity(), peak) {
-            self.free.shrink_to(target);
-        }
-    }
-
-    /// Frees a live credit and returns its shard and the shard's hash. Nothing changes on
-    /// error.
-    ///
-    /// A credit that is not live is `AlreadyReleased` when its generation has been issued
-    /// (`1..next_generation`), `Unknown` otherwise. A forged id whose generation was issued to
-    /// a different slot is therefore reported as `AlreadyReleased`; telling the two apart
-    /// exactly would mean remembering every credit ever issued.
-    #[inline]
-    fn release(&mut self, credit: CreditId) -> Result<(Shard, u64), ReleaseError> {
-        let entry = self.slots.get_mut(credit.slot());
-        if let Some(entry) = entry
-            && matches!(entry, Some(c) if c.generation == credit.generation)
-            && let Some(c) = entry.take()
-        {
-            self.free.push(credit.slot);
-            self.live = self.live.saturating_sub(1);
-            return Ok((c.shard, c.hash));
-        }
-        if credit.generation >= 1 && credit.generation < self.next_generation {
-            Err(ReleaseError::AlreadyReleased)
-        } else {
-            Err(ReleaseError::Unknown)
-        }
-    }
+struct Held<B> {
+    place: Place,
+    batch: B,
 }
 
 /// What [`DispatchWindow::try_take`] did.
@@ -274,8 +229,10 @@ pub(crate) enum Take {
     Credit(CreditId),
     /// The shard has no free credit, or holds batches back.
     NoCredit,
-    /// The window is closed (by `fail_all`, or its id space is spent).
+    /// The window is closed (by `fail_all`).
     Closed,
+    /// The window can issue no new id.
+    Exhausted,
 }
 
 /// Per-shard credit windows with FIFO hold-back of batches that find no credit.
@@ -285,10 +242,12 @@ pub(crate) enum Take {
 ///
 /// # Driving contract
 ///
-/// - Inputs: [`submit`](Self::submit) (a full batch), [`submit_or_park`](Self::submit_or_park)
-///   (the shard's open batch), [`reclaim`](Self::reclaim), [`complete`](Self::complete) (once
-///   per credit, when the batch's RPC ends for any reason), [`fail_all`](Self::fail_all) (close).
-/// - Outputs: each input that may send returns `Ok(Some(Dispatch))`; send it after the call
+/// - Inputs: [`submit`](Self::submit) / [`enqueue`](Self::enqueue) (a full batch; `enqueue`
+///   returns the ticket of a queued one), [`submit_or_park`](Self::submit_or_park) (the
+///   shard's open batch), [`reclaim`](Self::reclaim), [`cancel`](Self::cancel) (withdraw a
+///   queued batch), [`complete`](Self::complete) (once per credit, when the batch's RPC ends
+///   for any reason), [`fail_all`](Self::fail_all) (close).
+/// - Outputs: each input that may send returns the [`Dispatch`]; send it after the call
 ///   returns. There is at most one dispatch per call, so there is no `poll_action`.
 /// - Queries (`&self`): [`in_flight`](Self::in_flight), [`available`](Self::available),
 ///   [`queued`](Self::queued), [`is_parked`](Self::is_parked),
@@ -298,6 +257,16 @@ pub(crate) enum Take {
 ///   [`handle_timeout(now)`](Self::handle_timeout) once it has passed (calling it earlier or
 ///   more often is harmless: it runs at most once per [`MAINTENANCE_INTERVAL`]). It is the only
 ///   place memory is given back. Time plays no other part: credits never expire.
+///
+/// Each input hashes its key at most once, before it changes anything; credits and tickets
+/// remember their shard by that hash and an entry id, so `complete` and `cancel` run no user
+/// `Hash` or `Eq` at all, and `complete` clones the key (for the next [`Dispatch`]) before it
+/// changes anything. A panicking user `Hash`, `Eq` or `Clone` therefore leaves the window as
+/// it was before the call.
+///
+/// Ids ([`CreditId`], [`Ticket`]) never wrap: once spent, new batches are refused with
+/// [`SubmitError::Exhausted`] while issued credits still complete. Each carries this window's
+/// instance tag; another window's ids are refused as [`ReleaseError::Unknown`].
 ///
 /// Invariants after every call: per shard `in_flight + available == capacity`; a shard with
 /// available credit holds nothing back. A shard with nothing in flight, queued or parked is
@@ -310,13 +279,13 @@ pub(crate) enum Take {
 /// maintenance is never driven.
 ///
 /// Allocation: after warm-up a workload that repeats allocates nothing. The shard map, the
-/// credit slab and a pool of queue buffers (one per shard that had to queue at the recent
-/// peak) keep their capacity between bursts; `handle_timeout` shrinks each of them only once
-/// the peak use since its previous run is below a quarter of the capacity, and then to twice
-/// that peak, so an idle window returns its memory within two runs.
+/// credit and ticket slabs and a pool of line buffers (one per shard that had to queue at the
+/// recent peak) keep their capacity between bursts; `handle_timeout` shrinks each of them only
+/// once the peak use since its previous run is below a quarter of the capacity, and then to
+/// twice that peak, so an idle window returns its memory within two runs.
 ///
 /// ```
-/// use throttle_core::dispatch_window::{DispatchWindow, WindowConfig};
+/// use throttle_core::dispatch_window::{DispatchWindow, Submitted, WindowConfig};
 /// # use core::hash::BuildHasherDefault;
 /// # #[derive(Default)] struct H(u64);
 /// # impl core::hash::Hasher for H {
@@ -327,6 +296,8 @@ pub(crate) enum Take {
 /// let mut w: DispatchWindow<u32, &str, BuildHasherDefault<H>> = DispatchWindow::new(cfg).unwrap();
 /// let first = w.submit(7, "a").unwrap().expect("credit available: sent at once");
 /// assert_eq!(w.submit(7, "b").unwrap(), None); // exhausted: queued
+/// let Submitted::Queued(ticket) = w.enqueue(7, "c").unwrap() else { unreachable!() };
+/// assert_eq!(w.cancel(ticket), Ok("c")); // withdrawn before it left
 /// let next = w.complete(first.credit).unwrap().expect("the release sends the queued batch");
 /// assert_eq!(next.batch, "b");
 /// assert!(w.complete(first.credit).is_err()); // a second release changes nothing
@@ -334,24 +305,35 @@ pub(crate) enum Take {
 #[derive(Clone, Debug)]
 pub struct DispatchWindow<Shard, B, S> {
     cfg: WindowConfig,
-    /// Every shard with work, plus idle shards not yet evicted, with the hash by `hasher` of
-    /// the shard that placed each entry (a live credit remembers it, so releases do not hash
-    /// again, and growing the table rehashes nothing).
-    shards: HashTable<(Shard, u64, ShardWindow<B>)>,
+    /// Every shard with work, plus idle shards not yet evicted.
+    shards: HashTable<ShardEntry<Shard, B>>,
     hasher: S,
     /// Entries of `shards` that are not idle.
     active: usize,
-    credits: CreditSlab<Shard>,
+    /// Id of the next shard entry (never reused while the window lives: 2^64 inserts).
+    next_entry: u64,
+    credits: Slab<Place>,
+    /// Held-back full batches, by ticket.
+    held: Slab<Held<B>>,
     closed: bool,
-    /// Queue buffers of shards that went idle, for the next shard that has to queue.
-    spare_queues: Vec<VecDeque<B>>,
-    /// Shard windows owning a pooled queue buffer; with `spare_queues`, every buffer.
+    /// Line buffers of shards that went idle, for the next shard that has to queue.
+    spare_queues: Vec<VecDeque<Key>>,
+    /// Shard windows owning a pooled line buffer; with `spare_queues`, every buffer.
     queues_held: usize,
     peak_queues_held: Peak,
     peak_queue_len: Peak,
     peak_shards: Peak,
     clock: Clock,
     maintenance: Maintenance,
+}
+
+/// The entry at `place`, found without running user code.
+#[inline]
+fn entry_at<Shard, B>(
+    shards: &mut HashTable<ShardEntry<Shard, B>>,
+    place: Place,
+) -> Option<&mut ShardEntry<Shard, B>> {
+    shards.find_mut(place.hash, |e| e.id == place.entry)
 }
 
 impl<Shard, B, S> DispatchWindow<Shard, B, S>
@@ -370,12 +352,17 @@ where
     /// A window hashing shard keys with `hasher`.
     pub fn with_hasher(cfg: WindowConfig, hasher: S) -> Result<Self, ConfigError> {
         cfg.validate()?;
+        let credits = Slab::new();
+        let mut held = Slab::new();
+        held.set_tag(credits.tag());
         Ok(DispatchWindow {
             cfg,
             shards: HashTable::new(),
             hasher,
             active: 0,
-            credits: CreditSlab::new(),
+            next_entry: 0,
+            credits,
+            held,
             closed: false,
             spare_queues: Vec::new(),
             queues_held: 0,
@@ -387,6 +374,16 @@ where
         })
     }
 
+    /// Gives the window the instance tag `tag` (for targets without 32-bit atomics, where
+    /// every window otherwise has tag 0). Call it on a fresh window: ids issued before are
+    /// no longer recognised.
+    #[must_use]
+    pub fn with_instance_tag(mut self, tag: u32) -> Self {
+        self.credits.set_tag(tag);
+        self.held.set_tag(tag);
+        self
+    }
+
     /// Sends a full batch at once if the shard has credit, else queues it behind the shard's
     /// older held-back batches (FIFO). `Ok(None)` means queued.
     pub fn submit(
@@ -394,7 +391,21 @@ where
         shard: Shard,
         batch: B,
     ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
-        self.enter(shard, batch, false)
+        Ok(match self.enqueue(shard, batch)? {
+            Submitted::Sent(d) => Some(d),
+            Submitted::Queued(_) => None,
+        })
+    }
+
+    /// As [`submit`](Self::submit), and a queued batch's [`Ticket`] is returned, so that it
+    /// can be withdrawn with [`cancel`](Self::cancel).
+    pub fn enqueue(
+        &mut self,
+        shard: Shard,
+        batch: B,
+    ) -> Result<Submitted<Shard, B>, SubmitError<B>> {
+        let hash = self.hasher.hash_one(&shard);
+        self.enqueue_at(shard, hash, batch)
     }
 
     /// Sends the shard's open batch at once if the shard has credit, else parks it, where it
@@ -407,63 +418,34 @@ where
         shard: Shard,
         batch: B,
     ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
-        self.enter(shard, batch, true)
-    }
-
-    fn enter(
-        &mut self,
-        shard: Shard,
-        batch: B,
-        park: bool,
-    ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
         if self.closed {
             return Err(SubmitError::Closed(batch));
         }
-        self.maintenance.touch();
-        let cap = self.cfg.max_in_flight;
         let hash = self.hasher.hash_one(&shard);
-        if let Some((_, _, w)) = self.shards.find_mut(hash, |(k, _, _)| *k == shard) {
-            if park && w.parked.is_some() {
-                return Err(SubmitError::AlreadyParked(batch));
-            }
-            let has_credit = w.in_flight < cap && w.queued.is_empty() && w.parked.is_none();
-            if !has_credit {
-                if park {
-                    w.parked = Some(batch);
-                } else {
-                    if !w.owns_queue && w.queued.capacity() == 0 {
-                        // First time this shard queues: take a pooled buffer if there is one,
-                        // so the number of buffers follows the peak of shards queueing at once.
-                        if let Some(q) = self.spare_queues.pop() {
-                            w.queued = q;
-                        }
-                        w.owns_queue = true;
-                        self.queues_held = self.queues_held.saturating_add(1);
-                        self.peak_queues_held.see(self.queues_held);
-                    }
-                    w.queued.push_back(batch);
-                    self.peak_queue_len.see(w.queued.len());
-                }
-                return Ok(None);
-            }
-            let Some(credit) = self.credits.issue(shard.clone(), hash) else {
-                self.closed = true;
-                return Err(SubmitError::Closed(batch));
-            };
-            if w.in_flight == 0 {
-                // It had credit, so nothing was held back: it was idle until now.
-                self.active = self.active.saturating_add(1);
-            }
-            w.in_flight = w.in_flight.saturating_add(1);
-            return Ok(Some(Dispatch {
-                shard,
-                credit,
-                batch,
-            }));
-        }
-        let Some(credit) = self.open_shard(&shard, hash) else {
-            return Err(SubmitError::Closed(batch));
+        let cap = self.cfg.max_in_flight;
+        let found = self.shards.find(hash, |e| e.key == shard).map(|e| e.id);
+        // Everything that can fail or run user code is done; from here the call only mutates.
+        let Some(id) = found else {
+            return self.open_shard(shard, hash, batch).map(Some);
         };
+        let place = Place { hash, entry: id };
+        let Some(e) = entry_at(&mut self.shards, place) else {
+            return Err(SubmitError::Closed(batch)); // unreachable: just found
+        };
+        if e.w.parked.is_some() {
+            return Err(SubmitError::AlreadyParked(batch));
+        }
+        if e.w.must_wait(cap) {
+            e.w.parked = Some(batch);
+            self.maintenance.touch();
+            return Ok(None);
+        }
+        let credit = match self.credits.insert(place) {
+            Ok(key) => CreditId(key),
+            Err(_) => return Err(SubmitError::Exhausted(batch)),
+        };
+        Self::took_credit(&mut e.w, &mut self.active);
+        self.maintenance.touch();
         Ok(Some(Dispatch {
             shard,
             credit,
@@ -471,94 +453,219 @@ where
         }))
     }
 
-    /// First use of `shard` (not in the map): its window starts with the credit returned
-    /// (`cap >= 1`, so it has one). `None` closes the window (id space spent). `hash` must be
-    /// this window's own hash of `shard`: it places the entry.
-    fn open_shard(&mut self, shard: &Shard, hash: u64) -> Option<CreditId> {
-        let Some(credit) = self.credits.issue(shard.clone(), hash) else {
-            self.closed = true;
-            return None;
+    /// A full batch for `shard`, whose hash by this window's hasher is `hash`.
+    fn enqueue_at(
+        &mut self,
+        shard: Shard,
+        hash: u64,
+        batch: B,
+    ) -> Result<Submitted<Shard, B>, SubmitError<B>> {
+        if self.closed {
+            return Err(SubmitError::Closed(batch));
+        }
+        let found = self.shards.find(hash, |e| e.key == shard).map(|e| e.id);
+        // The only user code (`Eq`) has run; from here the call only mutates.
+        let Some(id) = found else {
+            return self.open_shard(shard, hash, batch).map(Submitted::Sent);
         };
+        match self.enter(Place { hash, entry: id }, batch)? {
+            Entered::Credit(credit, batch) => Ok(Submitted::Sent(Dispatch {
+                shard,
+                credit,
+                batch,
+            })),
+            Entered::Queued(ticket) => Ok(Submitted::Queued(ticket)),
+        }
+    }
+
+    /// A full batch for the existing entry at `place`: a credit if the shard may have one
+    /// without waiting, else a place at the back of its line.
+    #[inline]
+    fn enter(&mut self, place: Place, batch: B) -> Result<Entered<B>, SubmitError<B>> {
+        let cap = self.cfg.max_in_flight;
+        let Some(e) = entry_at(&mut self.shards, place) else {
+            return Err(SubmitError::Closed(batch)); // unreachable: the caller just found it
+        };
+        if !e.w.must_wait(cap) {
+            let credit = match self.credits.insert(place) {
+                Ok(key) => CreditId(key),
+                Err(_) => return Err(SubmitError::Exhausted(batch)),
+            };
+            Self::took_credit(&mut e.w, &mut self.active);
+            self.maintenance.touch();
+            return Ok(Entered::Credit(credit, batch));
+        }
+        let ticket = match self.held.insert(Held { place, batch }) {
+            Ok(key) => key,
+            Err((_, held)) => return Err(SubmitError::Exhausted(held.batch)),
+        };
+        let w = &mut e.w;
+        if !w.owns_queue && w.line.capacity() == 0 {
+            // First time this shard queues: take a pooled buffer if there is one, so the
+            // number of buffers follows the peak of shards queueing at once.
+            if let Some(q) = self.spare_queues.pop() {
+                w.line = q;
+            }
+            w.owns_queue = true;
+            self.queues_held = self.queues_held.saturating_add(1);
+            self.peak_queues_held.see(self.queues_held);
+        }
+        w.line.push_back(ticket);
+        w.queued += 1;
+        self.peak_queue_len.see(w.line.len());
+        self.maintenance.touch();
+        Ok(Entered::Queued(Ticket(ticket)))
+    }
+
+    /// Bookkeeping for a credit just issued to a shard that had one free.
+    #[inline]
+    fn took_credit(w: &mut ShardWindow<B>, active: &mut usize) {
+        if w.in_flight == 0 {
+            // It had credit, so nothing was held back: it was idle until now.
+            *active = active.saturating_add(1);
+        }
+        w.in_flight = w.in_flight.saturating_add(1);
+    }
+
+    /// First use of `shard` (not in the map): its window starts with the credit returned
+    /// (`cap >= 1`, so it has one). `hash` must be this window's own hash of `shard`: it places
+    /// the entry.
+    fn open_shard(
+        &mut self,
+        shard: Shard,
+        hash: u64,
+        batch: B,
+    ) -> Result<Dispatch<Shard, B>, SubmitError<B>> {
+        // Cloning the key is user code: it runs before anything changes.
+        let key = shard.clone();
+        match self.open_entry(key, hash) {
+            Ok(credit) => Ok(Dispatch {
+                shard,
+                credit,
+                batch,
+            }),
+            Err(Exhausted) => Err(SubmitError::Exhausted(batch)),
+        }
+    }
+
+    /// Adds the entry of a new shard `key` (the map's own copy of the key), holding the one
+    /// credit returned. Nothing changes on `Exhausted`.
+    fn open_entry(&mut self, key: Shard, hash: u64) -> Result<CreditId, Exhausted> {
+        let place = Place {
+            hash,
+            entry: self.next_entry,
+        };
+        let credit = CreditId(self.credits.insert(place).map_err(|(e, _)| e)?);
+        self.next_entry = self.next_entry.wrapping_add(1);
         self.make_room();
-        self.active = self.active.saturating_add(1);
         self.shards.insert_unique(
             hash,
-            (
-                shard.clone(),
+            ShardEntry {
+                key,
                 hash,
-                ShardWindow {
+                id: place.entry,
+                w: ShardWindow {
                     in_flight: 1,
-                    queued: VecDeque::new(),
+                    line: VecDeque::new(),
+                    queued: 0,
                     parked: None,
                     owns_queue: false,
                 },
-            ),
-            |&(_, own, _)| own,
+            },
+            |e| e.hash,
         );
+        self.active = self.active.saturating_add(1);
         self.peak_shards.see(self.shards.len());
-        Some(credit)
+        self.maintenance.touch();
+        Ok(credit)
     }
 
-    /// For the `sync` handle: a credit of `shard` if it has one free (and holds nothing back),
-    /// with one lookup of the shard; nothing is ever queued or parked.
-    ///
-    /// `hash` is the shard's hash by a clone of this window's hasher, computed by the caller
-    /// before it took its lock (so the lock is not held while hashing). It is only a hint:
-    /// before a shard is added, the window hashes it itself, so a clone that hashed
-    /// differently costs a second lookup, never a second entry for the same shard.
+    /// The hash this window placed `shard` by and its entry id, if it has an entry, looked up
+    /// first with `hint` (the `sync` handle hashes keys with a clone of the hasher before it
+    /// takes its lock, so the lock is not held while hashing). The hint is only a hint: the
+    /// entry's own hash is returned, and a miss hashes the key again with the window's own
+    /// hasher, so a clone that hashes differently costs a second lookup, never a second entry
+    /// for the same shard.
     #[cfg(feature = "std")]
     #[inline]
-    pub(crate) fn try_take(&mut self, shard: &Shard, hash: u64) -> Take {
+    fn locate(&self, shard: &Shard, hint: u64) -> (u64, Option<u64>) {
+        if let Some(e) = self.shards.find(hint, |e| e.key == *shard) {
+            // The entry's own hash, not the hint that found it: after the table grows, only
+            // the hash the entry was placed by is sure to find it again.
+            return (e.hash, Some(e.id));
+        }
+        let own = self.hasher.hash_one(shard);
+        if own == hint {
+            return (own, None);
+        }
+        (
+            own,
+            self.shards.find(own, |e| e.key == *shard).map(|e| e.id),
+        )
+    }
+
+    /// For the `sync` handle: a credit of `shard` if it has one free and nothing waits in its
+    /// line (no barging); `hint` as for [`locate`](Self::locate).
+    #[cfg(feature = "std")]
+    #[inline]
+    pub(crate) fn try_take(&mut self, shard: &Shard, hint: u64) -> Take {
         if self.closed {
             return Take::Closed;
         }
-        self.maintenance.touch();
-        let cap = self.cfg.max_in_flight;
-        let (hash, w) = match self.shards.find_mut(hash, |(k, _, _)| k == shard) {
-            // The entry's own hash, not the hint that found it: after the table grows, only
-            // the hash the entry was placed by is sure to find it again.
-            Some((_, own, w)) => (*own, w),
-            None => {
-                let own = self.hasher.hash_one(shard);
-                let again = if own == hash {
-                    None
-                } else {
-                    self.shards.find_mut(own, |(k, _, _)| k == shard)
-                };
-                match again {
-                    Some((_, _, w)) => (own, w),
-                    None => {
-                        return match self.open_shard(shard, own) {
-                            Some(credit) => Take::Credit(credit),
-                            None => Take::Closed,
-                        };
-                    }
-                }
-            }
+        let (hash, found) = self.locate(shard, hint);
+        let Some(id) = found else {
+            return match self.open_entry(shard.clone(), hash) {
+                Ok(credit) => Take::Credit(credit),
+                Err(Exhausted) => Take::Exhausted,
+            };
         };
-        if w.in_flight >= cap || !w.queued.is_empty() || w.parked.is_some() {
+        let cap = self.cfg.max_in_flight;
+        let place = Place { hash, entry: id };
+        let Some(e) = entry_at(&mut self.shards, place) else {
+            return Take::NoCredit; // unreachable: just found
+        };
+        if e.w.must_wait(cap) {
             return Take::NoCredit;
         }
-        let Some(credit) = self.credits.issue(shard.clone(), hash) else {
-            self.closed = true;
-            return Take::Closed;
+        let Ok(key) = self.credits.insert(place) else {
+            return Take::Exhausted;
         };
-        if w.in_flight == 0 {
-            self.active = self.active.saturating_add(1);
+        Self::took_credit(&mut e.w, &mut self.active);
+        self.maintenance.touch();
+        Take::Credit(CreditId(key))
+    }
+
+    /// For the `sync` handle: `waiter` joins the back of `shard`'s line (or takes a credit at
+    /// once if the shard has one and nobody waits); `hint` as for [`locate`](Self::locate).
+    #[cfg(feature = "std")]
+    pub(crate) fn enqueue_hinted(
+        &mut self,
+        shard: &Shard,
+        hint: u64,
+        waiter: B,
+    ) -> Result<Entered<B>, SubmitError<B>> {
+        if self.closed {
+            return Err(SubmitError::Closed(waiter));
         }
-        w.in_flight = w.in_flight.saturating_add(1);
-        Take::Credit(credit)
+        let (hash, found) = self.locate(shard, hint);
+        match found {
+            Some(id) => self.enter(Place { hash, entry: id }, waiter),
+            None => match self.open_entry(shard.clone(), hash) {
+                Ok(credit) => Ok(Entered::Credit(credit, waiter)),
+                Err(Exhausted) => Err(SubmitError::Exhausted(waiter)),
+            },
+        }
     }
 
     /// Takes the shard's parked batch back (to add operations to it), if there is one.
     pub fn reclaim(&mut self, shard: &Shard) -> Option<B> {
         let hash = self.hasher.hash_one(shard);
-        let (_, _, w) = self.shards.find_mut(hash, |(k, _, _)| k == shard)?;
-        let batch = w.parked.take()?;
+        let e = self.shards.find_mut(hash, |e| e.key == *shard)?;
+        let batch = e.w.parked.take()?;
         self.maintenance.touch();
-        if w.is_idle() {
+        if e.w.is_idle() {
             Self::went_idle(
-                w,
+                &mut e.w,
                 &mut self.active,
                 &mut self.queues_held,
                 &mut self.spare_queues,
@@ -567,53 +674,118 @@ where
         Some(batch)
     }
 
+    /// Withdraws a queued batch before it was dispatched and hands it back, in O(1): it leaves
+    /// its shard's line and the batches behind it move up. A ticket whose batch was already
+    /// dispatched, withdrawn or handed out by [`fail_all`](Self::fail_all) is refused with
+    /// [`ReleaseError::AlreadyReleased`], one this window never issued (another window's)
+    /// with [`ReleaseError::Unknown`]; either way nothing changes. Runs no user code.
+    pub fn cancel(&mut self, ticket: Ticket) -> Result<B, ReleaseError> {
+        let held = self.held.remove(ticket.0)?;
+        self.maintenance.touch();
+        let Some(e) = entry_at(&mut self.shards, held.place) else {
+            debug_assert!(false, "a held batch's shard has no entry");
+            return Ok(held.batch);
+        };
+        let w = &mut e.w;
+        w.queued = w.queued.saturating_sub(1);
+        Self::drop_tombstones(w, &self.held);
+        if w.line.len() > w.queued.saturating_mul(2).saturating_add(8) {
+            let live = &self.held;
+            w.line.retain(|&k| live.get(k).is_some());
+        }
+        if w.is_idle() {
+            Self::went_idle(
+                w,
+                &mut self.active,
+                &mut self.queues_held,
+                &mut self.spare_queues,
+            );
+        }
+        Ok(held.batch)
+    }
+
+    /// Pops the tombstones at the head of a shard's line, so its head, if any, is live.
+    #[inline]
+    fn drop_tombstones(w: &mut ShardWindow<B>, held: &Slab<Held<B>>) {
+        while let Some(&head) = w.line.front() {
+            if held.get(head).is_some() {
+                break;
+            }
+            w.line.pop_front();
+        }
+    }
+
     /// Releases `credit` exactly once and returns the shard's next batch to send: the oldest
     /// queued one, else the parked one, else nothing.
     ///
     /// Call it once per dispatched batch when its RPC ends, whatever the outcome.
-    /// An unknown or already-released credit is an `Err` and changes nothing; a forged id is
-    /// never mistaken for a live one. After [`fail_all`](Self::fail_all) a live credit is
-    /// still released (`Ok(None)`): its slot frees and nothing is sent.
+    /// An unknown or already-released credit is an `Err` and changes nothing; a forged id or
+    /// another window's id is never mistaken for a live one. After
+    /// [`fail_all`](Self::fail_all) a live credit is still released (`Ok(None)`): its slot
+    /// frees and nothing is sent. Once the window can issue no new credit id, the next batch
+    /// stays held back (collect it with `fail_all`).
     #[inline]
     pub fn complete(
         &mut self,
         credit: CreditId,
     ) -> Result<Option<Dispatch<Shard, B>>, ReleaseError> {
-        let (shard, hash, w) = Self::release_slot(&mut self.credits, &mut self.shards, credit)?;
+        // The key is cloned for the next dispatch before anything changes (user code).
+        let place = *self
+            .credits
+            .get(credit.0)
+            .ok_or_else(|| self.credits.refusal(credit.0))?;
+        let shard = match entry_at(&mut self.shards, place) {
+            Some(e) if !self.closed && (e.w.queued > 0 || e.w.parked.is_some()) => {
+                Some(e.key.clone())
+            }
+            _ => None,
+        };
+        let next = self.release(credit)?;
+        Ok(match (next, shard) {
+            (Some((credit, batch)), Some(shard)) => Some(Dispatch {
+                shard,
+                credit,
+                batch,
+            }),
+            // A batch is handed on only when one was held back, and then the key was cloned.
+            _ => None,
+        })
+    }
+
+    /// Releases `credit` exactly once and hands a fresh credit to the shard's oldest held-back
+    /// batch (queued first, then parked), returned with it. Runs no user code: the `sync`
+    /// handle, whose held-back "batches" are its waiters, uses it directly.
+    #[inline]
+    pub(crate) fn release(
+        &mut self,
+        credit: CreditId,
+    ) -> Result<Option<(CreditId, B)>, ReleaseError> {
+        let place = self.credits.remove(credit.0)?;
         self.maintenance.touch();
-        let Some(w) = w else {
-            // Unreachable: a live credit's shard always has a window, found by the hash that
-            // placed it. Nothing to release there.
+        let Some(e) = entry_at(&mut self.shards, place) else {
+            // Unreachable: a live credit's shard always has an entry.
             debug_assert!(false, "a live credit's shard has no window");
             return Ok(None);
         };
+        let w = &mut e.w;
+        w.in_flight = w.in_flight.saturating_sub(1);
         let mut next = None;
-        if !self.closed {
-            let (batch, from_queue) = match w.queued.pop_front() {
-                Some(b) => (Some(b), true),
-                None => (w.parked.take(), false),
-            };
-            if let Some(batch) = batch {
-                match self.credits.issue(shard.clone(), hash) {
-                    Some(credit) => {
-                        w.in_flight = w.in_flight.saturating_add(1);
-                        next = Some(Dispatch {
-                            shard: shard.clone(),
-                            credit,
-                            batch,
-                        });
-                    }
-                    None => {
-                        // Id space spent: put the batch back and close; fail_all hands it out.
-                        if from_queue {
-                            w.queued.push_front(batch);
-                        } else {
-                            w.parked = Some(batch);
-                        }
-                        self.closed = true;
-                    }
+        if !self.closed && (w.queued > 0 || w.parked.is_some()) && self.credits.can_issue() {
+            Self::drop_tombstones(w, &self.held);
+            let batch = match w.line.pop_front() {
+                Some(head) => {
+                    w.queued = w.queued.saturating_sub(1);
+                    self.held.remove(head).ok().map(|h| h.batch)
                 }
+                None => w.parked.take(),
+            };
+            if let Some(batch) = batch
+                && let Ok(key) = self.credits.insert(place)
+            {
+                w.in_flight = w.in_flight.saturating_add(1);
+                next = Some((CreditId(key), batch));
             }
+            Self::drop_tombstones(w, &self.held);
         }
         if w.is_idle() {
             Self::went_idle(
@@ -626,88 +798,60 @@ where
         Ok(next)
     }
 
-    /// For the `sync` handle, whose window never holds a batch back (it takes credit only
-    /// through [`try_take`](Self::try_take)): releases `credit` exactly once, with nothing to
-    /// dispatch. Small enough to inline, unlike [`complete`](Self::complete).
-    #[cfg(feature = "std")]
-    #[inline]
-    pub(crate) fn release_credit(&mut self, credit: CreditId) -> Result<(), ReleaseError> {
-        let (_, _, w) = Self::release_slot(&mut self.credits, &mut self.shards, credit)?;
-        self.maintenance.touch();
-        debug_assert!(w.is_some(), "a live credit's shard has no window");
-        if let Some(w) = w
-            && w.is_idle()
-        {
-            Self::went_idle(
-                w,
-                &mut self.active,
-                &mut self.queues_held,
-                &mut self.spare_queues,
-            );
-        }
-        Ok(())
-    }
-
-    /// Frees `credit`'s slot and takes the credit off its shard's count: the shard, its hash
-    /// and its window (always there for a live credit). Nothing changes on error.
-    #[inline]
-    fn release_slot<'w>(
-        credits: &mut CreditSlab<Shard>,
-        shards: &'w mut HashTable<(Shard, u64, ShardWindow<B>)>,
-        credit: CreditId,
-    ) -> Result<(Shard, u64, Option<&'w mut ShardWindow<B>>), ReleaseError> {
-        let (shard, hash) = credits.release(credit)?;
-        let w = shards
-            .find_mut(hash, |(k, _, _)| *k == shard)
-            .map(|(_, _, w)| {
-                w.in_flight = w.in_flight.saturating_sub(1);
-                w
-            });
-        Ok((shard, hash, w))
-    }
-
-    /// Closes the window and returns every held-back batch (queued, then parked, per shard;
-    /// shards in no particular order). None of them was ever dispatched. Batches in flight are
-    /// untouched: complete their credits as usual (`Ok(None)`). Later submits are refused
-    /// with [`SubmitError::Closed`], which hands the batch back.
+    /// Closes the window and returns every held-back batch (queued in line order, then parked,
+    /// per shard; shards in no particular order). None of them was ever dispatched. Batches in
+    /// flight are untouched: complete their credits as usual (`Ok(None)`). Later submits are
+    /// refused with [`SubmitError::Closed`], which hands the batch back.
     pub fn fail_all(&mut self) -> Vec<(Shard, B)> {
+        let mut out = Vec::new();
+        self.close_with(|shard, batch| out.push((shard.clone(), batch)));
+        out
+    }
+
+    /// Closes the window and hands every held-back batch to `f` (in `fail_all`'s order).
+    pub(crate) fn close_with(&mut self, mut f: impl FnMut(&Shard, B)) {
         self.closed = true;
         self.maintenance.touch();
-        let mut out = Vec::new();
-        for (shard, _, w) in self.shards.iter_mut() {
-            for batch in w.queued.drain(..) {
-                out.push((shard.clone(), batch));
+        for e in self.shards.iter_mut() {
+            let w = &mut e.w;
+            for key in w.line.drain(..) {
+                if let Ok(held) = self.held.remove(key) {
+                    f(&e.key, held.batch);
+                }
             }
+            w.queued = 0;
             if let Some(batch) = w.parked.take() {
-                out.push((shard.clone(), batch));
+                f(&e.key, batch);
             }
             if w.owns_queue {
                 // Closed: the shard never queues again, so its buffer goes back to the pool
                 // (and from there, at maintenance, back to the allocator).
                 w.owns_queue = false;
                 self.queues_held = self.queues_held.saturating_sub(1);
-                self.spare_queues.push(core::mem::take(&mut w.queued));
+                self.spare_queues.push(core::mem::take(&mut w.line));
             }
         }
-        self.shards.retain(|(_, _, w)| !w.is_idle());
+        self.shards.retain(|e| !e.w.is_idle());
         self.active = self.shards.len();
-        out
+        self.held.reset_if_empty();
     }
 
     /// Bookkeeping for a shard whose window just became idle: it no longer counts as active,
-    /// and its queue buffer goes back to the pool at once (as if the entry were removed), so
+    /// and its line buffer goes back to the pool at once (as if the entry were removed), so
     /// idle entries hold no buffers and the pool follows the shards queueing now.
     #[inline]
     fn went_idle(
         w: &mut ShardWindow<B>,
         active: &mut usize,
         queues_held: &mut usize,
-        spare_queues: &mut Vec<VecDeque<B>>,
+        spare_queues: &mut Vec<VecDeque<Key>>,
     ) {
         *active = active.saturating_sub(1);
+        // An idle shard's line holds only tombstones: clear them with the buffer.
+        w.line.clear();
         if core::mem::take(&mut w.owns_queue) {
             *queues_held = queues_held.saturating_sub(1);
-            spare_queues.push(core::mem::take(&mut w.queued));
+            spare_queues.push(core::mem::take(&mut w.line));
         }
     }
 
@@ -723,17 +867,17 @@ where
             return;
         }
         if len.saturating_sub(self.active).saturating_mul(2) >= len {
-            self.shards.retain(|(_, _, w)| !w.is_idle());
+            self.shards.retain(|e| !e.w.is_idle());
         }
     }
 
     /// Maintenance: gives memory back, once at most per [`MAINTENANCE_INTERVAL`].
     ///
-    /// Each collection (the shard map, the queue-buffer pool, each spare buffer, the credit
-    /// slab) shrinks only if the peak use seen since the previous run is below a quarter of its
-    /// capacity, and then to twice that peak, so a workload that repeats within the interval
-    /// keeps what it uses and allocates nothing. Spare queue buffers beyond the peak number of
-    /// shards that queued at once are freed.
+    /// Each collection (the shard map, the line-buffer pool, each spare buffer, the credit and
+    /// ticket slabs) shrinks only if the peak use seen since the previous run is below a
+    /// quarter of its capacity, and then to twice that peak, so a workload that repeats within
+    /// the interval keeps what it uses and allocates nothing. Spare line buffers beyond the
+    /// peak number of shards that queued at once are freed.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.observe(now);
         if !self.maintenance.begin(now) {
@@ -742,11 +886,11 @@ where
         // Idle shards' entries go first (they hold no queue buffer); the peak still counts
         // them, so a shard set that comes back within the interval finds the capacity.
         if self.shards.len() > self.active {
-            self.shards.retain(|(_, _, w)| !w.is_idle());
+            self.shards.retain(|e| !e.w.is_idle());
         }
         let peak = self.peak_shards.roll(self.shards.len());
         if let Some(target) = self.maintenance.target(self.shards.capacity(), peak) {
-            self.shards.shrink_to(target, |&(_, own, _)| own);
+            self.shards.shrink_to(target, |e| e.hash);
         }
         let held = self.peak_queues_held.roll(self.queues_held);
         self.spare_queues
@@ -761,6 +905,7 @@ where
             }
         }
         self.credits.shrink(&self.maintenance);
+        self.held.shrink(&self.maintenance);
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) should next run, or `None` while it has
@@ -772,9 +917,7 @@ where
     /// `shard`'s window, if it has an entry.
     fn window(&self, shard: &Shard) -> Option<&ShardWindow<B>> {
         let hash = self.hasher.hash_one(shard);
-        self.shards
-            .find(hash, |(k, _, _)| k == shard)
-            .map(|(_, _, w)| w)
+        self.shards.find(hash, |e| e.key == *shard).map(|e| &e.w)
     }
 
     /// Batches allowed outstanding per shard.
@@ -792,9 +935,14 @@ where
         self.cfg.max_in_flight.saturating_sub(self.in_flight(shard))
     }
 
-    /// Full batches of `shard` waiting for credit.
+    /// Full batches of `shard` waiting for credit (cancelled ones not counted).
     pub fn queued(&self, shard: &Shard) -> usize {
-        self.window(shard).map_or(0, |w| w.queued.len())
+        self.window(shard).map_or(0, |w| w.queued)
+    }
+
+    /// Whether `ticket`'s batch is still queued (not dispatched, withdrawn or failed).
+    pub fn is_queued(&self, ticket: Ticket) -> bool {
+        self.held.get(ticket.0).is_some()
     }
 
     /// Whether `shard` has a parked open batch.
@@ -824,18 +972,28 @@ where
 
     /// Credits live across all shards.
     pub fn live_credits(&self) -> usize {
-        self.credits.live
+        self.credits.live()
     }
 
-    /// Whether submits are refused: after [`fail_all`](Self::fail_all), or once the window
-    /// has issued `u64::MAX - 1` credits (then call `fail_all` to collect held-back batches).
+    /// Whether submits are refused after [`fail_all`](Self::fail_all).
     pub fn is_closed(&self) -> bool {
         self.closed
     }
 
+    /// Whether the window can issue no new credit or ticket id (see [`Exhausted`]).
+    pub fn is_exhausted(&self) -> bool {
+        !self.credits.can_issue()
+    }
+
     /// Slots of the credit slab: every live credit's `slot()` is below this.
     pub(crate) fn credit_slots(&self) -> usize {
-        self.credits.slots.len()
+        self.credits.slots()
+    }
+
+    /// The window's instance tag (carried by every id it issues).
+    #[cfg(any(test, feature = "model"))]
+    pub(crate) fn instance_tag(&self) -> u32 {
+        self.credits.tag()
     }
 
     /// Sets the capacity collections keep when they shrink, so model checks reach shrinking.
@@ -847,421 +1005,17 @@ where
     /// Moves the credit-id counter forward, to test the end of the id space.
     #[cfg(any(test, feature = "model"))]
     pub(crate) fn skip_generations_to(&mut self, next_generation: u64) {
-        self.credits.next_generation = self.credits.next_generation.max(next_generation);
+        self.credits.skip_generations_to(next_generation);
     }
+}
+
+/// What a full batch met on entering an existing shard's window.
+pub(crate) enum Entered<B> {
+    /// The shard had credit: the batch goes out under it.
+    Credit(CreditId, B),
+    /// The batch waits in the shard's line under this ticket.
+    Queued(Ticket),
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::maintenance::MIN_CAPACITY;
-    use crate::test_hasher::TestHasher;
-    use alloc::vec;
-    use core::time::Duration;
-
-    type Window = DispatchWindow<u32, &'static str, TestHasher>;
-
-    fn window(max_in_flight: u32) -> Window {
-        match Window::new(WindowConfig::default().with_max_in_flight(max_in_flight)) {
-            Ok(w) => w,
-            Err(e) => panic!("valid config refused: {e}"),
-        }
-    }
-
-    /// Sends at once, or fails the test.
-    fn sent(
-        r: Result<Option<Dispatch<u32, &'static str>>, SubmitError<&'static str>>,
-    ) -> Dispatch<u32, &'static str> {
-        match r {
-            Ok(Some(d)) => d,
-            other => panic!("expected a dispatch, got {other:?}"),
-        }
-    }
-
-    fn conserved(w: &Window, shards: &[u32]) {
-        for s in shards {
-            assert_eq!(w.in_flight(s) + w.available(s), w.capacity(), "shard {s}");
-        }
-    }
-
-    #[test]
-    fn default_is_four_and_zero_is_refused() {
-        assert_eq!(WindowConfig::default().max_in_flight(), 4);
-        let err = WindowConfig::default().with_max_in_flight(0).validate();
-        assert!(matches!(
-            err,
-            Err(ConfigError::OutOfRange {
-                option: "client.dispatch.max-batches-in-flight",
-                got: 0,
-                min: 1,
-                ..
-            })
-        ));
-        assert!(Window::new(WindowConfig::default().with_max_in_flight(0)).is_err());
-    }
-
-    #[test]
-    fn exhausted_shard_dispatches_queued_batches_fifo() {
-        let mut w = window(2);
-        let a = sent(w.submit(1, "a"));
-        let b = sent(w.submit(1, "b"));
-        for x in ["c", "d", "e"] {
-            assert_eq!(w.submit(1, x), Ok(None));
-        }
-        assert_eq!((w.in_flight(&1), w.available(&1), w.queued(&1)), (2, 0, 3));
-        let c = w.complete(a.credit).ok().flatten().map(|d| d.batch);
-        assert_eq!(c, Some("c"));
-        let mut order = vec![];
-        let mut credit = b.credit;
-        while let Ok(Some(d)) = w.complete(credit) {
-            order.push(d.batch);
-            credit = d.credit;
-            conserved(&w, &[1]);
-            assert!(w.in_flight(&1) <= 2);
-        }
-        assert_eq!(order, ["d", "e"]);
-    }
-
-    #[test]
-    fn release_dispatches_queued_before_parked() {
-        let mut w = window(1);
-        let a = sent(w.submit(1, "a"));
-        assert_eq!(w.submit_or_park(1, "open"), Ok(None));
-        assert_eq!(w.submit(1, "full"), Ok(None));
-        assert!(w.is_parked(&1));
-        let next = sent(Ok(w.complete(a.credit).unwrap_or(None)));
-        assert_eq!(next.batch, "full");
-        let last = sent(Ok(w.complete(next.credit).unwrap_or(None)));
-        assert_eq!(last.batch, "open");
-        assert!(!w.is_parked(&1));
-        assert_eq!(w.complete(last.credit), Ok(None));
-        assert_eq!(w.shard_count(), 0);
-    }
-
-    #[test]
-    fn reclaimed_batch_is_not_dispatched_by_release_and_next_submit_goes_at_once() {
-        let mut w = window(1);
-        let a = sent(w.submit(1, "a"));
-        assert_eq!(w.submit_or_park(1, "open"), Ok(None));
-        assert_eq!(w.reclaim(&1), Some("open"));
-        assert_eq!(w.reclaim(&1), None, "reclaim takes it exactly once");
-        assert_eq!(
-            w.complete(a.credit),
-            Ok(None),
-            "nothing held back: the release sends nothing"
-        );
-        assert_eq!(w.shard_count(), 0);
-        let d = sent(w.submit_or_park(1, "open+more"));
-        assert_eq!(d.batch, "open+more");
-        conserved(&w, &[1]);
-    }
-
-    #[test]
-    fn second_park_is_refused_and_hands_the_batch_back() {
-        let mut w = window(1);
-        let _a = sent(w.submit(1, "a"));
-        assert_eq!(w.submit_or_park(1, "p"), Ok(None));
-        let err = w.submit_or_park(1, "q");
-        assert_eq!(err, Err(SubmitError::AlreadyParked("q")));
-        assert_eq!(err.map_err(SubmitError::into_batch), Err("q"));
-        assert_eq!(w.reclaim(&1), Some("p"));
-    }
-
-    #[test]
-    fn fail_all_returns_held_back_batches_and_leaves_in_flight_ones() {
-        let mut w = window(1);
-        let a = sent(w.submit(1, "a"));
-        assert_eq!(w.submit(1, "q1"), Ok(None));
-        assert_eq!(w.submit(1, "q2"), Ok(None));
-        assert_eq!(w.submit_or_park(1, "p"), Ok(None));
-        let b = sent(w.submit(2, "b"));
-        let mut held = w.fail_all();
-        held.sort_by_key(|(s, _)| *s); // shard order is unspecified; per-shard order is not
-        assert_eq!(held, [(1, "q1"), (1, "q2"), (1, "p")]);
-        assert!(w.is_closed());
-        assert_eq!(
-            (w.in_flight(&1), w.in_flight(&2)),
-            (1, 1),
-            "in-flight batches untouched"
-        );
-        assert_eq!((w.queued(&1), w.is_parked(&1)), (0, false));
-        assert_eq!(w.submit(1, "late"), Err(SubmitError::Closed("late")));
-        assert_eq!(
-            w.submit_or_park(3, "late"),
-            Err(SubmitError::Closed("late"))
-        );
-        assert_eq!(
-            w.complete(a.credit),
-            Ok(None),
-            "after close a live credit frees its slot"
-        );
-        assert_eq!(w.complete(a.credit), Err(ReleaseError::AlreadyReleased));
-        assert_eq!(w.complete(b.credit), Ok(None));
-        assert_eq!((w.shard_count(), w.live_credits()), (0, 0));
-        assert!(w.fail_all().is_empty());
-    }
-
-    #[test]
-    fn double_and_bogus_completions_change_nothing() {
-        let mut w = window(2);
-        let a = sent(w.submit(1, "a"));
-        let b = sent(w.submit(1, "b"));
-        assert_eq!(w.submit(1, "c"), Ok(None));
-        let c = sent(Ok(w.complete(a.credit).unwrap_or(None)));
-        let before = (w.in_flight(&1), w.queued(&1), w.live_credits());
-        assert_eq!(w.complete(a.credit), Err(ReleaseError::AlreadyReleased));
-        assert_eq!(c.credit.slot(), a.credit.slot(), "the slot is reused ...");
-        assert_ne!(
-            c.credit, a.credit,
-            "... under a new id, so the stale id cannot free it"
-        );
-        for bogus in [
-            CreditId::forge(0, 0),
-            CreditId::forge(0, 999),
-            CreditId::forge(u32::MAX, u64::MAX),
-            CreditId::forge(7, u64::MAX - 1),
-        ] {
-            assert_eq!(w.complete(bogus), Err(ReleaseError::Unknown), "{bogus:?}");
-        }
-        // A forged id with an issued generation but the wrong slot: reported as released.
-        assert_eq!(
-            w.complete(CreditId::forge(9, 1)),
-            Err(ReleaseError::AlreadyReleased)
-        );
-        assert_eq!((w.in_flight(&1), w.queued(&1), w.live_credits()), before);
-        assert_eq!(w.complete(b.credit), Ok(None));
-        assert_eq!(w.complete(c.credit), Ok(None));
-        assert_eq!(w.complete(c.credit), Err(ReleaseError::AlreadyReleased));
-        assert_eq!(w.shard_count(), 0);
-    }
-
-    #[test]
-    fn exhausted_shard_never_delays_another() {
-        let mut w = window(1);
-        let a = sent(w.submit(1, "a"));
-        assert_eq!(w.submit(1, "a2"), Ok(None));
-        assert_eq!(w.submit_or_park(1, "a3"), Ok(None));
-        let b = sent(w.submit(2, "b"));
-        assert_eq!(
-            w.complete(b.credit),
-            Ok(None),
-            "shard 2's release never sends shard 1's work"
-        );
-        assert_eq!(w.queued(&1), 1);
-        assert!(sent(w.submit_or_park(2, "b2")).batch == "b2");
-        assert_eq!(sent(Ok(w.complete(a.credit).unwrap_or(None))).shard, 1);
-        conserved(&w, &[1, 2]);
-    }
-
-    #[test]
-    #[cfg_attr(miri, ignore)]
-    fn idle_windows_are_removed_and_memory_follows_active_shards() {
-        let mut w = window(4);
-        for shard in 0..10_000u32 {
-            let d = sent(w.submit(shard, "x"));
-            assert_eq!(w.shard_count(), 1);
-            assert_eq!(w.complete(d.credit), Ok(None));
-            assert_eq!(w.shard_count(), 0);
-        }
-        assert_eq!(w.live_credits(), 0);
-        assert!(w.credits.slots.len() <= 1, "the slab reuses slots");
-        assert!(w.shards.capacity() <= 2 * MIN_CAPACITY);
-        assert!(w.tracked_shards() <= w.shards.capacity());
-    }
-
-    #[test]
-    fn idle_shard_entry_is_kept_until_maintenance_evicts_it() {
-        let mut w = window(2);
-        let d = sent(w.submit(1, "a"));
-        assert_eq!(w.complete(d.credit), Ok(None));
-        assert_eq!(
-            (w.shard_count(), w.tracked_shards()),
-            (0, 1),
-            "idle: not counted, but its entry stays for the next batch"
-        );
-        let d = sent(w.submit(1, "b"));
-        assert_eq!((w.shard_count(), w.tracked_shards()), (1, 1));
-        conserved(&w, &[1]);
-        assert_eq!(w.complete(d.credit), Ok(None));
-        let busy = sent(w.submit(2, "c"));
-        w.handle_timeout(secs(1));
-        assert_eq!(
-            (w.shard_count(), w.tracked_shards()),
-            (1, 1),
-            "maintenance evicts the idle shard 1 and keeps the busy shard 2"
-        );
-        assert_eq!((w.in_flight(&1), w.available(&1)), (0, 2));
-        assert_eq!(w.complete(busy.credit), Ok(None));
-    }
-
-    #[test]
-    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
-    fn a_map_full_of_idle_shards_evicts_them_instead_of_growing() {
-        let mut w = window(1);
-        let anchor = sent(w.submit(u32::MAX, "busy"));
-        for shard in 0..1_000u32 {
-            let d = sent(w.submit(shard, "x"));
-            assert_eq!(w.complete(d.credit), Ok(None));
-            assert!(w.tracked_shards() <= w.shards.capacity());
-        }
-        assert!(
-            w.shards.capacity() <= 2 * MIN_CAPACITY,
-            "one busy shard: the map never grows past a small table, without maintenance"
-        );
-        assert_eq!((w.shard_count(), w.in_flight(&u32::MAX)), (1, 1));
-        assert_eq!(w.complete(anchor.credit), Ok(None));
-    }
-
-    /// Sends one batch and queues a second for each of `shards` shards, then completes every
-    /// credit (which sends the queued batches) until all are done.
-    fn burst(w: &mut Window, shards: u32) {
-        let mut live = vec![];
-        for s in 0..shards {
-            live.push(sent(w.submit(s, "first")).credit);
-            assert_eq!(w.submit(s, "queued"), Ok(None));
-        }
-        while let Some(c) = live.pop() {
-            if let Ok(Some(d)) = w.complete(c) {
-                live.push(d.credit);
-            }
-        }
-        assert_eq!((w.shard_count(), w.live_credits()), (0, 0));
-    }
-
-    fn secs(n: u64) -> Instant {
-        Instant::from_millis(n * 1000)
-    }
-
-    #[test]
-    fn idle_shards_keep_capacity_until_maintenance_after_a_quiet_period() {
-        let mut w = window(1);
-        assert_eq!(w.poll_timeout(), None, "nothing to give back yet");
-        burst(&mut w, 200);
-        let cap = w.shards.capacity();
-        assert!(cap >= 200, "removing idle shards no longer shrinks the map");
-        assert_eq!(
-            w.spare_queues.len(),
-            200,
-            "one buffer per shard that queued"
-        );
-        assert_eq!(w.poll_timeout(), Some(secs(1)));
-        w.handle_timeout(Instant::from_millis(999));
-        assert_eq!(w.shards.capacity(), cap, "not due before the interval");
-        w.handle_timeout(secs(1));
-        assert_eq!(
-            (w.shards.capacity(), w.spare_queues.len()),
-            (cap, 200),
-            "the period that just ended used all of it"
-        );
-        assert_eq!(
-            w.poll_timeout(),
-            Some(secs(2)),
-            "a quieter period may follow"
-        );
-        w.handle_timeout(secs(2));
-        assert!(w.shards.capacity() <= 2 * MIN_CAPACITY);
-        assert!(w.spare_queues.is_empty() && w.spare_queues.capacity() <= 2 * MIN_CAPACITY);
-        assert!(w.credits.slots.is_empty() && w.credits.free.is_empty());
-        assert_eq!(
-            w.poll_timeout(),
-            None,
-            "everything given back: maintenance goes quiet"
-        );
-    }
-
-    #[test]
-    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
-    fn repeated_bursts_keep_their_capacity_through_maintenance() {
-        let mut w = window(1);
-        let mut now = secs(0);
-        let mut snapshot = None;
-        for round in 0..8 {
-            burst(&mut w, 64);
-            now += Duration::from_millis(1500);
-            w.handle_timeout(now); // runs every round, between bursts
-            let caps = (
-                w.shards.capacity(),
-                w.spare_queues.len(),
-                w.spare_queues.capacity(),
-                w.credits.slots.capacity(),
-            );
-            if round >= 1 {
-                assert_eq!(*snapshot.get_or_insert(caps), caps, "round {round}");
-            }
-        }
-        burst(&mut w, 16); // a smaller burst: the next run still judges it against 64
-        w.handle_timeout(now + Duration::from_millis(1500));
-        assert_eq!(w.spare_queues.len(), 16, "spares follow the recent peak");
-    }
-
-    #[test]
-    fn maintenance_runs_once_per_interval_and_survives_time_running_backwards() {
-        let mut w = window(2);
-        let a = sent(w.submit(1, "a"));
-        w.handle_timeout(secs(5));
-        assert_eq!(w.poll_timeout(), Some(secs(6)));
-        w.handle_timeout(secs(1)); // backwards: clamped to 5 s, not due
-        assert_eq!(w.poll_timeout(), Some(secs(6)));
-        assert_eq!(w.complete(a.credit), Ok(None));
-        w.handle_timeout(Instant::MAX);
-        w.handle_timeout(Instant::MAX); // the end of time: each call may run, none panics
-        assert_eq!(w.poll_timeout(), None);
-        let b = sent(w.submit(1, "b"));
-        assert_eq!(w.poll_timeout(), Some(Instant::MAX), "deadlines saturate");
-        assert_eq!(w.complete(b.credit), Ok(None));
-        conserved(&w, &[1]);
-    }
-
-    #[test]
-    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
-    fn credit_ids_are_never_reused() {
-        let mut w = window(3);
-        let mut seen = vec![];
-        let mut live: vec::Vec<CreditId> = vec![];
-        for i in 0..3_000u32 {
-            if live.len() == 3 || i % 5 == 4 {
-                let c = live.remove(0);
-                assert!(w.complete(c).is_ok());
-            }
-            if let Ok(Some(d)) = w.submit(i % 2, "x") {
-                seen.push(d.credit);
-                live.push(d.credit);
-            }
-        }
-        let n = seen.len();
-        seen.sort();
-        seen.dedup();
-        assert_eq!(seen.len(), n);
-        assert!(w.credits.slots.len() <= 6);
-    }
-
-    #[test]
-    fn extreme_capacity_and_end_of_id_space_are_defined() {
-        let mut w = window(u32::MAX);
-        for _ in 0..100 {
-            let _ = sent(w.submit(1, "x"));
-        }
-        assert_eq!(w.available(&1), u32::MAX - 100);
-        conserved(&w, &[1]);
-
-        let mut w = window(1);
-        w.skip_generations_to(u64::MAX - 2);
-        let a = sent(w.submit(1, "a"));
-        assert_eq!(a.credit.generation, u64::MAX - 2);
-        assert_eq!(w.submit(1, "q"), Ok(None));
-        let q = sent(Ok(w.complete(a.credit).unwrap_or(None)));
-        assert_eq!(q.credit.generation, u64::MAX - 1, "the last id");
-        assert_eq!(w.submit(1, "r"), Ok(None));
-        // No id left for "r": the release frees the slot, keeps "r" and closes the window.
-        assert_eq!(w.complete(q.credit), Ok(None));
-        assert!(w.is_closed());
-        conserved(&w, &[1]);
-        assert_eq!(w.submit(2, "s"), Err(SubmitError::Closed("s")));
-        assert_eq!(w.fail_all(), [(1, "r")]);
-        assert_eq!(w.shard_count(), 0);
-        assert_eq!(
-            w.complete(CreditId::forge(0, u64::MAX)),
-            Err(ReleaseError::Unknown)
-        );
-    }
-}
+mod tests;

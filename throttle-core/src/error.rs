@@ -43,6 +43,8 @@ pub enum ConfigError {
     },
 }
 
+pub use crate::slab::Exhausted;
+
 /// Releasing a credit that the machine does not hold.
 ///
 /// Nothing changes when this is returned: the window is never widened by a bogus or repeated

@@ -22,6 +22,7 @@ pub mod failover;
 mod maintenance;
 pub mod pending_bytes;
 pub mod rng;
+mod slab;
 #[cfg(feature = "std")]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub mod sync;
@@ -38,8 +39,10 @@ pub use backoff::{Backoff, BackoffConfig, Jitter};
 pub use backpressure::{Decision, PressureConfig, ServerPressure, Signal, ThrottleCurve};
 pub use batcher::{Batch, BatchAction, BatchKind, Batcher, BatcherConfig, FailReason};
 pub use conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, Route};
-pub use dispatch_window::{CreditId, Dispatch, DispatchWindow, SubmitError, WindowConfig};
-pub use error::{ConfigError, ReleaseError};
+pub use dispatch_window::{
+    CreditId, Dispatch, DispatchWindow, SubmitError, Submitted, WindowConfig,
+};
+pub use error::{ConfigError, Exhausted, ReleaseError};
 pub use failover::{Call, CallAction, CallConfig, ErrorClass, RefreshCoalescer, RetryBudget};
 pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;

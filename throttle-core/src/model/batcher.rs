@@ -297,7 +297,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                 flushed = true;
             }
             9..=13 => {
-                let credit = pick_credit(&mut c, &r);
+                let credit = pick_credit(&mut c, &r, m.window().instance_tag());
                 let fail = c.below(4) == 0;
                 let len = r
                     .in_flight
@@ -389,22 +389,22 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     Ok(())
 }
 
-fn pick_credit(c: &mut Cursor<'_>, r: &Reference) -> CreditId {
+fn pick_credit(c: &mut Cursor<'_>, r: &Reference, tag: u32) -> CreditId {
     match c.below(8) {
-        0 => CreditId::forge(c.u32() % 8, u64::from(c.u8())),
-        1 => CreditId::forge(u32::MAX, u64::MAX),
+        0 => CreditId::forge(tag, c.u32() % 8, u64::from(c.u8())),
+        1 => CreditId::forge(tag, u32::MAX, u64::MAX),
         2 | 3 => {
             let n = r.credits.len().max(1);
             r.credits
                 .get(usize::from(c.u16()) % n)
                 .copied()
-                .unwrap_or(CreditId::forge(0, 0))
+                .unwrap_or(CreditId::forge(tag, 0, 0))
         }
         _ => {
             let n = r.in_flight.len().max(1);
             r.in_flight
                 .get(usize::from(c.u8()) % n)
-                .map_or(CreditId::forge(0, 0), |x| x.0)
+                .map_or(CreditId::forge(tag, 0, 0), |x| x.0)
         }
     }
 }

@@ -366,7 +366,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
 
     while !c.is_empty() {
         step += 1;
-        let Some(op) = c.select(32) else {
+        let Some(op) = c.select(33) else {
             continue;
         };
         let mut expect_closed: Vec<ConnId> = Vec::new();
@@ -441,6 +441,40 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                     return Err(format!("step {step}: closed({id:?}): {g} vs {w}"));
                 }
                 format!("closed {id:?}")
+            }
+            32 => {
+                // A live connection's id under another table's tag: unknown here. Every
+                // handler must refuse it (the reference, which keys by the whole id, agrees),
+                // so another table's id never closes or counts a connection of this one.
+                let live: Vec<ConnId> = r.conns.iter().filter(|c| c.open).map(|c| c.id).collect();
+                let Some(id) = live.get(usize::from(c.u8()) % live.len().max(1)).copied() else {
+                    continue;
+                };
+                let foreign = ConnId::from_bits(id.to_bits() ^ (1 << 96));
+                // The reference sees the same calls (they may move its clock, as the table's).
+                let got = (
+                    table.handle_closed(now, foreign),
+                    table.handle_connected(now, foreign),
+                    table.handle_send(now, foreign),
+                    table.handle_finished(now, foreign),
+                );
+                let want = (
+                    r.closed(now, foreign),
+                    r.connected(now, foreign),
+                    r.send(now, foreign),
+                    r.finish(now, foreign),
+                );
+                if got != want || got.0 || got.1 || got.2.is_ok() || got.3.is_ok() {
+                    return Err(format!(
+                        "step {step}: another table's id {foreign:?}: {got:?} vs {want:?}"
+                    ));
+                }
+                if table.state(foreign).is_some() || table.state(id).is_none() {
+                    return Err(format!(
+                        "step {step}: another table's id {foreign:?} was taken for {id:?}"
+                    ));
+                }
+                format!("foreign {foreign:?}")
             }
             28 => {
                 let uid = c.below(UIDS + 1); // uid 3 is never routed

@@ -17,7 +17,9 @@ use alloc::format;
 use alloc::vec::Vec;
 
 use super::{Cursor, Divergence};
-use crate::dispatch_window::{CreditId, DispatchWindow, SubmitError, WindowConfig};
+use crate::dispatch_window::{
+    CreditId, DispatchWindow, SubmitError, Submitted, Ticket, WindowConfig,
+};
 use crate::error::ReleaseError;
 use crate::test_hasher::TestHasher;
 use crate::time::Instant;
@@ -32,6 +34,7 @@ enum Fate {
     Held,
     Dispatched,
     Reclaimed,
+    Withdrawn,
     Failed,
     Refused,
 }
@@ -48,6 +51,8 @@ struct Reference {
     queued: Vec<(u8, u32)>,
     /// Parked open batches: (shard, batch).
     parked: Vec<(u8, u32)>,
+    /// Every ticket `enqueue` returned, with its batch.
+    tickets: Vec<(Ticket, u32)>,
     /// Every batch and where it went.
     fates: Vec<(u32, Fate)>,
 }
@@ -122,6 +127,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         credits: Vec::new(),
         queued: Vec::new(),
         parked: Vec::new(),
+        tickets: Vec::new(),
         fates: Vec::new(),
     };
     let mut next_batch: u32 = 0;
@@ -129,7 +135,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut step = 0usize;
     while !c.is_empty() {
         step += 1;
-        let Some(op) = c.select(16) else {
+        let Some(op) = c.select(20) else {
             continue;
         };
         let shard = c.below(SHARDS);
@@ -183,7 +189,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                     2 => u64::from(c.u8()),
                     _ => c.u64(),
                 };
-                let credit = CreditId::forge(slot, generation);
+                let credit = CreditId::forge(w.instance_tag(), slot, generation);
                 complete(&mut w, &mut r, credit).map_err(|e| format!("step {step}: bogus {e}"))?;
             }
             // Closing is rare, so most runs stay open long enough to exhaust windows.
@@ -207,6 +213,55 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                     ));
                 }
                 maintenance_is_not_overdue(&w, now).map_err(|e| format!("step {step}: {e}"))?;
+            }
+            16 => {
+                // A full batch through `enqueue`, keeping the ticket of a queued one.
+                let batch = next_batch;
+                next_batch = next_batch.wrapping_add(1);
+                r.fates.push((batch, Fate::Held));
+                enqueue(&mut w, &mut r, shard, batch).map_err(|e| format!("step {step}: {e}"))?;
+            }
+            17 => {
+                // Cancel a ticket issued earlier: still queued, or dispatched, withdrawn or
+                // failed since (then refused, changing nothing).
+                let n = r.tickets.len();
+                if let Some((ticket, batch)) =
+                    r.tickets.get(usize::from(c.u16()) % n.max(1)).copied()
+                {
+                    cancel(&mut w, &mut r, ticket, batch)
+                        .map_err(|e| format!("step {step}: {e}"))?;
+                }
+            }
+            18 => {
+                // A live credit under another window's tag: unknown here, changes nothing.
+                let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
+                if let Some(credit) = live.get(usize::from(c.u8()) % live.len().max(1)) {
+                    let foreign = CreditId::forge(
+                        credit.tag().wrapping_add(1),
+                        u32::try_from(credit.slot()).unwrap_or(u32::MAX),
+                        credit.generation(),
+                    );
+                    let got = w.complete(foreign);
+                    if got != Err(ReleaseError::Unknown) {
+                        return Err(format!(
+                            "step {step}: another window's credit {foreign:?} = {got:?}"
+                        ));
+                    }
+                }
+            }
+            19 => {
+                // A ticket under another window's tag: unknown here, changes nothing.
+                let n = r.tickets.len();
+                if let Some((ticket, _)) = r.tickets.get(usize::from(c.u16()) % n.max(1)) {
+                    let foreign =
+                        Ticket::forged(ticket.tag().wrapping_add(1), ticket.id(), ticket.slot());
+                    let got = w.cancel(foreign);
+                    if got != Err(ReleaseError::Unknown) || w.is_queued(foreign) {
+                        return Err(format!(
+                            "step {step}: another window's ticket {foreign:?} = {got:?}"
+                        ));
+                    }
+                }
             }
             _ => {}
         }
@@ -252,6 +307,18 @@ fn submit(
         w.submit(shard, batch)
     };
     let what = if park { "submit_or_park" } else { "submit" };
+    expect_submit(r, shard, batch, park, what, got)
+}
+
+/// Checks what a submit of `batch` returned against the reference, and applies it there.
+fn expect_submit(
+    r: &mut Reference,
+    shard: u8,
+    batch: u32,
+    park: bool,
+    what: &str,
+    got: Result<Option<crate::dispatch_window::Dispatch<u8, u32>>, SubmitError<u32>>,
+) -> Result<(), Divergence> {
     if r.closed {
         r.set_fate(batch, Fate::Refused)?;
         return match got {
@@ -272,11 +339,13 @@ fn submit(
     }
     if r.has_credit(shard) {
         if r.ids_left == 0 {
-            r.closed = true;
+            // Ids never wrap: the batch is refused, and the window stays open for releases.
             r.set_fate(batch, Fate::Refused)?;
             return match got {
-                Err(SubmitError::Closed(b)) if b == batch => Ok(()),
-                other => Err(format!("{what} with no ids left = {other:?}, want Closed")),
+                Err(SubmitError::Exhausted(b)) if b == batch => Ok(()),
+                other => Err(format!(
+                    "{what} with no ids left = {other:?}, want Exhausted"
+                )),
             };
         }
         return match got {
@@ -298,6 +367,54 @@ fn submit(
         r.parked.push((shard, batch));
     } else {
         r.queued.push((shard, batch));
+    }
+    Ok(())
+}
+
+/// `enqueue`: as a full `submit`, and a queued batch's ticket is recorded.
+fn enqueue(w: &mut Window, r: &mut Reference, shard: u8, batch: u32) -> Result<(), Divergence> {
+    let (got, ticket) = match w.enqueue(shard, batch) {
+        Ok(Submitted::Sent(d)) => (Ok(Some(d)), None),
+        Ok(Submitted::Queued(t)) => (Ok(None), Some(t)),
+        Err(e) => (Err(e), None),
+    };
+    expect_submit(r, shard, batch, false, "enqueue", got)?;
+    let Some(ticket) = ticket else {
+        return Ok(());
+    };
+    if r.tickets.iter().any(|(t, _)| *t == ticket) {
+        return Err(format!("ticket {ticket:?} reused"));
+    }
+    if !w.is_queued(ticket) {
+        return Err(format!("fresh ticket {ticket:?} is not queued"));
+    }
+    r.tickets.push((ticket, batch));
+    Ok(())
+}
+
+/// `cancel`: a ticket still queued withdraws its batch; any other is refused unchanged.
+fn cancel(w: &mut Window, r: &mut Reference, ticket: Ticket, batch: u32) -> Result<(), Divergence> {
+    let got = w.cancel(ticket);
+    match r.queued.iter().position(|(_, b)| *b == batch) {
+        Some(i) => {
+            r.queued.remove(i);
+            r.set_fate(batch, Fate::Withdrawn)?;
+            match got {
+                Ok(b) if b == batch => {}
+                other => return Err(format!("cancel({ticket:?}) = {other:?}, want Ok({batch})")),
+            }
+        }
+        None => match got {
+            Err(ReleaseError::AlreadyReleased) => {}
+            other => {
+                return Err(format!(
+                    "cancel of a finished {ticket:?} = {other:?}, want AlreadyReleased"
+                ));
+            }
+        },
+    }
+    if w.is_queued(ticket) {
+        return Err(format!("{ticket:?} still queued after cancel"));
     }
     Ok(())
 }
@@ -339,12 +456,11 @@ fn complete(w: &mut Window, r: &mut Reference, credit: CreditId) -> Result<(), D
             other => Err(format!("release of {credit:?} = {other:?}, want Ok(None)")),
         },
         Some((batch, from_queue)) if r.ids_left == 0 => {
-            // No id for the next batch: it stays held and the window closes.
+            // No id for the next batch: it stays held (ids never wrap; `fail_all` collects it).
             match from_queue {
                 Some(i) => r.queued.insert(i, (shard, batch)),
                 None => r.parked.push((shard, batch)),
             }
-            r.closed = true;
             match got {
                 Ok(None) => Ok(()),
                 other => Err(format!(

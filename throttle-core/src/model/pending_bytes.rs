@@ -128,8 +128,11 @@ enum Op {
     /// A ticket (and grant) the limiter never issued.
     Forged {
         id: u64,
-        slot: usize,
+        slot: u32,
     },
+    /// A live ticket's id and slot under another limiter's tag: the ticket (and grant) of a
+    /// second instance, which this one must refuse as unknown without changing anything.
+    Foreign(u16),
     /// A grant naming a ticket that is still waiting.
     GrantForWaiting(u16),
     PollOne,
@@ -150,7 +153,7 @@ fn size(c: &mut Cursor<'_>, limit: u64) -> u64 {
 
 /// The next operation, or `None` for a selector value not assigned yet (a no-op).
 fn decode(c: &mut Cursor<'_>, limit: u64) -> Option<Op> {
-    let op = match c.select(14)? {
+    let op = match c.select(15)? {
         0..=2 => Op::Enqueue(size(c, limit)),
         3 => Op::TryAcquire(size(c, limit)),
         4 | 5 => Op::Release {
@@ -165,11 +168,12 @@ fn decode(c: &mut Cursor<'_>, limit: u64) -> Option<Op> {
         13 => Op::Forged {
             id: (1 << 63) | c.u64(),
             slot: if c.bool() {
-                usize::MAX
+                u32::MAX
             } else {
-                usize::from(c.u8())
+                u32::from(c.u8())
             },
         },
+        14 => Op::Foreign(c.u16()),
         9 => Op::GrantForWaiting(c.u16()),
         10 => Op::PollOne,
         _ => Op::Drain,
@@ -278,7 +282,9 @@ impl Checker {
     fn apply(&mut self, op: Op) -> Result<(), Divergence> {
         match op {
             Op::Enqueue(bytes) => {
-                let got = self.machine.enqueue(bytes);
+                let Ok(got) = self.machine.enqueue(bytes) else {
+                    return self.fail(op, "ticket ids exhausted");
+                };
                 let charge = self.reference.charge(bytes);
                 let i = self.new_entry(op, got.ticket(), charge)?;
                 let admitted = self.reference.regrant();
@@ -300,7 +306,7 @@ impl Checker {
                 // walk from the front does not reach it.
                 let charge = self.reference.charge(bytes);
                 self.reference.entries.push(Entry {
-                    ticket: Ticket::forged(u64::MAX, usize::MAX),
+                    ticket: Ticket::forged(0, u64::MAX, u32::MAX),
                     charge,
                     life: Life::Waiting,
                     grant: None,
@@ -375,7 +381,7 @@ impl Checker {
                 self.released_at_most_once(op, i)?;
             }
             Op::Forged { id, slot } => {
-                let ticket = Ticket::forged(id, slot);
+                let ticket = Ticket::forged(self.machine.instance_tag(), id, slot);
                 let unknown = Err(ReleaseError::Unknown);
                 if self.machine.state(ticket) != TicketState::Unknown {
                     return self.fail(op, "a forged ticket is not Unknown");
@@ -387,6 +393,41 @@ impl Checker {
                 let got = self.machine.release(Grant::forged(ticket, 0));
                 if got != Err(ReleaseError::Unknown) {
                     return self.fail(op, &format!("release of a forged grant: {got:?}"));
+                }
+            }
+            Op::Foreign(v) => {
+                let live = self.matching(|e| e.life != Life::Gone);
+                let Some(e) = pick(live.len(), v)
+                    .and_then(|k| live.get(k))
+                    .and_then(|&i| self.reference.entries.get(i))
+                else {
+                    return Ok(());
+                };
+                let other = self.machine.instance_tag().wrapping_add(1);
+                let ticket = Ticket::forged(other, e.ticket.id(), e.ticket.slot());
+                let before = (
+                    self.machine.used(),
+                    self.machine.waiting(),
+                    self.machine.granted(),
+                );
+                if self.machine.state(ticket) != TicketState::Unknown {
+                    return self.fail(op, "another limiter's ticket is not Unknown");
+                }
+                let got = self.machine.cancel(ticket);
+                if got != Err(ReleaseError::Unknown) {
+                    return self.fail(op, &format!("cancel of another limiter's ticket: {got:?}"));
+                }
+                let got = self.machine.release(Grant::forged(ticket, e.charge));
+                if got != Err(ReleaseError::Unknown) {
+                    return self.fail(op, &format!("release of another limiter's grant: {got:?}"));
+                }
+                let after = (
+                    self.machine.used(),
+                    self.machine.waiting(),
+                    self.machine.granted(),
+                );
+                if after != before {
+                    return self.fail(op, "another limiter's ticket changed the books");
                 }
             }
             Op::GrantForWaiting(v) => {
@@ -557,7 +598,7 @@ mod tests {
 
     #[test]
     fn unassigned_selector_is_a_no_op_that_reads_one_byte() {
-        let mut c = Cursor::new(&[14, 255, 10]);
+        let mut c = Cursor::new(&[15, 255, 10]);
         assert!(decode(&mut c, 1).is_none());
         assert!(decode(&mut c, 1).is_none());
         assert!(matches!(decode(&mut c, 1), Some(Op::PollOne)));

@@ -299,8 +299,11 @@ impl Future for AcquireBytes {
         let outcome = match this.state {
             BytesAcquireState::Start(_) if st.closed => Err(Closed),
             BytesAcquireState::Start(bytes) => match st.limiter.enqueue(bytes) {
-                Enqueued::Granted(grant) => Ok(grant),
-                Enqueued::Waiting(ticket) => {
+                Ok(Enqueued::Granted(grant)) => Ok(grant),
+                // The limiter can issue no new ticket (after 2^64 of them): this acquire
+                // fails; tickets already issued are still served.
+                Err(_) => Err(Closed),
+                Ok(Enqueued::Waiting(ticket)) => {
                     // Ticket ids grow with every enqueue made under this lock, so pushing at
                     // the back keeps the table sorted.
                     st.waiters

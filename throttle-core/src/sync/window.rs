@@ -1,9 +1,11 @@
 //! Async credit of a shared [`DispatchWindow`]: [`WindowHandle`], its [`Acquire`] future and
 //! [`Permit`], the only way to hold a credit.
 //!
-//! The handle keeps the window and a FIFO line of waiters per shard behind one mutex. The
-//! window holds only credits here (its batch type is `()` and nothing is ever queued in it);
-//! the waiting lines are the handle's own, so a cancelled waiter leaves its line in O(1).
+//! The handle keeps the window and its waiters' wakers behind one mutex. The window owns the
+//! per-shard FIFO line of waiters (each waiter is a held-back "batch" naming its waker slot),
+//! no barging, O(1) cancel and the hand-off of a freed credit to the oldest waiter, so those
+//! rules are the core machine's, checked by its model and fuzz target; this file adds only the
+//! lock and the wakers.
 //!
 //! Exactly-once credit, by construction:
 //!
@@ -26,16 +28,14 @@ use core::hash::{BuildHasher, Hash};
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 
-use hashbrown::HashMap;
 use smallvec::SmallVec;
 
 use super::loom::{Arc, Mutex, lock};
 use super::{Closed, wake_all};
-use crate::dispatch_window::{CreditId, DispatchWindow, Take, WindowConfig};
+use crate::dispatch_window::{
+    CreditId, DispatchWindow, Entered, SubmitError, Take, Ticket, WindowConfig,
+};
 use crate::error::ConfigError;
-
-/// The waiting lines map keeps at least this many entries of capacity when it shrinks.
-const MIN_MAP_CAPACITY: usize = 16;
 
 /// Wakers collected under the lock, woken after it is dropped.
 type Wakeups = SmallVec<[Waker; 2]>;
@@ -66,24 +66,15 @@ pub enum TryAcquireError {
 /// One waiter's slot. A slot is freed only by the [`Acquire`] that owns it.
 enum Waiter {
     Free,
-    /// In its shard's line.
+    /// In its shard's line in the window, under `ticket`.
     Waiting {
+        ticket: Ticket,
         waker: Option<Waker>,
-        prev: Option<usize>,
-        next: Option<usize>,
     },
     /// A credit was handed to it; its `Acquire` has not observed it yet.
     Granted(CreditId),
     /// Failed by `close`.
     Closed,
-}
-
-/// A shard's line of waiters: a doubly linked list through the waiter slots.
-#[derive(Clone, Copy)]
-struct Line {
-    head: usize,
-    tail: usize,
-    len: usize,
 }
 
 #[cfg(test)]
@@ -95,14 +86,14 @@ pub(crate) struct Stats {
     pub(crate) peak_in_flight: u32,
 }
 
+/// The window and its waiters' wakers. The window owns every rule: the per-shard FIFO line
+/// (its held-back "batches" are waiter slot numbers), no barging, O(1) cancel and the
+/// hand-off of a freed credit to the line's oldest waiter. This layer only keeps, per waiter
+/// slot, the waker to wake and the credit handed over until its future observes it.
 struct WindowState<Shard, S> {
-    window: DispatchWindow<Shard, (), S>,
-    lines: HashMap<Shard, Line, S>,
-    /// Waiters in all lines: while it is zero, no operation needs to look at `lines`.
-    waiting: usize,
+    window: DispatchWindow<Shard, usize, S>,
     waiters: Vec<Waiter>,
     free: Vec<usize>,
-    closed: bool,
     #[cfg(test)]
     stats: Stats,
 }
@@ -112,8 +103,9 @@ enum Issue {
     NoCredit,
     Closed,
     /// The window cannot issue another id (after `u64::MAX - 1` credits, or `u32::MAX` live
-    /// at once) and has closed itself; the caller must [`close`](WindowState::close) the
-    /// handle (kept out of the hot path, which therefore needs no buffer of wakers).
+    /// at once); the caller must [`close`](WindowState::close) the handle, since nobody
+    /// waiting could ever be served (kept out of the hot path, which therefore needs no
+    /// buffer of wakers).
     Exhausted,
 }
 
@@ -123,102 +115,32 @@ where
     S: BuildHasher,
 {
     /// A credit for a newcomer, if it may have one without waiting: the shard has free credit
-    /// and nobody is in its line (no barging).
+    /// and nobody is in its line (the window refuses barging).
     #[inline]
     fn try_issue(&mut self, shard: &Shard, hash: u64) -> Issue {
-        if self.closed {
-            return Issue::Closed;
-        }
-        if self.waiting > 0 && self.lines.contains_key(shard) {
-            return Issue::NoCredit;
-        }
-        self.issue(shard, hash)
-    }
-
-    /// Takes a credit from the window for `shard` if it has one free (one lookup of the
-    /// shard; the window never queues anything here).
-    #[inline]
-    fn issue(&mut self, shard: &Shard, hash: u64) -> Issue {
         match self.window.try_take(shard, hash) {
             Take::Credit(credit) => {
-                #[cfg(test)]
-                {
-                    let n = self.window.in_flight(shard);
-                    self.stats.peak_in_flight = self.stats.peak_in_flight.max(n);
-                }
+                self.saw_in_flight(shard);
                 Issue::Credit(credit)
             }
             Take::NoCredit => Issue::NoCredit,
-            // The window is out of ids (after 2^64 credits): nothing can be issued any more.
-            Take::Closed => Issue::Exhausted,
+            Take::Closed => Issue::Closed,
+            Take::Exhausted => Issue::Exhausted,
         }
     }
 
-    /// Releases `credit` of `shard` and hands a fresh one to the shard's oldest waiter.
-    fn release(
-        &mut self,
-        shard: &Shard,
-        hash: u64,
-        credit: CreditId,
-        wakeups: &mut Wakeups,
-    ) -> Released {
-        if !self.free(credit) {
-            return Released::Freed;
-        }
-        self.hand_on(shard, hash, wakeups)
-    }
-
-    /// Frees `credit` in the window; `false` if the window refused it (released already).
-    /// Nothing is ever held back in this window (credit is only taken by `try_take`), so a
-    /// release has nothing to dispatch.
     #[inline]
-    fn free(&mut self, credit: CreditId) -> bool {
-        if self.window.release_credit(credit).is_err() {
-            #[cfg(test)]
-            {
-                self.stats.refused_releases += 1;
-            }
-            return false;
-        }
-        true
-    }
-
-    /// Whether a freed credit may be wanted: the handle is open and someone, for any shard,
-    /// is waiting (only then can [`hand_on`](Self::hand_on) have work).
-    #[inline]
-    fn has_waiters(&self) -> bool {
-        !self.closed && self.waiting > 0
-    }
-
-    /// After a credit of `shard` was freed: hands a fresh one to the shard's oldest waiter,
-    /// if it has one.
-    fn hand_on(&mut self, shard: &Shard, hash: u64, wakeups: &mut Wakeups) -> Released {
-        if !self.has_waiters() {
-            return Released::Freed;
-        }
-        let Some(head) = self.lines.get(shard).map(|l| l.head) else {
-            return Released::Freed;
-        };
-        let fresh = match self.issue(shard, hash) {
-            Issue::Credit(fresh) => fresh,
-            Issue::Exhausted => {
-                self.close(wakeups);
-                return Released::Freed;
-            }
-            Issue::NoCredit | Issue::Closed => return Released::Freed,
-        };
-        self.unlink(shard, head);
-        if let Some(slot) = self.waiters.get_mut(head)
-            && let Waiter::Waiting { waker, .. } = core::mem::replace(slot, Waiter::Granted(fresh))
-            && let Some(waker) = waker
+    fn saw_in_flight(&mut self, _shard: &Shard) {
+        #[cfg(test)]
         {
-            wakeups.push(waker);
+            let n = self.window.in_flight(_shard);
+            self.stats.peak_in_flight = self.stats.peak_in_flight.max(n);
         }
-        Released::HandedOn
     }
 
-    /// Puts a new waiter at the back of `shard`'s line.
-    fn enqueue(&mut self, shard: &Shard, waker: Waker) -> usize {
+    /// Puts a new waiter at the back of `shard`'s line, or gives it a credit at once if it may
+    /// have one.
+    fn enqueue(&mut self, shard: &Shard, hash: u64, waker: &Waker) -> Result<usize, Issue> {
         let idx = match self.free.pop() {
             Some(idx) => idx,
             None => {
@@ -226,83 +148,86 @@ where
                 self.waiters.len() - 1
             }
         };
-        self.waiting = self.waiting.saturating_add(1);
-        let prev = match self.lines.get_mut(shard) {
-            Some(line) => {
-                let prev = line.tail;
-                line.tail = idx;
-                line.len = line.len.saturating_add(1);
-                if let Some(Waiter::Waiting { next, .. }) = self.waiters.get_mut(prev) {
-                    *next = Some(idx);
+        match self.window.enqueue_hinted(shard, hash, idx) {
+            Ok(Entered::Queued(ticket)) => {
+                if let Some(slot) = self.waiters.get_mut(idx) {
+                    *slot = Waiter::Waiting {
+                        ticket,
+                        waker: Some(waker.clone()),
+                    };
                 }
-                Some(prev)
+                Ok(idx)
             }
-            None => {
-                self.lines.insert(
-                    shard.clone(),
-                    Line {
-                        head: idx,
-                        tail: idx,
-                        len: 1,
-                    },
-                );
-                None
+            Ok(Entered::Credit(credit, _)) => {
+                self.free_slot(idx);
+                self.saw_in_flight(shard);
+                Err(Issue::Credit(credit))
             }
-        };
-        if let Some(slot) = self.waiters.get_mut(idx) {
-            *slot = Waiter::Waiting {
-                waker: Some(waker),
-                prev,
-                next: None,
-            };
-        }
-        idx
-    }
-
-    /// Takes a waiting slot out of its shard's line (the slot itself keeps its state).
-    fn unlink(&mut self, shard: &Shard, idx: usize) {
-        let Some(Waiter::Waiting { prev, next, .. }) = self.waiters.get(idx) else {
-            return;
-        };
-        let (prev, next) = (*prev, *next);
-        if let Some(Waiter::Waiting { next: n, .. }) = prev.and_then(|p| self.waiters.get_mut(p)) {
-            *n = next;
-        }
-        if let Some(Waiter::Waiting { prev: p, .. }) = next.and_then(|n| self.waiters.get_mut(n)) {
-            *p = prev;
-        }
-        let Some(line) = self.lines.get_mut(shard) else {
-            return;
-        };
-        if line.head == idx {
-            line.head = next.unwrap_or(idx);
-        }
-        if line.tail == idx {
-            line.tail = prev.unwrap_or(idx);
-        }
-        line.len = line.len.saturating_sub(1);
-        self.waiting = self.waiting.saturating_sub(1);
-        if line.len == 0 {
-            self.lines.remove(shard);
-            let cap = self.lines.capacity();
-            if cap > MIN_MAP_CAPACITY && self.lines.len() < cap / 4 {
-                self.lines
-                    .shrink_to(self.lines.len().saturating_mul(2).max(MIN_MAP_CAPACITY));
+            Err(SubmitError::Exhausted(_)) => {
+                self.free_slot(idx);
+                Err(Issue::Exhausted)
+            }
+            Err(_) => {
+                self.free_slot(idx);
+                Err(Issue::Closed)
             }
         }
     }
 
-    /// Frees the slot of a finished waiter and returns what it held.
-    fn take_waiter(&mut self, shard: &Shard, idx: usize) -> Waiter {
-        self.unlink(shard, idx);
+    /// Releases `credit`; the window hands a fresh one to the shard's oldest waiter, whose
+    /// waker is collected. `Err(())` when the window ran out of ids with waiters left: the
+    /// caller must close the handle.
+    #[inline]
+    fn release(&mut self, credit: CreditId, wakeups: &mut Wakeups) -> Result<Released, ()> {
+        match self.window.release(credit) {
+            Ok(Some((fresh, idx))) => {
+                if let Some(slot) = self.waiters.get_mut(idx)
+                    && let Waiter::Waiting { waker, .. } =
+                        core::mem::replace(slot, Waiter::Granted(fresh))
+                    && let Some(waker) = waker
+                {
+                    wakeups.push(waker);
+                }
+                Ok(Released::HandedOn)
+            }
+            Ok(None) if self.window.is_exhausted() && !self.window.is_closed() => Err(()),
+            Ok(None) => Ok(Released::Freed),
+            Err(_) => {
+                #[cfg(test)]
+                {
+                    self.stats.refused_releases += 1;
+                }
+                Ok(Released::Freed)
+            }
+        }
+    }
+
+    fn free_slot(&mut self, idx: usize) {
+        let Some(slot) = self.waiters.get_mut(idx) else {
+            return;
+        };
+        *slot = Waiter::Free;
+        self.free.push(idx);
+        // With no waiter left, forget the slots (keeping capacity).
+        if self.free.len() == self.waiters.len() {
+            self.waiters.clear();
+            self.free.clear();
+        }
+    }
+
+    /// Frees the slot of a finished waiter and returns what it held; a waiter still in line
+    /// leaves it (O(1), in the window).
+    fn take_waiter(&mut self, idx: usize) -> Waiter {
         let Some(slot) = self.waiters.get_mut(idx) else {
             return Waiter::Free;
         };
         let old = core::mem::replace(slot, Waiter::Free);
+        if let Waiter::Waiting { ticket, .. } = &old {
+            let _ = self.window.cancel(*ticket);
+        }
         if !matches!(old, Waiter::Free) {
             self.free.push(idx);
         }
-        // With no waiter left, forget the slots (keeping capacity).
         if self.free.len() == self.waiters.len() {
             self.waiters.clear();
             self.free.clear();
@@ -312,8 +237,8 @@ where
 
     /// Fails every waiter; credits handed to waiters that have not observed them go back.
     fn close(&mut self, wakeups: &mut Wakeups) {
-        self.closed = true;
-        let _held_back = self.window.fail_all(); // empty: nothing is ever queued in the window
+        // Every waiter slot is visited below, so the window's list of them is not needed.
+        self.window.close_with(|_, _| ());
         let mut handed = Vec::new();
         for slot in &mut self.waiters {
             match core::mem::replace(slot, Waiter::Closed) {
@@ -323,11 +248,9 @@ where
                 Waiter::Closed => {}
             }
         }
-        self.lines.clear();
-        self.waiting = 0;
         for credit in handed {
-            // After `fail_all` a release frees the slot and issues nothing.
-            if self.window.complete(credit).is_err() {
+            // After the close a release frees the slot and hands nothing on.
+            if self.window.release(credit).is_err() {
                 #[cfg(test)]
                 {
                     self.stats.refused_releases += 1;
@@ -452,11 +375,8 @@ where
             shared: Arc::new(Shared {
                 state: Mutex::new(WindowState {
                     window,
-                    lines: HashMap::with_hasher(hasher.clone()),
-                    waiting: 0,
                     waiters: Vec::new(),
                     free: Vec::new(),
-                    closed: false,
                     #[cfg(test)]
                     stats: Stats::default(),
                 }),
@@ -511,7 +431,7 @@ where
         let hash = self.shared.hasher.hash_one(&shard);
         let issued = lock(&self.shared.state).try_issue(&shard, hash);
         match issued {
-            Issue::Credit(credit) => Ok(Permit::new(hold(), shard, hash, credit)),
+            Issue::Credit(credit) => Ok(Permit::new(hold(), shard, credit)),
             Issue::NoCredit => Err(TryAcquireError::NoCredit),
             Issue::Closed => Err(TryAcquireError::Closed),
             Issue::Exhausted => {
@@ -529,7 +449,7 @@ where
 
     /// Whether [`close`](Self::close) was called (or the window ran out of credit ids).
     pub fn is_closed(&self) -> bool {
-        lock(&self.shared.state).closed
+        lock(&self.shared.state).window.is_closed()
     }
 
     /// Credits per shard.
@@ -549,10 +469,7 @@ where
 
     /// Waiters in `shard`'s line.
     pub fn waiting(&self, shard: &Shard) -> usize {
-        lock(&self.shared.state)
-            .lines
-            .get(shard)
-            .map_or(0, |l| l.len)
+        lock(&self.shared.state).window.queued(shard)
     }
 
     #[cfg(test)]
@@ -584,8 +501,6 @@ where
 {
     shared: Holder<'a, Shard, S>,
     shard: Shard,
-    /// `shard`'s hash, for the hand-off to a waiter on release.
-    hash: u64,
     credit: CreditId,
     /// Cleared by the first release, so `complete` followed by `Drop` releases once.
     live: bool,
@@ -614,11 +529,10 @@ where
     S: BuildHasher,
 {
     #[inline]
-    fn new(shared: Holder<'a, Shard, S>, shard: Shard, hash: u64, credit: CreditId) -> Self {
+    fn new(shared: Holder<'a, Shard, S>, shard: Shard, credit: CreditId) -> Self {
         Permit {
             shared,
             shard,
-            hash,
             credit,
             live: true,
         }
@@ -647,14 +561,20 @@ where
             return Released::Freed;
         }
         let mut st = lock(&self.shared.get().state);
-        if !st.free(self.credit) || !st.has_waiters() {
-            return Released::Freed; // nobody to wake: no buffer of wakers needed
-        }
         let mut wakeups = Wakeups::new();
-        let released = st.hand_on(&self.shard, self.hash, &mut wakeups);
+        let released = st.release(self.credit, &mut wakeups);
         drop(st);
-        wake_all(wakeups);
-        released
+        match released {
+            Ok(released) => {
+                wake_all(wakeups);
+                released
+            }
+            Err(()) => {
+                // The window ran out of ids with waiters left: none could ever be served.
+                self.shared.get().close();
+                Released::Freed
+            }
+        }
     }
 }
 
@@ -694,7 +614,8 @@ where
     /// Moved into the [`Permit`] when it resolves (an owned holder's reference count is taken
     /// once, when the future is made).
     shared: Option<Holder<'a, Shard, S>>,
-    shard: Shard,
+    /// Moved into the [`Permit`] when it resolves.
+    shard: Option<Shard>,
     /// `shard`'s hash, computed once when the future is made.
     hash: u64,
     state: AcquireState,
@@ -710,7 +631,7 @@ where
         Acquire {
             hash: shared.get().hasher.hash_one(&shard),
             shared: Some(shared),
-            shard,
+            shard: Some(shard),
             state: AcquireState::Start,
         }
     }
@@ -749,20 +670,27 @@ where
         let Some(shared) = this.shared.as_ref() else {
             return Poll::Pending; // resolved already
         };
+        let Some(shard) = this.shard.as_ref() else {
+            return Poll::Pending; // resolved already
+        };
         let mut st = lock(&shared.get().state);
         // `Err(true)`: the window just ran out of ids; close the handle before resolving.
         let outcome = match this.state {
-            AcquireState::Start => match st.try_issue(&this.shard, this.hash) {
+            AcquireState::Start => match st.try_issue(shard, this.hash) {
                 Issue::Credit(credit) => Ok(credit),
                 Issue::Closed => Err(false),
                 Issue::Exhausted => Err(true),
-                Issue::NoCredit => {
-                    // Checking for credit and joining the line happen under one lock, so a
-                    // release cannot slip in between and be missed.
-                    let idx = st.enqueue(&this.shard, cx.waker().clone());
-                    this.state = AcquireState::Waiting(idx);
-                    return Poll::Pending;
-                }
+                // Checking for credit and joining the line happen under one lock, so a
+                // release cannot slip in between and be missed.
+                Issue::NoCredit => match st.enqueue(shard, this.hash, cx.waker()) {
+                    Ok(idx) => {
+                        this.state = AcquireState::Waiting(idx);
+                        return Poll::Pending;
+                    }
+                    Err(Issue::Credit(credit)) => Ok(credit),
+                    Err(Issue::Exhausted) => Err(true),
+                    Err(_) => Err(false),
+                },
             },
             AcquireState::Waiting(idx) => match st.waiters.get_mut(idx) {
                 Some(Waiter::Waiting { waker, .. }) => {
@@ -771,14 +699,10 @@ where
                     }
                     return Poll::Pending;
                 }
-                Some(Waiter::Granted(_)) => match st.take_waiter(&this.shard, idx) {
+                _ => match st.take_waiter(idx) {
                     Waiter::Granted(credit) => Ok(credit),
                     _ => Err(false),
                 },
-                _ => {
-                    st.take_waiter(&this.shard, idx);
-                    Err(false)
-                }
             },
             AcquireState::Done => return Poll::Pending,
         };
@@ -787,13 +711,11 @@ where
             shared.get().close();
         }
         this.state = AcquireState::Done;
-        let shared = this.shared.take();
-        Poll::Ready(match (outcome, shared) {
-            (Ok(credit), Some(shared)) => {
-                Ok(Permit::new(shared, this.shard.clone(), this.hash, credit))
-            }
-            // `shared` was checked above; an error resolves without it.
-            (Ok(_), None) | (Err(_), _) => Err(Closed),
+        // The key moves into the permit: no user `Clone` runs once the credit is ours.
+        Poll::Ready(match (outcome, this.shared.take(), this.shard.take()) {
+            (Ok(credit), Some(shared), Some(shard)) => Ok(Permit::new(shared, shard, credit)),
+            // `shared` and `shard` were checked above; an error resolves without them.
+            (Ok(_), _, _) | (Err(_), _, _) => Err(Closed),
         })
     }
 }
@@ -810,12 +732,18 @@ where
         };
         self.state = AcquireState::Done;
         let mut wakeups = Wakeups::new();
+        let mut exhausted = false;
         {
             let mut st = lock(&shared.get().state);
-            // Cancelled after a credit was handed to it: pass the credit on.
-            if let Waiter::Granted(credit) = st.take_waiter(&self.shard, idx) {
-                let _ = st.release(&self.shard, self.hash, credit, &mut wakeups);
+            // Still in line: it leaves it (the window cancels its ticket). Cancelled after a
+            // credit was handed to it: the credit goes back, to the next waiter if any. No
+            // user code runs here: the window names the shard by its stored hash.
+            if let Waiter::Granted(credit) = st.take_waiter(idx) {
+                exhausted = st.release(credit, &mut wakeups).is_err();
             }
+        }
+        if exhausted {
+            shared.get().close();
         }
         wake_all(wakeups);
     }
@@ -1285,7 +1213,10 @@ mod tests {
         drop(ws);
         drop(first);
         let st = lock(&h.shared.state);
-        assert_eq!((st.lines.len(), st.waiters.len(), st.free.len()), (0, 0, 0));
+        assert_eq!(
+            (st.window.queued(&1), st.waiters.len(), st.free.len()),
+            (0, 0, 0)
+        );
         assert_eq!(st.window.live_credits(), 0);
     }
 }

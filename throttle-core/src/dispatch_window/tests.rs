@@ -1,0 +1,508 @@
+//! Unit tests of the dispatch window.
+
+use super::*;
+use crate::maintenance::MIN_CAPACITY;
+use crate::test_hasher::TestHasher;
+use alloc::vec;
+use core::time::Duration;
+
+type Window = DispatchWindow<u32, &'static str, TestHasher>;
+
+fn window(max_in_flight: u32) -> Window {
+    match Window::new(WindowConfig::default().with_max_in_flight(max_in_flight)) {
+        Ok(w) => w,
+        Err(e) => panic!("valid config refused: {e}"),
+    }
+}
+
+/// Sends at once, or fails the test.
+fn sent(
+    r: Result<Option<Dispatch<u32, &'static str>>, SubmitError<&'static str>>,
+) -> Dispatch<u32, &'static str> {
+    match r {
+        Ok(Some(d)) => d,
+        other => panic!("expected a dispatch, got {other:?}"),
+    }
+}
+
+fn conserved(w: &Window, shards: &[u32]) {
+    for s in shards {
+        assert_eq!(w.in_flight(s) + w.available(s), w.capacity(), "shard {s}");
+    }
+}
+
+#[test]
+fn default_is_four_and_zero_is_refused() {
+    assert_eq!(WindowConfig::default().max_in_flight(), 4);
+    let err = WindowConfig::default().with_max_in_flight(0).validate();
+    assert!(matches!(
+        err,
+        Err(ConfigError::OutOfRange {
+            option: "client.dispatch.max-batches-in-flight",
+            got: 0,
+            min: 1,
+            ..
+        })
+    ));
+    assert!(Window::new(WindowConfig::default().with_max_in_flight(0)).is_err());
+}
+
+#[test]
+fn exhausted_shard_dispatches_queued_batches_fifo() {
+    let mut w = window(2);
+    let a = sent(w.submit(1, "a"));
+    let b = sent(w.submit(1, "b"));
+    for x in ["c", "d", "e"] {
+        assert_eq!(w.submit(1, x), Ok(None));
+    }
+    assert_eq!((w.in_flight(&1), w.available(&1), w.queued(&1)), (2, 0, 3));
+    let c = w.complete(a.credit).ok().flatten().map(|d| d.batch);
+    assert_eq!(c, Some("c"));
+    let mut order = vec![];
+    let mut credit = b.credit;
+    while let Ok(Some(d)) = w.complete(credit) {
+        order.push(d.batch);
+        credit = d.credit;
+        conserved(&w, &[1]);
+        assert!(w.in_flight(&1) <= 2);
+    }
+    assert_eq!(order, ["d", "e"]);
+}
+
+#[test]
+fn release_dispatches_queued_before_parked() {
+    let mut w = window(1);
+    let a = sent(w.submit(1, "a"));
+    assert_eq!(w.submit_or_park(1, "open"), Ok(None));
+    assert_eq!(w.submit(1, "full"), Ok(None));
+    assert!(w.is_parked(&1));
+    let next = sent(Ok(w.complete(a.credit).unwrap_or(None)));
+    assert_eq!(next.batch, "full");
+    let last = sent(Ok(w.complete(next.credit).unwrap_or(None)));
+    assert_eq!(last.batch, "open");
+    assert!(!w.is_parked(&1));
+    assert_eq!(w.complete(last.credit), Ok(None));
+    assert_eq!(w.shard_count(), 0);
+}
+
+#[test]
+fn reclaimed_batch_is_not_dispatched_by_release_and_next_submit_goes_at_once() {
+    let mut w = window(1);
+    let a = sent(w.submit(1, "a"));
+    assert_eq!(w.submit_or_park(1, "open"), Ok(None));
+    assert_eq!(w.reclaim(&1), Some("open"));
+    assert_eq!(w.reclaim(&1), None, "reclaim takes it exactly once");
+    assert_eq!(
+        w.complete(a.credit),
+        Ok(None),
+        "nothing held back: the release sends nothing"
+    );
+    assert_eq!(w.shard_count(), 0);
+    let d = sent(w.submit_or_park(1, "open+more"));
+    assert_eq!(d.batch, "open+more");
+    conserved(&w, &[1]);
+}
+
+#[test]
+fn second_park_is_refused_and_hands_the_batch_back() {
+    let mut w = window(1);
+    let _a = sent(w.submit(1, "a"));
+    assert_eq!(w.submit_or_park(1, "p"), Ok(None));
+    let err = w.submit_or_park(1, "q");
+    assert_eq!(err, Err(SubmitError::AlreadyParked("q")));
+    assert_eq!(err.map_err(SubmitError::into_batch), Err("q"));
+    assert_eq!(w.reclaim(&1), Some("p"));
+}
+
+#[test]
+fn fail_all_returns_held_back_batches_and_leaves_in_flight_ones() {
+    let mut w = window(1);
+    let a = sent(w.submit(1, "a"));
+    assert_eq!(w.submit(1, "q1"), Ok(None));
+    assert_eq!(w.submit(1, "q2"), Ok(None));
+    assert_eq!(w.submit_or_park(1, "p"), Ok(None));
+    let b = sent(w.submit(2, "b"));
+    let mut held = w.fail_all();
+    held.sort_by_key(|(s, _)| *s); // shard order is unspecified; per-shard order is not
+    assert_eq!(held, [(1, "q1"), (1, "q2"), (1, "p")]);
+    assert!(w.is_closed());
+    assert_eq!(
+        (w.in_flight(&1), w.in_flight(&2)),
+        (1, 1),
+        "in-flight batches untouched"
+    );
+    assert_eq!((w.queued(&1), w.is_parked(&1)), (0, false));
+    assert_eq!(w.submit(1, "late"), Err(SubmitError::Closed("late")));
+    assert_eq!(
+        w.submit_or_park(3, "late"),
+        Err(SubmitError::Closed("late"))
+    );
+    assert_eq!(
+        w.complete(a.credit),
+        Ok(None),
+        "after close a live credit frees its slot"
+    );
+    assert_eq!(w.complete(a.credit), Err(ReleaseError::AlreadyReleased));
+    assert_eq!(w.complete(b.credit), Ok(None));
+    assert_eq!((w.shard_count(), w.live_credits()), (0, 0));
+    assert!(w.fail_all().is_empty());
+}
+
+#[test]
+fn double_and_bogus_completions_change_nothing() {
+    let mut w = window(2);
+    let a = sent(w.submit(1, "a"));
+    let b = sent(w.submit(1, "b"));
+    assert_eq!(w.submit(1, "c"), Ok(None));
+    let c = sent(Ok(w.complete(a.credit).unwrap_or(None)));
+    let before = (w.in_flight(&1), w.queued(&1), w.live_credits());
+    assert_eq!(w.complete(a.credit), Err(ReleaseError::AlreadyReleased));
+    assert_eq!(c.credit.slot(), a.credit.slot(), "the slot is reused ...");
+    assert_ne!(
+        c.credit, a.credit,
+        "... under a new id, so the stale id cannot free it"
+    );
+    let tag = w.instance_tag();
+    for bogus in [
+        CreditId::forge(tag, 0, 0),
+        CreditId::forge(tag, 0, 999),
+        CreditId::forge(tag, u32::MAX, u64::MAX),
+        CreditId::forge(tag, 7, u64::MAX - 1),
+    ] {
+        assert_eq!(w.complete(bogus), Err(ReleaseError::Unknown), "{bogus:?}");
+    }
+    // A forged id with an issued generation but the wrong slot: reported as released.
+    assert_eq!(
+        w.complete(CreditId::forge(tag, 9, 1)),
+        Err(ReleaseError::AlreadyReleased)
+    );
+    assert_eq!((w.in_flight(&1), w.queued(&1), w.live_credits()), before);
+    assert_eq!(w.complete(b.credit), Ok(None));
+    assert_eq!(w.complete(c.credit), Ok(None));
+    assert_eq!(w.complete(c.credit), Err(ReleaseError::AlreadyReleased));
+    assert_eq!(w.shard_count(), 0);
+}
+
+#[test]
+fn exhausted_shard_never_delays_another() {
+    let mut w = window(1);
+    let a = sent(w.submit(1, "a"));
+    assert_eq!(w.submit(1, "a2"), Ok(None));
+    assert_eq!(w.submit_or_park(1, "a3"), Ok(None));
+    let b = sent(w.submit(2, "b"));
+    assert_eq!(
+        w.complete(b.credit),
+        Ok(None),
+        "shard 2's release never sends shard 1's work"
+    );
+    assert_eq!(w.queued(&1), 1);
+    assert!(sent(w.submit_or_park(2, "b2")).batch == "b2");
+    assert_eq!(sent(Ok(w.complete(a.credit).unwrap_or(None))).shard, 1);
+    conserved(&w, &[1, 2]);
+}
+
+#[test]
+#[cfg_attr(miri, ignore)]
+fn idle_windows_are_removed_and_memory_follows_active_shards() {
+    let mut w = window(4);
+    for shard in 0..10_000u32 {
+        let d = sent(w.submit(shard, "x"));
+        assert_eq!(w.shard_count(), 1);
+        assert_eq!(w.complete(d.credit), Ok(None));
+        assert_eq!(w.shard_count(), 0);
+    }
+    assert_eq!(w.live_credits(), 0);
+    assert!(w.credits.slots() <= 1, "the slab reuses slots");
+    assert!(w.shards.capacity() <= 2 * MIN_CAPACITY);
+    assert!(w.tracked_shards() <= w.shards.capacity());
+}
+
+#[test]
+fn idle_shard_entry_is_kept_until_maintenance_evicts_it() {
+    let mut w = window(2);
+    let d = sent(w.submit(1, "a"));
+    assert_eq!(w.complete(d.credit), Ok(None));
+    assert_eq!(
+        (w.shard_count(), w.tracked_shards()),
+        (0, 1),
+        "idle: not counted, but its entry stays for the next batch"
+    );
+    let d = sent(w.submit(1, "b"));
+    assert_eq!((w.shard_count(), w.tracked_shards()), (1, 1));
+    conserved(&w, &[1]);
+    assert_eq!(w.complete(d.credit), Ok(None));
+    let busy = sent(w.submit(2, "c"));
+    w.handle_timeout(secs(1));
+    assert_eq!(
+        (w.shard_count(), w.tracked_shards()),
+        (1, 1),
+        "maintenance evicts the idle shard 1 and keeps the busy shard 2"
+    );
+    assert_eq!((w.in_flight(&1), w.available(&1)), (0, 2));
+    assert_eq!(w.complete(busy.credit), Ok(None));
+}
+
+#[test]
+#[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
+fn a_map_full_of_idle_shards_evicts_them_instead_of_growing() {
+    let mut w = window(1);
+    let anchor = sent(w.submit(u32::MAX, "busy"));
+    for shard in 0..1_000u32 {
+        let d = sent(w.submit(shard, "x"));
+        assert_eq!(w.complete(d.credit), Ok(None));
+        assert!(w.tracked_shards() <= w.shards.capacity());
+    }
+    assert!(
+        w.shards.capacity() <= 2 * MIN_CAPACITY,
+        "one busy shard: the map never grows past a small table, without maintenance"
+    );
+    assert_eq!((w.shard_count(), w.in_flight(&u32::MAX)), (1, 1));
+    assert_eq!(w.complete(anchor.credit), Ok(None));
+}
+
+/// Sends one batch and queues a second for each of `shards` shards, then completes every
+/// credit (which sends the queued batches) until all are done.
+fn burst(w: &mut Window, shards: u32) {
+    let mut live = vec![];
+    for s in 0..shards {
+        live.push(sent(w.submit(s, "first")).credit);
+        assert_eq!(w.submit(s, "queued"), Ok(None));
+    }
+    while let Some(c) = live.pop() {
+        if let Ok(Some(d)) = w.complete(c) {
+            live.push(d.credit);
+        }
+    }
+    assert_eq!((w.shard_count(), w.live_credits()), (0, 0));
+}
+
+fn secs(n: u64) -> Instant {
+    Instant::from_millis(n * 1000)
+}
+
+#[test]
+fn idle_shards_keep_capacity_until_maintenance_after_a_quiet_period() {
+    let mut w = window(1);
+    assert_eq!(w.poll_timeout(), None, "nothing to give back yet");
+    burst(&mut w, 200);
+    let cap = w.shards.capacity();
+    assert!(cap >= 200, "removing idle shards no longer shrinks the map");
+    assert_eq!(
+        w.spare_queues.len(),
+        200,
+        "one buffer per shard that queued"
+    );
+    assert_eq!(w.poll_timeout(), Some(secs(1)));
+    w.handle_timeout(Instant::from_millis(999));
+    assert_eq!(w.shards.capacity(), cap, "not due before the interval");
+    w.handle_timeout(secs(1));
+    assert_eq!(
+        (w.shards.capacity(), w.spare_queues.len()),
+        (cap, 200),
+        "the period that just ended used all of it"
+    );
+    assert_eq!(
+        w.poll_timeout(),
+        Some(secs(2)),
+        "a quieter period may follow"
+    );
+    w.handle_timeout(secs(2));
+    assert!(w.shards.capacity() <= 2 * MIN_CAPACITY);
+    assert!(w.spare_queues.is_empty() && w.spare_queues.capacity() <= 2 * MIN_CAPACITY);
+    assert_eq!(w.credits.slots(), 0);
+    assert_eq!(
+        w.poll_timeout(),
+        None,
+        "everything given back: maintenance goes quiet"
+    );
+}
+
+#[test]
+#[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
+fn repeated_bursts_keep_their_capacity_through_maintenance() {
+    let mut w = window(1);
+    let mut now = secs(0);
+    let mut snapshot = None;
+    for round in 0..8 {
+        burst(&mut w, 64);
+        now += Duration::from_millis(1500);
+        w.handle_timeout(now); // runs every round, between bursts
+        let caps = (
+            w.shards.capacity(),
+            w.spare_queues.len(),
+            w.spare_queues.capacity(),
+            w.credits.slot_capacity(),
+        );
+        if round >= 1 {
+            assert_eq!(*snapshot.get_or_insert(caps), caps, "round {round}");
+        }
+    }
+    burst(&mut w, 16); // a smaller burst: the next run still judges it against 64
+    w.handle_timeout(now + Duration::from_millis(1500));
+    assert_eq!(w.spare_queues.len(), 16, "spares follow the recent peak");
+}
+
+#[test]
+fn maintenance_runs_once_per_interval_and_survives_time_running_backwards() {
+    let mut w = window(2);
+    let a = sent(w.submit(1, "a"));
+    w.handle_timeout(secs(5));
+    assert_eq!(w.poll_timeout(), Some(secs(6)));
+    w.handle_timeout(secs(1)); // backwards: clamped to 5 s, not due
+    assert_eq!(w.poll_timeout(), Some(secs(6)));
+    assert_eq!(w.complete(a.credit), Ok(None));
+    w.handle_timeout(Instant::MAX);
+    w.handle_timeout(Instant::MAX); // the end of time: each call may run, none panics
+    assert_eq!(w.poll_timeout(), None);
+    let b = sent(w.submit(1, "b"));
+    assert_eq!(w.poll_timeout(), Some(Instant::MAX), "deadlines saturate");
+    assert_eq!(w.complete(b.credit), Ok(None));
+    conserved(&w, &[1]);
+}
+
+#[test]
+#[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
+fn credit_ids_are_never_reused() {
+    let mut w = window(3);
+    let mut seen = vec![];
+    let mut live: vec::Vec<CreditId> = vec![];
+    for i in 0..3_000u32 {
+        if live.len() == 3 || i % 5 == 4 {
+            let c = live.remove(0);
+            assert!(w.complete(c).is_ok());
+        }
+        if let Ok(Some(d)) = w.submit(i % 2, "x") {
+            seen.push(d.credit);
+            live.push(d.credit);
+        }
+    }
+    let n = seen.len();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), n);
+    assert!(w.credits.slots() <= 6);
+}
+
+#[test]
+fn extreme_capacity_and_end_of_id_space_are_defined() {
+    let mut w = window(u32::MAX);
+    for _ in 0..100 {
+        let _ = sent(w.submit(1, "x"));
+    }
+    assert_eq!(w.available(&1), u32::MAX - 100);
+    conserved(&w, &[1]);
+
+    let mut w = window(1);
+    w.skip_generations_to(u64::MAX - 2);
+    let a = sent(w.submit(1, "a"));
+    assert_eq!(a.credit.generation(), u64::MAX - 2);
+    assert_eq!(w.submit(1, "q"), Ok(None));
+    let q = sent(Ok(w.complete(a.credit).unwrap_or(None)));
+    assert_eq!(q.credit.generation(), u64::MAX - 1, "the last id");
+    assert_eq!(w.submit(1, "r"), Ok(None));
+    // No id left for "r": the release frees the slot and keeps "r" held back. Ids never
+    // wrap: new batches are refused with `Exhausted`, and the window stays open for releases.
+    assert_eq!(w.complete(q.credit), Ok(None));
+    assert!(w.is_exhausted() && !w.is_closed());
+    conserved(&w, &[1]);
+    assert_eq!(w.submit(2, "s"), Err(SubmitError::Exhausted("s")));
+    assert_eq!(w.fail_all(), [(1, "r")]);
+    assert_eq!(w.shard_count(), 0);
+    assert_eq!(
+        w.complete(CreditId::forge(w.instance_tag(), 0, u64::MAX)),
+        Err(ReleaseError::Unknown)
+    );
+}
+
+#[test]
+fn another_windows_credit_and_ticket_are_unknown_and_change_nothing() {
+    let mut one = window(1);
+    let mut two = window(1);
+    assert_ne!(one.instance_tag(), two.instance_tag());
+    let mine = sent(one.submit(1, "a"));
+    let Ok(Submitted::Queued(queued)) = one.enqueue(1, "b") else {
+        panic!("no credit left: queued");
+    };
+    // The second window issues the same slots and generations.
+    let theirs = sent(two.submit(1, "x"));
+    let Ok(Submitted::Queued(their_ticket)) = two.enqueue(1, "y") else {
+        panic!("no credit left: queued");
+    };
+    assert_eq!(
+        (theirs.credit.slot(), theirs.credit.generation()),
+        (mine.credit.slot(), mine.credit.generation())
+    );
+    assert_eq!(their_ticket.id(), queued.id());
+    // Before the instance tag, this release widened the first window past max_in_flight.
+    assert_eq!(one.complete(theirs.credit), Err(ReleaseError::Unknown));
+    assert_eq!(one.cancel(their_ticket), Err(ReleaseError::Unknown));
+    assert_eq!(
+        (one.in_flight(&1), one.queued(&1), one.live_credits()),
+        (1, 1, 1)
+    );
+    assert!(one.is_queued(queued) && !one.is_queued(their_ticket));
+    let next = sent(Ok(one.complete(mine.credit).unwrap_or(None)));
+    assert_eq!(next.batch, "b");
+}
+
+#[test]
+fn a_cancelled_batch_leaves_the_line_and_the_next_one_is_served() {
+    let mut w = window(1);
+    let first = sent(w.submit(1, "a"));
+    let tickets: Vec<Ticket> = ["b", "c", "d"]
+        .into_iter()
+        .map(|b| match w.enqueue(1, b) {
+            Ok(Submitted::Queued(t)) => t,
+            other => panic!("expected to queue, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(w.queued(&1), 3);
+    // The head and a middle one leave; a second cancel of the same ticket is refused.
+    assert_eq!(w.cancel(tickets[0]), Ok("b"));
+    assert_eq!(w.cancel(tickets[0]), Err(ReleaseError::AlreadyReleased));
+    assert_eq!(w.cancel(tickets[2]), Ok("d"));
+    assert_eq!(w.queued(&1), 1);
+    let next = sent(Ok(w.complete(first.credit).unwrap_or(None)));
+    assert_eq!(next.batch, "c", "the oldest batch still in line");
+    assert_eq!(
+        w.cancel(tickets[1]),
+        Err(ReleaseError::AlreadyReleased),
+        "dispatched: it left the line"
+    );
+    assert_eq!(w.complete(next.credit), Ok(None));
+    assert_eq!((w.shard_count(), w.live_credits()), (0, 0));
+}
+
+#[test]
+fn cancelling_many_keeps_the_line_bounded() {
+    let mut w = window(1);
+    let held = sent(w.submit(1, "held"));
+    let mut keep = Vec::new();
+    for i in 0..1_000u32 {
+        let Ok(Submitted::Queued(t)) = w.enqueue(1, "x") else {
+            panic!("queued");
+        };
+        if i % 10 == 9 {
+            keep.push(t);
+        } else {
+            assert_eq!(w.cancel(t), Ok("x"));
+        }
+    }
+    assert_eq!(w.queued(&1), keep.len());
+    let line = w.shards.iter().map(|e| e.w.line.len()).max().unwrap_or(0);
+    assert!(
+        line <= 2 * keep.len() + 8,
+        "line of {line} entries for {} live",
+        keep.len()
+    );
+    // Everything left is served in order.
+    let mut credit = held.credit;
+    for t in &keep {
+        assert!(w.is_queued(*t));
+        let d = sent(Ok(w.complete(credit).unwrap_or(None)));
+        assert!(!w.is_queued(*t));
+        credit = d.credit;
+    }
+    assert_eq!(w.complete(credit), Ok(None));
+    assert_eq!((w.shard_count(), w.live_credits(), w.queued(&1)), (0, 0, 0));
+}
