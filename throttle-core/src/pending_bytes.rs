@@ -1,4 +1,5 @@
-//! Pending-bytes limiter: bounds the bytes of operations a client holds in flight (DESIGN §3.4).
+//! Pending-bytes limiter: bounds the bytes of operations a client holds in flight
+//! (`docs/design.md` §3.4.3).
 //!
 //! Every operation asks for its size in bytes before it may be batched. The limiter admits
 //! operations strictly in the order they asked (FIFO, no barging), so a large operation is never
@@ -193,8 +194,8 @@ struct Slot {
     state: SlotState,
 }
 
-/// The pending-bytes limiter (DESIGN §3.4): FIFO admission of byte-sized operations under
-/// `max_pending_bytes`, with guarded release and cancellation.
+/// The pending-bytes limiter (`docs/design.md` §3.4.3): FIFO admission of byte-sized operations
+/// under `max_pending_bytes`, with guarded release and cancellation.
 ///
 /// # Driving contract
 ///

@@ -1,4 +1,5 @@
-//! The reference reader (DESIGN §6): the core [`Batcher`] with its per-shard dispatch window.
+//! The reference reader (`docs/design.md` §6): the core [`Batcher`] with its per-shard dispatch
+//! window.
 //!
 //! Reads for a shard join the shard's open batch; the driver calls
 //! [`flush`](RefReader::flush) whenever its input queue is empty (no linger timer). With

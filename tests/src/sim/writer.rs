@@ -1,4 +1,4 @@
-//! The reference writer (DESIGN §6): a record accumulator and a sender built on the
+//! The reference writer (`docs/design.md` §6): a record accumulator and a sender built on the
 //! [`WriteGate`].
 //!
 //! It behaves like the Fluss Java writer after the seed's change, reduced to what pacing needs:
@@ -242,8 +242,9 @@ impl RefWriter {
     /// The sender's sleep: the earliest gate opening while some batch waits behind a gate.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let Reverse((recheck, _)) = *self.recheck.peek()?;
-        // The gate's earliest opening is the sleep (DESIGN §6); the writer's own recheck index
-        // only says which buckets to look at. They agree unless a gate was lifted early.
+        // The gate's earliest opening is the sleep (`docs/design.md` §6); the writer's own
+        // recheck index only says which buckets to look at. They agree unless a gate was lifted
+        // early.
         Some(self.gate.poll_timeout().map_or(recheck, |g| g.min(recheck)))
     }
 
