@@ -29,7 +29,8 @@ pub struct PendingBytesConfig {
 
 impl PendingBytesConfig {
     /// The default bound: 64 MiB, i.e. 512 full write batches of the batcher's default 128 KiB.
-    // The Oxia seed names the `maxPendingBytes` limiter but states no default; this is our pick.
+    // Oxia PR #362 leans on its existing `maxPendingBytes` limiter but states no default; this is
+    // our pick.
     pub const DEFAULT_MAX_PENDING_BYTES: u64 = 64 * 1024 * 1024;
 
     /// A limiter admitting at most `max_pending_bytes` bytes at once; `0` disables it.
