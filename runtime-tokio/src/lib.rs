@@ -1,10 +1,10 @@
 //! Tokio adapter for [`throttle_core`].
 //!
-//! It holds only what is specific to tokio ([DESIGN §5]): [`TokioRuntime`], the core's
-//! [`Runtime`](sync::Runtime) on tokio's clock (so `tokio::time::pause` drives the machines),
-//! timer and `spawn`; and [`TcpConnector`], a [`Connector`](sync::Connector) over
-//! `tokio::net::TcpStream`. Everything else — the handles, permits and drivers of
-//! [`sync`] — is the core's, re-exported here:
+//! It holds only what is specific to tokio ([`docs/design.md` §5][design]): [`TokioRuntime`], the
+//! core's [`Runtime`](sync::Runtime) on tokio's clock (so `tokio::time::pause` drives the
+//! machines), timer and `spawn`; and [`TcpConnector`], a [`Connector`](sync::Connector) over
+//! `tokio::net::TcpStream`. Everything else — the handles, permits and drivers of [`sync`] — is the
+//! core's, re-exported here:
 //!
 //! - [`sync::GateHandle::wait_until_open`] (wakes early on the gate's `Wake`),
 //! - [`sync::WindowHandle::acquire`] → [`sync::Permit`], [`sync::PendingBytes::acquire`],
@@ -22,7 +22,7 @@
 //! # }
 //! ```
 //!
-//! [DESIGN §5]: https://github.com/throttle-rs/throttle/blob/main/docs/sync.md
+//! [design]: https://github.com/throttle-rs/throttle/blob/main/docs/design.md
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

@@ -1,5 +1,5 @@
-//! After warm-up, the machines' hot paths allocate nothing (DESIGN §2.6: "a hot-path decision
-//! allocates nothing after warm-up").
+//! After warm-up, the machines' hot paths allocate nothing (`docs/design.md` §2.6: "after
+//! warm-up, a decision on a hot path allocates nothing").
 //!
 //! A counting global allocator counts the allocations (reallocations included) the test's own
 //! thread makes while a workload runs. Each workload runs twice to warm up (maps, queues and
@@ -569,8 +569,8 @@ type Gate = WriteGate<u64, RandomState>;
 /// raising and lowering, a direct throttle), read back, a leader lost and found, then all of
 /// them expire and `handle_timeout` evicts them. `anchors` stay gated throughout (installed
 /// before the warm-up), so the maps never fall below a quarter full: a workload whose
-/// buckets all expire lets `handle_timeout` shrink the maps, by design (DESIGN 2.6), and the
-/// next installs regrow them.
+/// buckets all expire lets `handle_timeout` shrink the maps, by design (`docs/design.md` §2.6), and
+/// the next installs regrow them.
 fn gate_round(gate: &mut Gate, rng: &mut SplitMix64, now: &mut Instant) -> usize {
     let mut closed = 0;
     for b in 0..1_000u64 {

@@ -1,4 +1,4 @@
-//! Scenario 1 (disk protection), CI-sized. Upstream (the seed's local run): an immediately
+//! Scenario 1 (disk protection), CI-sized. Upstream (Fluss PR #4293's local run): an immediately
 //! retrying client sent about 74 thousand RPCs and 307 MB in 5 s of protection, against 3 RPCs
 //! with the backoff.
 
@@ -15,7 +15,7 @@ fn backoff_sends_at_most_three_rejected_rpcs_and_ten_thousand_times_fewer_than_n
         r.naive.rejected_rpcs,
         r.ours.rejected_rpcs
     );
-    // The seed's order of magnitude: tens of thousands of RPCs, hundreds of MB.
+    // Fluss PR #4293's order of magnitude: tens of thousands of RPCs, hundreds of MB.
     assert!((60_000..90_000).contains(&r.naive.rpcs), "{:?}", r.naive);
     assert!(r.naive.bytes_in_window > 250_000_000);
     // Both finish; ours later (it waits out its last backoff), never failing a batch.

@@ -1,4 +1,4 @@
-//! Scenario 2 (KV backpressure), CI-sized. Upstream's proposal: piggybacked pressure with a
+//! Scenario 2 (KV backpressure), CI-sized. Fluss issue #3454: piggybacked pressure with a
 //! cubic ramp lets clients absorb L0 growth before the hard rejection at `Tr`, "making the
 //! transition between throttle and rejection continuous".
 

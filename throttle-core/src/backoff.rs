@@ -101,7 +101,7 @@ pub enum Jitter {
     /// `resolution` step gives one step, never zero.
     Full,
     /// Equal jitter: `base/2 + U[0, base/2]` with `base/2` rounded down, so an odd base's
-    /// delay tops out 1 ns below it (DESIGN §3.1, taken literally).
+    /// delay tops out 1 ns below it (`docs/design.md` §3.1, taken literally).
     Equal,
     /// Decorrelated jitter: `min(max, U[initial, 3·prev])`, where `prev` is the previous delay
     /// of the sequence (`initial` before the first).
@@ -1394,8 +1394,9 @@ mod tests {
 
     #[test]
     fn additive_sequence_grows_from_the_jittered_start() {
-        // DESIGN §3.1: d₀ = initial + off, dₐ₊₁ = min(max, ⌊dₐ·num/den⌋). From 3 ns + 1 ns at
-        // ×3/2: 4, 6, 9, 13 ns (scaling the unjittered 3, 4, 6, 9 by 4/3 gave 4, 5, 8, 12).
+        // `docs/design.md` §3.1: d₀ = initial + off, dₐ₊₁ = min(max, ⌊dₐ·num/den⌋). From
+        // 3 ns + 1 ns at ×3/2: 4, 6, 9, 13 ns (scaling the unjittered 3, 4, 6, 9 by 4/3 gave 4, 5,
+        // 8, 12).
         let cfg = builder_ns(3, 1_000)
             .multiplier(3, 2)
             .jitter(Jitter::Additive {

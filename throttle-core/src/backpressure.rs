@@ -561,7 +561,8 @@ fn ceil_div(n: u64, d: u64) -> u64 {
 /// `max_throttle`, so a rejection continues the ramp. The delay is monotone in the pressure and
 /// never above `max_throttle`.
 ///
-/// Default: the proposal's cubic ramp, `k = 3`, `max_throttle = 5000 ms`.
+/// Default: the cubic ramp of Fluss issue #3454, `k = 3`, `max_throttle = 5000 ms`
+/// (`client.writer.kv-backpressure.max-throttle-ms · p³`).
 ///
 /// ```
 /// use core::time::Duration;
@@ -1044,7 +1045,7 @@ mod tests {
 
     #[test]
     fn default_preset_ramp_at_every_l0_through_tr_plus_2() {
-        // Tf = 12, Tr = 20: p = (L0 − 12)/8; client 5000 ms · p³ (the proposal's cubic ramp).
+        // Tf = 12, Tr = 20: p = (L0 − 12)/8; client 5000 ms · p³ (Fluss issue #3454's cubic ramp).
         let table: [(u64, Decision, u64); 23] = [
             (0, ACCEPT_CLEAR, 0),
             (1, ACCEPT_CLEAR, 0),

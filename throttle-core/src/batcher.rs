@@ -52,7 +52,8 @@ pub struct BatcherConfig {
 }
 
 impl Default for BatcherConfig {
-    /// The seed's write defaults: 1000 operations, 128 KiB, 4 batches in flight per shard.
+    /// The Oxia Java client's write defaults: 1000 operations (`maxRequestsPerBatch`), 128 KiB,
+    /// 4 batches in flight per shard (`maxWriteBatchesInFlight`, PR #360).
     fn default() -> Self {
         BatcherConfig {
             kind: BatchKind::Write,
@@ -239,7 +240,8 @@ struct InFlight<H> {
 ///
 /// Generic over the shard key, the caller's per-operation handle `H` (a response channel, an
 /// operation id, …) and the hasher `S`. Use one batcher for reads and another for writes, each
-/// with its own window, as the seed does.
+/// with its own window, as the Oxia Java client does since PR #362 (its `ReadBatchFactory`
+/// keeps a per-shard `DispatchWindow` of its own).
 ///
 /// # Driving contract
 ///
@@ -792,9 +794,9 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn seed_1500_reads_behind_four_in_flight_go_out_as_two_rpcs() {
-        // Seed: "at most maxReadBatchesInFlight (default 4) read batches may be outstanding per
-        // shard"; while exhausted "the open read batch keeps accumulating toward
-        // maxRequestsPerBatch" (1000). So 1500 reads become 1000 + 500, not 1500 tiny RPCs.
+        // Oxia PR #362: "at most maxReadBatchesInFlight (default 4) read batches may be
+        // outstanding per (client, shard)"; while exhausted "the open read batch keeps accumulating
+        // toward maxRequestsPerBatch" (1000). So 1500 reads become 1000 + 500, not 1500 tiny RPCs.
         for flush_between in [false, true] {
             let mut b = reads(4);
             let mut first = vec![];

@@ -302,7 +302,7 @@ pub struct ConnTable<U, H, S> {
 
 /// The capacity every container keeps when it shrinks: a table that empties and refills
 /// (one endpoint opened, idled out, reopened) reuses its storage instead of allocating
-/// again each cycle (DESIGN §2.6).
+/// again each cycle (`docs/design.md` §2.6).
 const SHRINK_FLOOR: usize = 16;
 
 impl<U, H, S> ConnTable<U, H, S>
@@ -1460,8 +1460,8 @@ mod tests {
         (t, last)
     }
 
-    /// DESIGN §2.6, no scans on a hot path: a live connection in a high slot keeps the slots
-    /// below it (its id names its slot), and maintenance must not revisit them every call.
+    /// `docs/design.md` §2.6, no scans on a hot path: a live connection in a high slot keeps the
+    /// slots below it (its id names its slot), and maintenance must not revisit them every call.
     #[test]
     #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn handle_timeout_with_nothing_due_does_no_work_on_a_sparse_table() {
@@ -1537,7 +1537,7 @@ mod tests {
         }
     }
 
-    /// DESIGN §2.6: an endpoint opened, idled out and reopened must not make the table
+    /// `docs/design.md` §2.6: an endpoint opened, idled out and reopened must not make the table
     /// give its storage back and allocate it again each cycle.
     #[test]
     fn emptied_table_keeps_a_floor_capacity() {

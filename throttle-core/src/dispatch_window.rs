@@ -39,7 +39,8 @@ pub struct WindowConfig {
 }
 
 impl Default for WindowConfig {
-    /// The seed's `maxReadBatchesInFlight` / `maxWriteBatchesInFlight` default: 4.
+    /// The Oxia Java client's default for `maxReadBatchesInFlight` (PR #362) and
+    /// `maxWriteBatchesInFlight` (PR #360): 4.
     fn default() -> Self {
         WindowConfig { max_in_flight: 4 }
     }

@@ -1,4 +1,5 @@
-//! Pending-bytes limiter: bounds the bytes of operations a client holds in flight (DESIGN §3.4).
+//! Pending-bytes limiter: bounds the bytes of operations a client holds in flight
+//! (`docs/design.md` §3.4.3).
 //!
 //! Every operation asks for its size in bytes before it may be batched. The limiter admits
 //! operations strictly in the order they asked (FIFO, no barging), so a large operation is never
@@ -29,7 +30,8 @@ pub struct PendingBytesConfig {
 
 impl PendingBytesConfig {
     /// The default bound: 64 MiB, i.e. 512 full write batches of the batcher's default 128 KiB.
-    // The Oxia seed names the `maxPendingBytes` limiter but states no default; this is our pick.
+    // Oxia PR #362 leans on its existing `maxPendingBytes` limiter but states no default; this is
+    // our pick.
     pub const DEFAULT_MAX_PENDING_BYTES: u64 = 64 * 1024 * 1024;
 
     /// A limiter admitting at most `max_pending_bytes` bytes at once; `0` disables it.
@@ -165,8 +167,8 @@ struct Slot {
     state: SlotState,
 }
 
-/// The pending-bytes limiter (DESIGN §3.4): FIFO admission of byte-sized operations under
-/// `max_pending_bytes`, with guarded release and cancellation.
+/// The pending-bytes limiter (`docs/design.md` §3.4.3): FIFO admission of byte-sized operations
+/// under `max_pending_bytes`, with guarded release and cancellation.
 ///
 /// # Driving contract
 ///

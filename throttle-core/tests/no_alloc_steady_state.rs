@@ -1,6 +1,6 @@
-//! Allocation counts on the batcher's and window's hot paths after warm-up (DESIGN §2.6: "a
-//! hot-path decision allocates nothing after warm-up"), with maintenance (`handle_timeout`)
-//! running between rounds as a driver would run it.
+//! Allocation counts on the batcher's and window's hot paths after warm-up (`docs/design.md`
+//! §2.6: "after warm-up, a decision on a hot path allocates nothing"), with maintenance
+//! (`handle_timeout`) running between rounds as a driver would run it.
 //!
 //! A counting global allocator forwards to the system allocator and counts allocations and
 //! reallocations per thread, so tests running in parallel do not see each other's. Each

@@ -8,7 +8,7 @@
 //! accepts it afterwards. Request bytes are `request_header + Σ batch bytes` (responses are not
 //! counted). The naive writer is the same writer with the disk backoff input switched off:
 //! on `DISK_WRITE_LOCKED` it re-enqueues the batch and the sender sends it again at once (the
-//! Java client before the seed's change; unlimited retries as Fluss's default).
+//! Java client before Fluss PR #4293; unlimited retries as Fluss's default).
 
 use std::time::Duration;
 
@@ -45,9 +45,9 @@ pub struct DiskParams {
 }
 
 impl DiskParams {
-    /// The seed's setup: one writer, one bucket, 5 s of protection. 50 µs RTT plus 17 µs of
-    /// server time per rejected request gives one round trip per 67 µs, about 74 thousand
-    /// requests in 5 s; a request is 4,158 bytes (the seed's bytes per RPC).
+    /// The setup of Fluss PR #4293's traffic comparison: one writer, one bucket, 5 s of protection.
+    /// 50 µs RTT plus 17 µs of server time per rejected request gives one round trip per 67 µs,
+    /// about 74 thousand requests in 5 s; a request is 4,158 bytes (PR #4293's bytes per RPC).
     pub fn single() -> Self {
         DiskParams {
             writers: 1,

@@ -11,7 +11,7 @@
 //! A request travels `rtt/2` each way and occupies one of `server_workers` threads for
 //! `per_rpc + per_batch × batches`.
 //!
-//! The naive client is the writer before the seed's change: it ignores the piggybacked
+//! The naive client is the writer before Fluss issue #3454's change: it ignores the piggybacked
 //! pressure, and a storage-backpressure rejection is an ordinary retriable error (the
 //! retriable-write backoff, 100 ms → 1 s ×2 ±20 %), so it only slows down once it is rejected.
 //! Ours feeds every response's pressure to the p³ curve (5 s ceiling) and a rejection as

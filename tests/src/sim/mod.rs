@@ -6,7 +6,7 @@
 //! of its seed and parameters: the same command prints the same table.
 //!
 //! - [`writer`]: the reference writer (accumulator + sender on the
-//!   [`WriteGate`](throttle_core::WriteGate)), DESIGN §6.
+//!   [`WriteGate`](throttle_core::WriteGate)), `docs/design.md` §6.
 //! - [`reader`]: the reference reader (the [`Batcher`](throttle_core::Batcher) and its window).
 //! - One module per scenario ([`disk`], [`kv`], [`reads`], [`lockstep`], [`failover`]), each
 //!   comparing the client upstream had before a change (the "naive" one) with ours.

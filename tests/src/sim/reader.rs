@@ -1,4 +1,5 @@
-//! The reference reader (DESIGN §6): the core [`Batcher`] with its per-shard dispatch window.
+//! The reference reader (`docs/design.md` §6): the core [`Batcher`] with its per-shard dispatch
+//! window.
 //!
 //! Reads for a shard join the shard's open batch; the driver calls
 //! [`flush`](RefReader::flush) whenever its input queue is empty (no linger timer). With
@@ -6,7 +7,7 @@
 //! parked and keeps growing up to `max_requests_per_batch`, full batches queue FIFO, and every
 //! completion releases exactly one credit and may dispatch the next batch.
 //!
-//! `max_in_flight = None` gives the client upstream had before the seed's change: the same
+//! `max_in_flight = None` gives the client upstream had before Oxia PR #362: the same
 //! batcher with no in-flight limit, so a batch leaves the moment the input queue drains.
 
 use throttle_core::batcher::{BatchAction, Batcher, BatcherConfig};

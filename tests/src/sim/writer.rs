@@ -1,7 +1,7 @@
-//! The reference writer (DESIGN §6): a record accumulator and a sender built on the
+//! The reference writer (`docs/design.md` §6): a record accumulator and a sender built on the
 //! [`WriteGate`].
 //!
-//! It behaves like the Fluss Java writer after the seed's change, reduced to what pacing needs:
+//! It behaves like the Fluss Java writer after Fluss PR #4293, reduced to what pacing needs:
 //!
 //! - **Accumulator.** Per bucket, a FIFO of batches; records join the newest batch until it
 //!   would exceed `batch_bytes`. A rejected batch goes back to the **front** of its bucket
@@ -55,7 +55,7 @@ pub enum WriteOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
     /// Back off `DISK_WRITE_LOCKED` per bucket. Off: re-enqueue and resend at once (the Java
-    /// client before the seed's change).
+    /// client before Fluss PR #4293).
     pub disk_backoff: bool,
     /// Feed piggybacked pressure and storage-backpressure rejections to the KV curve. Off:
     /// ignore pressure and treat a rejection as an ordinary retriable error (retriable-write
@@ -69,7 +69,7 @@ impl Policy {
         disk_backoff: true,
         kv_pressure: true,
     };
-    /// Both pacing inputs off: the writer before the seeds' changes.
+    /// Both pacing inputs off: the writer before Fluss PR #4293 and issue #3454.
     pub const NAIVE: Policy = Policy {
         disk_backoff: false,
         kv_pressure: false,
@@ -242,8 +242,9 @@ impl RefWriter {
     /// The sender's sleep: the earliest gate opening while some batch waits behind a gate.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let Reverse((recheck, _)) = *self.recheck.peek()?;
-        // The gate's earliest opening is the sleep (DESIGN §6); the writer's own recheck index
-        // only says which buckets to look at. They agree unless a gate was lifted early.
+        // The gate's earliest opening is the sleep (`docs/design.md` §6); the writer's own
+        // recheck index only says which buckets to look at. They agree unless a gate was lifted
+        // early.
         Some(self.gate.poll_timeout().map_or(recheck, |g| g.min(recheck)))
     }
 

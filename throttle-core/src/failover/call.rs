@@ -739,7 +739,7 @@ mod tests {
         );
     }
 
-    /// DESIGN §3.6: the backoff is asked before the shared budget. A gRPC throttle's
+    /// `docs/design.md` §3.6: the backoff is asked before the shared budget. A gRPC throttle's
     /// withdrawal is free, so only a Finagle budget shows the order: a refused delay must
     /// leave its balance untouched.
     #[test]

@@ -4,14 +4,14 @@
 //! The reference shares no code with the machine: it keeps its own table of preset values
 //! and bounds, decides validity from the rules as written, recomputes every base delay by
 //! iterating the recurrence from attempt 0 (a plain loop from `initial`, or for additive
-//! jitter from the jittered start `initial + offset` as DESIGN §3.1 defines it; stopped at a
-//! fixed point, never using the machine's precomputed settle attempt), and draws from its own
-//! copy of the machine's identically seeded [`SplitMix64`], turning the same raw 64-bit words
-//! into uniform values with its own code. Every delay is therefore compared **exactly**, and
-//! the two generators must be in the same state after every call (a strategy that draws more,
-//! less or differently than its definition diverges even when a delay happens to match). On
-//! top of that each delay is checked against `max`, `floor`, the resolution grid and the
-//! unjittered delay, and the sequence state (attempt, spent budget, offset) after every call.
+//! jitter from the jittered start `initial + offset` as `docs/design.md` §3.1 defines it; stopped
+//! at a fixed point, never using the machine's precomputed settle attempt), and draws from its own
+//! copy of the machine's identically seeded [`SplitMix64`], turning the same raw 64-bit words into
+//! uniform values with its own code. Every delay is therefore compared **exactly**, and the two
+//! generators must be in the same state after every call (a strategy that draws more, less or
+//! differently than its definition diverges even when a delay happens to match). On top of that
+//! each delay is checked against `max`, `floor`, the resolution grid and the unjittered delay, and
+//! the sequence state (attempt, spent budget, offset) after every call.
 
 use alloc::format;
 use alloc::string::String;
@@ -72,7 +72,7 @@ struct Spec {
     max_max: u64,
 }
 
-/// The presets, transcribed from DESIGN §3.1 (not from the machine).
+/// The presets, transcribed from `docs/design.md` §3.1 (not from the machine).
 fn preset_spec(preset: u8) -> Spec {
     let twenty = RefJitter::Proportional(200_000);
     let base = Spec {
@@ -405,7 +405,8 @@ fn ref_delay(
         return Ok(0);
     }
     let base = match s.jitter {
-        // DESIGN §3.1: d₀ = initial + off, dₐ₊₁ = min(max, ⌊dₐ·num/den⌋); off drawn first.
+        // `docs/design.md` §3.1: d₀ = initial + off, dₐ₊₁ = min(max, ⌊dₐ·num/den⌋); off drawn
+        // first.
         RefJitter::Additive(range, _) => {
             let off = match *offset {
                 Some(off) => off,

@@ -1,8 +1,9 @@
 //! Model check of [`Batcher`] against a naive reference.
 //!
 //! The reference keeps open batches, queued batches and batches in flight in plain `Vec`s of
-//! `(shard, ops)` and decides every cut, send, park and end from the rules in DESIGN §3.4 by
-//! scanning them. It shares no code with the machine (no window, no maps, no credit slab).
+//! `(shard, ops)` and decides every cut, send, park and end from the rules in `docs/design.md`
+//! §3.4.2 by scanning them. It shares no code with the machine (no window, no maps, no credit
+//! slab).
 //!
 //! Checked after every operation: the batches sent (per shard, in order, with their operations,
 //! bytes and opening time), every operation's end (delivered at its position, or failed with

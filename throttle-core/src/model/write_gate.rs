@@ -194,7 +194,7 @@ impl Reference {
                 }
                 (_, false, _) => {}
             }
-            // DESIGN §3.3: the allowance is given back by a success or "a new rejection
+            // `docs/design.md` §3.3: the allowance is given back by a success or "a new rejection
             // [that] re-gates" the bucket. Rejections are the never-shorten reasons'
             // installs; a latest-wins reason is a signal, not a rejection, and re-gates only
             // the probe mode it has itself.

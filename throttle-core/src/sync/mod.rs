@@ -76,7 +76,7 @@ pub use window::{Acquire, OwnedPermit, Permit, Released, TryAcquireError, Window
 #[error("closed")]
 pub struct Closed;
 
-/// Compile-time checks of the bounds DESIGN §4 promises: handles `Clone + Send + Sync`,
+/// Compile-time checks of the bounds `docs/design.md` §4 promises: handles `Clone + Send + Sync`,
 /// permits and futures `Send`, for any `Send + Sync` key and hasher and any [`Runtime`].
 #[allow(dead_code)]
 fn assert_bounds<Shard, S, R>()

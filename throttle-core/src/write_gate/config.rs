@@ -162,7 +162,7 @@ pub(super) const INLINE_REASONS: usize = 4;
 /// Configuration of a [`WriteGate`](super::WriteGate).
 ///
 /// `Default` is the Fluss client: disk-write-locked backoff 1 s → 10 s (×2, ±20 %), retriable
-/// write backoff 100 ms → 1 s, the proposal's cubic pressure curve (5000 ms), no custom
+/// write backoff 100 ms → 1 s, the cubic pressure curve of Fluss issue #3454 (5000 ms), no custom
 /// reasons and no probe mode.
 ///
 /// ```

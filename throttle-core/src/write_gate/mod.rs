@@ -774,9 +774,9 @@ where
             }
             if let Some(p) = self.probes.get_mut(i) {
                 if pending {
-                    // Only a new rejection re-gates (DESIGN §3.3): a never-shorten install is
-                    // one, and a latest-wins reason with probe mode re-gates its own probe.
-                    // A latest-wins signal without probe mode (KV pressure, carried by
+                    // Only a new rejection re-gates (`docs/design.md` §3.3): a never-shorten
+                    // install is one, and a latest-wins reason with probe mode re-gates its own
+                    // probe. A latest-wins signal without probe mode (KV pressure, carried by
                     // accepted writes) is no rejection: it leaves the allowance as it is.
                     if spec.rule() == UpdateRule::NeverShorten || spec.probe_sends().is_some() {
                         p.used = 0;
@@ -902,8 +902,9 @@ where
     /// capacity, so memory follows the number of gated buckets without reallocating on every
     /// eviction. The floor keeps an emptied gate's small arrays: freeing them at zero entries
     /// would re-allocate the map, slots and heap on the next install, i.e. on every cycle of
-    /// a bucket gated now and then (DESIGN §2.6: no per-decision allocation after warm-up).
-    /// `shrink_to` is a no-op at or below the target, so a gate within the floor never moves.
+    /// a bucket gated now and then (`docs/design.md` §2.6: no per-decision allocation after
+    /// warm-up). `shrink_to` is a no-op at or below the target, so a gate within the floor never
+    /// moves.
     fn maybe_shrink(&mut self) {
         let len = self.slots.len();
         let target = len.saturating_mul(2).max(MIN_CAPACITY);
