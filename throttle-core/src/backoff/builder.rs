@@ -3,7 +3,7 @@
 use core::time::Duration;
 
 use super::arith::{ramp, round_down};
-use super::jitter::{PPM, Spread};
+use super::jitter::Spread;
 use super::{BackoffConfig, Jitter, MAX_RAMP_ATTEMPTS};
 use crate::divisor::Divisor;
 use crate::error::ConfigError;
@@ -248,17 +248,7 @@ impl BackoffConfigBuilder {
                 reason: "must be at least 1 (num >= den)",
             });
         }
-        if let Jitter::Proportional { ppm } = self.jitter
-            && u64::from(ppm) > PPM
-        {
-            return Err(ConfigError::OutOfRange {
-                option: r.jitter,
-                got: u64::from(ppm),
-                min: 0,
-                max: PPM,
-                unit: "ppm",
-            });
-        }
+        self.jitter.validate(r.jitter)?;
         if self.floor > self.max {
             return Err(ConfigError::Inverted {
                 option: r.floor,
@@ -303,10 +293,7 @@ impl BackoffConfigBuilder {
     /// `initial ≥ t` that is `initial`, already checked; otherwise it is `t`, if an offset in
     /// `[0, range)` can reach it.
     fn slowest_jittered_start(&self) -> Option<u64> {
-        let Jitter::Additive { range } = self.jitter else {
-            return None;
-        };
-        let range = duration_to_nanos(range);
+        let range = duration_to_nanos(self.jitter.sequence_offset()?);
         let step = u64::from(self.num.checked_sub(self.den)?);
         let t = u64::from(self.den).div_ceil(step.max(1));
         let highest = self
@@ -332,18 +319,7 @@ impl BackoffConfigBuilder {
     fn finish(self, settle: u32, settled: u64) -> BackoffConfig {
         // `None` for 1 ns (and for 0, which validation refuses): nothing to truncate.
         let res_div = Divisor::new(self.resolution);
-        let spread = match self.jitter {
-            Jitter::Proportional { ppm } if self.initial != 0 && self.initial != self.max => {
-                let half = u64::from(ppm).min(PPM);
-                // At least 10⁶, so always a divisor.
-                Divisor::new(self.resolution.saturating_mul(PPM)).map(|unit| Spread {
-                    low: PPM - half,
-                    width: 2 * half,
-                    unit,
-                })
-            }
-            _ => None,
-        };
+        let spread = Spread::of(self.jitter, self.initial, self.max, self.resolution);
         BackoffConfig {
             den_div: self.den_div(),
             res_div,

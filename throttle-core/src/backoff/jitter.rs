@@ -5,6 +5,7 @@ use core::time::Duration;
 use super::BackoffConfig;
 use super::arith::{mul_div, round_down};
 use crate::divisor::Divisor;
+use crate::error::ConfigError;
 use crate::rng::{Rng, below, between_inclusive};
 use crate::time::duration_to_nanos;
 
@@ -48,6 +49,85 @@ pub enum Jitter {
     Decorrelated,
 }
 
+// Every match on a strategy below is exhaustive (no `_` arm), so a new strategy stops the
+// build at each place that must decide what it does. `docs/architecture.md` lists the places
+// the compiler cannot point at.
+impl Jitter {
+    /// Each strategy once, with example parameters, in the order the model decoder selects
+    /// them by (`model::backoff`). Append only: a selector byte must keep meaning the same
+    /// strategy, and the fuzz corpus relies on it.
+    #[cfg(any(test, feature = "model"))]
+    pub(crate) const ALL: [Jitter; 6] = [
+        Jitter::None,
+        Jitter::Proportional { ppm: 200_000 },
+        Jitter::Additive {
+            range: Duration::from_millis(500),
+        },
+        Jitter::Full,
+        Jitter::Equal,
+        Jitter::Decorrelated,
+    ];
+
+    /// The strategy's index in [`Jitter::ALL`]; a new strategy takes the next one and is
+    /// appended there (checked when the crate is built).
+    #[cfg(any(test, feature = "model"))]
+    const fn position(self) -> usize {
+        match self {
+            Jitter::None => 0,
+            Jitter::Proportional { .. } => 1,
+            Jitter::Additive { .. } => 2,
+            Jitter::Full => 3,
+            Jitter::Equal => 4,
+            Jitter::Decorrelated => 5,
+        }
+    }
+
+    /// The parameter rule of the strategy, checked by [`BackoffConfigBuilder::build`] in its
+    /// place among the other rules; `option` names the jitter option in errors.
+    ///
+    /// [`BackoffConfigBuilder::build`]: super::BackoffConfigBuilder::build
+    pub(super) fn validate(self, option: &'static str) -> Result<(), ConfigError> {
+        match self {
+            Jitter::Proportional { ppm } if u64::from(ppm) > PPM => Err(ConfigError::OutOfRange {
+                option,
+                got: u64::from(ppm),
+                min: 0,
+                max: PPM,
+                unit: "ppm",
+            }),
+            Jitter::Proportional { .. }
+            | Jitter::None
+            | Jitter::Additive { .. }
+            | Jitter::Full
+            | Jitter::Equal
+            | Jitter::Decorrelated => Ok(()),
+        }
+    }
+
+    /// The range of the offset drawn once per sequence and added to `initial`, for the
+    /// strategies that start each sequence from a jittered base.
+    pub(super) const fn sequence_offset(self) -> Option<Duration> {
+        match self {
+            Jitter::Additive { range } => Some(range),
+            Jitter::None
+            | Jitter::Proportional { .. }
+            | Jitter::Full
+            | Jitter::Equal
+            | Jitter::Decorrelated => None,
+        }
+    }
+}
+
+// `Jitter::ALL` lists every strategy at its position, so selectors stay put.
+#[cfg(any(test, feature = "model"))]
+const _: () = {
+    let mut i = 0;
+    while i < Jitter::ALL.len() {
+        assert!(Jitter::ALL[i].position() == i);
+        i += 1;
+    }
+};
+
 /// A proportional jitter's factor in ppm, `low + U[0, width)`, and what scaling and
 /// truncating a delay divides by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +138,29 @@ pub(super) struct Spread {
     pub(super) unit: Divisor,
 }
 
+impl Spread {
+    /// What an enabled, non-fixed [`Jitter::Proportional`] config draws with, else `None`.
+    pub(super) fn of(jitter: Jitter, initial: u64, max: u64, resolution: u64) -> Option<Spread> {
+        match jitter {
+            Jitter::Proportional { ppm } if initial != 0 && initial != max => {
+                let half = u64::from(ppm).min(PPM);
+                // At least 10⁶, so always a divisor.
+                Divisor::new(resolution.saturating_mul(PPM)).map(|unit| Spread {
+                    low: PPM - half,
+                    width: 2 * half,
+                    unit,
+                })
+            }
+            Jitter::Proportional { .. }
+            | Jitter::None
+            | Jitter::Additive { .. }
+            | Jitter::Full
+            | Jitter::Equal
+            | Jitter::Decorrelated => None,
+        }
+    }
+}
+
 impl BackoffConfig {
     /// `min(max, initial + offset)` for an enabled [`Jitter::Additive`] config, drawing the
     /// offset `U[0, range)` into `offset` if it has none yet; `None` (and no draw) otherwise.
@@ -66,9 +169,7 @@ impl BackoffConfig {
         offset: &mut Option<u64>,
         rng: &mut R,
     ) -> Option<u64> {
-        let Jitter::Additive { range } = self.jitter else {
-            return None;
-        };
+        let range = self.jitter.sequence_offset()?;
         if self.is_disabled() {
             return None;
         }
@@ -78,17 +179,26 @@ impl BackoffConfig {
 
     /// What stands in for the previous delay of `attempt` outside a sequence.
     pub(super) fn stand_in_prev(&self, attempt: u32) -> u64 {
-        match (self.jitter, attempt.checked_sub(1)) {
-            (Jitter::Decorrelated, Some(a)) => self.base_at(a),
-            _ => self.initial,
+        let Some(a) = attempt.checked_sub(1) else {
+            return self.initial;
+        };
+        match self.jitter {
+            Jitter::Decorrelated => self.base_at(a),
+            Jitter::None
+            | Jitter::Proportional { .. }
+            | Jitter::Additive { .. }
+            | Jitter::Full
+            | Jitter::Equal => self.initial,
         }
     }
 
     /// Steps 2–4: jitter around `base`, clamp, floor, truncate. For [`Jitter::Additive`]
     /// `base` already grew from the jittered start ([`BackoffConfig::base_for`]).
     pub(super) fn draw<R: Rng + ?Sized>(&self, base: u64, prev: u64, rng: &mut R) -> u64 {
+        if self.is_disabled() {
+            return 0;
+        }
         let raw = match self.jitter {
-            _ if self.is_disabled() => return 0,
             Jitter::Proportional { .. } => match &self.spread {
                 Some(spread) => return self.draw_spread(spread, base, rng),
                 // A fixed backoff (initial == max) stays fixed: jittering it could only

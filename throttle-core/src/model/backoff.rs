@@ -186,21 +186,23 @@ fn decode_spec(c: &mut Cursor<'_>) -> (Spec, BackoffConfig, Result<BackoffConfig
         b = b.multiplier(num, den);
     }
     if mask & 8 != 0 {
-        s.jitter = match c.u8() % 6 {
-            0 => RefJitter::None,
-            1 => RefJitter::Proportional(match c.u8() % 4 {
+        // The selector indexes `Jitter::ALL`; the match is exhaustive so that a new
+        // strategy cannot be left out of the reference.
+        s.jitter = match Jitter::ALL[usize::from(c.u8()) % Jitter::ALL.len()] {
+            Jitter::None => RefJitter::None,
+            Jitter::Proportional { .. } => RefJitter::Proportional(match c.u8() % 4 {
                 0 => 200_000,
                 1 => 1_000_000,
                 2 => 1_000_001,
                 _ => c.u32(),
             }),
-            2 => {
+            Jitter::Additive { .. } => {
                 let (ns, d) = span(c);
                 RefJitter::Additive(ns, d)
             }
-            3 => RefJitter::Full,
-            4 => RefJitter::Equal,
-            _ => RefJitter::Decorrelated,
+            Jitter::Full => RefJitter::Full,
+            Jitter::Equal => RefJitter::Equal,
+            Jitter::Decorrelated => RefJitter::Decorrelated,
         };
         b = b.jitter(s.jitter.to_machine());
     }
@@ -272,8 +274,13 @@ fn ref_ramp_len(s: &Spec, start: u64) -> Option<u32> {
 /// it moves is monotone in the start, and a lower start never overtakes a higher one; so the
 /// smallest start that moves, found here by bisection, has the longest ramp.
 fn ref_additive_ok(s: &Spec) -> bool {
-    let RefJitter::Additive(range, _) = s.jitter else {
-        return true;
+    let range = match s.jitter {
+        RefJitter::Additive(range, _) => range,
+        RefJitter::None
+        | RefJitter::Proportional(_)
+        | RefJitter::Full
+        | RefJitter::Equal
+        | RefJitter::Decorrelated => return true,
     };
     if s.initial == 0 || range == 0 || s.initial >= s.max {
         return true;
@@ -299,7 +306,11 @@ fn ref_additive_ok(s: &Spec) -> bool {
 fn ref_valid(s: &Spec) -> bool {
     let jitter_ok = match s.jitter {
         RefJitter::Proportional(ppm) => ppm <= 1_000_000,
-        _ => true,
+        RefJitter::None
+        | RefJitter::Additive(..)
+        | RefJitter::Full
+        | RefJitter::Equal
+        | RefJitter::Decorrelated => true,
     };
     s.res >= 1
         && s.initial >= s.initial_min
@@ -407,7 +418,11 @@ fn ref_delay(
             };
             ref_base_from(s, s.initial.saturating_add(off), attempt)?
         }
-        _ => ref_base(s, attempt)?,
+        RefJitter::None
+        | RefJitter::Proportional(_)
+        | RefJitter::Full
+        | RefJitter::Equal
+        | RefJitter::Decorrelated => ref_base(s, attempt)?,
     };
     let raw = match s.jitter {
         RefJitter::None => base,
@@ -458,7 +473,13 @@ fn check_delay(s: &Spec, what: &str, attempt: u32, d: u64, want: u64) -> Result<
     if !d.is_multiple_of(s.res) {
         return Err(format!("{what}: {d} ns not a multiple of {} ns", s.res));
     }
-    let never_earlier = matches!(s.jitter, RefJitter::None | RefJitter::Additive(..));
+    let never_earlier = match s.jitter {
+        RefJitter::None | RefJitter::Additive(..) => true,
+        RefJitter::Proportional(_)
+        | RefJitter::Full
+        | RefJitter::Equal
+        | RefJitter::Decorrelated => false,
+    };
     let unjittered = ref_finish(s, ref_base(s, attempt)?);
     if never_earlier && d < unjittered {
         return Err(format!(
