@@ -81,7 +81,7 @@ pub enum GateError {
 }
 
 /// Reasons whose deadlines live inline in the slot: the three built-ins (fixed indices).
-const BUILTIN: usize = 3;
+const BUILTIN: usize = config::Builtin::ALL.len();
 
 /// Top bit of a map entry: the bucket's leader is unknown. The other 31 bits are the slot
 /// index. Kept in the map entry (not the slot) because `check` reads the entry anyway and the
