@@ -187,23 +187,26 @@ fn decode_spec(c: &mut Cursor<'_>) -> (Spec, BackoffConfig, Result<BackoffConfig
         b = b.multiplier(num, den);
     }
     if mask & 8 != 0 {
-        // An unassigned strategy skips the override: the preset's jitter stays.
-        let jitter = match c.select(6) {
+        // An unassigned strategy skips the override: the preset's jitter stays. An assigned
+        // selector indexes `Jitter::ALL`, and the match is exhaustive so that a new strategy
+        // cannot be left out of the reference.
+        let n = u8::try_from(Jitter::ALL.len()).unwrap_or(u8::MAX);
+        let jitter = match c.select(n).and_then(|i| Jitter::ALL.get(usize::from(i))) {
             None => None,
-            Some(0) => Some(RefJitter::None),
-            Some(1) => Some(RefJitter::Proportional(match c.u8() % 4 {
+            Some(Jitter::None) => Some(RefJitter::None),
+            Some(Jitter::Proportional { .. }) => Some(RefJitter::Proportional(match c.u8() % 4 {
                 0 => 200_000,
                 1 => 1_000_000,
                 2 => 1_000_001,
                 _ => c.u32(),
             })),
-            Some(2) => {
+            Some(Jitter::Additive { .. }) => {
                 let (ns, d) = span(c);
                 Some(RefJitter::Additive(ns, d))
             }
-            Some(3) => Some(RefJitter::Full),
-            Some(4) => Some(RefJitter::Equal),
-            Some(_) => Some(RefJitter::Decorrelated),
+            Some(Jitter::Full) => Some(RefJitter::Full),
+            Some(Jitter::Equal) => Some(RefJitter::Equal),
+            Some(Jitter::Decorrelated) => Some(RefJitter::Decorrelated),
         };
         if let Some(jitter) = jitter {
             s.jitter = jitter;
@@ -278,8 +281,13 @@ fn ref_ramp_len(s: &Spec, start: u64) -> Option<u32> {
 /// it moves is monotone in the start, and a lower start never overtakes a higher one; so the
 /// smallest start that moves, found here by bisection, has the longest ramp.
 fn ref_additive_ok(s: &Spec) -> bool {
-    let RefJitter::Additive(range, _) = s.jitter else {
-        return true;
+    let range = match s.jitter {
+        RefJitter::Additive(range, _) => range,
+        RefJitter::None
+        | RefJitter::Proportional(_)
+        | RefJitter::Full
+        | RefJitter::Equal
+        | RefJitter::Decorrelated => return true,
     };
     if s.initial == 0 || range == 0 || s.initial >= s.max {
         return true;
@@ -305,7 +313,11 @@ fn ref_additive_ok(s: &Spec) -> bool {
 fn ref_valid(s: &Spec) -> bool {
     let jitter_ok = match s.jitter {
         RefJitter::Proportional(ppm) => ppm <= 1_000_000,
-        _ => true,
+        RefJitter::None
+        | RefJitter::Additive(..)
+        | RefJitter::Full
+        | RefJitter::Equal
+        | RefJitter::Decorrelated => true,
     };
     s.res >= 1
         && s.initial >= s.initial_min
@@ -414,7 +426,11 @@ fn ref_delay(
             };
             ref_base_from(s, s.initial.saturating_add(off), attempt)?
         }
-        _ => ref_base(s, attempt)?,
+        RefJitter::None
+        | RefJitter::Proportional(_)
+        | RefJitter::Full
+        | RefJitter::Equal
+        | RefJitter::Decorrelated => ref_base(s, attempt)?,
     };
     let raw = match s.jitter {
         RefJitter::None => base,
@@ -465,7 +481,13 @@ fn check_delay(s: &Spec, what: &str, attempt: u32, d: u64, want: u64) -> Result<
     if !d.is_multiple_of(s.res) {
         return Err(format!("{what}: {d} ns not a multiple of {} ns", s.res));
     }
-    let never_earlier = matches!(s.jitter, RefJitter::None | RefJitter::Additive(..));
+    let never_earlier = match s.jitter {
+        RefJitter::None | RefJitter::Additive(..) => true,
+        RefJitter::Proportional(_)
+        | RefJitter::Full
+        | RefJitter::Equal
+        | RefJitter::Decorrelated => false,
+    };
     let unjittered = ref_finish(s, ref_base(s, attempt)?);
     if never_earlier && d < unjittered {
         return Err(format!(

@@ -19,11 +19,11 @@ pub struct Reason(u8);
 
 impl Reason {
     /// The server's disk protection rejected a write (`DISK_WRITE_LOCKED`). Never-shorten.
-    pub const DISK_WRITE_LOCKED: Reason = Reason(0);
+    pub const DISK_WRITE_LOCKED: Reason = Builtin::DiskWriteLocked.reason();
     /// The KV server reported backpressure. Latest-wins; dropped when the leader is unknown.
-    pub const KV_BACKPRESSURE: Reason = Reason(1);
+    pub const KV_BACKPRESSURE: Reason = Builtin::KvBackpressure.reason();
     /// A write failed with another retriable error. Never-shorten.
-    pub const RETRIABLE_WRITE: Reason = Reason(2);
+    pub const RETRIABLE_WRITE: Reason = Builtin::RetriableWrite.reason();
 
     /// The reason's index in the registry (and in each bucket's deadline array).
     #[inline]
@@ -34,14 +34,71 @@ impl Reason {
 
 impl fmt::Debug for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Reason::DISK_WRITE_LOCKED => f.write_str("DiskWriteLocked"),
-            Reason::KV_BACKPRESSURE => f.write_str("KvBackpressure"),
-            Reason::RETRIABLE_WRITE => f.write_str("RetriableWrite"),
-            Reason(i) => write!(f, "Custom({i})"),
+        match Builtin::ALL.get(self.index()) {
+            Some(builtin) => f.write_str(builtin.debug_name()),
+            None => write!(f, "Custom({})", self.0),
         }
     }
 }
+
+/// The built-in reasons. Each match on them is exhaustive (no `_` arm), so a new built-in
+/// stops the build at each place that must describe it; `docs/architecture.md` lists the
+/// places the compiler cannot point at (its input method and delay source).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Builtin {
+    DiskWriteLocked,
+    KvBackpressure,
+    RetriableWrite,
+}
+
+impl Builtin {
+    /// Every built-in, at its fixed index (append only: indices are public).
+    pub(super) const ALL: [Builtin; 3] = [
+        Builtin::DiskWriteLocked,
+        Builtin::KvBackpressure,
+        Builtin::RetriableWrite,
+    ];
+
+    /// The built-in's handle, at its fixed index.
+    const fn reason(self) -> Reason {
+        Reason(match self {
+            Builtin::DiskWriteLocked => 0,
+            Builtin::KvBackpressure => 1,
+            Builtin::RetriableWrite => 2,
+        })
+    }
+
+    /// How `Reason`'s `Debug` shows it.
+    const fn debug_name(self) -> &'static str {
+        match self {
+            Builtin::DiskWriteLocked => "DiskWriteLocked",
+            Builtin::KvBackpressure => "KvBackpressure",
+            Builtin::RetriableWrite => "RetriableWrite",
+        }
+    }
+
+    /// Its entry in every registry.
+    fn spec(self) -> ReasonSpec {
+        match self {
+            Builtin::DiskWriteLocked => {
+                ReasonSpec::new("disk-write-locked", UpdateRule::NeverShorten)
+            }
+            Builtin::KvBackpressure => {
+                ReasonSpec::new("kv-backpressure", UpdateRule::LatestWins).leader_scoped(true)
+            }
+            Builtin::RetriableWrite => ReasonSpec::new("retriable-write", UpdateRule::NeverShorten),
+        }
+    }
+}
+
+// `Builtin::ALL` lists every built-in at its index, so `Debug` and the registry agree.
+const _: () = {
+    let mut i = 0;
+    while i < Builtin::ALL.len() {
+        assert!(Builtin::ALL[i].reason().index() == i);
+        i += 1;
+    }
+};
 
 /// How a new install for a reason combines with the deadline that reason already has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,14 +245,7 @@ pub struct WriteGateConfig {
 
 impl Default for WriteGateConfig {
     fn default() -> Self {
-        let mut reasons = SmallVec::new();
-        reasons.push(ReasonSpec::new(
-            "disk-write-locked",
-            UpdateRule::NeverShorten,
-        ));
-        reasons
-            .push(ReasonSpec::new("kv-backpressure", UpdateRule::LatestWins).leader_scoped(true));
-        reasons.push(ReasonSpec::new("retriable-write", UpdateRule::NeverShorten));
+        let reasons = Builtin::ALL.iter().map(|b| b.spec()).collect();
         WriteGateConfig {
             disk_write_locked: BackoffConfig::fluss_disk_write_locked(),
             retriable_write: BackoffConfig::fluss_retriable_write(),
@@ -273,7 +323,7 @@ impl WriteGateConfig {
         ConfigError::OutOfRange {
             option: REASONS_OPTION,
             got: self.reasons.len().saturating_add(1) as u64,
-            min: 3,
+            min: Builtin::ALL.len() as u64,
             max: MAX_REASONS as u64,
             unit: "reasons",
         }

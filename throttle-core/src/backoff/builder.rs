@@ -1,0 +1,342 @@
+//! The builder, the option names and bounds a config is checked against, and validation.
+
+use core::time::Duration;
+
+use super::arith::{ramp, round_down};
+use super::jitter::Spread;
+use super::{BackoffConfig, Jitter, MAX_RAMP_ATTEMPTS};
+use crate::divisor::Divisor;
+use crate::error::ConfigError;
+use crate::time::duration_to_nanos;
+
+pub(super) const NS_PER_MS: u64 = 1_000_000;
+/// Fluss validates its backoff options as Java `int` milliseconds.
+pub(super) const FLUSS_MAX_NS: u64 = 2_147_483_647 * NS_PER_MS;
+
+/// Option names and preset-specific bounds a config is validated against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Rules {
+    pub(super) initial: &'static str,
+    pub(super) max: &'static str,
+    pub(super) multiplier: &'static str,
+    pub(super) jitter: &'static str,
+    pub(super) floor: &'static str,
+    pub(super) resolution: &'static str,
+    /// Smallest `initial` allowed, in ns.
+    pub(super) initial_min: u64,
+    /// Largest `max` allowed, in ns.
+    pub(super) max_max: u64,
+}
+
+pub(super) const GENERAL: Rules = Rules {
+    initial: "backoff.initial",
+    max: "backoff.max",
+    multiplier: "backoff.multiplier",
+    jitter: "backoff.jitter",
+    floor: "backoff.floor",
+    resolution: "backoff.resolution",
+    initial_min: 0,
+    max_max: u64::MAX,
+};
+
+pub(super) const FLUSS_DISK: Rules = Rules {
+    initial: "client.writer.disk-write-locked.backoff",
+    max: "client.writer.disk-write-locked.backoff-max",
+    multiplier: "client.writer.disk-write-locked.backoff.multiplier",
+    jitter: "client.writer.disk-write-locked.backoff.jitter",
+    floor: "client.writer.disk-write-locked.backoff.floor",
+    resolution: "client.writer.disk-write-locked.backoff.resolution",
+    initial_min: NS_PER_MS,
+    max_max: FLUSS_MAX_NS,
+};
+
+pub(super) const FLUSS_RETRY: Rules = Rules {
+    initial: "client.writer.retry-backoff",
+    max: "client.writer.retry-backoff-max",
+    multiplier: "client.writer.retry-backoff.multiplier",
+    jitter: "client.writer.retry-backoff.jitter",
+    floor: "client.writer.retry-backoff.floor",
+    resolution: "client.writer.retry-backoff.resolution",
+    initial_min: 0,
+    max_max: FLUSS_MAX_NS,
+};
+
+pub(super) const KAFKA: Rules = Rules {
+    initial: "retry.backoff.ms",
+    max: "retry.backoff.max.ms",
+    multiplier: "retry.backoff.multiplier",
+    jitter: "retry.backoff.jitter",
+    floor: "retry.backoff.floor",
+    resolution: "retry.backoff.resolution",
+    ..GENERAL
+};
+
+pub(super) const GRPC: Rules = Rules {
+    initial: "grpc.connection-backoff.initial",
+    max: "grpc.connection-backoff.max",
+    multiplier: "grpc.connection-backoff.multiplier",
+    jitter: "grpc.connection-backoff.jitter",
+    floor: "grpc.connection-backoff.floor",
+    resolution: "grpc.connection-backoff.resolution",
+    ..GENERAL
+};
+
+pub(super) const GOBBLIN: Rules = Rules {
+    initial: "gobblin.throttling-client.retry.initial-delay",
+    max: "gobblin.throttling-client.retry.max-delay",
+    multiplier: "gobblin.throttling-client.retry.multiplier",
+    jitter: "gobblin.throttling-client.retry.initial-delay-range",
+    floor: "gobblin.throttling-client.retry.floor",
+    resolution: "gobblin.throttling-client.retry.resolution",
+    ..GENERAL
+};
+
+/// Builds a [`BackoffConfig`], validating it exactly (in nanoseconds, before truncation).
+///
+/// ```
+/// use core::time::Duration;
+/// use throttle_core::backoff::BackoffConfig;
+///
+/// let err = BackoffConfig::fluss_disk_write_locked()
+///     .to_builder()
+///     .initial(Duration::from_nanos(999_999))
+///     .build()
+///     .unwrap_err();
+/// assert!(err.to_string().contains("client.writer.disk-write-locked.backoff"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct BackoffConfigBuilder {
+    pub(super) initial: u64,
+    pub(super) max: u64,
+    pub(super) num: u32,
+    pub(super) den: u32,
+    pub(super) jitter: Jitter,
+    pub(super) floor: u64,
+    pub(super) resolution: u64,
+    pub(super) budget: Option<u64>,
+    pub(super) rules: Rules,
+}
+
+impl BackoffConfigBuilder {
+    pub(super) const fn preset(
+        rules: Rules,
+        initial: u64,
+        max: u64,
+        (num, den): (u32, u32),
+        jitter: Jitter,
+    ) -> Self {
+        BackoffConfigBuilder {
+            initial,
+            max,
+            num,
+            den,
+            jitter,
+            floor: 0,
+            resolution: NS_PER_MS,
+            budget: None,
+            rules,
+        }
+    }
+
+    /// The first base delay; zero disables the backoff (where the rules allow it).
+    pub fn initial(mut self, initial: Duration) -> Self {
+        self.initial = duration_to_nanos(initial);
+        self
+    }
+
+    /// The largest delay, jitter included.
+    pub fn max(mut self, max: Duration) -> Self {
+        self.max = duration_to_nanos(max);
+        self
+    }
+
+    /// The growth factor `num/den` (at least 1: `num ≥ den > 0`), e.g. `(2, 1)` or `(16, 10)`.
+    pub fn multiplier(mut self, num: u32, den: u32) -> Self {
+        self.num = num;
+        self.den = den;
+        self
+    }
+
+    /// The jitter strategy.
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// The smallest delay, applied after jitter (at most `max`, a multiple of `resolution`).
+    pub fn floor(mut self, floor: Duration) -> Self {
+        self.floor = duration_to_nanos(floor);
+        self
+    }
+
+    /// Delays are truncated down to a multiple of this (at least 1 ns).
+    pub fn resolution(mut self, resolution: Duration) -> Self {
+        self.resolution = duration_to_nanos(resolution);
+        self
+    }
+
+    /// A hard total budget per sequence: [`Backoff::next_delay`] refuses a delay larger than
+    /// what is left of it. Unlike Gobblin's `maxWait`, which lets the wait that crosses it run.
+    ///
+    /// [`Backoff::next_delay`]: super::Backoff::next_delay
+    pub fn total_budget(mut self, budget: Option<Duration>) -> Self {
+        self.budget = budget.map(duration_to_nanos);
+        self
+    }
+
+    /// Checks every rule, in the order listed on [`BackoffConfigBuilder::build`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check().map(|_| ())
+    }
+
+    /// The config, or the first rule it breaks: resolution ≥ 1 ns; the preset's bounds on
+    /// `initial` and `max`; `initial ≤ max`; `num ≥ den > 0`; jitter ppm ≤ 1 000 000;
+    /// `floor ≤ max`; `floor` a multiple of `resolution`; `resolution ≤ max` unless `initial`
+    /// is zero (disabled); the base settles within [`MAX_RAMP_ATTEMPTS`] attempts, and so does
+    /// the ramp from every start an additive offset can give. Durations past `u64::MAX` ns
+    /// count as `u64::MAX` ns.
+    pub fn build(self) -> Result<BackoffConfig, ConfigError> {
+        let (settle, settled) = self.check()?;
+        Ok(self.finish(settle, settled))
+    }
+
+    fn check(&self) -> Result<(u32, u64), ConfigError> {
+        let r = &self.rules;
+        if self.resolution == 0 {
+            return Err(ConfigError::OutOfRange {
+                option: r.resolution,
+                got: 0,
+                min: 1,
+                max: u64::MAX,
+                unit: "ns",
+            });
+        }
+        if self.initial < r.initial_min {
+            return Err(ConfigError::OutOfRange {
+                option: r.initial,
+                got: self.initial,
+                min: r.initial_min,
+                max: r.max_max,
+                unit: "ns",
+            });
+        }
+        if self.max > r.max_max {
+            return Err(ConfigError::OutOfRange {
+                option: r.max,
+                got: self.max,
+                min: r.initial_min,
+                max: r.max_max,
+                unit: "ns",
+            });
+        }
+        if self.initial > self.max {
+            return Err(ConfigError::Inverted {
+                option: r.initial,
+                limit: r.max,
+            });
+        }
+        if self.den == 0 {
+            return Err(ConfigError::Invalid {
+                option: r.multiplier,
+                reason: "the denominator must be positive",
+            });
+        }
+        if self.num < self.den {
+            return Err(ConfigError::Invalid {
+                option: r.multiplier,
+                reason: "must be at least 1 (num >= den)",
+            });
+        }
+        self.jitter.validate(r.jitter)?;
+        if self.floor > self.max {
+            return Err(ConfigError::Inverted {
+                option: r.floor,
+                limit: r.max,
+            });
+        }
+        if !self.floor.is_multiple_of(self.resolution) {
+            return Err(ConfigError::Invalid {
+                option: r.floor,
+                reason: "must be a multiple of the resolution",
+            });
+        }
+        // Every delay would truncate to zero (e.g. 500 µs..900 µs on a 1 ms grid).
+        if self.initial > 0 && self.resolution > self.max {
+            return Err(ConfigError::Inverted {
+                option: r.resolution,
+                limit: r.max,
+            });
+        }
+        let settles =
+            ramp(self.initial, self.max, self.num, self.den_div()).ok_or(ConfigError::Invalid {
+                option: r.multiplier,
+                reason: "grows too slowly: the delay must settle within 4096 attempts",
+            })?;
+        if let Some(start) = self.slowest_jittered_start()
+            && ramp(start, self.max, self.num, self.den_div()).is_none()
+        {
+            return Err(ConfigError::Invalid {
+                option: r.jitter,
+                reason: "a jittered start grows too slowly: the delay must settle within \
+                         4096 attempts",
+            });
+        }
+        Ok(settles)
+    }
+
+    /// The additive start whose ramp takes longest, when that is not `initial` itself.
+    ///
+    /// `⌊d·num/den⌋ > d` exactly when `d ≥ t = ⌈den/(num − den)⌉`, and a start that grows
+    /// keeps growing until `max`. Starts below `t` never move; among those that grow, a larger
+    /// start stays ahead of a smaller one, so the smallest growing start is the slowest. With
+    /// `initial ≥ t` that is `initial`, already checked; otherwise it is `t`, if an offset in
+    /// `[0, range)` can reach it.
+    fn slowest_jittered_start(&self) -> Option<u64> {
+        let range = duration_to_nanos(self.jitter.sequence_offset()?);
+        let step = u64::from(self.num.checked_sub(self.den)?);
+        let t = u64::from(self.den).div_ceil(step.max(1));
+        let highest = self
+            .initial
+            .saturating_add(range.checked_sub(1)?)
+            .min(self.max);
+        (self.initial > 0 && step > 0 && self.initial < t && t <= highest).then_some(t)
+    }
+
+    /// A preset's config; presets are checked by `presets_pass_their_own_validation`.
+    pub(super) fn assemble(self) -> BackoffConfig {
+        let (settle, settled) = ramp(self.initial, self.max, self.num, self.den_div())
+            .unwrap_or((MAX_RAMP_ATTEMPTS, self.max));
+        self.finish(settle, settled)
+    }
+
+    /// `den` as a [`Divisor`], `None` for 1 (and for 0, which validation refuses before any
+    /// ramp is computed).
+    fn den_div(&self) -> Option<Divisor> {
+        Divisor::new(u64::from(self.den))
+    }
+
+    fn finish(self, settle: u32, settled: u64) -> BackoffConfig {
+        // `None` for 1 ns (and for 0, which validation refuses): nothing to truncate.
+        let res_div = Divisor::new(self.resolution);
+        let spread = Spread::of(self.jitter, self.initial, self.max, self.resolution);
+        BackoffConfig {
+            den_div: self.den_div(),
+            res_div,
+            spread,
+            top: round_down(self.max, res_div),
+            bottom: round_down(self.floor, res_div).max(self.resolution),
+            initial: self.initial,
+            max: self.max,
+            num: self.num,
+            den: self.den,
+            jitter: self.jitter,
+            floor: self.floor,
+            resolution: self.resolution,
+            budget: self.budget,
+            settle,
+            settled,
+            rules: self.rules,
+        }
+    }
+}

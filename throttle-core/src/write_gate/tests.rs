@@ -1,0 +1,816 @@
+extern crate std;
+
+use super::*;
+use crate::backoff::BackoffConfig;
+use crate::backpressure::ThrottleCurve;
+use crate::rng::SplitMix64;
+use core::cell::Cell;
+use std::collections::hash_map::RandomState;
+use std::rc::Rc;
+
+type Gate = WriteGate<u32, RandomState>;
+
+const DISK: Reason = Reason::DISK_WRITE_LOCKED;
+const KV: Reason = Reason::KV_BACKPRESSURE;
+const RETRY: Reason = Reason::RETRIABLE_WRITE;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn at(n: u64) -> Instant {
+    Instant::from_millis(n)
+}
+
+fn gate() -> Gate {
+    let mut cfg = WriteGateConfig::default();
+    cfg.kv_curve = ThrottleCurve::fluss_landed();
+    Gate::new(cfg)
+}
+
+fn install(g: &mut Gate, now: Instant, b: u32, r: Reason, d: Duration) -> Duration {
+    let got = g.handle_throttle(now, &b, r, d);
+    assert!(g.check_invariants().is_ok(), "{:?}", g.check_invariants());
+    got.unwrap_or(Duration::MAX)
+}
+
+fn drain(g: &mut Gate) -> Option<GateAction> {
+    let first = g.poll_action();
+    assert_eq!(g.poll_action(), None, "wakes coalesce into one action");
+    first
+}
+
+#[test]
+fn disk_install_uses_attempts_before_increment_and_the_preset() {
+    let mut g = gate();
+    let cfg = BackoffConfig::fluss_disk_write_locked();
+    let mut expect = SplitMix64::new(5);
+    let mut rng = SplitMix64::new(5);
+    // First rejection: exponent 0, i.e. the 1 s initial backoff ±20 %.
+    let want0 = cfg.delay_for(0, &mut expect);
+    assert!(want0 >= ms(800) && want0 <= ms(1_200), "{want0:?}");
+    assert_eq!(g.handle_disk_write_locked(at(0), &1, 0, &mut rng), want0);
+    assert_eq!(
+        g.check(at(0), &1),
+        GateState::Closed {
+            until: at(0) + want0,
+            reason: DISK
+        }
+    );
+    // Third attempt of another bucket: exponent 2 (4 s ±20 %).
+    let want2 = cfg.delay_for(2, &mut expect);
+    assert_eq!(g.handle_disk_write_locked(at(0), &2, 2, &mut rng), want2);
+    assert!(want2 >= ms(3_200) && want2 <= ms(4_800), "{want2:?}");
+    assert_eq!(rng, expect, "exactly one draw per install");
+}
+
+#[test]
+fn disk_install_never_goes_below_the_one_ms_floor() {
+    // Whatever the backoff draws, a disk rejection holds the bucket at least 1 ms.
+    let mut g = gate();
+    let mut rng = SplitMix64::new(1);
+    let got = g.handle_disk_write_locked(at(0), &1, 0, &mut rng);
+    assert!(got >= DISK_WRITE_LOCKED_FLOOR);
+    assert!(
+        g.check(
+            at(0) + DISK_WRITE_LOCKED_FLOOR - Duration::from_nanos(1),
+            &1
+        ) != GateState::Open
+    );
+}
+
+#[test]
+fn bucket_is_closed_one_ns_before_its_deadline_and_open_at_it() {
+    let mut g = gate();
+    install(&mut g, at(0), 1, DISK, ms(1_000));
+    let deadline = at(1_000);
+    let just_before = deadline - Duration::from_nanos(1);
+    assert_eq!(
+        g.check(just_before, &1),
+        GateState::Closed {
+            until: deadline,
+            reason: DISK
+        }
+    );
+    assert_eq!(g.remaining(just_before, &1), Duration::from_nanos(1));
+    assert_eq!(
+        g.remaining_ms(just_before, &1),
+        1,
+        "a closed gate never reports 0 ms"
+    );
+    assert_eq!(g.check(deadline, &1), GateState::Open);
+    assert_eq!(g.remaining(deadline, &1), Duration::ZERO);
+    assert_eq!(g.remaining_ms(deadline, &1), 0);
+}
+
+#[test]
+fn remaining_ms_rounds_up() {
+    let mut g = gate();
+    install(&mut g, at(0), 1, RETRY, Duration::from_nanos(1_000_001));
+    assert_eq!(g.remaining_ms(at(0), &1), 2);
+    assert_eq!(g.remaining_ms(Instant::from_nanos(1_000_000), &1), 1);
+}
+
+#[test]
+fn repeated_reads_neither_redraw_nor_extend() {
+    let mut g = gate();
+    let mut rng = SplitMix64::new(11);
+    let d = g.handle_disk_write_locked(at(0), &1, 3, &mut rng);
+    let snapshot = (g.poll_timeout(), g.explain(at(0), &1));
+    for step in 0..50u64 {
+        let now = at(step * 10);
+        assert_eq!(g.remaining(now, &1), d.saturating_sub(ms(step * 10)));
+        assert_eq!(
+            g.check(now, &1),
+            GateState::Closed {
+                until: at(0) + d,
+                reason: DISK
+            }
+        );
+    }
+    assert_eq!((g.poll_timeout(), g.explain(at(0), &1)), snapshot);
+}
+
+#[test]
+fn shorter_backoff_never_shortens_pending_gate() {
+    let mut g = gate();
+    assert_eq!(install(&mut g, at(0), 1, DISK, ms(8_000)), ms(8_000));
+    // A later, shorter install keeps the pending 8 s and reports what is left of it.
+    assert_eq!(install(&mut g, at(1_000), 1, DISK, ms(1_000)), ms(7_000));
+    assert_eq!(
+        g.check(at(1_000), &1),
+        GateState::Closed {
+            until: at(8_000),
+            reason: DISK
+        }
+    );
+    // A longer one extends it.
+    assert_eq!(install(&mut g, at(2_000), 1, DISK, ms(9_000)), ms(9_000));
+    assert_eq!(g.poll_timeout(), Some(at(11_000)));
+    assert_eq!(drain(&mut g), None, "never-shorten installs never wake");
+}
+
+#[test]
+fn kv_signal_latest_wins_shortens_and_clears() {
+    let mut g = gate();
+    assert_eq!(g.handle_kv_signal(at(0), &1, Signal::Full), ms(3_000));
+    assert_eq!(drain(&mut g), None);
+    // p = 0.1 under the landed curve (k = 2, 3000 ms): 3000 · 0.01 = 30 ms.
+    assert_eq!(
+        g.handle_kv_signal(at(100), &1, Signal::Pressure(100_000)),
+        ms(30)
+    );
+    assert_eq!(drain(&mut g), Some(GateAction::Wake { at: at(130) }));
+    assert_eq!(
+        g.poll_timeout(),
+        Some(at(130)),
+        "the heap item re-sifted in place"
+    );
+    assert_eq!(
+        g.handle_kv_signal(at(110), &1, Signal::Clear),
+        Duration::ZERO
+    );
+    assert_eq!(drain(&mut g), Some(GateAction::Wake { at: at(110) }));
+    assert_eq!(g.check(at(110), &1), GateState::Open);
+    assert!(
+        g.is_empty(),
+        "a cleared bucket holding nothing is evicted at once"
+    );
+}
+
+/// The issue's scenario: a 1000 ms disk gate plus a 2000 ms retry gate. KV Full (3000 ms)
+/// raises the remaining time: no wake; KV 30 ms lowers it from 3000 to 2000 ms (the retry
+/// gate): wake; KV clear leaves it at 2000 ms: no wake.
+#[test]
+fn remaining_is_max_across_reasons_and_wakes_only_when_it_decreases() {
+    let mut g = gate();
+    assert_eq!(g.config().kv_curve.delay(Signal::Full), ms(3_000));
+    assert_eq!(g.config().kv_curve.delay(Signal::Pressure(100_000)), ms(30));
+    let t0 = at(10_000);
+    install(&mut g, t0, 7, DISK, ms(1_000));
+    install(&mut g, t0, 7, RETRY, ms(2_000));
+    assert_eq!(g.remaining(t0, &7), ms(2_000));
+    assert_eq!(g.explain(t0, &7), Some((RETRY, t0 + ms(2_000))));
+    drain(&mut g);
+
+    assert_eq!(g.handle_kv_signal(t0, &7, Signal::Full), ms(3_000));
+    assert_eq!(drain(&mut g), None, "KV Full at 3000 ms does not wake");
+    assert_eq!(
+        g.check(t0, &7),
+        GateState::Closed {
+            until: t0 + ms(3_000),
+            reason: KV
+        }
+    );
+
+    assert_eq!(
+        g.handle_kv_signal(t0, &7, Signal::Pressure(100_000)),
+        ms(2_000)
+    );
+    assert_eq!(
+        drain(&mut g),
+        Some(GateAction::Wake { at: t0 + ms(2_000) }),
+        "KV 30 ms then does (3000 -> 2000 ms)"
+    );
+    assert_eq!(g.handle_kv_signal(t0, &7, Signal::Clear), ms(2_000));
+    assert_eq!(drain(&mut g), None, "KV clear does not (2000 -> 2000 ms)");
+    assert_eq!(g.poll_timeout(), Some(t0 + ms(2_000)));
+}
+
+#[test]
+fn shorter_kv_signal_under_longer_disk_gate_changes_nothing() {
+    let mut g = gate();
+    install(&mut g, at(0), 1, DISK, ms(5_000));
+    g.handle_kv_signal(at(0), &1, Signal::Full);
+    assert_eq!(
+        g.handle_kv_signal(at(10), &1, Signal::Pressure(100_000)),
+        ms(4_990)
+    );
+    assert_eq!(drain(&mut g), None);
+    assert_eq!(g.poll_timeout(), Some(at(5_000)));
+}
+
+#[test]
+fn wakes_coalesce_to_the_earliest_opening_until_drained() {
+    let mut g = gate();
+    g.handle_kv_signal(at(0), &1, Signal::Full);
+    g.handle_kv_signal(at(0), &2, Signal::Full);
+    g.handle_kv_signal(at(0), &1, Signal::Pressure(100_000));
+    g.handle_kv_signal(at(0), &2, Signal::Clear);
+    assert_eq!(drain(&mut g), Some(GateAction::Wake { at: at(0) }));
+}
+
+#[test]
+fn explain_names_the_dominant_reason_and_ties_go_to_the_lower_index() {
+    let mut g = gate();
+    assert_eq!(g.explain(at(0), &1), None);
+    install(&mut g, at(0), 1, RETRY, ms(500));
+    install(&mut g, at(0), 1, DISK, ms(500));
+    install(&mut g, at(0), 1, KV, ms(500));
+    assert_eq!(g.explain(at(0), &1), Some((DISK, at(500))));
+    install(&mut g, at(0), 1, KV, ms(501));
+    assert_eq!(g.explain(at(0), &1), Some((KV, at(501))));
+    assert_eq!(
+        g.explain(at(501), &1),
+        None,
+        "expired reasons are not explained"
+    );
+}
+
+#[test]
+fn poll_timeout_is_the_earliest_opening_among_known_leader_buckets() {
+    let mut g = gate();
+    assert_eq!(g.poll_timeout(), None);
+    install(&mut g, at(0), 1, DISK, ms(300));
+    install(&mut g, at(0), 2, DISK, ms(100));
+    install(&mut g, at(0), 3, RETRY, ms(200));
+    assert_eq!(g.poll_timeout(), Some(at(100)));
+    g.handle_leader(at(0), &2, false);
+    assert_eq!(
+        g.poll_timeout(),
+        Some(at(200)),
+        "an unknown leader leaves the wake-ups"
+    );
+    g.handle_timeout(at(200));
+    assert_eq!(g.poll_timeout(), Some(at(300)));
+    g.handle_leader(at(50), &2, true);
+    assert_eq!(
+        g.poll_timeout(),
+        Some(at(300)),
+        "bucket 2 had expired when it rejoined"
+    );
+    assert_eq!(g.len(), 1);
+}
+
+#[test]
+fn unknown_leader_is_reported_first_and_drops_only_kv() {
+    let mut g = gate();
+    install(&mut g, at(0), 1, DISK, ms(1_000));
+    g.handle_kv_signal(at(0), &1, Signal::Full);
+    drain(&mut g);
+    g.handle_leader(at(0), &1, false);
+    assert_eq!(
+        g.check(at(0), &1),
+        GateState::UnknownLeader,
+        "leader-first even while gated"
+    );
+    assert_eq!(
+        g.remaining(at(0), &1),
+        ms(1_000),
+        "the disk gate survives the leader move"
+    );
+    assert_eq!(
+        drain(&mut g),
+        Some(GateAction::Wake { at: at(1_000) }),
+        "3000 -> 1000 ms"
+    );
+    assert_eq!(g.poll_timeout(), None);
+    assert_eq!(
+        g.handle_kv_signal(at(10), &1, Signal::Full),
+        ms(990),
+        "old leader's word ignored"
+    );
+    g.handle_leader(at(20), &1, true);
+    assert_eq!(
+        g.check(at(20), &1),
+        GateState::Closed {
+            until: at(1_000),
+            reason: DISK
+        }
+    );
+    assert_eq!(
+        g.poll_timeout(),
+        Some(at(1_000)),
+        "rejoined the wake-up computation"
+    );
+    assert!(g.check_invariants().is_ok());
+}
+
+#[test]
+fn unknown_leader_of_an_ungated_bucket_is_stored_until_known_again() {
+    let mut g = gate();
+    g.handle_leader(at(0), &9, true);
+    assert!(
+        g.is_empty(),
+        "a known leader is the default and stores nothing"
+    );
+    g.handle_leader(at(0), &9, false);
+    assert_eq!(g.check(at(0), &9), GateState::UnknownLeader);
+    assert!(!g.is_leader_known(&9));
+    assert_eq!(g.len(), 1);
+    g.handle_timeout(at(1_000_000));
+    assert_eq!(
+        g.check(at(1_000_000), &9),
+        GateState::UnknownLeader,
+        "no deadline to expire"
+    );
+    g.handle_leader(at(1_000_000), &9, true);
+    assert!(g.is_empty(), "evicted once known again");
+    assert_eq!(g.check(at(1_000_000), &9), GateState::Open);
+}
+
+fn probing_gate(disk_probes: u32) -> Gate {
+    let mut cfg = WriteGateConfig::default();
+    assert!(cfg.set_probe(DISK, Some(disk_probes)).is_ok());
+    Gate::new(cfg)
+}
+
+#[test]
+fn probe_mode_allows_n_sends_after_the_backoff_then_closes() {
+    let mut g = probing_gate(2);
+    install(&mut g, at(0), 1, DISK, ms(100));
+    g.handle_send(at(50), &1); // a send while gated is not a probe
+    assert_eq!(g.check(at(100), &1), GateState::Open);
+    g.handle_send(at(100), &1);
+    assert_eq!(
+        g.check(at(100), &1),
+        GateState::Open,
+        "one of two probes used"
+    );
+    g.handle_send(at(101), &1);
+    assert_eq!(g.check(at(101), &1), GateState::Probing { reason: DISK });
+    g.handle_timeout(at(10_000));
+    assert_eq!(
+        g.check(at(10_000), &1),
+        GateState::Probing { reason: DISK },
+        "no deadline to expire"
+    );
+    assert_eq!(
+        g.poll_timeout(),
+        Some(at(100) + DEFAULT_PROBE_TTL),
+        "the probe state's lapse is the next change"
+    );
+    assert_eq!(g.len(), 1);
+}
+
+#[test]
+fn an_unanswered_probe_state_lapses_ttl_after_the_bucket_opened_and_is_evicted() {
+    let mut g = probing_gate(1);
+    for b in 0..50 {
+        install(&mut g, at(0), b, DISK, ms(5));
+    }
+    g.handle_send(at(5), &0);
+    assert_eq!(g.check(at(5), &0), GateState::Probing { reason: DISK });
+    let lapse = at(5) + DEFAULT_PROBE_TTL;
+    g.handle_timeout(at(5));
+    assert_eq!(g.poll_timeout(), Some(lapse));
+    assert_eq!(g.len(), 50, "probe states outlive the backoff");
+    let just_before = lapse - Duration::from_nanos(1);
+    assert_eq!(
+        g.check(just_before, &0),
+        GateState::Probing { reason: DISK }
+    );
+    assert_eq!(g.check(lapse, &0), GateState::Open, "lapsed reads open");
+    g.handle_timeout(lapse);
+    assert!(
+        g.is_empty(),
+        "every gate and probe state lapsed: no entries"
+    );
+    assert_eq!(g.poll_timeout(), None);
+    assert!(g.check_invariants().is_ok());
+}
+
+#[test]
+fn success_ends_probe_mode() {
+    let mut g = probing_gate(1);
+    install(&mut g, at(0), 1, DISK, ms(100));
+    g.handle_send(at(100), &1);
+    assert_eq!(g.check(at(100), &1), GateState::Probing { reason: DISK });
+    g.handle_success(at(120), &1);
+    assert_eq!(g.check(at(120), &1), GateState::Open);
+    g.handle_send(at(130), &1);
+    assert_eq!(
+        g.check(at(130), &1),
+        GateState::Open,
+        "no probe limit after success"
+    );
+    assert!(g.is_empty());
+}
+
+#[test]
+fn new_rejection_regates_a_probing_bucket_with_a_fresh_allowance() {
+    let mut g = probing_gate(1);
+    install(&mut g, at(0), 1, DISK, ms(100));
+    g.handle_send(at(100), &1);
+    assert_eq!(g.check(at(100), &1), GateState::Probing { reason: DISK });
+    install(&mut g, at(150), 1, DISK, ms(100));
+    assert_eq!(
+        g.check(at(150), &1),
+        GateState::Closed {
+            until: at(250),
+            reason: DISK
+        }
+    );
+    assert_eq!(
+        g.check(at(250), &1),
+        GateState::Open,
+        "fresh allowance after the new backoff"
+    );
+    g.handle_send(at(250), &1);
+    assert_eq!(g.check(at(250), &1), GateState::Probing { reason: DISK });
+}
+
+#[test]
+fn kv_pressure_does_not_reopen_a_used_disk_probe_allowance() {
+    let mut g = probing_gate(1);
+    install(&mut g, at(0), 1, DISK, ms(100));
+    g.handle_send(at(100), &1);
+    assert_eq!(g.check(at(100), &1), GateState::Probing { reason: DISK });
+    // Default curve: 5000 ms · 0.1³ = 5 ms. The signal rides on an accepted write: no
+    // rejection, no success, so the disk allowance stays used.
+    assert_eq!(
+        g.handle_kv_signal(at(100), &1, Signal::Pressure(100_000)),
+        ms(5)
+    );
+    assert_eq!(g.check(at(200), &1), GateState::Probing { reason: DISK });
+    g.handle_send(at(200), &1);
+    assert_eq!(g.check(at(200), &1), GateState::Probing { reason: DISK });
+}
+
+#[test]
+fn a_retriable_rejection_regates_and_refreshes_the_probe_allowance() {
+    let mut g = probing_gate(1);
+    install(&mut g, at(0), 1, DISK, ms(100));
+    g.handle_send(at(100), &1);
+    assert_eq!(g.check(at(100), &1), GateState::Probing { reason: DISK });
+    install(&mut g, at(110), 1, RETRY, ms(10));
+    assert_eq!(
+        g.check(at(120), &1),
+        GateState::Open,
+        "a rejection re-gates: fresh allowance"
+    );
+}
+
+#[test]
+fn two_custom_reasons_with_different_rules_need_no_read_side_change() {
+    let mut cfg = WriteGateConfig::default();
+    let quota = cfg.register(ReasonSpec::new("quota", UpdateRule::LatestWins));
+    let retry_after = cfg.register(ReasonSpec::new("retry-after", UpdateRule::NeverShorten));
+    let (Ok(quota), Ok(retry_after)) = (quota, retry_after) else {
+        panic!("registration refused");
+    };
+    assert_eq!((quota.index(), retry_after.index()), (3, 4));
+    let mut g = Gate::new(cfg);
+    install(&mut g, at(0), 1, quota, ms(500));
+    install(&mut g, at(0), 1, quota, ms(100));
+    assert_eq!(
+        g.check(at(0), &1),
+        GateState::Closed {
+            until: at(100),
+            reason: quota
+        }
+    );
+    install(&mut g, at(0), 2, retry_after, ms(500));
+    install(&mut g, at(0), 2, retry_after, ms(100));
+    assert_eq!(
+        g.check(at(0), &2),
+        GateState::Closed {
+            until: at(500),
+            reason: retry_after
+        }
+    );
+    assert_eq!(g.poll_timeout(), Some(at(100)));
+    assert_eq!(g.remaining(at(0), &2), ms(500));
+}
+
+#[test]
+fn unregistered_reason_is_an_error_and_changes_nothing() {
+    let mut g = gate();
+    let mut other = WriteGateConfig::default();
+    let Ok(foreign) = other.register(ReasonSpec::new("x", UpdateRule::LatestWins)) else {
+        panic!("registration refused");
+    };
+    assert_eq!(
+        g.handle_throttle(at(0), &1, foreign, ms(5)),
+        Err(GateError::UnknownReason(foreign))
+    );
+    assert!(g.is_empty());
+}
+
+#[test]
+fn config_refuses_a_zero_probe_allowance_and_too_many_reasons() {
+    let mut cfg = WriteGateConfig::default();
+    assert!(matches!(
+        cfg.set_probe(DISK, Some(0)),
+        Err(crate::ConfigError::OutOfRange { .. })
+    ));
+    let spec = ReasonSpec::new("p", UpdateRule::NeverShorten).probe(Some(0));
+    assert!(cfg.register(spec).is_err());
+    for _ in 3..MAX_REASONS {
+        assert!(
+            cfg.register(ReasonSpec::new("r", UpdateRule::NeverShorten))
+                .is_ok()
+        );
+    }
+    assert!(
+        cfg.register(ReasonSpec::new("r", UpdateRule::NeverShorten))
+            .is_err()
+    );
+    assert_eq!(cfg.reasons().len(), MAX_REASONS);
+    assert!(cfg.validate().is_ok());
+}
+
+#[test]
+fn shutdown_refuses_installs_and_returns_zero() {
+    let mut g = gate();
+    let mut rng = SplitMix64::new(3);
+    install(&mut g, at(0), 1, DISK, ms(1_000));
+    g.handle_leader(at(0), &2, false);
+    drain(&mut g);
+    g.shutdown();
+    assert!(g.is_shut_down());
+    assert_eq!(
+        drain(&mut g),
+        Some(GateAction::Wake { at: at(0) }),
+        "bucket 1 opened"
+    );
+    assert_eq!(g.check(at(0), &1), GateState::Open, "backoffs cleared");
+    assert_eq!(
+        g.check(at(0), &2),
+        GateState::UnknownLeader,
+        "leader knowledge kept"
+    );
+    let before = rng.clone();
+    assert_eq!(
+        g.handle_disk_write_locked(at(1), &1, 0, &mut rng),
+        Duration::ZERO
+    );
+    assert_eq!(rng, before, "a refused install draws nothing");
+    assert_eq!(g.handle_kv_signal(at(1), &1, Signal::Full), Duration::ZERO);
+    assert_eq!(install(&mut g, at(1), 1, RETRY, ms(5)), Duration::ZERO);
+    assert_eq!(g.poll_timeout(), None);
+    assert_eq!(g.len(), 1);
+    assert!(g.check_invariants().is_ok());
+}
+
+#[test]
+fn begin_close_keeps_honouring_gates() {
+    let mut g = gate();
+    install(&mut g, at(0), 1, DISK, ms(1_000));
+    g.begin_close();
+    assert!(g.is_closing());
+    assert_eq!(
+        g.check(at(10), &1),
+        GateState::Closed {
+            until: at(1_000),
+            reason: DISK
+        }
+    );
+    assert_eq!(
+        install(&mut g, at(10), 2, DISK, ms(10)),
+        ms(10),
+        "still accepted"
+    );
+    assert_eq!(g.poll_timeout(), Some(at(20)));
+}
+
+#[test]
+fn handle_timeout_evicts_expired_gates_and_empties_the_maps() {
+    let mut g = gate();
+    // Enough buckets (even under miri) that the 16-bucket floor is below a quarter.
+    let n = if cfg!(miri) { 200 } else { 1_000u32 };
+    for b in 0..n {
+        install(&mut g, at(0), b, DISK, ms(1 + u64::from(b * 7 % 97)));
+    }
+    let cap = g.index.capacity();
+    g.handle_timeout(at(50));
+    assert!(g.len() < n as usize && !g.is_empty());
+    assert!(
+        g.poll_timeout().is_some_and(|t| t > at(50)),
+        "no expired gate survives"
+    );
+    g.handle_timeout(at(97));
+    assert!(g.is_empty());
+    assert_eq!((g.slots.len(), g.index.len(), g.gated_len()), (0, 0, 0));
+    assert!(
+        g.index.capacity() < cap / 4,
+        "the map shrank: {} of {cap}",
+        g.index.capacity()
+    );
+    assert_eq!(g.poll_timeout(), None);
+}
+
+#[test]
+fn an_emptied_gate_keeps_a_floor_capacity_for_the_next_install() {
+    let mut g = gate();
+    install(&mut g, at(0), 1, RETRY, ms(5));
+    g.handle_timeout(at(10));
+    assert!(g.is_empty());
+    // Freeing everything at zero entries would re-allocate on the next install.
+    assert!(g.index.capacity() >= 1 && g.slots.capacity() >= 1);
+    assert!(g.heap.capacity() >= 1);
+    let n = 200u32;
+    for b in 0..n {
+        install(&mut g, at(10), b, RETRY, ms(5));
+    }
+    g.handle_timeout(at(20));
+    assert!(g.is_empty());
+    assert!(
+        g.index.capacity() >= MIN_CAPACITY && g.index.capacity() < 2 * MIN_CAPACITY,
+        "shrunk to the floor, not to zero: {}",
+        g.index.capacity()
+    );
+    assert!(g.slots.capacity() >= MIN_CAPACITY && g.slots.capacity() < n as usize);
+    assert!(g.heap.capacity() >= MIN_CAPACITY && g.heap.capacity() < n as usize);
+}
+
+#[test]
+fn a_partly_expired_bucket_stays_until_its_last_gate() {
+    let mut g = gate();
+    install(&mut g, at(0), 1, DISK, ms(100));
+    install(&mut g, at(0), 1, RETRY, ms(300));
+    g.handle_timeout(at(200));
+    assert_eq!(
+        g.check(at(200), &1),
+        GateState::Closed {
+            until: at(300),
+            reason: RETRY
+        }
+    );
+    g.handle_timeout(at(300));
+    assert!(g.is_empty());
+}
+
+#[test]
+fn extreme_values_saturate_without_panicking() {
+    let mut g = gate();
+    let mut rng = SplitMix64::new(2);
+    assert_eq!(
+        install(&mut g, at(0), 1, DISK, Duration::from_nanos(u64::MAX)),
+        Instant::MAX - at(0)
+    );
+    assert_eq!(
+        install(&mut g, at(0), 2, DISK, Duration::MAX),
+        Instant::MAX - at(0)
+    );
+    assert_eq!(
+        g.check(at(0), &2),
+        GateState::Closed {
+            until: Instant::MAX,
+            reason: DISK
+        }
+    );
+    let d = g.handle_disk_write_locked(at(0), &3, u32::MAX, &mut rng);
+    assert!(
+        d >= ms(8_000) && d <= ms(10_000),
+        "attempt u32::MAX is capped: {d:?}"
+    );
+    g.handle_retriable_write(at(0), &3, u32::MAX, &mut rng);
+    // At the end of time nothing can be gated any more, and everything opens.
+    assert_eq!(
+        install(&mut g, Instant::MAX, 4, DISK, ms(1)),
+        Duration::ZERO
+    );
+    assert_eq!(g.check(Instant::MAX, &2), GateState::Open);
+    g.handle_timeout(Instant::MAX);
+    assert!(g.is_empty());
+    g.handle_send(Instant::MAX, &1);
+    g.handle_success(Instant::MAX, &1);
+    assert_eq!(g.remaining_ms(Instant::MAX, &1), 0);
+}
+
+#[test]
+fn time_running_backwards_is_clamped() {
+    let mut g = gate();
+    install(&mut g, at(1_000), 1, DISK, ms(500));
+    // An input from the past acts at the latest time seen: 1000 ms, not 0.
+    assert_eq!(install(&mut g, at(0), 2, DISK, ms(500)), ms(500));
+    assert_eq!(
+        g.check(at(0), &2),
+        GateState::Closed {
+            until: at(1_500),
+            reason: DISK
+        }
+    );
+    g.handle_timeout(at(1_500));
+    // A read from the past cannot reopen what time already closed.
+    assert_eq!(g.remaining(at(0), &1), Duration::ZERO);
+    assert!(g.is_empty());
+    assert_eq!(
+        g.handle_kv_signal(at(3), &1, Signal::Full),
+        g.config().kv_curve.delay(Signal::Full)
+    );
+    assert_eq!(
+        g.poll_timeout(),
+        Some(at(1_500) + g.config().kv_curve.delay(Signal::Full))
+    );
+}
+
+/// A key that counts every hash and equality test, to prove no input scans the buckets.
+#[derive(Clone)]
+struct CountingKey {
+    id: u32,
+    ops: Rc<Cell<u64>>,
+}
+
+impl PartialEq for CountingKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.ops.set(self.ops.get() + 1);
+        self.id == other.id
+    }
+}
+impl Eq for CountingKey {}
+impl Hash for CountingKey {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        self.ops.set(self.ops.get() + 1);
+        self.id.hash(state);
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore)]
+fn inputs_and_poll_timeout_touch_a_bounded_number_of_keys_among_100k() {
+    let ops = Rc::new(Cell::new(0u64));
+    let key = |id| CountingKey {
+        id,
+        ops: ops.clone(),
+    };
+    let mut g: WriteGate<CountingKey, RandomState> = WriteGate::new(WriteGateConfig::default());
+    let mut rng = SplitMix64::new(8);
+    let n = 100_000u32;
+    for id in 0..n {
+        // Scattered deadlines so the heap is deep and sifts really move items.
+        let d = ms(1_000 + (u64::from(id).wrapping_mul(7_919) % 50_000));
+        let _ = g.handle_throttle(at(0), &key(id), DISK, d);
+    }
+    assert_eq!(g.gated_len(), n as usize);
+    let mut measure = |what: &str, f: &mut dyn FnMut(&mut WriteGate<CountingKey, RandomState>)| {
+        ops.set(0);
+        f(&mut g);
+        assert!(ops.get() <= 64, "{what} touched {} keys", ops.get());
+    };
+    measure("poll_timeout", &mut |g| {
+        assert_eq!(g.poll_timeout(), Some(at(1_000)));
+    });
+    measure("disk install", &mut |g| {
+        g.handle_disk_write_locked(at(1), &key(77), 4, &mut rng);
+    });
+    measure("kv install (new bucket)", &mut |g| {
+        g.handle_kv_signal(at(1), &key(n + 1), Signal::Full);
+    });
+    measure("kv shorten to the top", &mut |g| {
+        // Default curve: 5000 ms · 0.1³ = 5 ms, earlier than every other bucket.
+        g.handle_kv_signal(at(1), &key(n + 1), Signal::Pressure(100_000));
+        assert_eq!(g.poll_timeout(), Some(at(6)));
+    });
+    measure("kv clear (evicts)", &mut |g| {
+        g.handle_kv_signal(at(1), &key(n + 1), Signal::Clear);
+        assert_eq!(g.len(), n as usize);
+    });
+    measure("leader unknown", &mut |g| {
+        g.handle_leader(at(1), &key(5), false)
+    });
+    measure("leader known", &mut |g| {
+        g.handle_leader(at(1), &key(5), true)
+    });
+    measure("send, success", &mut |g| {
+        g.handle_send(at(1), &key(6));
+        g.handle_success(at(1), &key(6));
+    });
+    measure("check, remaining", &mut |g| {
+        let _ = g.check(at(1), &key(9));
+        let _ = g.remaining(at(1), &key(9));
+    });
+    measure("timeout evicting one", &mut |g| g.handle_timeout(at(1_000)));
+    assert!(g.check_invariants().is_ok());
+}
