@@ -34,6 +34,7 @@
 //! `docs/sync.md` for the design and how to run them.
 
 mod batch;
+mod drive;
 mod failover;
 mod gate;
 mod loom;
