@@ -1,28 +1,14 @@
 //! [`Waiters`]: the one arena of waiter slots in `sync`, and [`wake_all`], the one place a
 //! handle wakes the wakers it collected.
 //!
-//! Every handle that lets tasks wait keeps, under its lock, a table of waiters: a slot per
-//! waiting future with what the handle knows about that waiter (a deadline, a place in a line,
-//! a credit handed to it) and the waker of its task. This module is that table, written once:
-//!
-//! - **Slots with a free list.** [`insert`](Waiters::insert) reuses the most recently freed
-//!   slot before it grows; [`remove`](Waiters::remove) is O(1). When the last waiter leaves,
-//!   the slots are forgotten (their capacity kept), so indices stay small.
-//! - **A user state per slot.** `T` is the handle's own: `()` for a broadcast listener, the
-//!   deadline for a sleeper, or an enum for a waiter that is handed something, e.g. the
-//!   window's
-//!
-//!   ```text
-//!   enum Waiter { Waiting { prev, next }, Granted(CreditId), Closed }
-//!   ```
-//!
-//!   The waker lives beside the state, not in it, so no state variant has to carry one.
-//! - **Waker registration that keeps the old waker** when [`Waker::will_wake`] says the new
-//!   one wakes the same task ([`register`](Waiters::register)), so a re-poll from the same
-//!   task costs no clone.
-//! - **Wakers are collected, never woken, under the lock.** [`wake_where`](Waiters::wake_where)
-//!   and [`resolve`](Waiters::resolve) move wakers into a caller's buffer (a `SmallVec`, so
-//!   the common case allocates nothing); the caller drops the guard and calls [`wake_all`].
+//! Each slot holds a state `T` of the handle's own beside the waiter's waker: `()` for a
+//! broadcast listener, a deadline for a sleeper, or an enum for a waiter that is handed
+//! something, such as the window's `Waiting { prev, next } / Granted(CreditId) / Closed` (the
+//! waker is the arena's, so no variant carries one). Freed slots are reused before the arena
+//! grows, removal is O(1), and when the last waiter leaves the slots are forgotten (capacity
+//! kept). A re-poll from the same task keeps the stored waker ([`Waker::will_wake`]), so it
+//! costs no clone. Wakers are only collected under the lock, into the caller's `SmallVec`;
+//! the caller drops the guard, then calls [`wake_all`].
 //!
 //! # Driving contract
 //!
