@@ -12,6 +12,7 @@ use core::fmt;
 use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
+use super::drive::{Timed, drive, drive_timeouts};
 use super::loom::{Arc, Mutex, lock};
 use super::{Runtime, WakeSignal, wait_until};
 use crate::backpressure::Signal;
@@ -94,28 +95,12 @@ where
     /// Runs `input` on the gate under the lock, then turns the gate's `Wake` actions into a
     /// notify of [`signal`](Self::signal) (after the lock is dropped). Do not block in `input`.
     pub fn update<T>(&self, input: impl FnOnce(&mut WriteGate<K, S>) -> T) -> T {
-        let (out, woke, earlier_timeout) = {
-            let mut gate = lock(&self.shared);
-            let before = gate.poll_timeout();
-            let out = input(&mut gate);
-            let earlier_timeout = match (before, gate.poll_timeout()) {
-                (Some(b), Some(a)) => a < b,
-                (None, Some(_)) => true,
-                _ => false,
-            };
-            let mut woke = false;
-            while let Some(action) = gate.poll_action() {
-                match action {
-                    GateAction::Wake { .. } => woke = true,
-                }
-            }
-            (out, woke, earlier_timeout)
-        };
+        let mut woke = false;
+        let out = drive(&self.shared, &self.timer, input, |_, action| match action {
+            GateAction::Wake { .. } => woke = true,
+        });
         if woke {
             self.signal.notify();
-        }
-        if earlier_timeout {
-            self.timer.notify();
         }
         out
     }
@@ -188,19 +173,27 @@ where
     /// task to stop it); without it, reads still treat expired gates as open, and memory is
     /// freed at the next input's own eviction.
     pub async fn drive_timeouts<R: Runtime>(&self, rt: &R) {
-        loop {
-            wait_until(rt, &self.timer, |now| {
-                match lock(&self.shared).poll_timeout() {
-                    Some(at) if at <= now => None,
-                    Some(at) => Some(at),
-                    // Nothing gated: sleep until an input notifies the timer signal.
-                    None => Some(Instant::MAX),
-                }
-            })
-            .await;
+        drive_timeouts(rt, &self.shared, &self.timer, || {
             let now = rt.now();
             self.update(|g| g.handle_timeout(now));
-        }
+        })
+        .await;
+    }
+}
+
+impl<K, S> Timed for WriteGate<K, S>
+where
+    K: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    type Action = GateAction;
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        WriteGate::poll_timeout(self)
+    }
+
+    fn poll_action(&mut self) -> Option<GateAction> {
+        WriteGate::poll_action(self)
     }
 }
 

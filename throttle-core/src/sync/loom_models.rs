@@ -271,3 +271,58 @@ fn oneshot_send_or_drop_racing_the_first_poll_loses_no_wakeup() {
         });
     }
 }
+
+/// A notify races the drop of one of two listeners (the arena frees its slot while the notify
+/// collects wakers): the other listener is woken exactly once and resolves, and no slot is
+/// left behind.
+#[test]
+fn signal_notify_racing_a_listener_drop_wakes_the_other_and_frees_every_slot() {
+    loom::model(|| {
+        let signal = WakeSignal::new();
+        let seen = signal.epoch();
+        let (wa, a_wakes) = CountingWaker::new();
+        let (wb, b_wakes) = CountingWaker::new();
+        let mut a = signal.changed(seen);
+        let mut b = signal.changed(seen);
+        assert!(poll_once(&mut a, &wa).is_pending());
+        assert!(poll_once(&mut b, &wb).is_pending());
+
+        let signal2 = signal.clone();
+        let t1 = thread::spawn(move || signal2.notify());
+        drop(a);
+        let _ = t1.join();
+
+        assert!(a_wakes.wakes() <= 1, "a dropped listener woken twice");
+        assert_eq!(b_wakes.wakes(), 1, "b woken exactly once");
+        assert!(poll_once(&mut b, &wb).is_ready());
+        assert_eq!(signal.listeners(), 0, "a slot was left behind");
+    });
+}
+
+/// A listener re-polled by another task (a new waker) races a notify: whichever wins, the
+/// listener is ready at once or its new waker is woken (never only the old one).
+#[test]
+fn signal_notify_racing_a_waker_change_loses_no_wakeup() {
+    loom::model(|| {
+        let signal = WakeSignal::new();
+        let (old, _) = CountingWaker::new();
+        let (new, new_wakes) = CountingWaker::new();
+        let mut listener = signal.changed(signal.epoch());
+        assert!(poll_once(&mut listener, &old).is_pending());
+
+        let signal2 = signal.clone();
+        let t1 = thread::spawn(move || signal2.notify());
+        let moved = poll_once(&mut listener, &new);
+        let _ = t1.join();
+
+        if moved.is_pending() {
+            assert_eq!(
+                new_wakes.wakes(),
+                1,
+                "lost wake-up: only the old waker was woken"
+            );
+            assert!(poll_once(&mut listener, &new).is_ready());
+        }
+        assert_eq!(signal.listeners(), 0);
+    });
+}

@@ -34,6 +34,7 @@
 //! `docs/sync.md` for the design and how to run them.
 
 mod batch;
+mod drive;
 mod failover;
 mod gate;
 mod loom;
@@ -42,6 +43,7 @@ mod pending;
 mod pool;
 mod runtime;
 mod signal;
+mod waiters;
 mod window;
 
 #[cfg(test)]
@@ -50,17 +52,7 @@ pub(crate) mod test_support;
 #[cfg(all(test, loom))]
 mod loom_models;
 
-/// Wakes the wakers collected under a lock, after the guard is dropped. Inlined, so the
-/// common case (nobody to wake) costs a length check.
-#[inline]
-pub(crate) fn wake_all<const N: usize>(wakeups: smallvec::SmallVec<[core::task::Waker; N]>) {
-    if wakeups.is_empty() {
-        return;
-    }
-    for waker in wakeups {
-        waker.wake();
-    }
-}
+pub(crate) use waiters::wake_all;
 
 pub use batch::{BatchDriver, BatchOutcome, OpError, Submit, Transport};
 pub use failover::{FailoverExecutor, Surfaced};

@@ -6,6 +6,8 @@
 //! leaser never strands a connection in `Connecting`), a `Close` drops the pool's handle to the
 //! connection. Leasers of a connecting endpoint sleep on a [`WakeSignal`] notified when any
 //! connect ends, reading its epoch before routing (the same rule as [`wait_until`]).
+//!
+//! [`wait_until`]: super::wait_until
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -14,10 +16,11 @@ use core::future::Future;
 use core::hash::{BuildHasher, Hash};
 use core::ops::Deref;
 
+use super::drive::{Timed, drive, drive_timeouts};
 use super::failover::random_seed;
-use super::loom::{Arc, Mutex, MutexGuard, lock};
+use super::loom::{Arc, Mutex, lock};
 use super::oneshot;
-use super::{Runtime, WakeSignal, wait_until};
+use super::{Runtime, WakeSignal};
 use crate::conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, Route};
 use crate::error::ConfigError;
 use crate::rng::SplitMix64;
@@ -230,17 +233,11 @@ where
     /// The pool's timer loop: closes idle connections and forgets old backoffs at the table's
     /// deadlines, forever. Spawn it once per pool (drop the task to stop it).
     pub async fn drive_timeouts(&self) {
-        loop {
-            wait_until(&self.shared.rt, &self.shared.timer, |now| {
-                match lock(&self.shared.state).table.poll_timeout() {
-                    Some(at) if at <= now => None,
-                    Some(at) => Some(at),
-                    None => Some(Instant::MAX),
-                }
-            })
-            .await;
-            self.shared.update(|st, now| st.table.handle_timeout(now));
-        }
+        let shared = &*self.shared;
+        drive_timeouts(&shared.rt, &shared.state, &shared.timer, || {
+            shared.update(|st, now| st.table.handle_timeout(now));
+        })
+        .await;
     }
 
     /// Closes every connection of server `uid` (it left the cluster); returns how many.
@@ -297,27 +294,12 @@ where
     /// Runs `input` on the table under the lock, drains its `Close` actions (the connections
     /// are dropped after unlock) and re-arms the timer loop if its deadline moved earlier.
     fn update<T>(&self, input: impl FnOnce(&mut PoolState<U, H, S, C::Conn>, Instant) -> T) -> T {
-        let (out, closed, earlier) = {
-            let mut st: MutexGuard<'_, PoolState<U, H, S, C::Conn>> = lock(&self.state);
-            let before = st.table.poll_timeout();
-            let out = input(&mut st, self.rt.now());
-            let mut closed = Vec::new();
-            while let Some(action) = st.table.poll_action() {
-                match action {
-                    ConnAction::Close(id) => closed.extend(st.conns.remove(&id)),
-                }
-            }
-            let earlier = match (before, st.table.poll_timeout()) {
-                (Some(b), Some(a)) => a < b,
-                (None, Some(_)) => true,
-                _ => false,
-            };
-            (out, closed, earlier)
-        };
+        let mut closed = Vec::new();
+        let input = |st: &mut PoolState<U, H, S, C::Conn>| input(st, self.rt.now());
+        let out = drive(&self.state, &self.timer, input, |st, action| match action {
+            ConnAction::Close(id) => closed.extend(st.conns.remove(&id)),
+        });
         drop(closed);
-        if earlier {
-            self.timer.notify();
-        }
         out
     }
 
@@ -360,6 +342,23 @@ where
             }
         });
         drop(dropped);
+    }
+}
+
+impl<U, H, S, T> Timed for PoolState<U, H, S, T>
+where
+    U: Hash + Eq + Clone,
+    H: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    type Action = ConnAction;
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.table.poll_timeout()
+    }
+
+    fn poll_action(&mut self) -> Option<ConnAction> {
+        self.table.poll_action()
     }
 }
 

@@ -1,14 +1,16 @@
 //! The runtime seam: the three things an async runtime must give the concurrent layer, and a
 //! manual clock for runtimes (and tests) without virtual time.
 
-use alloc::vec::Vec;
 use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 
+use smallvec::SmallVec;
+
 use super::loom::{Arc, Mutex, lock};
+use super::waiters::{WaiterKey, Waiters, wake_all};
 use crate::time::Instant;
 
 /// What the concurrent layer needs from an async runtime: a clock on the core's timeline,
@@ -96,14 +98,8 @@ pub struct ManualClock {
 
 struct ClockState {
     now: Instant,
-    /// Registered sleepers, indexed by `ManualSleep::slot`; `None` is a free slot.
-    sleepers: Vec<Option<Sleeper>>,
-    free: Vec<usize>,
-}
-
-struct Sleeper {
-    deadline: Instant,
-    waker: Option<Waker>,
+    /// Registered sleepers' deadlines, at `ManualSleep::slot`.
+    sleepers: Waiters<Instant>,
 }
 
 impl fmt::Debug for ManualClock {
@@ -131,8 +127,7 @@ impl ManualClock {
         ManualClock {
             shared: Arc::new(Mutex::new(ClockState {
                 now,
-                sleepers: Vec::new(),
-                free: Vec::new(),
+                sleepers: Waiters::new(),
             })),
         }
     }
@@ -151,38 +146,26 @@ impl ManualClock {
     /// Moves time forward to `to` (an earlier instant leaves the clock where it is) and wakes
     /// every sleeper whose deadline is at or before the new time.
     pub fn advance_to(&self, to: Instant) {
-        let mut due = Vec::new();
+        let mut due = SmallVec::<[Waker; 4]>::new();
         {
             let mut st = lock(&self.shared);
             st.now = st.now.max(to);
             let now = st.now;
-            for sleeper in st.sleepers.iter_mut().flatten() {
-                if sleeper.deadline <= now
-                    && let Some(waker) = sleeper.waker.take()
-                {
-                    due.push(waker);
-                }
-            }
+            st.sleepers
+                .wake_where(&mut due, |deadline| *deadline <= now);
         }
-        for waker in due {
-            waker.wake();
-        }
+        wake_all(due);
     }
 
     /// The earliest deadline among registered sleepers that has not passed yet.
     pub fn next_deadline(&self) -> Option<Instant> {
         let st = lock(&self.shared);
-        st.sleepers
-            .iter()
-            .flatten()
-            .map(|s| s.deadline)
-            .filter(|d| *d > st.now)
-            .min()
+        st.sleepers.states().copied().filter(|d| *d > st.now).min()
     }
 
     /// Sleepers registered (polled at least once, not yet resolved or dropped).
     pub fn sleepers(&self) -> usize {
-        lock(&self.shared).sleepers.iter().flatten().count()
+        lock(&self.shared).sleepers.len()
     }
 
     /// A future resolving once the clock reaches `deadline` (at once if it has).
@@ -200,7 +183,7 @@ impl ManualClock {
 pub struct ManualSleep {
     shared: Arc<Mutex<ClockState>>,
     deadline: Instant,
-    slot: Option<usize>,
+    slot: Option<WaiterKey>,
 }
 
 impl fmt::Debug for ManualSleep {
@@ -216,18 +199,6 @@ impl ManualSleep {
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
-
-    fn unregister(st: &mut ClockState, slot: usize) {
-        if let Some(entry) = st.sleepers.get_mut(slot)
-            && entry.take().is_some()
-        {
-            st.free.push(slot);
-        }
-        if st.sleepers.len() == st.free.len() {
-            st.sleepers.clear();
-            st.free.clear();
-        }
-    }
 }
 
 impl Future for ManualSleep {
@@ -236,47 +207,16 @@ impl Future for ManualSleep {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         let mut st = lock(&this.shared);
-        if st.now >= this.deadline {
-            if let Some(slot) = this.slot.take() {
-                Self::unregister(&mut st, slot);
-            }
-            return Poll::Ready(());
-        }
-        match this.slot.and_then(|slot| st.sleepers.get_mut(slot)) {
-            Some(Some(entry)) => {
-                if !entry
-                    .waker
-                    .as_ref()
-                    .is_some_and(|w| w.will_wake(cx.waker()))
-                {
-                    entry.waker = Some(cx.waker().clone());
-                }
-            }
-            _ => {
-                let slot = match st.free.pop() {
-                    Some(slot) => slot,
-                    None => {
-                        st.sleepers.push(None);
-                        st.sleepers.len() - 1
-                    }
-                };
-                if let Some(entry) = st.sleepers.get_mut(slot) {
-                    *entry = Some(Sleeper {
-                        deadline: this.deadline,
-                        waker: Some(cx.waker().clone()),
-                    });
-                }
-                this.slot = Some(slot);
-            }
-        }
-        Poll::Pending
+        let (deadline, done) = (this.deadline, st.now >= this.deadline);
+        st.sleepers
+            .poll_wait(&mut this.slot, done, cx.waker(), || deadline)
     }
 }
 
 impl Drop for ManualSleep {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            Self::unregister(&mut lock(&self.shared), slot);
+            lock(&self.shared).sleepers.remove(slot);
         }
     }
 }

@@ -11,21 +11,22 @@
 //! read of the epoch (even before the listener is polled) makes `changed` ready at once, so no
 //! update between "read the deadline" and "start listening" is missed.
 
-use alloc::vec::Vec;
 use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 
+use smallvec::SmallVec;
+
 use super::Runtime;
 use super::loom::{Arc, Mutex, lock};
+use super::waiters::{WaiterKey, Waiters, wake_all};
 use crate::time::Instant;
 
 struct SignalState {
     epoch: u64,
-    /// Wakers of pending listeners, indexed by `Changed::slot`; `None` is a free slot.
-    listeners: Vec<Option<Option<Waker>>>,
-    free: Vec<usize>,
+    /// Pending listeners, at `Changed::slot`; a listener has no state of its own.
+    listeners: Waiters<()>,
 }
 
 /// A cloneable broadcast signal: [`notify`](Self::notify) wakes every pending
@@ -64,8 +65,7 @@ impl WakeSignal {
         WakeSignal {
             shared: Arc::new(Mutex::new(SignalState {
                 epoch: 0,
-                listeners: Vec::new(),
-                free: Vec::new(),
+                listeners: Waiters::new(),
             })),
         }
     }
@@ -82,17 +82,13 @@ impl WakeSignal {
 
     /// Moves to the next epoch and wakes every pending listener (after the lock is dropped).
     pub fn notify(&self) {
-        let mut wakeups = Vec::new();
+        let mut wakeups = SmallVec::<[Waker; 4]>::new();
         {
             let mut st = lock(&self.shared);
             st.epoch = st.epoch.wrapping_add(1);
-            for waker in st.listeners.iter_mut().flatten() {
-                wakeups.extend(waker.take());
-            }
+            st.listeners.wake_where(&mut wakeups, |()| true);
         }
-        for waker in wakeups {
-            waker.wake();
-        }
+        wake_all(wakeups);
     }
 
     /// A future resolving once the epoch differs from `since` (at once if it already does).
@@ -107,7 +103,7 @@ impl WakeSignal {
 
     /// Listeners registered (polled, pending).
     pub fn listeners(&self) -> usize {
-        lock(&self.shared).listeners.iter().flatten().count()
+        lock(&self.shared).listeners.len()
     }
 }
 
@@ -116,7 +112,7 @@ impl WakeSignal {
 pub struct Changed {
     shared: Arc<Mutex<SignalState>>,
     since: u64,
-    slot: Option<usize>,
+    slot: Option<WaiterKey>,
 }
 
 impl fmt::Debug for Changed {
@@ -127,58 +123,22 @@ impl fmt::Debug for Changed {
     }
 }
 
-fn unregister(st: &mut SignalState, slot: usize) {
-    if let Some(entry) = st.listeners.get_mut(slot)
-        && entry.take().is_some()
-    {
-        st.free.push(slot);
-    }
-    if st.free.len() == st.listeners.len() {
-        st.listeners.clear();
-        st.free.clear();
-    }
-}
-
 impl Future for Changed {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         let mut st = lock(&this.shared);
-        if st.epoch != this.since {
-            if let Some(slot) = this.slot.take() {
-                unregister(&mut st, slot);
-            }
-            return Poll::Ready(());
-        }
-        match this.slot.and_then(|slot| st.listeners.get_mut(slot)) {
-            Some(Some(waker)) => {
-                if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                    *waker = Some(cx.waker().clone());
-                }
-            }
-            _ => {
-                let slot = match st.free.pop() {
-                    Some(slot) => slot,
-                    None => {
-                        st.listeners.push(None);
-                        st.listeners.len() - 1
-                    }
-                };
-                if let Some(entry) = st.listeners.get_mut(slot) {
-                    *entry = Some(Some(cx.waker().clone()));
-                }
-                this.slot = Some(slot);
-            }
-        }
-        Poll::Pending
+        let done = st.epoch != this.since;
+        st.listeners
+            .poll_wait(&mut this.slot, done, cx.waker(), || ())
     }
 }
 
 impl Drop for Changed {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            unregister(&mut lock(&self.shared), slot);
+            lock(&self.shared).listeners.remove(slot);
         }
     }
 }
