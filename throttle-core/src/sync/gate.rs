@@ -60,6 +60,17 @@ impl<K, S> fmt::Debug for GateHandle<K, S> {
     }
 }
 
+/// The handle's inputs: each is the gate's input of the same name, run through
+/// [`GateHandle::update`] (one lock, then the `Wake` actions turned into a notify).
+macro_rules! through_update {
+    ($($(#[$doc:meta])* fn $name:ident [$($gen:tt)*] ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {$(
+        $(#[$doc])*
+        pub fn $name<$($gen)*>(&self, $($arg: $ty),*) $(-> $ret)? {
+            self.update(|g| g.$name($($arg),*))
+        }
+    )*};
+}
+
 impl<K, S> GateHandle<K, S>
 where
     K: Hash + Eq + Clone,
@@ -105,41 +116,21 @@ where
         out
     }
 
-    /// [`WriteGate::handle_disk_write_locked`] through [`update`](Self::update).
-    pub fn handle_disk_write_locked<R: Rng + ?Sized>(
-        &self,
-        now: Instant,
-        bucket: &K,
-        attempts: u32,
-        rng: &mut R,
-    ) -> Duration {
-        self.update(|g| g.handle_disk_write_locked(now, bucket, attempts, rng))
-    }
-
-    /// [`WriteGate::handle_retriable_write`] through [`update`](Self::update).
-    pub fn handle_retriable_write<R: Rng + ?Sized>(
-        &self,
-        now: Instant,
-        bucket: &K,
-        attempts: u32,
-        rng: &mut R,
-    ) -> Duration {
-        self.update(|g| g.handle_retriable_write(now, bucket, attempts, rng))
-    }
-
-    /// [`WriteGate::handle_kv_signal`] through [`update`](Self::update).
-    pub fn handle_kv_signal(&self, now: Instant, bucket: &K, signal: Signal) -> Duration {
-        self.update(|g| g.handle_kv_signal(now, bucket, signal))
-    }
-
-    /// [`WriteGate::handle_leader`] through [`update`](Self::update).
-    pub fn handle_leader(&self, now: Instant, bucket: &K, known: bool) {
-        self.update(|g| g.handle_leader(now, bucket, known));
-    }
-
-    /// [`WriteGate::handle_success`] through [`update`](Self::update).
-    pub fn handle_success(&self, now: Instant, bucket: &K) {
-        self.update(|g| g.handle_success(now, bucket));
+    through_update! {
+        /// [`WriteGate::handle_disk_write_locked`] through [`update`](Self::update).
+        fn handle_disk_write_locked[R: Rng + ?Sized](
+            now: Instant, bucket: &K, attempts: u32, rng: &mut R
+        ) -> Duration;
+        /// [`WriteGate::handle_retriable_write`] through [`update`](Self::update).
+        fn handle_retriable_write[R: Rng + ?Sized](
+            now: Instant, bucket: &K, attempts: u32, rng: &mut R
+        ) -> Duration;
+        /// [`WriteGate::handle_kv_signal`] through [`update`](Self::update).
+        fn handle_kv_signal[](now: Instant, bucket: &K, signal: Signal) -> Duration;
+        /// [`WriteGate::handle_leader`] through [`update`](Self::update).
+        fn handle_leader[](now: Instant, bucket: &K, known: bool);
+        /// [`WriteGate::handle_success`] through [`update`](Self::update).
+        fn handle_success[](now: Instant, bucket: &K);
     }
 
     /// [`WriteGate::check`].

@@ -3,7 +3,7 @@
 //!
 //! Each slot holds a state `T` of the handle's own beside the waiter's waker: `()` for a
 //! broadcast listener, a deadline for a sleeper, or an enum for a waiter that is handed
-//! something, such as the window's `Waiting { prev, next } / Granted(CreditId) / Closed` (the
+//! something, such as the window's `Waiting(Ticket) / Granted(CreditId) / Closed` (the
 //! waker is the arena's, so no variant carries one). Freed slots are reused before the arena
 //! grows, removal is O(1), and when the last waiter leaves the slots are forgotten (capacity
 //! kept). A re-poll from the same task keeps the stored waker ([`Waker::will_wake`]), so it
@@ -95,19 +95,11 @@ impl<T> Waiters<T> {
     }
 
     /// `key`'s state.
-    #[cfg_attr(
-        any(not(test), loom),
-        expect(dead_code, reason = "window.rs moves here next")
-    )]
     pub(crate) fn get(&self, key: WaiterKey) -> Option<&T> {
         self.slots.get(key.0)?.as_ref().map(|e| &e.state)
     }
 
     /// `key`'s state, to rewrite in place (its waker stays as it is).
-    #[cfg_attr(
-        any(not(test), loom),
-        expect(dead_code, reason = "window.rs moves here next")
-    )]
     pub(crate) fn get_mut(&mut self, key: WaiterKey) -> Option<&mut T> {
         self.entry_mut(key).map(|e| &mut e.state)
     }
@@ -126,10 +118,6 @@ impl<T> Waiters<T> {
 
     /// Ends `key`'s wait: sets its state to `state` (returning the old one) and moves its
     /// waker, if it still has one, into `wakeups`. The waiter reads `state` on its next poll.
-    #[cfg_attr(
-        any(not(test), loom),
-        expect(dead_code, reason = "window.rs moves here next")
-    )]
     pub(crate) fn resolve(
         &mut self,
         key: WaiterKey,

@@ -1,0 +1,467 @@
+//! Unit tests of the window handle.
+
+use super::*;
+use crate::sync::test_support::{CountingWaker, Executor, WakeCount, poll_once};
+use crate::test_hasher::TestHasher;
+use alloc::vec;
+use alloc::vec::Vec;
+use std::sync::Mutex as StdMutex;
+
+type Handle = WindowHandle<u32, TestHasher>;
+
+fn handle(cap: u32) -> Handle {
+    match Handle::new(WindowConfig::default().with_max_in_flight(cap)) {
+        Ok(h) => h,
+        Err(e) => panic!("valid config refused: {e}"),
+    }
+}
+
+/// A hasher builder whose clones hash differently from the original (each clone gets the
+/// next seed): legal, if odd, so the handle must not trust its own clone's hashes.
+#[derive(Default)]
+struct DriftingHasher(u64);
+
+impl Clone for DriftingHasher {
+    fn clone(&self) -> Self {
+        DriftingHasher(self.0.wrapping_add(1))
+    }
+}
+
+impl BuildHasher for DriftingHasher {
+    type Hasher = crate::test_hasher::FnvHasher;
+    fn build_hasher(&self) -> Self::Hasher {
+        let mut h = crate::test_hasher::FnvHasher::default();
+        core::hash::Hasher::write_u64(&mut h, self.0);
+        h
+    }
+}
+
+#[test]
+fn a_hint_that_finds_its_shard_is_not_trusted_after_the_table_grows() {
+    // Keys whose two hashes (the handle's clone, the window's) share hashbrown's 7-bit tag:
+    // in a small table the wrong hint still finds the entry. The credit must remember the
+    // hash that placed the entry, or its release misses the shard once the table grows.
+    let tag = |seed: u64, k: u32| DriftingHasher(seed).hash_one(k) >> 57;
+    let keys: Vec<u32> = (0..100_000)
+        .filter(|&k| tag(7, k) == tag(8, k))
+        .take(8)
+        .collect();
+    assert_eq!(keys.len(), 8);
+    for k in keys {
+        let h: WindowHandle<u32, DriftingHasher> = match WindowHandle::with_hasher(
+            WindowConfig::default().with_max_in_flight(1),
+            DriftingHasher(7),
+        ) {
+            Ok(h) => h,
+            Err(e) => panic!("valid config refused: {e}"),
+        };
+        drop(h.try_acquire(k).expect("free credit")); // the entry stays, idle
+        let p = h.try_acquire(k).expect("free credit");
+        // Forty more active shards: the table grows and every entry moves.
+        let others: Vec<_> = (1_000_000..1_000_040)
+            .map(|o| h.try_acquire(o).expect("free credit"))
+            .collect();
+        assert_eq!(p.complete(), Released::Freed);
+        assert_eq!(h.in_flight(&k), 0, "key {k}: the release found its shard");
+        let again = h.try_acquire(k).expect("the credit is free again");
+        drop(again);
+        drop(others);
+        assert_eq!(h.live_credits(), 0);
+        assert_eq!(lock(&h.shared.state).window.shard_count(), 0);
+    }
+}
+
+#[test]
+fn running_out_of_credit_ids_closes_the_handle_on_every_path() {
+    let (waker, count) = CountingWaker::new();
+    let spend_ids = |h: &Handle| lock(&h.shared.state).window.skip_generations_to(u64::MAX);
+
+    // A release that would hand a fresh credit to a waiter finds no id left.
+    let h = handle(1);
+    let p = h.try_acquire(1).expect("free credit");
+    let mut waiter = h.acquire(1);
+    assert!(poll_once(&mut waiter, &waker).is_pending());
+    spend_ids(&h);
+    assert_eq!(p.complete(), Released::Freed);
+    assert_eq!(count.wakes(), 1, "the failed waiter is woken");
+    assert!(matches!(
+        poll_once(&mut waiter, &waker),
+        Poll::Ready(Err(Closed))
+    ));
+    assert!(h.is_closed());
+    assert_eq!(h.live_credits(), 0);
+
+    // try_acquire finds no id left.
+    let h = handle(1);
+    let mut other = h.acquire(2); // made before, first polled after the close
+    let held = h.try_acquire(3).expect("free credit");
+    let mut queued = h.acquire(3);
+    assert!(poll_once(&mut queued, &waker).is_pending());
+    spend_ids(&h);
+    assert_eq!(h.try_acquire(4).unwrap_err(), TryAcquireError::Closed);
+    assert!(h.is_closed());
+    assert!(matches!(
+        poll_once(&mut queued, &waker),
+        Poll::Ready(Err(Closed))
+    ));
+    assert!(matches!(
+        poll_once(&mut other, &waker),
+        Poll::Ready(Err(Closed))
+    ));
+    drop(held);
+
+    // The first poll of an acquire finds no id left.
+    let h = handle(1);
+    let held = h.try_acquire(5).expect("free credit");
+    let mut queued = h.acquire(5);
+    assert!(poll_once(&mut queued, &waker).is_pending());
+    spend_ids(&h);
+    let mut fresh = h.acquire(6);
+    assert!(matches!(
+        poll_once(&mut fresh, &waker),
+        Poll::Ready(Err(Closed))
+    ));
+    assert!(h.is_closed());
+    assert!(matches!(
+        poll_once(&mut queued, &waker),
+        Poll::Ready(Err(Closed))
+    ));
+    assert_eq!(held.complete(), Released::Freed);
+    assert_eq!(h.live_credits(), 0);
+    assert_eq!(h.stats().refused_releases, 0);
+}
+
+#[test]
+fn borrowed_permits_release_exactly_once_and_hand_off_like_owned_ones() {
+    let h = handle(2);
+    // complete, then the drop that follows: one release.
+    let a = h.try_acquire(1).expect("free credit");
+    assert_eq!(a.complete(), Released::Freed);
+    // dropping releases too.
+    let b = h.try_acquire(1).expect("free credit");
+    drop(b);
+    assert_eq!(h.available(&1), 2);
+
+    // Borrowed and owned permits share the shard's credits.
+    let c = h.try_acquire(1).expect("free credit");
+    let d = h.try_acquire_owned(1).expect("free credit");
+    assert_eq!(h.try_acquire(1).unwrap_err(), TryAcquireError::NoCredit);
+
+    // A borrowed waiter is served in line, before a newcomer, and resolves to a permit.
+    let (waker, count) = CountingWaker::new();
+    let mut first = h.acquire(1);
+    let mut second = h.acquire(1);
+    assert!(poll_once(&mut first, &waker).is_pending());
+    assert!(poll_once(&mut second, &waker).is_pending());
+    assert_eq!(h.waiting(&1), 2);
+    assert_eq!(c.complete(), Released::HandedOn);
+    assert_eq!(count.wakes(), 1);
+    let Poll::Ready(Ok(e)) = poll_once(&mut first, &waker) else {
+        panic!("the first waiter is served first");
+    };
+    // Cancelled after its credit was handed over, the second waiter passes it on.
+    drop(d);
+    assert_eq!(h.waiting(&1), 0);
+    drop(second);
+    assert_eq!(
+        h.in_flight(&1),
+        1,
+        "the cancelled waiter's credit went back"
+    );
+    assert_eq!(e.complete(), Released::Freed);
+    assert_eq!(h.available(&1), 2);
+    assert_eq!(h.live_credits(), 0);
+    assert_eq!(h.stats().refused_releases, 0);
+}
+
+#[test]
+fn a_hasher_clone_that_hashes_differently_costs_a_lookup_not_a_second_window() {
+    // The handle hashes with the original, the window with a clone: every hint is wrong.
+    let h: WindowHandle<u32, DriftingHasher> = match WindowHandle::with_hasher(
+        WindowConfig::default().with_max_in_flight(2),
+        DriftingHasher(7),
+    ) {
+        Ok(h) => h,
+        Err(e) => panic!("valid config refused: {e}"),
+    };
+    let a = h.try_acquire(5).expect("first credit");
+    let b = h.try_acquire(5).expect("second credit");
+    // A second entry for shard 5 would have handed out a third credit here.
+    assert_eq!(h.try_acquire(5).unwrap_err(), TryAcquireError::NoCredit);
+    assert_eq!(h.in_flight(&5), 2);
+    assert_eq!(lock(&h.shared.state).window.tracked_shards(), 1);
+    // The hand-off to a waiter goes through the same hint.
+    let (waker, _count) = CountingWaker::new();
+    let mut waiter = h.acquire(5);
+    assert!(poll_once(&mut waiter, &waker).is_pending());
+    assert_eq!(a.complete(), Released::HandedOn);
+    assert_eq!(h.try_acquire(5).unwrap_err(), TryAcquireError::NoCredit);
+    let Poll::Ready(Ok(again)) = poll_once(&mut waiter, &waker) else {
+        panic!("the handed-on credit resolves the waiter");
+    };
+    assert_eq!(h.in_flight(&5), 2);
+    let _ = b.complete();
+    let _ = again.complete();
+    assert_eq!(h.available(&5), 2);
+    assert_eq!(h.live_credits(), 0);
+}
+
+/// A future polled by hand, with its own counting waker.
+struct Polled {
+    fut: Acquire<'static, u32, TestHasher>,
+    waker: Waker,
+    count: WakeCount,
+}
+
+impl Polled {
+    fn new(h: &Handle, shard: u32) -> Self {
+        let (waker, count) = CountingWaker::new();
+        Polled {
+            fut: h.acquire_owned(shard),
+            waker,
+            count,
+        }
+    }
+    fn poll(&mut self) -> Poll<Result<OwnedPermit<u32, TestHasher>, Closed>> {
+        poll_once(&mut self.fut, &self.waker)
+    }
+    fn permit(&mut self) -> OwnedPermit<u32, TestHasher> {
+        match self.poll() {
+            Poll::Ready(Ok(p)) => p,
+            Poll::Ready(Err(e)) => panic!("expected a permit, got {e}"),
+            Poll::Pending => panic!("expected a permit, still pending"),
+        }
+    }
+}
+
+fn check_conserved(h: &Handle, shard: u32) {
+    assert_eq!(h.in_flight(&shard) + h.available(&shard), h.capacity());
+    assert!(h.available(&shard) == 0 || h.waiting(&shard) == 0);
+    assert_eq!(h.stats().refused_releases, 0);
+}
+
+#[test]
+fn five_submitters_on_a_window_of_two_are_served_in_arrival_order() {
+    let h = handle(2);
+    let mut w: vec::Vec<Polled> = (0..5).map(|_| Polled::new(&h, 1)).collect();
+    let mut held = vec::Vec::new();
+    for (i, p) in w.iter_mut().enumerate() {
+        match p.poll() {
+            Poll::Ready(Ok(permit)) => held.push((i, permit)),
+            Poll::Pending => {}
+            Poll::Ready(Err(e)) => panic!("{e}"),
+        }
+    }
+    assert_eq!(
+        held.iter().map(|(i, _)| *i).collect::<vec::Vec<_>>(),
+        [0, 1]
+    );
+    assert_eq!(h.waiting(&1), 3);
+    let mut served = vec![0, 1];
+    while !held.is_empty() {
+        let (_, permit) = held.remove(0);
+        let before: vec::Vec<usize> = w.iter().map(|p| p.count.wakes()).collect();
+        let released = permit.complete();
+        let woken: vec::Vec<usize> = (0..5).filter(|&i| w[i].count.wakes() > before[i]).collect();
+        check_conserved(&h, 1);
+        match woken.as_slice() {
+            [] => assert_eq!(released, Released::Freed),
+            [i] => {
+                assert_eq!(released, Released::HandedOn);
+                assert_eq!(*i, served.len(), "the oldest waiter is woken, and only it");
+                served.push(*i);
+                let permit = w[*i].permit();
+                held.push((*i, permit));
+            }
+            more => panic!("one release woke {more:?}"),
+        }
+        assert!(h.stats().peak_in_flight <= 2);
+    }
+    assert_eq!(served, [0, 1, 2, 3, 4]);
+    assert_eq!((h.in_flight(&1), h.live_credits()), (0, 0));
+}
+
+#[test]
+fn spawned_submitters_complete_in_fifo_order_on_the_test_executor() {
+    let h = handle(2);
+    let log = std::sync::Arc::new(StdMutex::new(vec::Vec::new()));
+    let mut ex = Executor::default();
+    for i in 0..5u32 {
+        let (h, log) = (h.clone(), std::sync::Arc::clone(&log));
+        ex.spawn(async move {
+            let Ok(permit) = h.acquire_owned(1).await else {
+                return;
+            };
+            if let Ok(mut l) = log.lock() {
+                l.push(i);
+            }
+            YieldOnce(false).await; // hold the credit across a suspension
+            let _ = permit.complete();
+        });
+    }
+    assert_eq!(ex.run_until_stalled(), 0, "every task finished");
+    assert_eq!(
+        log.lock().map(|l| l.clone()).unwrap_or_default(),
+        [0, 1, 2, 3, 4]
+    );
+    assert!(h.stats().peak_in_flight <= 2);
+    assert_eq!(h.live_credits(), 0);
+}
+
+/// Pending once (waking itself), then ready.
+struct YieldOnce(bool);
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+#[test]
+fn cancelled_waiter_leaves_the_line_and_the_next_one_is_served() {
+    let h = handle(1);
+    let first = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+    let mut a = Polled::new(&h, 1);
+    let mut b = Polled::new(&h, 1);
+    assert!(a.poll().is_pending() && b.poll().is_pending());
+    drop(a);
+    assert_eq!(h.waiting(&1), 1);
+    assert_eq!(first.complete(), Released::HandedOn);
+    assert_eq!(b.count.wakes(), 1);
+    let permit = b.permit();
+    assert_eq!(permit.shard(), &1);
+    check_conserved(&h, 1);
+    drop(permit);
+    assert_eq!(h.live_credits(), 0);
+}
+
+#[test]
+fn waiter_dropped_after_credit_was_handed_to_it_passes_the_credit_on() {
+    let h = handle(1);
+    let first = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+    let mut a = Polled::new(&h, 1);
+    let mut b = Polled::new(&h, 1);
+    assert!(a.poll().is_pending() && b.poll().is_pending());
+    assert_eq!(first.complete(), Released::HandedOn); // to `a`, which never looks
+    assert_eq!((a.count.wakes(), b.count.wakes()), (1, 0));
+    drop(a);
+    assert_eq!(b.count.wakes(), 1, "the credit moved on to b");
+    let permit = b.permit();
+    assert_eq!(h.in_flight(&1), 1, "one credit: not lost, not duplicated");
+    check_conserved(&h, 1);
+    drop(permit);
+    assert_eq!(h.live_credits(), 0);
+}
+
+#[test]
+fn close_fails_waiters_and_later_acquires_and_held_permits_still_release_once() {
+    let h = handle(1);
+    let held = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+    let mut a = Polled::new(&h, 1);
+    let mut b = Polled::new(&h, 2);
+    let mut c = Polled::new(&h, 1);
+    assert!(a.poll().is_pending());
+    let b_permit = b.permit();
+    assert!(c.poll().is_pending());
+    assert_eq!(b_permit.complete(), Released::Freed);
+    // Hand a credit to `a` that it has not observed; close must take it back.
+    assert_eq!(held.complete(), Released::HandedOn);
+    h.close();
+    assert!(h.is_closed());
+    assert_eq!(c.count.wakes(), 1, "close wakes the waiters");
+    assert!(matches!(a.poll(), Poll::Ready(Err(Closed))));
+    assert!(matches!(c.poll(), Poll::Ready(Err(Closed))));
+    assert!(matches!(
+        Polled::new(&h, 1).poll(),
+        Poll::Ready(Err(Closed))
+    ));
+    assert_eq!(h.try_acquire(3).unwrap_err(), TryAcquireError::Closed);
+    assert_eq!((h.live_credits(), h.in_flight(&1)), (0, 0));
+    assert_eq!(h.stats().refused_releases, 0);
+}
+
+#[test]
+fn permit_held_across_close_releases_exactly_once() {
+    let h = handle(2);
+    let p = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+    let q = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+    h.close();
+    h.close(); // idempotent
+    assert_eq!(h.live_credits(), 2);
+    assert_eq!(p.complete(), Released::Freed);
+    drop(q);
+    assert_eq!(h.live_credits(), 0);
+    assert_eq!(
+        h.stats().refused_releases,
+        0,
+        "complete + Drop released once"
+    );
+}
+
+#[test]
+fn try_acquire_never_barges_past_a_waiter() {
+    let h = handle(1);
+    let first = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+    let mut a = Polled::new(&h, 1);
+    assert!(a.poll().is_pending());
+    assert_eq!(first.complete(), Released::HandedOn);
+    assert_eq!(h.try_acquire(1).unwrap_err(), TryAcquireError::NoCredit);
+    let permit = a.permit();
+    drop(permit);
+    assert!(
+        h.try_acquire(1).is_ok(),
+        "free again once the line is empty"
+    );
+}
+
+#[test]
+fn an_exhausted_shard_never_delays_another() {
+    let h = handle(1);
+    let _p1 = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+    let mut w1 = Polled::new(&h, 1);
+    assert!(w1.poll().is_pending());
+    let p2 = Polled::new(&h, 2).permit();
+    assert_eq!(
+        p2.complete(),
+        Released::Freed,
+        "shard 2's release never serves shard 1"
+    );
+    assert_eq!(w1.count.wakes(), 0);
+}
+
+#[test]
+fn the_latest_waker_is_the_one_woken() {
+    let h = handle(1);
+    let first = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+    let mut a = Polled::new(&h, 1);
+    assert!(a.poll().is_pending());
+    let (other, other_count) = CountingWaker::new();
+    assert!(poll_once(&mut a.fut, &other).is_pending());
+    let _ = first.complete();
+    assert_eq!((a.count.wakes(), other_count.wakes()), (0, 1));
+    assert!(poll_once(&mut a.fut, &other).is_ready());
+    assert!(
+        poll_once(&mut a.fut, &other).is_pending(),
+        "done: stays pending"
+    );
+}
+
+#[test]
+fn idle_handle_keeps_no_waiter_state() {
+    let h = handle(1);
+    let first = h.try_acquire(1).unwrap_or_else(|e| panic!("{e}"));
+    let mut ws: vec::Vec<Polled> = (0..100).map(|i| Polled::new(&h, i % 3)).collect();
+    for w in &mut ws {
+        let _ = w.poll();
+    }
+    drop(ws);
+    drop(first);
+    let st = lock(&h.shared.state);
+    assert_eq!((st.window.queued(&1), st.waiters.len()), (0, 0));
+    assert_eq!(st.window.live_credits(), 0);
+}
