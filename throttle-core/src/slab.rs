@@ -397,6 +397,15 @@ mod tests {
     }
 
     #[test]
+    fn ids_stay_16_bytes_with_the_tag() {
+        use core::mem::size_of;
+        assert_eq!(size_of::<Key>(), 16);
+        assert_eq!(size_of::<crate::CreditId>(), 16);
+        assert_eq!(size_of::<Ticket>(), 16);
+        assert_eq!(size_of::<crate::ConnId>(), 16);
+    }
+
+    #[test]
     fn tags_differ_per_instance() {
         let a = IdSpace::new();
         let b = IdSpace::new();
