@@ -167,7 +167,14 @@ where
                 self.waiters.resolve(key, Waiter::Granted(fresh), wakeups);
                 Ok(Released::HandedOn)
             }
-            Ok(None) if self.window.is_exhausted() && !self.window.is_closed() => Err(()),
+            // Nobody waits in the common case, so the exhaustion check is skipped.
+            Ok(None)
+                if self.waiters.len() > 0
+                    && self.window.is_exhausted()
+                    && !self.window.is_closed() =>
+            {
+                Err(())
+            }
             Ok(None) => Ok(Released::Freed),
             Err(_) => {
                 #[cfg(test)]
