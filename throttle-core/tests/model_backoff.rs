@@ -13,7 +13,7 @@ proptest! {
     /// configs are refused and valid ones accepted.
     #[test]
     fn backoff_delays_stay_within_strategy_bounds_floor_max_and_grid(
-        data in proptest::collection::vec(any::<u8>(), 0..common::MAX_LEN)
+        data in common::bytes(10)
     ) {
         prop_assert_eq!(check(&data), Ok(()));
     }
@@ -28,7 +28,7 @@ proptest! {
         (a, b) in (any::<u8>(), any::<u8>()),
         jitter in 0u8..6,
         range in any::<u16>(),
-        rest in proptest::collection::vec(any::<u8>(), 0..common::MAX_LEN)
+        rest in common::bytes(10)
     ) {
         prop_assert_eq!(check(&fine_grid(initial, extra, (a, b), jitter, range, &rest)), Ok(()));
     }

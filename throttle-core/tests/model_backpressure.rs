@@ -11,7 +11,7 @@ proptest! {
 
     #[test]
     fn server_decisions_signals_and_curve_match_the_naive_reference(
-        data in proptest::collection::vec(any::<u8>(), 0..common::MAX_LEN)
+        data in common::bytes(7)
     ) {
         if let Err(divergence) = check(&data) {
             panic!("{divergence}");

@@ -11,7 +11,7 @@ proptest! {
 
     #[test]
     fn calls_complete_once_never_retry_never_and_share_one_refresh(
-        data in proptest::collection::vec(any::<u8>(), 0..common::MAX_LEN)
+        data in common::bytes(10)
     ) {
         if let Err(d) = check_call(&data) {
             prop_assert!(false, "{}", d);
@@ -20,7 +20,7 @@ proptest! {
 
     #[test]
     fn coalescer_starts_one_refresh_per_generation_and_releases_each_waiter_once(
-        data in proptest::collection::vec(any::<u8>(), 0..common::MAX_LEN)
+        data in common::bytes(4)
     ) {
         if let Err(d) = check_coalescer(&data) {
             prop_assert!(false, "{}", d);
@@ -29,7 +29,7 @@ proptest! {
 
     #[test]
     fn budgets_match_a_naive_recount(
-        data in proptest::collection::vec(any::<u8>(), 0..common::MAX_LEN)
+        data in common::bytes(7)
     ) {
         if let Err(d) = check_budget(&data) {
             prop_assert!(false, "{}", d);
