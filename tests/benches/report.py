@@ -4,6 +4,12 @@
     cargo bench -p throttle-tests --features bench
     python3 tests/benches/report.py > BENCHMARKS.md
 
+Median of several runs: run the bench once per criterion dir, then name the dirs in
+$CRITERION_RUNS (colon-separated); every time is then the median of the runs that measured it.
+
+    for i in 1 2 3; do CRITERION_HOME=target/crit-$i cargo bench -p throttle-tests --features bench; done
+    CRITERION_RUNS=target/crit-1:target/crit-2:target/crit-3 python3 tests/benches/report.py > BENCHMARKS.md
+
 Reads `<criterion dir>/<group>/<function>[/<parameter>]/new/estimates.json` (the median point
 estimate) and `<criterion dir>/memory/results.json`. The criterion dir is found the way
 criterion finds it: $CRITERION_HOME, else $CARGO_TARGET_DIR/criterion, else
@@ -46,23 +52,39 @@ def criterion_dir():
         return REPO / "target" / "criterion"
 
 
-CRIT = criterion_dir()
+RUNS = [pathlib.Path(d) for d in os.environ.get("CRITERION_RUNS", "").split(":") if d]
+CRIT = RUNS[0] if RUNS else criterion_dir()
+DIRS = RUNS or [CRIT]
 
 
-def estimate(path):
-    """Median time per iteration in ns, or None if criterion has no estimate for `path`."""
-    f = CRIT / path / "new" / "estimates.json"
+def estimate_in(crit, path):
+    f = crit / path / "new" / "estimates.json"
     try:
         return json.loads(f.read_text())["median"]["point_estimate"]
     except (OSError, KeyError, ValueError):
         return None
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def estimate(path):
+    """Median time per iteration in ns (the median over the runs in $CRITERION_RUNS), or None
+    if criterion has no estimate for `path`."""
+    found = [x for x in (estimate_in(d, path) for d in DIRS) if x is not None]
+    return median(found) if found else None
+
+
 def memory():
-    try:
-        return json.loads((CRIT / "memory" / "results.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    for d in DIRS:
+        try:
+            return json.loads((d / "memory" / "results.json").read_text())
+        except (OSError, ValueError):
+            continue
+    return {}
 
 
 MEM = memory()
@@ -335,6 +357,17 @@ def main():
     w(COMMAND)
     w(REPORT)
     w("```")
+    if len(DIRS) > 1:
+        w("")
+        w(f"This report is the median of {len(DIRS)} runs: every time below is the median of the")
+        w("runs that measured it (`CRITERION_RUNS`, see the script's docstring):")
+        w("")
+        w("```")
+        w(f"for i in {' '.join(str(i + 1) for i in range(len(DIRS)))}; do "
+          f"CRITERION_HOME=target/crit-$i {COMMAND}; done")
+        w("CRITERION_RUNS=" + ":".join(f"target/crit-{i + 1}" for i in range(len(DIRS)))
+          + " " + REPORT)
+        w("```")
     w("")
     w(f"Machine: {m['nproc']} cores, {m['cpu']}, {m['os']}; {m['rustc']}; "
       f"checkout {m['commit']} and load average when the report was generated: {m['load']}.")

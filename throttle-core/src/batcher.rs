@@ -1289,4 +1289,28 @@ mod tests {
         assert_eq!(b.handle_op(T0, 1, 3, 0), Err(Closed(3)));
         assert_eq!((b.window().shard_count(), b.open_batches()), (0, 0));
     }
+
+    #[test]
+    fn another_batchers_credit_is_unknown_and_ends_nothing() {
+        let mut one = reads(1);
+        let mut two = reads(1);
+        op(&mut one, 1, 1, 0);
+        one.flush(T0);
+        let mine = take_sends(&mut one)[0].1;
+        op(&mut two, 1, 9, 0);
+        two.flush(T0);
+        let theirs = take_sends(&mut two)[0].1;
+        assert_eq!(
+            (theirs.slot(), theirs.generation()),
+            (mine.slot(), mine.generation())
+        );
+        assert_eq!(
+            one.handle_response(T0, theirs, [0]),
+            Err(ReleaseError::Unknown)
+        );
+        assert_eq!(one.handle_failure(T0, theirs), Err(ReleaseError::Unknown));
+        assert_eq!(drain(&mut one), [], "nothing delivered or failed");
+        assert_eq!(one.window().live_credits(), 1);
+        assert_eq!(one.handle_response(T0, mine, [0]), Ok(()));
+    }
 }
