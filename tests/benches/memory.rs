@@ -47,7 +47,8 @@ fn gate(results: &mut BTreeMap<String, f64>) {
 
     let now = Instant::from_millis(1_000);
     let before = live_bytes();
-    let mut gate: WriteGate<u64, RandomState> = WriteGate::new(WriteGateConfig::default());
+    let mut gate: WriteGate<u64, RandomState> =
+        WriteGate::new(WriteGateConfig::default()).expect("the default config is valid");
     let empty = live_bytes().saturating_sub(before);
     for i in 0..KEYS {
         // Deadlines spread over 1..=1000 ms.

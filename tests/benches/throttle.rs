@@ -406,7 +406,7 @@ fn random_delay(rng: &mut SplitMix64) -> Duration {
 /// A gate on the adapters' hasher with every key in `keys` gated by a KV throttle
 /// (latest-wins, so later installs move deadlines both ways).
 fn gated<S: BuildHasher + Default>(keys: &[u64], seed: u64) -> WriteGate<u64, S> {
-    let mut gate = WriteGate::new(WriteGateConfig::default());
+    let mut gate = WriteGate::new(WriteGateConfig::default()).expect("the default config is valid");
     let mut rng = SplitMix64::new(seed);
     for k in keys {
         let d = random_delay(&mut rng);

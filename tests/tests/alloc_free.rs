@@ -366,7 +366,8 @@ fn pressure_mapping_allocates_nothing() {
 
 #[test]
 fn pending_bytes_limiter_allocates_nothing_after_warmup() {
-    let mut limiter = PendingBytesLimiter::new(PendingBytesConfig::new(1_000));
+    let mut limiter =
+        PendingBytesLimiter::new(PendingBytesConfig::default().with_max_pending_bytes(1_000));
     let mut grants = VecDeque::with_capacity(64);
     assert_no_alloc_after_warmup("pending-bytes limiter", || {
         // 20 operations of 300 bytes: three admitted at once, the rest wait in FIFO order and
@@ -400,7 +401,7 @@ fn conn_round(t: &mut Conns, now: &mut Instant, endpoints: u32, requests: u32) {
     for r in 0..requests {
         let e = r % endpoints;
         let key = ConnKey::new(e, 10_000 + e, 9092);
-        let id = match t.route(*now, &key) {
+        let id = match t.handle_request(*now, &key) {
             Route::Use(id) => id,
             Route::Open(id, _) => {
                 assert!(t.handle_connected(*now, id));
@@ -452,7 +453,7 @@ fn endpoint_cycling_through_idle_close_allocates_nothing_after_warmup() {
     let key = ConnKey::new(1, 1, 9092);
     assert_no_alloc_after_warmup("connection table, open/idle-close cycles", || {
         for _ in 0..100 {
-            assert!(matches!(t.route(now, &key), Route::Open(..)));
+            assert!(matches!(t.handle_request(now, &key), Route::Open(..)));
             now += Duration::from_millis(2);
             t.handle_timeout(now);
             assert!(t.poll_action().is_some(), "idle close");
@@ -509,7 +510,7 @@ fn failover_round<B: RetryBudget>(
             .handle_refreshed(g, true)
             .expect("the running refresh");
     }
-    while let Some(release) = coalescer.poll_release() {
+    while let Some(release) = coalescer.poll_action() {
         let call = &mut calls[release.waiter];
         match call.handle_refreshed(*now, release.ok, budget, rng) {
             CallAction::Retry { .. } => {
@@ -610,7 +611,7 @@ fn gate_round(gate: &mut Gate, rng: &mut SplitMix64, now: &mut Instant) -> usize
 
 #[test]
 fn write_gate_allocates_nothing_after_warmup() {
-    let mut gate = Gate::new(WriteGateConfig::default());
+    let mut gate = Gate::new(WriteGateConfig::default()).expect("the default config is valid");
     let mut rng = SplitMix64::new(3);
     let mut now = Instant::from_millis(1);
     for anchor in 1_000_000..1_001_000u64 {
@@ -635,7 +636,7 @@ fn write_gate_allocates_nothing_after_warmup() {
 /// of re-allocating the map, the slot vector and the heap on every cycle.
 #[test]
 fn single_bucket_gated_now_and_then_allocates_nothing_after_warmup() {
-    let mut gate = Gate::new(WriteGateConfig::default());
+    let mut gate = Gate::new(WriteGateConfig::default()).expect("the default config is valid");
     let mut now = Instant::from_millis(1);
     assert_no_alloc_after_warmup("one bucket install -> expire cycles", || {
         for _ in 0..100 {
@@ -660,7 +661,7 @@ fn kv_full_clear_cycles_with_two_custom_reasons_allocate_nothing_after_warmup() 
     ] {
         cfg.register(spec).expect("room for two custom reasons");
     }
-    let mut gate = Gate::new(cfg);
+    let mut gate = Gate::new(cfg).expect("a valid config");
     let mut now = Instant::from_millis(1);
     gate.handle_throttle(
         now,

@@ -10,7 +10,8 @@ use runtime_tokio::{GateState, Instant, Signal, TokioRuntime, WindowConfig, Writ
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn gate_sleeper_auto_advances_to_the_exact_opening() {
     let rt = TokioRuntime::new();
-    let gate: GateHandle<u32, RandomState> = GateHandle::new(WriteGateConfig::default());
+    let gate: GateHandle<u32, RandomState> =
+        GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
     gate.handle_kv_signal(rt.now(), &1, Signal::Pressure(500_000)); // 625 ms
     let state = gate.wait_until_open(&rt, &1).await;
     assert_eq!(
@@ -22,7 +23,8 @@ async fn gate_sleeper_auto_advances_to_the_exact_opening() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn gate_sleeper_wakes_on_the_earlier_opening_set_by_another_task() {
     let rt = TokioRuntime::new();
-    let gate: GateHandle<u32, RandomState> = GateHandle::new(WriteGateConfig::default());
+    let gate: GateHandle<u32, RandomState> =
+        GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
     gate.handle_kv_signal(rt.now(), &1, Signal::Full); // 5000 ms
     let (g, rt2) = (gate.clone(), rt.clone());
     tokio::spawn(async move {

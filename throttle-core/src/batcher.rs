@@ -218,12 +218,14 @@ pub enum BatchAction<Shard, H> {
     },
 }
 
-/// An operation refused because the batcher is closed; the handle is handed back.
+/// An operation refused because the batcher is closed; the handle is handed back. (Not
+/// `Closed`: that is `sync::Closed` (feature `std`), the handles' unit error, and no
+/// two public types of the crate share a name.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("batcher is closed")]
-pub struct Closed<H>(pub H);
+pub struct Refused<H>(pub H);
 
-impl<H> Closed<H> {
+impl<H> Refused<H> {
     /// The refused operation's handle.
     pub fn into_handle(self) -> H {
         self.0
@@ -248,7 +250,7 @@ struct InFlight<H> {
 /// - Inputs: [`handle_op`](Self::handle_op) for each operation; [`flush`](Self::flush) whenever
 ///   the driver's input queue is empty; [`handle_response`](Self::handle_response) or
 ///   [`handle_failure`](Self::handle_failure) exactly once per sent batch;
-///   [`fail_all`](Self::fail_all) to close.
+///   [`close`](Self::close) to close.
 /// - Output: after every input, drain [`poll_action`](Self::poll_action) until `None`. For a
 ///   `Send`, read the batch with [`batch`](Self::batch) and put it on the wire after the drain
 ///   loop or from within it; nothing re-enters the batcher.
@@ -364,17 +366,17 @@ where
     }
 
     /// Adds an operation of `bytes` bytes for `shard`. A batch that becomes full is handed to
-    /// the window at once (poll for a `Send`). Refused after [`fail_all`](Self::fail_all).
+    /// the window at once (poll for a `Send`). Refused after [`close`](Self::close).
     pub fn handle_op(
         &mut self,
         now: Instant,
         shard: Shard,
         handle: H,
         bytes: u64,
-    ) -> Result<(), Closed<H>> {
+    ) -> Result<(), Refused<H>> {
         let now = self.clock.observe(now);
         if self.closed {
-            return Err(Closed(handle));
+            return Err(Refused(handle));
         }
         self.maintenance.touch();
         if !self.open.contains_key(&shard) {
@@ -392,7 +394,7 @@ where
         let max_ops = usize::try_from(self.cfg.max_requests_per_batch).unwrap_or(usize::MAX);
         let Some(slot) = self.open.get_mut(&shard) else {
             // Unreachable: inserted above. Hand the operation back rather than lose it.
-            return Err(Closed(handle));
+            return Err(Refused(handle));
         };
         // An operation that would push a non-empty write batch past the byte limit closes it.
         let mut overflowed = None;
@@ -522,9 +524,10 @@ where
     }
 
     /// Closes the batcher: every operation not yet sent (open, queued or parked) fails with
-    /// [`FailReason::Closed`]. Batches in flight are untouched; complete them as usual. Later
-    /// operations are refused.
-    pub fn fail_all(&mut self) {
+    /// [`FailReason::Closed`] (drain them with [`poll_action`](Self::poll_action)). Batches in
+    /// flight are untouched; complete them as usual. Later operations are refused.
+    /// Idempotent: a second `close` fails nothing more.
+    pub fn close(&mut self) {
         self.closed = true;
         self.maintenance.touch();
         let mut list = core::mem::take(&mut self.open_list);
@@ -535,7 +538,7 @@ where
             }
         }
         self.open_list = list;
-        for (_, batch) in self.window.fail_all() {
+        for (_, batch) in self.window.close() {
             self.end_ops(batch, FailReason::Closed);
         }
     }
@@ -635,7 +638,7 @@ where
         }
     }
 
-    /// Whether operations are refused (after [`fail_all`](Self::fail_all), or once the window
+    /// Whether operations are refused (after [`close`](Self::close), or once the window
     /// ran out of credit ids).
     pub fn is_closed(&self) -> bool {
         self.closed
@@ -689,7 +692,7 @@ where
     /// it and close (the window itself refuses new batches with `Exhausted`).
     fn close_if_window_closed(&mut self) {
         if (self.window.is_closed() || self.window.is_exhausted()) && !self.closed {
-            self.fail_all();
+            self.close();
         }
     }
 
@@ -866,7 +869,7 @@ mod tests {
         assert_eq!((b.open_batches(), b.window().queued(&7)), (0, 1));
         op(&mut b, 7, 6, 0);
         assert_eq!(b.open_batches(), 1);
-        b.fail_all();
+        b.close();
         assert_eq!(b.open_batches(), 0);
     }
 
@@ -1017,7 +1020,7 @@ mod tests {
     }
 
     #[test]
-    fn fail_all_fails_held_back_operations_and_leaves_in_flight_ones() {
+    fn close_fails_held_back_operations_and_leaves_in_flight_ones() {
         let mut b = batcher(
             BatcherConfig::reads()
                 .with_max_requests_per_batch(2)
@@ -1029,7 +1032,7 @@ mod tests {
         b.flush(T0);
         op(&mut b, 2, 9, 0); // open, never flushed
         let sent = take_sends(&mut b);
-        b.fail_all();
+        b.close();
         let mut failed: Vec<u32> = drain(&mut b)
             .into_iter()
             .map(|a| match a {
@@ -1043,7 +1046,7 @@ mod tests {
         failed.sort_unstable();
         assert_eq!(failed, [2, 3, 4, 9]);
         assert!(b.is_closed());
-        assert_eq!(b.handle_op(T0, 1, 42, 0), Err(Closed(42)));
+        assert_eq!(b.handle_op(T0, 1, 42, 0), Err(Refused(42)));
         assert_eq!(b.handle_response(T0, sent[0].1, [0, 1]), Ok(()));
         assert_eq!(
             drain(&mut b),
@@ -1085,7 +1088,7 @@ mod tests {
         );
         assert!(drain(&mut b).is_empty());
         assert_eq!(b.window().in_flight(&1), 1);
-        b.fail_all();
+        b.close();
         assert_eq!(b.handle_response(T0, got[1].1, [0]), Ok(()));
         assert_eq!(
             drain(&mut b),
@@ -1286,7 +1289,7 @@ mod tests {
             ]
         );
         assert!(b.is_closed());
-        assert_eq!(b.handle_op(T0, 1, 3, 0), Err(Closed(3)));
+        assert_eq!(b.handle_op(T0, 1, 3, 0), Err(Refused(3)));
         assert_eq!((b.window().shard_count(), b.open_batches()), (0, 0));
     }
 

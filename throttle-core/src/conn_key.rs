@@ -6,13 +6,13 @@
 //! means requests routed by old and by new metadata each use their own connection instead of
 //! replacing each other's.
 //!
-//! [`ConnTable`] decides which connection a request uses ([`ConnTable::route`]), counts the
+//! [`ConnTable`] decides which connection a request uses ([`ConnTable::handle_request`]), counts the
 //! requests in flight on each, closes connections that stay idle for `max_idle`, and gates
 //! reconnects to a key behind the gRPC connection backoff after a *failed* connect.
 //!
 //! # Driving contract
 //!
-//! - **Inputs** (mutate, take `now`): [`route`](ConnTable::route) (may open a connection),
+//! - **Inputs** (mutate, take `now`): [`handle_request`](ConnTable::handle_request) (may open a connection),
 //!   [`handle_connected`](ConnTable::handle_connected),
 //!   [`handle_connect_failed`](ConnTable::handle_connect_failed),
 //!   [`handle_send`](ConnTable::handle_send), [`handle_finished`](ConnTable::handle_finished),
@@ -24,11 +24,11 @@
 //! - **Queries** (`&self`): [`connection`](ConnTable::connection),
 //!   [`state`](ConnTable::state), [`in_flight`](ConnTable::in_flight), …
 //!
-//! Per request: `route` → on `Open(id, key)` start connecting `key` and report
+//! Per request: `handle_request` → on `Open(id, key)` start connecting `key` and report
 //! `handle_connected` or `handle_connect_failed`; on `Use(id)` or `Open(id, _)` call
 //! `handle_send(id)` when the request is written (an `Err(Disconnected)` means route again)
 //! and `handle_finished(id)` when its response arrives or it is abandoned; on
-//! `Wait { until }` retry the route at `until`. Report every close the transport sees with
+//! `Wait { until }` call `handle_request` again at `until`. Report every close the transport sees with
 //! `handle_closed`.
 //!
 //! See `docs/conn-key.md` for the state diagram and the invariants.
@@ -176,16 +176,13 @@ pub enum FinishError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConnConfig {
-    /// How long a connection with nothing in flight stays open (Fluss
-    /// `netty.connection.max-idle-time`, default 10 min). At least 1 ns; `Duration::MAX`
-    /// keeps idle connections for ever.
-    pub max_idle: Duration,
-    /// The backoff between failed connects to one endpoint (default: the gRPC connection
-    /// backoff, 1 s, ×1.6, ±20 %, 120 s).
-    pub connect_backoff: BackoffConfig,
+    max_idle: Duration,
+    connect_backoff: BackoffConfig,
 }
 
 impl Default for ConnConfig {
+    /// The Fluss client's `netty.connection.max-idle-time` (10 min), and gRPC's connection
+    /// backoff between failed connects (1 s, ×1.6, ±20 %, 120 s).
     fn default() -> Self {
         ConnConfig {
             max_idle: Duration::from_secs(600),
@@ -195,16 +192,31 @@ impl Default for ConnConfig {
 }
 
 impl ConnConfig {
-    /// This config with `max_idle` replaced.
+    /// How long a connection with nothing in flight stays open (Fluss
+    /// `netty.connection.max-idle-time`, default 10 min). At least 1 ns; `Duration::MAX`
+    /// keeps idle connections for ever.
+    #[must_use]
     pub fn with_max_idle(mut self, max_idle: Duration) -> Self {
         self.max_idle = max_idle;
         self
     }
 
-    /// This config with `connect_backoff` replaced.
+    /// The backoff between failed connects to one endpoint (default: the gRPC connection
+    /// backoff, 1 s, ×1.6, ±20 %, 120 s).
+    #[must_use]
     pub fn with_connect_backoff(mut self, backoff: BackoffConfig) -> Self {
         self.connect_backoff = backoff;
         self
+    }
+
+    /// How long an idle connection stays open.
+    pub fn max_idle(&self) -> Duration {
+        self.max_idle
+    }
+
+    /// The backoff between failed connects to one endpoint.
+    pub fn connect_backoff(&self) -> &BackoffConfig {
+        &self.connect_backoff
     }
 
     /// Refuses a zero `max_idle` (a fresh connection would close before its first send).
@@ -247,13 +259,13 @@ struct Entry<U, H> {
 ///
 /// # Driving contract
 ///
-/// Inputs: `route`, `handle_connected`, `handle_connect_failed`, `handle_send`,
+/// Inputs: `handle_request`, `handle_connected`, `handle_connect_failed`, `handle_send`,
 /// `handle_finished`, `handle_closed`, `disconnect`, `handle_timeout` (each takes `now`, which
 /// may run backwards: it is clamped). After each, drain `poll_action` until `None`. Call
 /// `handle_timeout` at or after `poll_timeout`. Queries take `&self`. The full per-request
 /// sequence is in the [module docs](self).
 ///
-/// Costs: `route` and every handler are O(log n) (one hash lookup at most, one sift in an
+/// Costs: `handle_request` and every handler are O(log n) (one hash lookup at most, one sift in an
 /// indexed binary heap; no allocation once grown); `poll_timeout` is O(1) (the heap's top);
 /// `disconnect(uid)` is O(k log n) for the uid's k endpoints; `handle_timeout` is O(log n)
 /// per expired entry plus amortised O(1) maintenance (it never scans the table).
@@ -267,13 +279,13 @@ struct Entry<U, H> {
 ///     ConnTable::new(ConnConfig::default()).unwrap();
 /// let now = Instant::ZERO;
 /// let old = ConnKey::new("cs-0", "10.0.0.1", 9123);
-/// let Route::Open(a, _) = table.route(now, &old) else { panic!() };
+/// let Route::Open(a, _) = table.handle_request(now, &old) else { panic!() };
 /// table.handle_connected(now, a);
 /// // The coordinator fails over: uid cs-0 now lives at another address.
 /// let new = ConnKey::new("cs-0", "10.0.0.2", 9123);
-/// let Route::Open(b, _) = table.route(now, &new) else { panic!() };
+/// let Route::Open(b, _) = table.handle_request(now, &new) else { panic!() };
 /// assert_ne!(a, b);
-/// assert_eq!(table.route(now, &old), Route::Use(a)); // old metadata keeps its connection
+/// assert_eq!(table.handle_request(now, &old), Route::Use(a)); // old metadata keeps its connection
 /// ```
 #[derive(Clone, Debug)]
 pub struct ConnTable<U, H, S> {
@@ -355,14 +367,15 @@ where
 
     // ----- inputs -----
 
-    /// Chooses the connection for a request to `node`.
+    /// A request for `node` arrived: chooses its connection. An input, not a query: it may
+    /// open an entry, and it counts as activity on the connection it picks.
     ///
     /// `Use` the endpoint's live connection if it has one (connecting or connected); else
     /// `Wait` while its connect backoff runs; else `Open` a new connection under a fresh id.
     /// Only the exact endpoint is ever used: a uid at a new address gets its own connection,
     /// and the connection at the old address keeps serving requests routed by old metadata
     /// until it has been idle for `max_idle`. Routing to a connection counts as activity.
-    pub fn route(&mut self, now: Instant, node: &ConnKey<U, H>) -> Route<U, H> {
+    pub fn handle_request(&mut self, now: Instant, node: &ConnKey<U, H>) -> Route<U, H> {
         let now = self.clock.observe(now);
         let idle_at = now + self.cfg.max_idle;
         if let Some(slot) = self.by_key.get(node).copied() {
@@ -472,7 +485,7 @@ where
 
     /// Connecting `conn` failed: the connection is gone (fail its queued requests as
     /// [`Disconnected`]) and the endpoint backs off. Returns the instant until which
-    /// [`route`](Self::route) answers `Wait`, or `None` if `conn` was not connecting
+    /// [`handle_request`](Self::handle_request) answers `Wait`, or `None` if `conn` was not connecting
     /// (nothing changes, nothing is drawn).
     ///
     /// When the backoff's budget refuses a delay, the delay of its current attempt is used:

@@ -132,7 +132,7 @@ pub struct Dispatch<Shard, B> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SubmitError<B> {
-    /// The window was closed by [`DispatchWindow::fail_all`].
+    /// The window was closed by [`DispatchWindow::close`].
     #[error("dispatch window is closed")]
     Closed(B),
     /// `submit_or_park` found a batch already parked for the shard; reclaim it first.
@@ -230,7 +230,7 @@ pub(crate) enum Take {
     Credit(CreditId),
     /// The shard has no free credit, or holds batches back.
     NoCredit,
-    /// The window is closed (by `fail_all`).
+    /// The window is closed (by `close`).
     Closed,
     /// The window can issue no new id.
     Exhausted,
@@ -247,7 +247,7 @@ pub(crate) enum Take {
 ///   returns the ticket of a queued one), [`submit_or_park`](Self::submit_or_park) (the
 ///   shard's open batch), [`reclaim`](Self::reclaim), [`cancel`](Self::cancel) (withdraw a
 ///   queued batch), [`complete`](Self::complete) (once per credit, when the batch's RPC ends
-///   for any reason), [`fail_all`](Self::fail_all) (close).
+///   for any reason), [`close`](Self::close).
 /// - Outputs: each input that may send returns the [`Dispatch`]; send it after the call
 ///   returns. There is at most one dispatch per call, so there is no `poll_action`.
 /// - Queries (`&self`): [`in_flight`](Self::in_flight), [`available`](Self::available),
@@ -600,7 +600,7 @@ where
 
     /// Withdraws a queued batch before it was dispatched and hands it back, in O(1): it leaves
     /// its shard's line and the batches behind it move up. A ticket whose batch was already
-    /// dispatched, withdrawn or handed out by [`fail_all`](Self::fail_all) is refused with
+    /// dispatched, withdrawn or handed out by [`close`](Self::close) is refused with
     /// [`ReleaseError::AlreadyReleased`], one this window never issued (another window's)
     /// with [`ReleaseError::Unknown`]; either way nothing changes. Runs no user code.
     pub fn cancel(&mut self, ticket: Ticket) -> Result<B, ReleaseError> {
@@ -645,9 +645,9 @@ where
     /// Call it once per dispatched batch when its RPC ends, whatever the outcome.
     /// An unknown or already-released credit is an `Err` and changes nothing; a forged id or
     /// another window's id is never mistaken for a live one. After
-    /// [`fail_all`](Self::fail_all) a live credit is still released (`Ok(None)`): its slot
+    /// [`close`](Self::close) a live credit is still released (`Ok(None)`): its slot
     /// frees and nothing is sent. Once the window can issue no new credit id, the next batch
-    /// stays held back (collect it with `fail_all`).
+    /// stays held back (collect it with `close`).
     #[inline]
     pub fn complete(
         &mut self,
@@ -725,14 +725,16 @@ where
     /// Closes the window and returns every held-back batch (queued in line order, then parked,
     /// per shard; shards in no particular order). None of them was ever dispatched. Batches in
     /// flight are untouched: complete their credits as usual (`Ok(None)`). Later submits are
-    /// refused with [`SubmitError::Closed`], which hands the batch back.
-    pub fn fail_all(&mut self) -> Vec<(Shard, B)> {
+    /// refused with [`SubmitError::Closed`], which hands the batch back. Idempotent: a second
+    /// `close` returns nothing. This is the `close` of `docs/architecture.md` ("Closing"), the
+    /// held-back batches returned rather than failed.
+    pub fn close(&mut self) -> Vec<(Shard, B)> {
         let mut out = Vec::new();
         self.close_with(|shard, batch| out.push((shard.clone(), batch)));
         out
     }
 
-    /// Closes the window and hands every held-back batch to `f` (in `fail_all`'s order).
+    /// Closes the window and hands every held-back batch to `f` (in `close`'s order).
     pub(crate) fn close_with(&mut self, mut f: impl FnMut(&Shard, B)) {
         self.closed = true;
         self.maintenance.touch();
@@ -899,7 +901,7 @@ where
         self.credits.live()
     }
 
-    /// Whether submits are refused after [`fail_all`](Self::fail_all).
+    /// Whether submits are refused after [`close`](Self::close).
     pub fn is_closed(&self) -> bool {
         self.closed
     }

@@ -34,14 +34,19 @@ impl PendingBytesConfig {
     // our pick.
     pub const DEFAULT_MAX_PENDING_BYTES: u64 = 64 * 1024 * 1024;
 
-    /// A limiter admitting at most `max_pending_bytes` bytes at once; `0` disables it.
-    pub const fn new(max_pending_bytes: u64) -> Self {
-        PendingBytesConfig { max_pending_bytes }
+    /// Admit at most `max_pending_bytes` bytes at once; `0` disables the limiter.
+    #[must_use]
+    pub const fn with_max_pending_bytes(mut self, max_pending_bytes: u64) -> Self {
+        self.max_pending_bytes = max_pending_bytes;
+        self
     }
 
-    /// A limiter that admits every operation at once and counts nothing.
+    /// A limiter that admits every operation at once and counts nothing (the same as
+    /// `with_max_pending_bytes(0)`).
     pub const fn disabled() -> Self {
-        PendingBytesConfig::new(0)
+        PendingBytesConfig {
+            max_pending_bytes: 0,
+        }
     }
 
     /// The bound in bytes (`0`: disabled).
@@ -57,8 +62,12 @@ impl PendingBytesConfig {
 }
 
 impl Default for PendingBytesConfig {
+    /// [`DEFAULT_MAX_PENDING_BYTES`](Self::DEFAULT_MAX_PENDING_BYTES), 64 MiB. Our pick, not
+    /// an upstream default: Oxia's `maxPendingBytes` limiter (PR #362) states none.
     fn default() -> Self {
-        PendingBytesConfig::new(Self::DEFAULT_MAX_PENDING_BYTES)
+        PendingBytesConfig {
+            max_pending_bytes: Self::DEFAULT_MAX_PENDING_BYTES,
+        }
     }
 }
 
@@ -196,7 +205,7 @@ struct Slot {
 ///     Enqueued, PendingBytesAction, PendingBytesConfig, PendingBytesLimiter,
 /// };
 ///
-/// let mut limiter = PendingBytesLimiter::new(PendingBytesConfig::new(100));
+/// let mut limiter = PendingBytesLimiter::new(PendingBytesConfig::default().with_max_pending_bytes(100));
 /// let Ok(Enqueued::Granted(big)) = limiter.enqueue(80) else { unreachable!() };
 /// // 30 bytes do not fit beside 80: the ticket waits, and a later 10 may not barge past it.
 /// let Ok(Enqueued::Waiting(ticket)) = limiter.enqueue(30) else { unreachable!() };

@@ -31,7 +31,7 @@ fn crafted_sequences_match_reference() {
         0, 7, 0, //     complete the first live credit -> dispatches the queued batch
         0, 11, 0, 0, // complete the first credit ever issued again -> AlreadyReleased
         0, 12, 0, 0, // forged credit (slot u32::MAX, generation 0) -> Unknown
-        0, 13, 0, //    fail_all -> returns the parked batch
+        0, 13, 0, //    close -> returns the parked batch
     ];
     assert_eq!(check(&data), Ok(()));
 }

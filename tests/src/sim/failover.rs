@@ -212,7 +212,10 @@ impl World<'_> {
                 let fresh = !self.by_uid.contains_key(&0);
                 (*self.by_uid.entry(0).or_insert(leader), fresh)
             }
-            _ => match self.table.route(now, &ConnKey::new(0, leader, 9123)) {
+            _ => match self
+                .table
+                .handle_request(now, &ConnKey::new(0, leader, 9123))
+            {
                 Route::Open(id, _) => {
                     self.table.handle_connected(now, id);
                     let _ = self.table.handle_send(now, id);
@@ -406,7 +409,7 @@ pub fn run(p: &FailoverParams, client: Client, seed: u64) -> FailoverResult {
             Ev::Refreshed(g, leader) => {
                 w.cached_leader = leader;
                 let _ = w.coalescer.handle_refreshed(g, true);
-                while let Some(r) = w.coalescer.poll_release() {
+                while let Some(r) = w.coalescer.poll_action() {
                     let c = r.waiter;
                     let t = &mut w.tasks[c];
                     let a = t

@@ -194,7 +194,7 @@ impl RefWriter {
     /// An empty writer; `seed` seeds its jitter generator.
     pub fn new(cfg: WriterConfig, seed: u64) -> Self {
         RefWriter {
-            gate: WriteGate::new(cfg.gate.clone()),
+            gate: WriteGate::new(cfg.gate.clone()).expect("the writer's gate config is valid"),
             cfg,
             rng: SplitMix64::new(seed),
             buckets: HashMap::default(),

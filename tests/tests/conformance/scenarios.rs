@@ -216,7 +216,8 @@ pub async fn close_fails_waiters_and_held_batches_while_batches_in_flight_finish
 
 pub async fn gate_opens_early_when_a_lower_pressure_arrives<H: Harness>(h: &H) {
     let rt = h.rt();
-    let gate: GateHandle<u32, RandomState> = GateHandle::new(WriteGateConfig::default());
+    let gate: GateHandle<u32, RandomState> =
+        GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
     // Full pressure: the default curve's ceiling, 5000 ms.
     assert_eq!(gate.handle_kv_signal(rt.now(), &7, Signal::Full), 5000 * MS);
     let opened = Arc::new(Mutex::new(None));

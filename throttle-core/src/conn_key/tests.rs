@@ -23,7 +23,7 @@ fn key(uid: &'static str, host: &'static str) -> ConnKey<&'static str, &'static 
 
 #[track_caller]
 fn open(t: &mut Table, now: Instant, k: &ConnKey<&'static str, &'static str>) -> ConnId {
-    match t.route(now, k) {
+    match t.handle_request(now, k) {
         Route::Open(id, got) => {
             assert_eq!(&got, k, "Open names the routed endpoint");
             id
@@ -39,8 +39,8 @@ fn drain(t: &mut Table) -> Vec<ConnAction> {
 #[test]
 fn default_config_is_ten_minutes_idle_and_grpc_backoff() {
     let c = ConnConfig::default();
-    assert_eq!(c.max_idle, IDLE);
-    assert_eq!(c.connect_backoff, BackoffConfig::grpc_connection());
+    assert_eq!(c.max_idle(), IDLE);
+    assert_eq!(c.connect_backoff(), &BackoffConfig::grpc_connection());
     assert_eq!(c.validate(), Ok(()));
 }
 
@@ -76,7 +76,7 @@ fn uid_moving_to_new_address_gets_own_connection_and_old_closes_when_idle() {
     assert!(b.seq() > a.seq());
     assert!(t.handle_connected(ms(100), b));
     assert_eq!(
-        t.route(ms(200), &new),
+        t.handle_request(ms(200), &new),
         Route::Use(b),
         "new requests use the new"
     );
@@ -107,7 +107,7 @@ fn requests_by_old_and_new_metadata_never_evict_each_other() {
     let b = open(&mut t, ms(0), &new);
     for i in 1..20 {
         let (k, want) = if i % 2 == 0 { (&old, a) } else { (&new, b) };
-        assert_eq!(t.route(ms(i), k), Route::Use(want));
+        assert_eq!(t.handle_request(ms(i), k), Route::Use(want));
         t.handle_send(ms(i), want).unwrap();
         t.handle_finished(ms(i), want).unwrap();
     }
@@ -142,7 +142,7 @@ fn activity_resets_idle_deadline() {
     assert_eq!(t.idle_deadline(a), Some(ms(0) + IDLE));
     t.handle_connected(ms(1_000), a);
     assert_eq!(t.idle_deadline(a), Some(ms(1_000) + IDLE));
-    assert_eq!(t.route(ms(5_000), &k), Route::Use(a));
+    assert_eq!(t.handle_request(ms(5_000), &k), Route::Use(a));
     assert_eq!(
         t.idle_deadline(a),
         Some(ms(5_000) + IDLE),
@@ -203,7 +203,7 @@ fn connect_backoff_grows_across_failures_and_success_resets_it() {
         assert_eq!(t.connect_failures(&k), attempt + 1);
         assert_eq!(t.len(), 0);
         let just_before = until - Duration::from_nanos(1);
-        assert_eq!(t.route(just_before, &k), Route::Wait { until });
+        assert_eq!(t.handle_request(just_before, &k), Route::Wait { until });
         assert_eq!(t.backoff_until(just_before, &k), Some(until));
         now = until;
     }
@@ -275,7 +275,10 @@ fn connection_lost_while_in_backoff_keeps_backoff_for_max_idle_from_loss() {
         "a drop neither grows nor resets it"
     );
     assert_eq!(t.poll_timeout(), Some(lost + IDLE));
-    assert!(matches!(t.route(lost, &k), Route::Open(..)), "gate is open");
+    assert!(
+        matches!(t.handle_request(lost, &k), Route::Open(..)),
+        "gate is open"
+    );
 }
 
 #[test]
@@ -464,14 +467,17 @@ fn id_exhaustion_is_an_outcome_and_never_reuses_an_id() {
     let k = key("u", "h");
     let last = open(&mut t, ms(0), &k);
     assert_eq!(last.seq(), u64::MAX - 1);
-    assert_eq!(t.route(ms(0), &key("u", "other")), Route::Exhausted);
     assert_eq!(
-        t.route(ms(0), &k),
+        t.handle_request(ms(0), &key("u", "other")),
+        Route::Exhausted
+    );
+    assert_eq!(
+        t.handle_request(ms(0), &k),
         Route::Use(last),
         "live connections still work"
     );
     t.handle_closed(ms(0), last);
-    assert_eq!(t.route(ms(0), &k), Route::Exhausted);
+    assert_eq!(t.handle_request(ms(0), &k), Route::Exhausted);
     assert_eq!((t.len(), t.tracked_endpoints()), (0, 0));
     assert_eq!(t.poll_timeout(), None);
 }
@@ -501,7 +507,7 @@ fn table_gives_memory_back_after_a_burst() {
     let mut t: ConnTable<u32, u32, RandomState> = ConnTable::new(ConnConfig::default()).unwrap();
     let mut ids = Vec::new();
     for i in 0..1_000 {
-        match t.route(ms(0), &ConnKey::new(i, i, 1)) {
+        match t.handle_request(ms(0), &ConnKey::new(i, i, 1)) {
             Route::Open(id, _) => ids.push(id),
             other => panic!("{other:?}"),
         }
@@ -514,7 +520,7 @@ fn table_gives_memory_back_after_a_burst() {
     assert_eq!(t.slot_count(), 3, "trailing free slots are released");
     assert!(t.by_key.capacity() < 64);
     // Free slots are reused lowest first and ids stay fresh.
-    let again = match t.route(ms(2), &ConnKey::new(5000, 0, 1)) {
+    let again = match t.handle_request(ms(2), &ConnKey::new(5000, 0, 1)) {
         Route::Open(id, _) => id,
         other => panic!("{other:?}"),
     };
@@ -527,7 +533,7 @@ fn sparse_table(n: u32) -> (ConnTable<u32, u32, RandomState>, ConnId) {
     let mut t: ConnTable<u32, u32, RandomState> = ConnTable::new(ConnConfig::default()).unwrap();
     let mut ids = Vec::new();
     for i in 0..n {
-        match t.route(ms(0), &ConnKey::new(i, 0, 1)) {
+        match t.handle_request(ms(0), &ConnKey::new(i, 0, 1)) {
             Route::Open(id, _) => ids.push(id),
             other => panic!("{other:?}"),
         }
@@ -574,7 +580,7 @@ fn trimmed_slots_left_in_the_free_list_are_never_handed_out_twice() {
     let mut t: ConnTable<u32, u32, RandomState> = ConnTable::new(ConnConfig::default()).unwrap();
     let mut ids = Vec::new();
     for i in 0..100 {
-        match t.route(ms(0), &ConnKey::new(i, 0, 1)) {
+        match t.handle_request(ms(0), &ConnKey::new(i, 0, 1)) {
             Route::Open(id, _) => ids.push(id),
             other => panic!("{other:?}"),
         }
@@ -595,7 +601,7 @@ fn trimmed_slots_left_in_the_free_list_are_never_handed_out_twice() {
     let mut slots: Vec<u32> = [0, 1, 2, 3, 4, 60].into();
     for i in 1_000..1_100 {
         let key = ConnKey::new(i, 1, 1);
-        let Route::Open(id, _) = t.route(ms(1), &key) else {
+        let Route::Open(id, _) = t.handle_request(ms(1), &key) else {
             panic!("fresh endpoint opens")
         };
         slots.push(id.slot);
@@ -624,7 +630,7 @@ fn emptied_table_keeps_a_floor_capacity() {
         ConnTable::new(ConnConfig::default().with_max_idle(Duration::from_millis(1))).unwrap();
     let key = ConnKey::new(1, 1, 1);
     for k in 0..10 {
-        assert!(matches!(t.route(ms(2 * k), &key), Route::Open(..)));
+        assert!(matches!(t.handle_request(ms(2 * k), &key), Route::Open(..)));
         t.handle_timeout(ms(2 * k + 2));
         assert!(matches!(t.poll_action(), Some(ConnAction::Close(_))));
         assert_eq!(t.tracked_endpoints(), 0);
@@ -660,5 +666,5 @@ fn another_tables_connection_id_is_unknown_and_closes_nothing() {
         one.state(mine).is_some(),
         "the live connection is untouched"
     );
-    assert_eq!(one.route(ms(2), &k), Route::Use(mine));
+    assert_eq!(one.handle_request(ms(2), &k), Route::Use(mine));
 }

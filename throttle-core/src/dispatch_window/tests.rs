@@ -115,14 +115,14 @@ fn second_park_is_refused_and_hands_the_batch_back() {
 }
 
 #[test]
-fn fail_all_returns_held_back_batches_and_leaves_in_flight_ones() {
+fn close_returns_held_back_batches_and_leaves_in_flight_ones() {
     let mut w = window(1);
     let a = sent(w.submit(1, "a"));
     assert_eq!(w.submit(1, "q1"), Ok(None));
     assert_eq!(w.submit(1, "q2"), Ok(None));
     assert_eq!(w.submit_or_park(1, "p"), Ok(None));
     let b = sent(w.submit(2, "b"));
-    let mut held = w.fail_all();
+    let mut held = w.close();
     held.sort_by_key(|(s, _)| *s); // shard order is unspecified; per-shard order is not
     assert_eq!(held, [(1, "q1"), (1, "q2"), (1, "p")]);
     assert!(w.is_closed());
@@ -145,7 +145,7 @@ fn fail_all_returns_held_back_batches_and_leaves_in_flight_ones() {
     assert_eq!(w.complete(a.credit), Err(ReleaseError::AlreadyReleased));
     assert_eq!(w.complete(b.credit), Ok(None));
     assert_eq!((w.shard_count(), w.live_credits()), (0, 0));
-    assert!(w.fail_all().is_empty());
+    assert!(w.close().is_empty());
 }
 
 #[test]
@@ -406,7 +406,7 @@ fn extreme_capacity_and_end_of_id_space_are_defined() {
     assert!(w.is_exhausted() && !w.is_closed());
     conserved(&w, &[1]);
     assert_eq!(w.submit(2, "s"), Err(SubmitError::Exhausted("s")));
-    assert_eq!(w.fail_all(), [(1, "r")]);
+    assert_eq!(w.close(), [(1, "r")]);
     assert_eq!(w.shard_count(), 0);
     assert_eq!(
         w.complete(CreditId::forge(w.instance_tag(), 0, u64::MAX)),

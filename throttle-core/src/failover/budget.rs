@@ -62,7 +62,7 @@ const TOKEN: u32 = 1_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GrpcThrottleConfig {
-    max_milli_tokens: u32,
+    max_tokens: u32,
     milli_token_ratio: u32,
 }
 
@@ -70,26 +70,40 @@ impl Default for GrpcThrottleConfig {
     /// gRFC A6's example: `maxTokens` 10, `tokenRatio` 0.1.
     fn default() -> Self {
         GrpcThrottleConfig {
-            max_milli_tokens: 10 * TOKEN,
+            max_tokens: 10,
             milli_token_ratio: 100,
         }
     }
 }
 
 impl GrpcThrottleConfig {
-    /// `max_tokens` in `1..=1000` (gRPC's range); `token_ratio` in milli-tokens, at least 1
-    /// (gRPC keeps three decimals of `tokenRatio`, so 0.1 is 100).
-    pub fn new(max_tokens: u32, milli_token_ratio: u32) -> Result<Self, ConfigError> {
-        if !(1..=1_000).contains(&max_tokens) {
+    /// `maxTokens`, in `1..=1000` (gRPC's range; checked by [`validate`](Self::validate)).
+    #[must_use]
+    pub fn with_max_tokens(mut self, max_tokens: u32) -> Self {
+        self.max_tokens = max_tokens;
+        self
+    }
+
+    /// `tokenRatio` in milli-tokens, at least 1 (gRPC keeps three decimals of `tokenRatio`, so
+    /// 0.1 is 100).
+    #[must_use]
+    pub fn with_milli_token_ratio(mut self, milli_token_ratio: u32) -> Self {
+        self.milli_token_ratio = milli_token_ratio;
+        self
+    }
+
+    /// Refuses `maxTokens` outside `1..=1000` and a zero `tokenRatio`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=1_000).contains(&self.max_tokens) {
             return Err(ConfigError::OutOfRange {
                 option: "retryThrottling.maxTokens",
-                got: u64::from(max_tokens),
+                got: u64::from(self.max_tokens),
                 min: 1,
                 max: 1_000,
                 unit: "tokens",
             });
         }
-        if milli_token_ratio == 0 {
+        if self.milli_token_ratio == 0 {
             return Err(ConfigError::OutOfRange {
                 option: "retryThrottling.tokenRatio",
                 got: 0,
@@ -98,16 +112,18 @@ impl GrpcThrottleConfig {
                 unit: "milli-tokens",
             });
         }
-        Ok(GrpcThrottleConfig {
-            // At most 1000 · 1000, no overflow.
-            max_milli_tokens: max_tokens.saturating_mul(TOKEN),
-            milli_token_ratio,
-        })
+        Ok(())
+    }
+
+    /// `maxTokens`.
+    pub fn max_tokens(&self) -> u32 {
+        self.max_tokens
     }
 
     /// The token ceiling, in milli-tokens.
     pub fn max_milli_tokens(&self) -> u32 {
-        self.max_milli_tokens
+        // At most 1000 · 1000 once validated; saturating regardless.
+        self.max_tokens.saturating_mul(TOKEN)
     }
 
     /// Milli-tokens earned per success.
@@ -123,14 +139,23 @@ impl GrpcThrottleConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GrpcThrottle {
     config: GrpcThrottleConfig,
+    /// `config.max_milli_tokens()`, read on every decision.
+    max_milli_tokens: u32,
     milli_tokens: u32,
 }
 
 impl GrpcThrottle {
-    /// A full bucket (gRPC starts at `max_tokens`).
-    pub fn new(config: GrpcThrottleConfig) -> Self {
+    /// A full bucket (gRPC starts at `max_tokens`); refuses an invalid `config`.
+    pub fn new(config: GrpcThrottleConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self::unchecked(config))
+    }
+
+    fn unchecked(config: GrpcThrottleConfig) -> Self {
+        let max_milli_tokens = config.max_milli_tokens();
         GrpcThrottle {
-            milli_tokens: config.max_milli_tokens,
+            milli_tokens: max_milli_tokens,
+            max_milli_tokens,
             config,
         }
     }
@@ -141,13 +166,13 @@ impl GrpcThrottle {
     }
 
     fn above_threshold(&self) -> bool {
-        self.milli_tokens > self.config.max_milli_tokens / 2
+        self.milli_tokens > self.max_milli_tokens / 2
     }
 }
 
 impl Default for GrpcThrottle {
     fn default() -> Self {
-        GrpcThrottle::new(GrpcThrottleConfig::default())
+        GrpcThrottle::unchecked(GrpcThrottleConfig::default())
     }
 }
 
@@ -162,7 +187,7 @@ impl RetryBudget for GrpcThrottle {
         self.milli_tokens = self
             .milli_tokens
             .saturating_add(self.config.milli_token_ratio)
-            .min(self.config.max_milli_tokens);
+            .min(self.max_milli_tokens);
     }
 
     /// A retry costs nothing here: the failure that led to it already paid its token.
@@ -185,7 +210,7 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FinagleBudgetConfig {
-    ttl_secs: u32,
+    ttl: Duration,
     min_retries_per_sec: u32,
     percent_can_retry_ppm: u32,
 }
@@ -194,7 +219,7 @@ impl Default for FinagleBudgetConfig {
     /// Finagle's default: TTL 10 s, at least 10 retries per second, 20 % of requests.
     fn default() -> Self {
         FinagleBudgetConfig {
-            ttl_secs: 10,
+            ttl: Duration::from_secs(10),
             min_retries_per_sec: 10,
             percent_can_retry_ppm: 200_000,
         }
@@ -203,14 +228,32 @@ impl Default for FinagleBudgetConfig {
 
 impl FinagleBudgetConfig {
     /// `ttl`: whole seconds in `1..=60` (Finagle's range; the ring has one slot per second).
-    /// `min_retries_per_sec`: the reserve rate, any value. `percent_can_retry_ppm`: retries
-    /// allowed per request, in ppm, `0..=1_000_000_000` (Finagle allows `0.0..=1000.0`).
-    pub fn new(
-        ttl: Duration,
-        min_retries_per_sec: u32,
-        percent_can_retry_ppm: u32,
-    ) -> Result<Self, ConfigError> {
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// `min_retries_per_sec`: the reserve rate, any value.
+    #[must_use]
+    pub fn with_min_retries_per_sec(mut self, min_retries_per_sec: u32) -> Self {
+        self.min_retries_per_sec = min_retries_per_sec;
+        self
+    }
+
+    /// `percent_can_retry_ppm`: retries allowed per request, in ppm, `0..=1_000_000_000`
+    /// (Finagle allows `0.0..=1000.0`).
+    #[must_use]
+    pub fn with_percent_can_retry_ppm(mut self, percent_can_retry_ppm: u32) -> Self {
+        self.percent_can_retry_ppm = percent_can_retry_ppm;
+        self
+    }
+
+    /// Refuses a TTL that is not a whole number of seconds in `1..=60`, and a percentage
+    /// above 1000 (`1_000_000_000` ppm).
+    pub fn validate(&self) -> Result<(), ConfigError> {
         const TTL: &str = "retry-budget.ttl";
+        let ttl = self.ttl;
         if ttl.subsec_nanos() != 0 {
             return Err(ConfigError::Invalid {
                 option: TTL,
@@ -227,26 +270,28 @@ impl FinagleBudgetConfig {
                 unit: "s",
             });
         }
-        if percent_can_retry_ppm > 1_000_000_000 {
+        if self.percent_can_retry_ppm > 1_000_000_000 {
             return Err(ConfigError::OutOfRange {
                 option: "retry-budget.percent-can-retry",
-                got: u64::from(percent_can_retry_ppm),
+                got: u64::from(self.percent_can_retry_ppm),
                 min: 0,
                 max: 1_000_000_000,
                 unit: "ppm",
             });
         }
-        Ok(FinagleBudgetConfig {
-            // In 1..=60 by the check above.
-            ttl_secs: u32::try_from(secs).unwrap_or(MAX_TTL_SECS),
-            min_retries_per_sec,
-            percent_can_retry_ppm,
-        })
+        Ok(())
     }
 
     /// How long a deposit or withdrawal counts.
     pub fn ttl(&self) -> Duration {
-        Duration::from_secs(u64::from(self.ttl_secs))
+        self.ttl
+    }
+
+    /// The TTL in whole seconds, in `1..=60` once validated (clamped regardless).
+    fn ttl_secs(&self) -> u32 {
+        u32::try_from(self.ttl.as_secs())
+            .unwrap_or(MAX_TTL_SECS)
+            .clamp(1, MAX_TTL_SECS)
     }
 
     /// The reserve rate.
@@ -261,7 +306,7 @@ impl FinagleBudgetConfig {
 
     /// The reserve in millionths of a retry: `min_retries_per_sec · ttl` retries.
     fn reserve(&self) -> i128 {
-        i128::from(self.min_retries_per_sec) * i128::from(self.ttl_secs) * i128::from(RETRY)
+        i128::from(self.min_retries_per_sec) * i128::from(self.ttl_secs()) * i128::from(RETRY)
     }
 }
 
@@ -282,20 +327,28 @@ struct Slot {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FinagleBudget {
     config: FinagleBudgetConfig,
+    /// `config.ttl_secs()`, read on every decision.
+    ttl_secs: u32,
     clock: Clock,
     slots: [Slot; MAX_TTL_SECS as usize],
 }
 
 impl Default for FinagleBudget {
     fn default() -> Self {
-        FinagleBudget::new(FinagleBudgetConfig::default())
+        FinagleBudget::unchecked(FinagleBudgetConfig::default())
     }
 }
 
 impl FinagleBudget {
-    /// An empty window: only the reserve is available.
-    pub fn new(config: FinagleBudgetConfig) -> Self {
+    /// An empty window: only the reserve is available. Refuses an invalid `config`.
+    pub fn new(config: FinagleBudgetConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self::unchecked(config))
+    }
+
+    fn unchecked(config: FinagleBudgetConfig) -> Self {
         FinagleBudget {
+            ttl_secs: config.ttl_secs(),
             config,
             clock: Clock::default(),
             slots: [Slot::default(); MAX_TTL_SECS as usize],
@@ -310,11 +363,11 @@ impl FinagleBudget {
 
     fn balance_micro(&self, now: Instant) -> i128 {
         let now_sec = now.as_nanos() / NANOS_PER_SEC;
-        let ttl = u64::from(self.config.ttl_secs);
+        let ttl = u64::from(self.ttl_secs);
         let window: i128 = self
             .slots
             .iter()
-            .take(self.config.ttl_secs as usize)
+            .take(self.ttl_secs as usize)
             .filter(|s| now_sec.saturating_sub(s.second) < ttl)
             .map(|s| i128::from(s.sum))
             .sum();
@@ -324,7 +377,7 @@ impl FinagleBudget {
     fn add(&mut self, now: Instant, amount: i64) {
         let second = now.as_nanos() / NANOS_PER_SEC;
         // ttl_secs >= 1 by construction; `max(1)` keeps the remainder defined regardless.
-        let idx = second % u64::from(self.config.ttl_secs.max(1));
+        let idx = second % u64::from(self.ttl_secs.max(1));
         if let Some(slot) = self.slots.get_mut(idx as usize) {
             if slot.second != second {
                 // The slot last held a second at least one TTL ago: it has expired.
@@ -384,7 +437,12 @@ mod tests {
     #[test]
     fn grpc_throttle_matches_upstream_token_arithmetic() {
         // gRPC core's retry_throttle_test: max 4 tokens (threshold 2), ratio 1.6.
-        let mut t = GrpcThrottle::new(GrpcThrottleConfig::new(4, 1_600).unwrap());
+        let mut t = GrpcThrottle::new(
+            GrpcThrottleConfig::default()
+                .with_max_tokens(4)
+                .with_milli_token_ratio(1_600),
+        )
+        .unwrap();
         assert_eq!(t.milli_tokens(), 4_000);
         t.handle_failure(T0);
         assert_eq!(t.milli_tokens(), 3_000);
@@ -409,7 +467,12 @@ mod tests {
     #[test]
     fn grpc_threshold_halves_odd_milli_tokens_downwards() {
         // max 1 token = 1000 milli, threshold 500: 501 allows, 500 refuses.
-        let mut t = GrpcThrottle::new(GrpcThrottleConfig::new(1, 1).unwrap());
+        let mut t = GrpcThrottle::new(
+            GrpcThrottleConfig::default()
+                .with_max_tokens(1)
+                .with_milli_token_ratio(1),
+        )
+        .unwrap();
         t.handle_failure(T0);
         assert_eq!(t.milli_tokens(), 0);
         for _ in 0..500 {
@@ -436,12 +499,32 @@ mod tests {
 
     #[test]
     fn grpc_config_is_validated() {
-        assert!(GrpcThrottleConfig::new(0, 100).is_err());
-        assert!(GrpcThrottleConfig::new(1_001, 100).is_err());
-        assert!(GrpcThrottleConfig::new(10, 0).is_err());
-        let c = GrpcThrottleConfig::new(1_000, u32::MAX).unwrap();
+        assert!(
+            GrpcThrottleConfig::default()
+                .with_max_tokens(0)
+                .with_milli_token_ratio(100)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            GrpcThrottleConfig::default()
+                .with_max_tokens(1_001)
+                .with_milli_token_ratio(100)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            GrpcThrottleConfig::default()
+                .with_max_tokens(10)
+                .with_milli_token_ratio(0)
+                .validate()
+                .is_err()
+        );
+        let c = GrpcThrottleConfig::default()
+            .with_max_tokens(1_000)
+            .with_milli_token_ratio(u32::MAX);
         assert_eq!(c.max_milli_tokens(), 1_000_000);
-        let mut t = GrpcThrottle::new(c);
+        let mut t = GrpcThrottle::new(c).unwrap();
         t.handle_failure(T0);
         t.handle_success(T0);
         assert_eq!(t.milli_tokens(), 1_000_000, "a huge ratio saturates at max");
@@ -503,8 +586,13 @@ mod tests {
 
     #[test]
     fn finagle_zero_percent_and_zero_floor_never_retries() {
-        let mut b =
-            FinagleBudget::new(FinagleBudgetConfig::new(Duration::from_secs(1), 0, 0).unwrap());
+        let mut b = FinagleBudget::new(
+            FinagleBudgetConfig::default()
+                .with_ttl(Duration::from_secs(1))
+                .with_min_retries_per_sec(0)
+                .with_percent_can_retry_ppm(0),
+        )
+        .unwrap();
         b.handle_request(T0);
         assert!(!b.try_withdraw(T0));
         assert_eq!(b.balance(T0), 0);
@@ -512,12 +600,43 @@ mod tests {
 
     #[test]
     fn finagle_config_is_validated() {
-        assert!(FinagleBudgetConfig::new(Duration::ZERO, 10, 0).is_err());
-        assert!(FinagleBudgetConfig::new(Duration::from_secs(61), 10, 0).is_err());
-        assert!(FinagleBudgetConfig::new(Duration::from_millis(1_500), 10, 0).is_err());
-        assert!(FinagleBudgetConfig::new(Duration::from_secs(60), 10, 1_000_000_001).is_err());
-        let c = FinagleBudgetConfig::new(Duration::from_secs(60), u32::MAX, 1_000_000_000).unwrap();
-        let mut b = FinagleBudget::new(c);
+        assert!(
+            FinagleBudgetConfig::default()
+                .with_ttl(Duration::ZERO)
+                .with_min_retries_per_sec(10)
+                .with_percent_can_retry_ppm(0)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            FinagleBudgetConfig::default()
+                .with_ttl(Duration::from_secs(61))
+                .with_min_retries_per_sec(10)
+                .with_percent_can_retry_ppm(0)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            FinagleBudgetConfig::default()
+                .with_ttl(Duration::from_millis(1_500))
+                .with_min_retries_per_sec(10)
+                .with_percent_can_retry_ppm(0)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            FinagleBudgetConfig::default()
+                .with_ttl(Duration::from_secs(60))
+                .with_min_retries_per_sec(10)
+                .with_percent_can_retry_ppm(1_000_000_001)
+                .validate()
+                .is_err()
+        );
+        let c = FinagleBudgetConfig::default()
+            .with_ttl(Duration::from_secs(60))
+            .with_min_retries_per_sec(u32::MAX)
+            .with_percent_can_retry_ppm(1_000_000_000);
+        let mut b = FinagleBudget::new(c).unwrap();
         b.handle_request(Instant::MAX);
         // Reserve u32::MAX · 60 plus 1000 retries for the one request.
         assert_eq!(b.balance(Instant::MAX), u64::from(u32::MAX) * 60 + 1_000);
@@ -525,8 +644,13 @@ mod tests {
 
     #[test]
     fn finagle_survives_time_backwards_and_the_end_of_time() {
-        let mut b =
-            FinagleBudget::new(FinagleBudgetConfig::new(Duration::from_secs(1), 1, 0).unwrap());
+        let mut b = FinagleBudget::new(
+            FinagleBudgetConfig::default()
+                .with_ttl(Duration::from_secs(1))
+                .with_min_retries_per_sec(1)
+                .with_percent_can_retry_ppm(0),
+        )
+        .unwrap();
         assert!(b.try_withdraw(Instant::MAX));
         // Time runs back: still the last second, still empty.
         assert!(!b.try_withdraw(T0));

@@ -648,8 +648,11 @@ mod tests {
     #[test]
     fn empty_finagle_budget_surfaces_with_budget_empty() {
         // Floor 1 retry/s over a 1 s TTL, no percentage: exactly one retry per second.
-        let cfg = FinagleBudgetConfig::new(Duration::from_secs(1), 1, 0).unwrap();
-        let mut budget = FinagleBudget::new(cfg);
+        let cfg = FinagleBudgetConfig::default()
+            .with_ttl(Duration::from_secs(1))
+            .with_min_retries_per_sec(1)
+            .with_percent_can_retry_ppm(0);
+        let mut budget = FinagleBudget::new(cfg).unwrap();
         let r = &mut SplitMix64::new(1);
         let mut first = Call::new(&CallConfig::default());
         assert_eq!(first.start(T, &mut budget), CallAction::Send);
@@ -756,8 +759,13 @@ mod tests {
             .with_max_auto_retries(5)
             .with_backoff(backoff);
         // Reserve of 2 retries per 1 s TTL, no percentage of requests.
-        let mut b =
-            FinagleBudget::new(FinagleBudgetConfig::new(Duration::from_secs(1), 2, 0).unwrap());
+        let mut b = FinagleBudget::new(
+            FinagleBudgetConfig::default()
+                .with_ttl(Duration::from_secs(1))
+                .with_min_retries_per_sec(2)
+                .with_percent_can_retry_ppm(0),
+        )
+        .unwrap();
         let r = &mut SplitMix64::new(1);
         let mut call = Call::new(&cfg);
         assert_eq!(call.start(T, &mut b), CallAction::Send);

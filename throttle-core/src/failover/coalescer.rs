@@ -29,7 +29,8 @@ pub struct CoalescerConfig {
 }
 
 impl Default for CoalescerConfig {
-    /// Up to 1024 calls waiting on refreshes at once.
+    /// Up to 1024 calls waiting on refreshes at once. Our pick: upstream (the Fluss client's
+    /// metadata updater) bounds nothing and names no option, so no upstream default exists.
     fn default() -> Self {
         CoalescerConfig { max_waiters: 1024 }
     }
@@ -37,19 +38,26 @@ impl Default for CoalescerConfig {
 
 impl CoalescerConfig {
     /// At most `max_waiters` calls held at once (waiting or released but not yet polled), in
-    /// `1..=1_048_576`.
-    pub fn new(max_waiters: usize) -> Result<Self, ConfigError> {
+    /// `1..=1_048_576` (checked by [`validate`](Self::validate)).
+    #[must_use]
+    pub fn with_max_waiters(mut self, max_waiters: usize) -> Self {
+        self.max_waiters = max_waiters;
+        self
+    }
+
+    /// Refuses a bound outside `1..=1_048_576`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         const MAX: usize = 1 << 20;
-        if !(1..=MAX).contains(&max_waiters) {
+        if !(1..=MAX).contains(&self.max_waiters) {
             return Err(ConfigError::OutOfRange {
                 option: "failover.refresh.max-waiters",
-                got: u64::try_from(max_waiters).unwrap_or(u64::MAX),
+                got: u64::try_from(self.max_waiters).unwrap_or(u64::MAX),
                 min: 1,
                 max: MAX as u64,
                 unit: "calls",
             });
         }
-        Ok(CoalescerConfig { max_waiters })
+        Ok(())
     }
 
     /// The bound on held calls.
@@ -104,7 +112,7 @@ pub enum GenerationError {
 ///            refresh_needed: Start(g)            refresh_needed: Join(g)
 ///   Idle ---------------------------> Refreshing(g) <-----------------+
 ///    ^                                   |   \________________________/
-///    +----- handled_refreshed(g, ok) ----+   (waiters released: poll_release)
+///    +----- handled_refreshed(g, ok) ----+   (waiters released: poll_action)
 /// ```
 ///
 /// # Driving contract
@@ -112,7 +120,7 @@ pub enum GenerationError {
 /// - Input [`RefreshCoalescer::handle_refresh_needed`] for a call whose action is `Refresh`,
 ///   with any value that identifies it (`W`, e.g. a slab key). On `Start(g)`, run the refresh.
 /// - Input [`RefreshCoalescer::handle_refreshed`] with `g` when that refresh ends, success or
-///   not; then drain [`RefreshCoalescer::poll_release`] until `None` and pass each release's
+///   not; then drain [`RefreshCoalescer::poll_action`] until `None` and pass each release's
 ///   `ok` to its call's `handle_refreshed`. A failure after that starts a new generation.
 /// - A bogus or repeated generation is an `Err` and changes nothing.
 /// - Queries ([`RefreshCoalescer::in_flight`], [`RefreshCoalescer::held`]) take `&self`.
@@ -129,8 +137,13 @@ pub struct RefreshCoalescer<W> {
 }
 
 impl<W> RefreshCoalescer<W> {
-    /// An idle coalescer.
-    pub fn new(config: CoalescerConfig) -> Self {
+    /// An idle coalescer; refuses an invalid `config`.
+    pub fn new(config: CoalescerConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self::unchecked(config))
+    }
+
+    fn unchecked(config: CoalescerConfig) -> Self {
         RefreshCoalescer {
             max_waiters: config.max_waiters,
             next: 0,
@@ -159,7 +172,7 @@ impl<W> RefreshCoalescer<W> {
     }
 
     /// Input: refresh `generation` ended (`ok`: it succeeded). Releases every waiter that
-    /// joined it (drain them with [`RefreshCoalescer::poll_release`]) and returns how many.
+    /// joined it (drain them with [`RefreshCoalescer::poll_action`]) and returns how many.
     pub fn handle_refreshed(
         &mut self,
         generation: Generation,
@@ -184,7 +197,7 @@ impl<W> RefreshCoalescer<W> {
     }
 
     /// Poller: the next released waiter, oldest first; `None` when all are drained.
-    pub fn poll_release(&mut self) -> Option<Release<W>> {
+    pub fn poll_action(&mut self) -> Option<Release<W>> {
         self.released.pop_front()
     }
 
@@ -201,7 +214,7 @@ impl<W> RefreshCoalescer<W> {
 
 impl<W> Default for RefreshCoalescer<W> {
     fn default() -> Self {
-        RefreshCoalescer::new(CoalescerConfig::default())
+        RefreshCoalescer::unchecked(CoalescerConfig::default())
     }
 }
 
@@ -226,7 +239,7 @@ mod tests {
         );
         assert_eq!(c.in_flight(), Some(Generation(0)));
         assert_eq!(c.handle_refreshed(Generation(0), false), Ok(3));
-        let got: Vec<_> = core::iter::from_fn(|| c.poll_release()).collect();
+        let got: Vec<_> = core::iter::from_fn(|| c.poll_action()).collect();
         assert_eq!(got.iter().map(|r| r.waiter).collect::<Vec<_>>(), [1, 2, 3]);
         assert!(got.iter().all(|r| !r.ok && r.generation == Generation(0)));
         assert_eq!(c.held(), 0);
@@ -264,21 +277,21 @@ mod tests {
         );
         assert_eq!(c, before);
         assert_eq!(
-            c.poll_release().map(|r| r.waiter),
+            c.poll_action().map(|r| r.waiter),
             Some('a'),
             "only the first generation's waiter"
         );
-        assert_eq!(c.poll_release(), None);
+        assert_eq!(c.poll_action(), None);
         assert_eq!(c.handle_refreshed(Generation(1), true), Ok(1));
         assert_eq!(
-            c.poll_release().map(|r| (r.waiter, r.generation)),
+            c.poll_action().map(|r| (r.waiter, r.generation)),
             Some(('b', Generation(1)))
         );
     }
 
     #[test]
     fn a_full_coalescer_hands_the_waiter_back() {
-        let mut c = RefreshCoalescer::new(CoalescerConfig::new(2).unwrap());
+        let mut c = RefreshCoalescer::new(CoalescerConfig::default().with_max_waiters(2)).unwrap();
         assert_eq!(
             c.handle_refresh_needed(1u8),
             CoalesceAction::Start(Generation(0))
@@ -291,12 +304,14 @@ mod tests {
         c.handle_refreshed(Generation(0), true).unwrap();
         // Released but unpolled waiters still count against the bound.
         assert_eq!(c.handle_refresh_needed(4), CoalesceAction::Full(4));
-        c.poll_release();
+        c.poll_action();
         assert_eq!(
             c.handle_refresh_needed(5),
             CoalesceAction::Start(Generation(1))
         );
-        assert!(CoalescerConfig::new(0).is_err());
-        assert!(CoalescerConfig::new(usize::MAX).is_err());
+        let cfg = CoalescerConfig::default();
+        assert!(cfg.with_max_waiters(0).validate().is_err());
+        assert!(cfg.with_max_waiters(usize::MAX).validate().is_err());
+        assert!(RefreshCoalescer::<u8>::new(cfg.with_max_waiters(0)).is_err());
     }
 }

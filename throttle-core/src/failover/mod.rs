@@ -30,7 +30,7 @@
 //! let CoalesceAction::Start(g) = refresher.handle_refresh_needed(0) else { unreachable!() };
 //! // ... the refresh finds the new leader ...
 //! refresher.handle_refreshed(g, true).unwrap();
-//! while let Some(r) = refresher.poll_release() {
+//! while let Some(r) = refresher.poll_action() {
 //!     let next = call.handle_refreshed(now, r.ok, &mut budget, &mut rng);
 //!     assert!(matches!(next, CallAction::Retry { .. }));
 //! }
@@ -95,7 +95,7 @@ mod tests {
         }
         let g = generation.expect("one refresh started");
         assert_eq!(coalescer.handle_refreshed(g, true), Ok(8));
-        while let Some(r) = coalescer.poll_release() {
+        while let Some(r) = coalescer.poll_action() {
             let call = &mut calls[r.waiter];
             assert!(matches!(
                 call.handle_refreshed(now, r.ok, &mut budget, &mut rng),

@@ -18,7 +18,7 @@ use alloc::format;
 use alloc::vec::Vec;
 
 use super::{Cursor, Divergence};
-use crate::batcher::{BatchAction, Batcher, BatcherConfig, Closed, FailReason};
+use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, Refused};
 use crate::dispatch_window::{CreditId, WindowConfig};
 use crate::error::ReleaseError;
 use crate::test_hasher::TestHasher;
@@ -192,7 +192,7 @@ impl Reference {
         true
     }
 
-    fn fail_all(&mut self) {
+    fn close(&mut self) {
         self.closed = true;
         for (_, b, _) in core::mem::take(&mut self.open) {
             self.to_end.extend(b.ops.iter().map(|h| (*h, End::Closed)));
@@ -278,9 +278,9 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                 r.clock = r.clock.max(now);
                 if r.closed {
                     r.refused.push(handle);
-                    if got != Err(Closed(handle)) {
+                    if got != Err(Refused(handle)) {
                         return Err(format!(
-                            "step {step}: op after close = {got:?}, want Closed({handle})"
+                            "step {step}: op after close = {got:?}, want Refused({handle})"
                         ));
                     }
                 } else {
@@ -333,8 +333,8 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                 }
             }
             14 if c.below(4) == 0 => {
-                m.fail_all();
-                r.fail_all();
+                m.close();
+                r.close();
                 flushed = true;
             }
             15 => {
@@ -355,8 +355,8 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         settle(&mut m, &mut r, flushed).map_err(|e| format!("step {step}: {e}"))?;
     }
     // Close and complete everything in flight: every operation must have ended exactly once.
-    m.fail_all();
-    r.fail_all();
+    m.close();
+    r.close();
     settle(&mut m, &mut r, true)?;
     while let Some(&(credit, _, _)) = r.in_flight.first() {
         if m.handle_response(now, credit, [0]).is_err() {

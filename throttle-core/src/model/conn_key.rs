@@ -122,7 +122,7 @@ impl Reference {
     }
 
     /// What `route` must answer, with `None` for "Open with a fresh id".
-    fn route(&mut self, now: Instant, key: &Key) -> Option<Route<u8, u8>> {
+    fn handle_request(&mut self, now: Instant, key: &Key) -> Option<Route<u8, u8>> {
         let now = self.observe(now);
         if let Some(c) = self.conns.iter_mut().find(|c| c.open && c.key == *key) {
             c.last_activity = now;
@@ -347,7 +347,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let max_idle = decode_max_idle(&mut c);
     let seed = c.u64();
     let cfg = ConnConfig::default().with_max_idle(max_idle);
-    let backoff_cfg = cfg.connect_backoff.clone();
+    let backoff_cfg = cfg.connect_backoff().clone();
     let mut table: Table = ConnTable::new(cfg).map_err(|e| format!("valid config refused: {e}"))?;
     let mut rng = SplitMix64::new(seed);
     let mut r = Reference {
@@ -377,8 +377,8 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
             }
             4..=13 => {
                 let key = decode_key(&mut c, &current);
-                let got = table.route(now, &key);
-                let want = r.route(now, &key);
+                let got = table.handle_request(now, &key);
+                let want = r.handle_request(now, &key);
                 match (&got, want) {
                     (Route::Open(id, k), None) => {
                         if *k != key {

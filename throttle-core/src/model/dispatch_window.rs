@@ -194,7 +194,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
             }
             // Closing is rare, so most runs stay open long enough to exhaust windows.
             13 if c.below(4) == 0 => {
-                fail_all(&mut w, &mut r).map_err(|e| format!("step {step}: {e}"))?;
+                close(&mut w, &mut r).map_err(|e| format!("step {step}: {e}"))?;
             }
             14 => {
                 // Jump close to the end of the id space.
@@ -268,7 +268,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         compare(&w, &r).map_err(|e| format!("step {step}: {e}"))?;
     }
     // Close, then complete every live credit: everything must end and nothing may remain.
-    fail_all(&mut w, &mut r)?;
+    close(&mut w, &mut r)?;
     let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
     for credit in live {
         complete(&mut w, &mut r, credit)?;
@@ -456,7 +456,7 @@ fn complete(w: &mut Window, r: &mut Reference, credit: CreditId) -> Result<(), D
             other => Err(format!("release of {credit:?} = {other:?}, want Ok(None)")),
         },
         Some((batch, from_queue)) if r.ids_left == 0 => {
-            // No id for the next batch: it stays held (ids never wrap; `fail_all` collects it).
+            // No id for the next batch: it stays held (ids never wrap; `close` collects it).
             match from_queue {
                 Some(i) => r.queued.insert(i, (shard, batch)),
                 None => r.parked.push((shard, batch)),
@@ -480,14 +480,14 @@ fn complete(w: &mut Window, r: &mut Reference, credit: CreditId) -> Result<(), D
     }
 }
 
-fn fail_all(w: &mut Window, r: &mut Reference) -> Result<(), Divergence> {
-    let got = w.fail_all();
+fn close(w: &mut Window, r: &mut Reference) -> Result<(), Divergence> {
+    let got = w.close();
     r.closed = true;
     let mut want: Vec<(u8, u32)> = core::mem::take(&mut r.queued);
     want.append(&mut r.parked);
     if got.len() != want.len() {
         return Err(format!(
-            "fail_all returned {got:?}, want {want:?} (any shard order)"
+            "close returned {got:?}, want {want:?} (any shard order)"
         ));
     }
     for shard in 0..SHARDS {
@@ -503,7 +503,7 @@ fn fail_all(w: &mut Window, r: &mut Reference) -> Result<(), Divergence> {
             .collect();
         if g != x {
             return Err(format!(
-                "fail_all for shard {shard} returned {g:?}, want {x:?}"
+                "close for shard {shard} returned {g:?}, want {x:?}"
             ));
         }
     }

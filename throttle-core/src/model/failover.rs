@@ -168,10 +168,10 @@ pub fn check_coalescer(data: &[u8]) -> Result<(), Divergence> {
         0 => 1024,
         _ => 1 + usize::from(c.below(8)),
     };
-    let Ok(cfg) = CoalescerConfig::new(max_waiters) else {
+    let cfg = CoalescerConfig::default().with_max_waiters(max_waiters);
+    let Ok(mut real) = RefreshCoalescer::<u64>::new(cfg) else {
         return Err(format!("max_waiters {max_waiters} refused"));
     };
-    let mut real: RefreshCoalescer<u64> = RefreshCoalescer::new(cfg);
     let mut model = RefCoalescer::new(max_waiters);
     let mut released: Vec<u32> = Vec::new();
     let mut joined: Vec<bool> = Vec::new();
@@ -183,12 +183,12 @@ pub fn check_coalescer(data: &[u8]) -> Result<(), Divergence> {
                 step: usize|
      -> Result<bool, Divergence> {
         let got = real
-            .poll_release()
+            .poll_action()
             .map(|r| (r.waiter, r.generation.get(), r.ok));
         let want = model.poll();
         if got != want {
             return Err(format!(
-                "step {step}: poll_release {got:?}, expected {want:?}"
+                "step {step}: poll_action {got:?}, expected {want:?}"
             ));
         }
         if let Some((serial, _, _)) = got {
@@ -555,12 +555,12 @@ impl Calls {
     }
 
     fn poll(&mut self) -> Result<bool, Divergence> {
-        let got = self.coal.poll_release();
+        let got = self.coal.poll_action();
         let want = self.coal_ref.poll();
         let got_flat = got.map(|r| (r.waiter.1, r.generation.get(), r.ok));
         if got_flat != want {
             return Err(format!(
-                "step {}: poll_release {got_flat:?}, expected {want:?}",
+                "step {}: poll_action {got_flat:?}, expected {want:?}",
                 self.step
             ));
         }
@@ -615,7 +615,8 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
             }
         }
     }
-    let Ok(coal_cfg) = CoalescerConfig::new(max_waiters) else {
+    let coal_cfg = CoalescerConfig::default().with_max_waiters(max_waiters);
+    let Ok(coal) = RefreshCoalescer::new(coal_cfg) else {
         return Err(format!("max_waiters {max_waiters} refused"));
     };
     let mut s = Calls {
@@ -627,7 +628,7 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
         budget: ScriptedBudget::default(),
         budget_want: Vec::new(),
         withdrawals_wanted: 0,
-        coal: RefreshCoalescer::new(coal_cfg),
+        coal,
         coal_ref: RefCoalescer::new(max_waiters),
         rng: SplitMix64::new(c.u64()),
         serial: 0,
@@ -804,10 +805,14 @@ fn check_grpc(c: &mut Cursor<'_>) -> Result<(), Divergence> {
         _ => u32::from(c.u16() % 2_000),
     };
     let valid = (1..=1_000).contains(&max_tokens) && ratio >= 1;
-    let cfg = GrpcThrottleConfig::new(max_tokens, ratio);
-    if cfg.is_ok() != valid {
+    let cfg = GrpcThrottleConfig::default()
+        .with_max_tokens(max_tokens)
+        .with_milli_token_ratio(ratio);
+    let built = GrpcThrottle::new(cfg);
+    if cfg.validate().is_ok() != valid || built.is_ok() != valid {
         return Err(format!(
-            "grpc config ({max_tokens}, {ratio}): {cfg:?}, valid = {valid}"
+            "grpc config ({max_tokens}, {ratio}): {:?}, valid = {valid}",
+            cfg.validate()
         ));
     }
     let (max_milli, ratio_milli) = if valid {
@@ -815,7 +820,7 @@ fn check_grpc(c: &mut Cursor<'_>) -> Result<(), Divergence> {
     } else {
         (10_000, 100)
     };
-    let mut real = GrpcThrottle::new(cfg.unwrap_or_default());
+    let mut real = built.unwrap_or_default();
     let mut history: Vec<bool> = Vec::new();
     let mut now = Instant::ZERO;
     let mut step = 0usize;
@@ -886,10 +891,15 @@ fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
         && ttl.as_secs() >= 1
         && ttl.as_secs() <= 60
         && percent_ppm <= 1_000_000_000;
-    let cfg = FinagleBudgetConfig::new(ttl, min_per_sec, percent_ppm);
-    if cfg.is_ok() != valid {
+    let cfg = FinagleBudgetConfig::default()
+        .with_ttl(ttl)
+        .with_min_retries_per_sec(min_per_sec)
+        .with_percent_can_retry_ppm(percent_ppm);
+    let built = FinagleBudget::new(cfg);
+    if cfg.validate().is_ok() != valid || built.is_ok() != valid {
         return Err(format!(
-            "finagle config ({ttl:?}, {min_per_sec}, {percent_ppm}): {cfg:?}, valid = {valid}"
+            "finagle config ({ttl:?}, {min_per_sec}, {percent_ppm}): {:?}, valid = {valid}",
+            cfg.validate()
         ));
     }
     let (ttl_secs, min_per_sec, percent_ppm) = if valid {
@@ -897,7 +907,7 @@ fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
     } else {
         (10, 10, 200_000)
     };
-    let mut real = FinagleBudget::new(cfg.unwrap_or_default());
+    let mut real = built.unwrap_or_default();
     let reserve = i128::from(min_per_sec) * i128::from(ttl_secs) * 1_000_000;
     let mut events: Vec<(u64, i128)> = Vec::new();
     let mut latest = Instant::ZERO;

@@ -544,7 +544,9 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         _ => 1 + u64::from(c.below(64)),
     };
     let mut checker = Checker {
-        machine: PendingBytesLimiter::new(PendingBytesConfig::new(limit)),
+        machine: PendingBytesLimiter::new(
+            PendingBytesConfig::default().with_max_pending_bytes(limit),
+        ),
         reference: Reference {
             limit,
             entries: Vec::new(),

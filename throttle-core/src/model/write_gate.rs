@@ -1,6 +1,6 @@
 //! Model checker for [`WriteGate`]: random installs of every reason, KV signals, leader
 //! events, probe sends and successes, time running back and forth, `handle_timeout` and
-//! shutdown over a few `u8` buckets, against a naive reference.
+//! `close` over a few `u8` buckets, against a naive reference.
 //!
 //! The reference is a list of `(bucket, reason, deadline)` records plus lists of unknown
 //! leaders, armed probes and probe counters, answered by scanning. It shares no code with the
@@ -264,7 +264,7 @@ impl Reference {
         }
     }
 
-    fn shutdown(&mut self) -> Option<u64> {
+    fn close(&mut self) -> Option<u64> {
         let now = self.last;
         let gated = (0..BUCKETS).any(|b| self.remaining(b, now) > 0);
         self.records.clear();
@@ -385,8 +385,7 @@ fn signal(c: &mut Cursor<'_>) -> Option<Signal> {
 
 /// Build the gate's configuration and the reference's rules from one byte.
 fn configure(bits: u8) -> Result<(WriteGateConfig, Vec<Rule>, [Reason; 5], Reason), Divergence> {
-    let mut cfg = WriteGateConfig::default();
-    cfg.kv_curve = ThrottleCurve::fluss_landed();
+    let mut cfg = WriteGateConfig::default().with_kv_curve(ThrottleCurve::fluss_landed());
     let disk_probe = (bits & 1 != 0).then_some(1 + u32::from(bits >> 6));
     let kv_probe = (bits & 2 != 0).then_some(2);
     let quota_scoped = bits & 4 != 0;
@@ -450,10 +449,13 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut c = Cursor::new(data);
     let (cfg, rules, handles, foreign) = configure(c.u8())?;
     let seed = c.u64();
-    let disk = cfg.disk_write_locked.clone();
-    let retriable = cfg.retriable_write.clone();
-    let curve = cfg.kv_curve;
-    let mut gate: WriteGate<u8, Fnv> = WriteGate::new(cfg);
+    let disk = cfg.disk_write_locked().clone();
+    let retriable = cfg.retriable_write().clone();
+    let curve = *cfg.kv_curve();
+    let mut gate: WriteGate<u8, Fnv> = match WriteGate::new(cfg) {
+        Ok(gate) => gate,
+        Err(e) => return Err(format!("config refused: {e}")),
+    };
     let mut gate_rng = SplitMix64::new(seed);
     let mut ref_rng = SplitMix64::new(seed);
     let mut reference = Reference {
@@ -567,15 +569,21 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                 }
             }
             13 => {
-                what = "begin_close".into();
-                gate.begin_close();
+                // Was `begin_close`, a flag no decision read; kept as a step that changes
+                // nothing so the corpus keeps its meaning.
+                what = "is_closed".into();
+                if gate.is_closed() != reference.shut {
+                    return Err(format!(
+                        "step {step}: is_closed disagrees with the reference"
+                    ));
+                }
             }
             15 if c.u8() < 8 => {
-                what = "shutdown".into();
-                gate.shutdown();
-                expected_wake = reference.shutdown();
+                what = "close".into();
+                gate.close();
+                expected_wake = reference.close();
             }
-            // 10, 11, 14, and 15 when it does not shut down: a time step.
+            // 10, 11, 14, and 15 when it does not close: a time step.
             _ => {
                 now = c.time_step(now);
                 what = format!("time -> {now:?}");

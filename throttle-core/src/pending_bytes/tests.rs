@@ -4,7 +4,7 @@ use super::*;
 use alloc::vec::Vec;
 
 fn limiter(limit: u64) -> PendingBytesLimiter {
-    PendingBytesLimiter::new(PendingBytesConfig::new(limit))
+    PendingBytesLimiter::new(PendingBytesConfig::default().with_max_pending_bytes(limit))
 }
 
 fn granted(e: Result<Enqueued, Exhausted>) -> Grant {

@@ -19,6 +19,7 @@ use core::task::{Context, Poll, Waker};
 
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Receiver, Sender};
+use super::signal::{WakeSignal, wait_for};
 use super::{Closed, Runtime};
 use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason};
 use crate::dispatch_window::CreditId;
@@ -98,6 +99,19 @@ struct DriverShared<R, T: Transport<Shard, Op>, Shard, Op, S> {
     rt: R,
     transport: T,
     state: Mutex<DriverState<T, Shard, Op, S>>,
+    /// Notified when the closed driver's last batch in flight ends: [`BatchDriver::closed`].
+    drained: WakeSignal,
+}
+
+impl<T: Transport<Shard, Op>, Shard, Op, S> DriverState<T, Shard, Op, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    /// Closed, and no batch in the transport (no live window credit).
+    fn is_drained(&self) -> bool {
+        self.closed && self.batcher.window().live_credits() == 0
+    }
 }
 
 /// What a critical section decided, carried out after the lock is dropped.
@@ -207,6 +221,7 @@ where
                     driver: None,
                     closed: false,
                 }),
+                drained: WakeSignal::new(),
             }),
         };
         let task = driver.clone();
@@ -250,7 +265,7 @@ where
     /// Fails every operation not yet sent with [`OpError::Closed`], refuses later submits and
     /// stops the driver task. Batches in the transport finish normally. Idempotent.
     pub fn close(&self) {
-        let (effects, waker) = {
+        let (effects, waker, drained) = {
             let mut guard = lock(&self.shared.state);
             let st = &mut *guard;
             st.closed = true;
@@ -260,14 +275,27 @@ where
                     effects.done.push((slot.tx, Err(OpError::Closed)));
                 }
             }
-            st.batcher.fail_all();
+            st.batcher.close();
             drain(st, &mut effects, None);
-            (effects, st.driver.take())
+            (effects, st.driver.take(), st.is_drained())
         };
         self.apply(effects);
         if let Some(w) = waker {
             w.wake();
         }
+        if drained {
+            self.shared.drained.notify();
+        }
+    }
+
+    /// Resolves once the driver is closed and no batch is in the transport (every batch sent
+    /// before the close has ended and delivered its results). With [`close`](Self::close), a
+    /// graceful shutdown: `driver.close(); driver.closed().await`. Cancel-safe.
+    pub async fn closed(&self) {
+        wait_for(&self.shared.drained, || {
+            lock(&self.shared.state).is_drained()
+        })
+        .await;
     }
 
     /// Whether [`close`](Self::close) was called.
@@ -370,9 +398,12 @@ where
             // An unknown credit cannot come back here (each send task reports once).
             let _ = released;
             drain(st, &mut effects, Some(&mut ending));
-            effects
+            (effects, st.is_drained())
         };
-        self.apply(effects);
+        self.apply(effects.0);
+        if effects.1 {
+            self.shared.drained.notify();
+        }
     }
 }
 
@@ -597,5 +628,39 @@ mod tests {
                 .all(|(_, r)| matches!(r, Err(OpError::Closed)))
         );
         assert!(held.take().is_empty(), "nothing sent after close");
+    }
+
+    #[test]
+    fn closed_resolves_only_once_closed_and_the_last_batch_in_flight_ends() {
+        use crate::sync::test_support::{CountingWaker, poll_once};
+        let (mut exec, driver, held, out) = setup(2);
+        submit(&exec, &driver, &out, 1);
+        exec.run_until_stalled();
+        submit(&exec, &driver, &out, 2);
+        exec.run_until_stalled();
+        let mut sent = held.take();
+        assert_eq!(sent.len(), 2, "two batches in the transport");
+        let (w, wakes) = CountingWaker::new();
+        let mut closed = alloc::boxed::Box::pin(driver.closed());
+        assert!(poll_once(&mut closed, &w).is_pending(), "not closed yet");
+        driver.close();
+        assert!(
+            poll_once(&mut closed, &w).is_pending(),
+            "two batches in flight"
+        );
+        let (_, _, reply) = sent.remove(0);
+        reply.send(Ok(alloc::vec![Ok(7)]));
+        exec.run_until_stalled();
+        assert!(
+            poll_once(&mut closed, &w).is_pending(),
+            "one batch in flight"
+        );
+        assert_eq!(wakes.wakes(), 0);
+        let (_, _, reply) = sent.remove(0);
+        reply.send(Err("late"));
+        exec.run_until_stalled();
+        assert_eq!(wakes.wakes(), 1, "the last batch's end wakes the waiter");
+        assert!(poll_once(&mut closed, &w).is_ready());
+        assert_eq!(out.lock().unwrap().len(), 2, "both results delivered first");
     }
 }

@@ -116,7 +116,7 @@ where
                 state: Mutex::new(FailoverState {
                     budget,
                     rng: SplitMix64::new(random_seed()),
-                    coalescer: RefreshCoalescer::new(coalescer),
+                    coalescer: RefreshCoalescer::new(coalescer)?,
                     refreshes_started: 0,
                 }),
             }),
@@ -263,7 +263,7 @@ impl<K, B> RefreshGuard<'_, K, B> {
         {
             let mut st = lock(&self.shared.state);
             if st.coalescer.handle_refreshed(generation, ok).is_ok() {
-                while let Some(r) = st.coalescer.poll_release() {
+                while let Some(r) = st.coalescer.poll_action() {
                     released.push((r.waiter, r.ok));
                 }
             }

@@ -16,6 +16,7 @@ use super::drive::{Timed, drive, drive_timeouts};
 use super::loom::{Arc, Mutex, lock};
 use super::{Runtime, WakeSignal, wait_until};
 use crate::backpressure::Signal;
+use crate::error::ConfigError;
 use crate::rng::Rng;
 use crate::time::Instant;
 use crate::write_gate::{GateAction, GateState, WriteGate, WriteGateConfig};
@@ -76,17 +77,18 @@ where
     K: Hash + Eq + Clone,
     S: BuildHasher,
 {
-    /// A handle over a new gate, hashing bucket keys with `S::default()`.
-    pub fn new(cfg: WriteGateConfig) -> Self
+    /// A handle over a new gate, hashing bucket keys with `S::default()`; refuses an
+    /// invalid `cfg`.
+    pub fn new(cfg: WriteGateConfig) -> Result<Self, ConfigError>
     where
         S: Default,
     {
-        Self::from_gate(WriteGate::new(cfg))
+        WriteGate::new(cfg).map(Self::from_gate)
     }
 
-    /// A handle over a new gate, hashing bucket keys with `hasher`.
-    pub fn with_hasher(cfg: WriteGateConfig, hasher: S) -> Self {
-        Self::from_gate(WriteGate::with_hasher(cfg, hasher))
+    /// A handle over a new gate, hashing bucket keys with `hasher`; refuses an invalid `cfg`.
+    pub fn with_hasher(cfg: WriteGateConfig, hasher: S) -> Result<Self, ConfigError> {
+        WriteGate::with_hasher(cfg, hasher).map(Self::from_gate)
     }
 
     /// A handle over an existing gate.
@@ -204,7 +206,7 @@ mod tests {
         let mut ex = Executor::default();
         let mut rt = TestRuntime::new();
         rt.spawner = Some(ex.spawner());
-        let gate = Gate::new(WriteGateConfig::default());
+        let gate = Gate::new(WriteGateConfig::default()).expect("the default config is valid");
         let t0 = Instant::ZERO;
         // Full pressure: the default curve's ceiling, 5000 ms.
         assert_eq!(
@@ -248,7 +250,7 @@ mod tests {
 
     #[test]
     fn a_longer_install_does_not_wake_sleepers() {
-        let gate = Gate::new(WriteGateConfig::default());
+        let gate = Gate::new(WriteGateConfig::default()).expect("the default config is valid");
         let epoch = gate.signal().epoch();
         gate.handle_kv_signal(Instant::ZERO, &1, Signal::Pressure(500_000));
         gate.handle_kv_signal(Instant::ZERO, &1, Signal::Full);
@@ -262,7 +264,7 @@ mod tests {
     fn unknown_leader_ends_the_wait_so_the_caller_refreshes() {
         let mut ex = Executor::default();
         let rt = TestRuntime::new();
-        let gate = Gate::new(WriteGateConfig::default());
+        let gate = Gate::new(WriteGateConfig::default()).expect("the default config is valid");
         gate.handle_kv_signal(Instant::ZERO, &3, Signal::Full);
         let result = std::sync::Arc::new(StdMutex::new(None));
         {
@@ -288,7 +290,7 @@ mod tests {
         let mut ex = Executor::default();
         let mut rt = TestRuntime::new();
         rt.spawner = Some(ex.spawner());
-        let gate = Gate::new(WriteGateConfig::default());
+        let gate = Gate::new(WriteGateConfig::default()).expect("the default config is valid");
         {
             let (gate, rt2) = (gate.clone(), rt.clone());
             rt.spawn(async move { gate.drive_timeouts(&rt2).await });
@@ -328,7 +330,8 @@ mod loom_models {
     fn gate_wake_racing_a_sleeper_rearms_its_timer_at_the_earlier_opening() {
         loom::model(|| {
             let rt = TestRuntime::new();
-            let gate: GateHandle<u32, TestHasher> = GateHandle::new(WriteGateConfig::default());
+            let gate: GateHandle<u32, TestHasher> =
+                GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
             let _ = gate.handle_kv_signal(Instant::ZERO, &7, Signal::Full); // 5000 ms
 
             let gate2 = gate.clone();

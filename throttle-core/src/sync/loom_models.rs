@@ -176,7 +176,7 @@ fn release_racing_a_newcomer_serves_the_older_waiter_first() {
 #[test]
 fn bytes_waiter_cancelled_racing_its_admission_passes_the_bytes_on() {
     loom::model(|| {
-        let h = PendingBytes::new(PendingBytesConfig::new(10));
+        let h = PendingBytes::new(PendingBytesConfig::default().with_max_pending_bytes(10));
         let Some(held) = h.try_acquire(10) else {
             panic!("10 B fit in 10 B");
         };
@@ -324,5 +324,46 @@ fn signal_notify_racing_a_waker_change_loses_no_wakeup() {
             assert!(poll_once(&mut listener, &new).is_ready());
         }
         assert_eq!(signal.listeners(), 0);
+    });
+}
+
+/// `close` on one thread races the last permit's release on another while a `closed()`
+/// waiter polls: it never resolves before both have happened, and once both have it is
+/// woken (or was ready already), so a graceful shutdown neither ends early nor hangs.
+#[test]
+fn window_closed_resolves_after_close_and_the_last_release_and_not_before() {
+    loom::model(|| {
+        let h = window(1);
+        let p = permit(&h);
+        let (waker, wakes) = CountingWaker::new();
+        let mut closed = Box::pin({
+            let h = h.clone();
+            async move { h.closed().await }
+        });
+        assert!(poll_once(&mut closed, &waker).is_pending());
+
+        let h1 = h.clone();
+        let t1 = thread::spawn(move || h1.close());
+        let t2 = thread::spawn(move || {
+            let _ = p.complete();
+        });
+        let early = poll_once(&mut closed, &waker);
+        if early.is_ready() {
+            assert!(
+                h.is_closed() && h.live_credits() == 0,
+                "closed() resolved before the close and the last release"
+            );
+        }
+        let _ = t1.join();
+        let _ = t2.join();
+
+        if early.is_pending() {
+            assert!(
+                wakes.wakes() >= 1,
+                "lost wake-up: the waiter was never woken"
+            );
+            assert!(poll_once(&mut closed, &waker).is_ready());
+        }
+        assert_eq!(h.live_credits(), 0);
     });
 }

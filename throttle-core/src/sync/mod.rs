@@ -29,6 +29,10 @@
 //! - Handles are `Clone + Send + Sync`; permits and futures are `Send` (asserted at compile
 //!   time below).
 //! - A poisoned lock (a panic in a key's `Hash`, say) is recovered, not propagated.
+//! - A handle with `close()` has `closed().await`: it resolves once the handle is closed and
+//!   everything it had in flight has ended (window: no live credit; bytes: nothing granted;
+//!   pool: no lease out and no connect running; batch driver: no batch in the transport).
+//!   The release path that ends the last of them notifies a [`WakeSignal`]; nothing polls.
 //!
 //! The loom models (`loom_models`, `cfg(loom)`) check the races; see
 //! `docs/sync.md` for the design and how to run them.
@@ -87,7 +91,9 @@ where
     let _borrowed = |window: &WindowHandle<Shard, S>, shard: Shard| {
         send_value(&window.acquire(shard.clone()));
         send_value(&window.try_acquire(shard));
+        send_value(&window.closed());
     };
+    let _bytes = |bytes: &PendingBytes| send_value(&bytes.closed());
     handle::<PendingBytes>();
     send::<BytesPermit>();
     send::<AcquireBytes>();
@@ -133,7 +139,9 @@ where
     let _pool = |pool: &ConnPool<R, C, U, H, S>, key: &crate::ConnKey<U, H>| {
         send_value(&pool.lease(key));
         send_value(&pool.drive_timeouts());
+        send_value(&pool.closed());
     };
+    let _batch = |driver: &BatchDriver<R, T, Shard, Op, S>| send_value(&driver.closed());
     let _call = |fx: &FailoverExecutor<R, K, B>| {
         send_value(&fx.call(|| async { Ok::<u8, u32>(1) }, || async { true }));
     };

@@ -16,6 +16,7 @@ use core::task::{Context, Poll, Waker};
 use smallvec::SmallVec;
 
 use super::loom::{Arc, Mutex, lock};
+use super::signal::{WakeSignal, wait_for};
 use super::{Closed, wake_all};
 use crate::pending_bytes::{
     Enqueued, Grant, PendingBytesAction, PendingBytesConfig, PendingBytesLimiter, Ticket,
@@ -36,11 +37,18 @@ struct BytesState {
     /// Waiters whose futures are still alive, in ticket order.
     waiters: VecDeque<(Ticket, Entry)>,
     closed: bool,
+    /// Notified (after unlock) once closed with nothing granted: [`PendingBytes::closed`].
+    drained: WakeSignal,
     #[cfg(test)]
     refused_releases: usize,
 }
 
 impl BytesState {
+    /// The signal to notify after unlocking, if the handle is closed and nothing is granted.
+    fn drained_signal(&self) -> Option<WakeSignal> {
+        (self.closed && self.limiter.granted() == 0).then(|| self.drained.clone())
+    }
+
     fn position(&self, ticket: Ticket) -> Option<usize> {
         self.waiters
             .binary_search_by_key(&ticket.id(), |(t, _)| t.id())
@@ -128,7 +136,7 @@ impl BytesState {
 /// use throttle_core::pending_bytes::PendingBytesConfig;
 /// use throttle_core::sync::PendingBytes;
 ///
-/// let limiter = PendingBytes::new(PendingBytesConfig::new(100));
+/// let limiter = PendingBytes::new(PendingBytesConfig::default().with_max_pending_bytes(100));
 /// let held = limiter.try_acquire(80).unwrap();
 /// assert!(limiter.try_acquire(30).is_none()); // does not fit beside 80
 /// drop(held); // released on drop
@@ -153,6 +161,7 @@ impl PendingBytes {
                 limiter: PendingBytesLimiter::new(config),
                 waiters: VecDeque::new(),
                 closed: false,
+                drained: WakeSignal::new(),
                 #[cfg(test)]
                 refused_releases: 0,
             })),
@@ -182,8 +191,28 @@ impl PendingBytes {
     /// stay valid. Idempotent.
     pub fn close(&self) {
         let mut wakeups = Wakeups::new();
-        lock(&self.shared).close(&mut wakeups);
+        let drained = {
+            let mut st = lock(&self.shared);
+            st.close(&mut wakeups);
+            st.drained_signal()
+        };
         wake_all(wakeups);
+        if let Some(signal) = drained {
+            signal.notify();
+        }
+    }
+
+    /// Resolves once the handle is closed and nothing is granted: every [`BytesPermit`]
+    /// released (grants not yet observed by a waiter are given back by the close). With
+    /// [`close`](Self::close), a graceful shutdown: `bytes.close(); bytes.closed().await`.
+    /// Cancel-safe.
+    pub async fn closed(&self) {
+        let signal = lock(&self.shared).drained.clone();
+        wait_for(&signal, || {
+            let st = lock(&self.shared);
+            st.closed && st.limiter.granted() == 0
+        })
+        .await;
     }
 
     /// Whether [`close`](Self::close) was called.
@@ -257,8 +286,15 @@ impl BytesPermit {
             return;
         }
         let mut wakeups = Wakeups::new();
-        lock(&self.shared).release(self.grant, &mut wakeups);
+        let drained = {
+            let mut st = lock(&self.shared);
+            st.release(self.grant, &mut wakeups);
+            st.drained_signal()
+        };
         wake_all(wakeups);
+        if let Some(signal) = drained {
+            signal.notify();
+        }
     }
 }
 
@@ -341,19 +377,23 @@ impl Drop for AcquireBytes {
         };
         self.state = BytesAcquireState::Done;
         let mut wakeups = Wakeups::new();
-        {
+        let drained = {
             let mut st = lock(&self.shared);
             match st.remove(ticket) {
                 // `close` already cancelled it.
-                Some(Entry::Closed) | None => {}
+                Some(Entry::Closed) | None => None,
                 // Waiting: withdraw. Granted but not observed: release. `cancel` does either.
                 Some(_) => {
                     let _ = st.limiter.cancel(ticket);
                     st.drain(&mut wakeups);
+                    st.drained_signal()
                 }
             }
-        }
+        };
         wake_all(wakeups);
+        if let Some(signal) = drained {
+            signal.notify();
+        }
     }
 }
 
@@ -391,7 +431,7 @@ mod tests {
 
     #[test]
     fn bytes_waiters_are_admitted_in_order_and_a_small_one_never_barges() {
-        let h = PendingBytes::new(PendingBytesConfig::new(100));
+        let h = PendingBytes::new(PendingBytesConfig::default().with_max_pending_bytes(100));
         let big = Polled::new(&h, 80).permit();
         let mut a = Polled::new(&h, 30);
         let mut b = Polled::new(&h, 10);
@@ -421,7 +461,7 @@ mod tests {
 
     #[test]
     fn bytes_waiter_cancelled_after_admission_returns_its_bytes_once() {
-        let h = PendingBytes::new(PendingBytesConfig::new(10));
+        let h = PendingBytes::new(PendingBytesConfig::default().with_max_pending_bytes(10));
         let held = Polled::new(&h, 10).permit();
         let mut a = Polled::new(&h, 10);
         let mut b = Polled::new(&h, 10);
@@ -438,7 +478,7 @@ mod tests {
 
     #[test]
     fn cancelled_head_lets_the_line_move() {
-        let h = PendingBytes::new(PendingBytesConfig::new(10));
+        let h = PendingBytes::new(PendingBytesConfig::default().with_max_pending_bytes(10));
         let held = Polled::new(&h, 5).permit();
         let mut big = Polled::new(&h, 10);
         let mut small = Polled::new(&h, 5);
@@ -457,7 +497,7 @@ mod tests {
 
     #[test]
     fn close_fails_bytes_waiters_and_held_permits_still_release() {
-        let h = PendingBytes::new(PendingBytesConfig::new(10));
+        let h = PendingBytes::new(PendingBytesConfig::default().with_max_pending_bytes(10));
         let held = Polled::new(&h, 10).permit();
         let mut waiters: Vec<Polled> = (0..3).map(|_| Polled::new(&h, 4)).collect();
         for w in &mut waiters {
@@ -480,8 +520,37 @@ mod tests {
     }
 
     #[test]
+    fn closed_resolves_only_once_closed_and_every_grant_is_released() {
+        let h = PendingBytes::new(PendingBytesConfig::default().with_max_pending_bytes(10));
+        let a = Polled::new(&h, 6).permit();
+        let b = h.try_acquire(4).expect("fits beside 6");
+        // Granted while the close comes, never observed: the close gives it back.
+        let mut late = Polled::new(&h, 6);
+        assert!(late.poll().is_pending());
+        let (w, wakes) = CountingWaker::new();
+        let mut closed = alloc::boxed::Box::pin(h.closed());
+        assert!(poll_once(&mut closed, &w).is_pending(), "not closed yet");
+        drop(a); // admits `late` (6 fits beside 4)
+        h.close();
+        assert!(
+            poll_once(&mut closed, &w).is_pending(),
+            "`b` is still granted"
+        );
+        assert!(matches!(late.poll(), Poll::Ready(Err(Closed))));
+        assert_eq!(wakes.wakes(), 0);
+        b.release();
+        assert_eq!(
+            wakes.wakes(),
+            1,
+            "the last release wakes the closed() waiter"
+        );
+        assert!(poll_once(&mut closed, &w).is_ready());
+        assert!(poll_once(&mut alloc::boxed::Box::pin(h.closed()), &w).is_ready());
+    }
+
+    #[test]
     fn oversized_request_waits_for_everything_then_proceeds_alone() {
-        let h = PendingBytes::new(PendingBytesConfig::new(10));
+        let h = PendingBytes::new(PendingBytesConfig::default().with_max_pending_bytes(10));
         let p = Polled::new(&h, 1).permit();
         let mut huge = Polled::new(&h, u64::MAX);
         assert!(huge.poll().is_pending());

@@ -1,7 +1,7 @@
 //! [`ConnPool`]: connections keyed by `(uid, host, port)` over a [`ConnTable`], shared by many
 //! tasks, with idle eviction from the table's deadlines and the table's connect backoff.
 //!
-//! The table decides (`route`, under the lock); the pool carries the decisions out after the
+//! The table decides (`handle_request`, under the lock); the pool carries the decisions out after the
 //! lock is dropped: an `Open` becomes a connect task spawned on the runtime (so a cancelled
 //! leaser never strands a connection in `Connecting`), a `Close` drops the pool's handle to the
 //! connection. Leasers of a connecting endpoint sleep on a [`WakeSignal`] notified when any
@@ -20,6 +20,7 @@ use super::drive::{Timed, drive, drive_timeouts};
 use super::failover::random_seed;
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot;
+use super::signal::wait_for;
 use super::{Runtime, WakeSignal};
 use crate::conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, Route};
 use crate::error::ConfigError;
@@ -69,6 +70,18 @@ struct PoolState<U, H, S, T> {
     conns: BTreeMap<ConnId, Arc<T>>,
     rng: SplitMix64,
     closed: bool,
+    /// Leases out (each holds its connection open).
+    leased: usize,
+    /// Connect tasks not yet reported back.
+    connecting: usize,
+}
+
+impl<U, H, S, T> PoolState<U, H, S, T> {
+    /// Closed, no lease out and no connect running: what [`ConnPool::closed`] waits for.
+    /// (The pool's own handles to connections went at the close, so no connection is open.)
+    fn is_drained(&self) -> bool {
+        self.closed && self.leased == 0 && self.connecting == 0
+    }
 }
 
 struct PoolShared<R, C: Connector<H>, U, H, S> {
@@ -79,6 +92,8 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
     connected: WakeSignal,
     /// Notified when an input moves the table's `poll_timeout` earlier: the timer loop re-arms.
     timer: WakeSignal,
+    /// Notified when the closed pool's last lease or connect ends: [`ConnPool::closed`].
+    drained: WakeSignal,
 }
 
 /// A pool of connections keyed by [`ConnKey`] `(uid, host, port)`, over a [`ConnTable`].
@@ -155,9 +170,12 @@ where
                     conns: BTreeMap::new(),
                     rng: SplitMix64::new(random_seed()),
                     closed: false,
+                    leased: 0,
+                    connecting: 0,
                 }),
                 connected: WakeSignal::new(),
                 timer: WakeSignal::new(),
+                drained: WakeSignal::new(),
             }),
         })
     }
@@ -180,15 +198,21 @@ where
                 if st.closed {
                     return Step::Err(PoolError::Closed);
                 }
-                match st.table.route(now, key) {
+                match st.table.handle_request(now, key) {
                     Route::Use(id) => match st.conns.get(&id) {
                         Some(conn) => match st.table.handle_send(now, id) {
-                            Ok(()) => Step::Leased(id, Arc::clone(conn)),
+                            Ok(()) => {
+                                st.leased += 1;
+                                Step::Leased(id, Arc::clone(conn))
+                            }
                             Err(_) => Step::AwaitConnect, // unreachable: it is live
                         },
                         None => Step::AwaitConnect,
                     },
-                    Route::Open(id, _) => Step::Connect(id),
+                    Route::Open(id, _) => {
+                        st.connecting += 1;
+                        Step::Connect(id)
+                    }
                     Route::Wait { until } => Step::Err(PoolError::Backoff { until }),
                     _ => Step::Err(PoolError::Exhausted),
                 }
@@ -248,13 +272,27 @@ where
     /// Refuses later leases and drops the pool's handles to every connection (leased ones stay
     /// open until their leases end). Idempotent.
     pub fn close(&self) {
-        let conns = {
+        let (conns, drained) = {
             let mut st = lock(&self.shared.state);
             st.closed = true;
-            core::mem::take(&mut st.conns)
+            (core::mem::take(&mut st.conns), st.is_drained())
         };
         drop(conns);
         self.shared.connected.notify();
+        if drained {
+            self.shared.drained.notify();
+        }
+    }
+
+    /// Resolves once the pool is closed and nothing it started is still running: no lease
+    /// out and no connect task unreported (so, the pool's handles having gone at the close,
+    /// no connection open or connecting). With [`close`](Self::close), a graceful shutdown:
+    /// `pool.close(); pool.closed().await`. Cancel-safe.
+    pub async fn closed(&self) {
+        wait_for(&self.shared.drained, || {
+            lock(&self.shared.state).is_drained()
+        })
+        .await;
     }
 
     /// Live connections (connecting or connected).
@@ -305,24 +343,31 @@ where
 
     /// Reports a connect's end to the table; returns the error for the leaser that opened it.
     fn finish_connect(&self, id: ConnId, result: Result<C::Conn, C::Error>) -> Option<C::Error> {
-        let (failed, stale) = self.update(|st, now| match result {
-            Ok(conn) => {
-                if !st.closed && st.table.handle_connected(now, id) {
-                    st.conns.insert(id, Arc::new(conn));
-                    (None, None)
-                } else {
-                    // Closed meanwhile (idle, disconnected, pool closed): drop it.
-                    (None, Some(conn))
+        let (failed, stale, drained) = self.update(|st, now| {
+            st.connecting = st.connecting.saturating_sub(1);
+            let (failed, stale) = match result {
+                Ok(conn) => {
+                    if !st.closed && st.table.handle_connected(now, id) {
+                        st.conns.insert(id, Arc::new(conn));
+                        (None, None)
+                    } else {
+                        // Closed meanwhile (idle, disconnected, pool closed): drop it.
+                        (None, Some(conn))
+                    }
                 }
-            }
-            Err(e) => {
-                let st = &mut *st;
-                let _ = st.table.handle_connect_failed(now, id, &mut st.rng);
-                (Some(e), None)
-            }
+                Err(e) => {
+                    let st = &mut *st;
+                    let _ = st.table.handle_connect_failed(now, id, &mut st.rng);
+                    (Some(e), None)
+                }
+            };
+            (failed, stale, st.is_drained())
         });
         drop(stale);
         self.connected.notify();
+        if drained {
+            self.drained.notify();
+        }
         failed
     }
 
@@ -332,16 +377,21 @@ where
     }
 
     fn finish(&self, id: ConnId, broken: bool) {
-        let dropped = self.update(|st, now| {
-            if broken {
+        let (dropped, drained) = self.update(|st, now| {
+            st.leased = st.leased.saturating_sub(1);
+            let dropped = if broken {
                 st.table.handle_closed(now, id);
                 st.conns.remove(&id)
             } else {
                 let _ = st.table.handle_finished(now, id);
                 None
-            }
+            };
+            (dropped, st.is_drained())
         });
         drop(dropped);
+        if drained {
+            self.drained.notify();
+        }
     }
 }
 
@@ -503,6 +553,40 @@ mod tests {
             (0, 0),
             "closed and dropped"
         );
+    }
+
+    #[test]
+    fn closed_resolves_only_once_closed_and_the_last_lease_is_dropped() {
+        use crate::sync::test_support::{CountingWaker, poll_once};
+        let mut exec = Executor::default();
+        let (pool, _rt, _, live) = pool(&exec);
+        let held = Arc::new(StdMutex::new(Vec::new()));
+        for port in [9123, 9124] {
+            let (p, held) = (pool.clone(), Arc::clone(&held));
+            exec.spawn(async move {
+                let lease = p.lease(&ConnKey::new(0, 10_001, port)).await.unwrap();
+                held.lock().unwrap().push(lease);
+            });
+        }
+        assert_eq!(exec.run_until_stalled(), 0);
+        assert_eq!(live.load(Ordering::SeqCst), 2);
+        let (w, wakes) = CountingWaker::new();
+        let mut closed = alloc::boxed::Box::pin(pool.closed());
+        assert!(poll_once(&mut closed, &w).is_pending(), "not closed yet");
+        pool.close();
+        assert!(poll_once(&mut closed, &w).is_pending(), "two leases out");
+        let last = held.lock().unwrap().pop();
+        held.lock().unwrap().clear();
+        assert!(poll_once(&mut closed, &w).is_pending(), "one lease out");
+        assert_eq!(live.load(Ordering::SeqCst), 1, "its connection still open");
+        let before = wakes.wakes();
+        drop(last);
+        assert!(
+            wakes.wakes() > before,
+            "the last lease's end wakes the waiter"
+        );
+        assert!(poll_once(&mut closed, &w).is_ready());
+        assert_eq!(live.load(Ordering::SeqCst), 0, "every connection dropped");
     }
 
     #[test]

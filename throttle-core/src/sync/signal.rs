@@ -180,6 +180,22 @@ where
     }
 }
 
+/// Waits until `done()` holds, asking it again only after `signal` is notified: the wait of
+/// a handle's `closed()`, whose release paths notify once the handle is closed and drained.
+///
+/// The epoch is read before each call to `done` (the module's rule), so a notify that lands
+/// between the check and the start of listening still ends the wait. Cancel-safe: dropping the
+/// future drops its listener.
+pub(crate) async fn wait_for(signal: &WakeSignal, mut done: impl FnMut() -> bool) {
+    loop {
+        let epoch = signal.epoch();
+        if done() {
+            return;
+        }
+        signal.changed(epoch).await;
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;

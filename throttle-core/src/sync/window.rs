@@ -31,6 +31,7 @@ use smallvec::SmallVec;
 
 use super::Closed;
 use super::loom::{Arc, Mutex, lock};
+use super::signal::{WakeSignal, wait_for};
 use super::waiters::{WaiterKey, Waiters, wake_all};
 use crate::dispatch_window::{
     CreditId, DispatchWindow, Entered, SubmitError, Take, Ticket, WindowConfig,
@@ -196,6 +197,12 @@ where
         Some(old)
     }
 
+    /// Closed, and no credit live: what [`WindowHandle::closed`] waits for.
+    #[inline]
+    fn is_drained(&self) -> bool {
+        self.window.is_closed() && self.window.live_credits() == 0
+    }
+
     /// Fails every waiter; credits handed to waiters that have not observed them go back.
     fn close(&mut self, wakeups: &mut Wakeups) {
         // Every waiter is visited below, so the window's list of them is not needed.
@@ -267,6 +274,9 @@ pub struct WindowHandle<Shard, S> {
 struct Shared<Shard, S> {
     hasher: S,
     state: Mutex<WindowState<Shard, S>>,
+    /// Notified (after unlock) by every release that leaves the closed window with no live
+    /// credit, and by `close` itself: [`WindowHandle::closed`] listens.
+    drained: WakeSignal,
 }
 
 impl<Shard, S> Shared<Shard, S>
@@ -277,8 +287,15 @@ where
     /// Fails every waiter and refuses later acquires; wakes the waiters after unlocking.
     fn close(&self) {
         let mut wakeups = Wakeups::new();
-        lock(&self.state).close(&mut wakeups);
+        let drained = {
+            let mut st = lock(&self.state);
+            st.close(&mut wakeups);
+            st.is_drained()
+        };
         wake_all(wakeups);
+        if drained {
+            self.drained.notify();
+        }
     }
 }
 
@@ -343,6 +360,7 @@ where
                     stats: Stats::default(),
                 }),
                 hasher,
+                drained: WakeSignal::new(),
             }),
         })
     }
@@ -407,6 +425,17 @@ where
     /// Permits already held stay valid; releasing them frees their slots. Idempotent.
     pub fn close(&self) {
         self.shared.close();
+    }
+
+    /// Resolves once the handle is closed and no credit is live: every permit released (and
+    /// every credit handed to a waiter given back by the close). With [`close`](Self::close),
+    /// a graceful shutdown: `window.close(); window.closed().await`. Waits for the close
+    /// itself too, so it may be awaited before `close` is called. Cancel-safe.
+    pub async fn closed(&self) {
+        wait_for(&self.shared.drained, || {
+            lock(&self.shared.state).is_drained()
+        })
+        .await;
     }
 
     /// Whether [`close`](Self::close) was called (or the window ran out of credit ids).
@@ -525,7 +554,12 @@ where
         let mut st = lock(&self.shared.get().state);
         let mut wakeups = Wakeups::new();
         let released = st.release(self.credit, &mut wakeups);
+        let drained = st.is_drained();
         drop(st);
+        if drained {
+            // The last credit of a closed window: `closed()` may resolve.
+            self.shared.get().drained.notify();
+        }
         match released {
             Ok(released) => {
                 wake_all(wakeups);
@@ -686,6 +720,7 @@ impl<Shard: Hash + Eq + Clone, S: BuildHasher> Drop for Acquire<'_, Shard, S> {
         self.state = AcquireState::Done;
         let mut wakeups = Wakeups::new();
         let mut exhausted = false;
+        let mut drained = false;
         {
             let mut st = lock(&shared.get().state);
             // Still in line: it leaves it (the window cancels its ticket). Cancelled after a
@@ -693,10 +728,14 @@ impl<Shard: Hash + Eq + Clone, S: BuildHasher> Drop for Acquire<'_, Shard, S> {
             // user code runs here: the window names the shard by its stored hash.
             if let Some(Waiter::Granted(credit)) = st.take_waiter(key) {
                 exhausted = st.release(credit, &mut wakeups).is_err();
+                drained = st.is_drained();
             }
         }
         if exhausted {
             shared.get().close();
+        }
+        if drained {
+            shared.get().drained.notify();
         }
         wake_all(wakeups);
     }

@@ -234,16 +234,14 @@ pub(super) const INLINE_REASONS: usize = 4;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct WriteGateConfig {
-    /// Backoff for `DISK_WRITE_LOCKED` rejections (`client.writer.disk-write-locked.backoff`).
-    pub disk_write_locked: BackoffConfig,
-    /// Backoff for other retriable write errors.
-    pub retriable_write: BackoffConfig,
-    /// Pressure-to-delay curve for KV backpressure signals.
-    pub kv_curve: ThrottleCurve,
+    pub(super) disk_write_locked: BackoffConfig,
+    pub(super) retriable_write: BackoffConfig,
+    pub(super) kv_curve: ThrottleCurve,
     reasons: SmallVec<[ReasonSpec; INLINE_REASONS]>,
 }
 
 impl Default for WriteGateConfig {
+    /// The Fluss client's defaults (see the type's docs).
     fn default() -> Self {
         let reasons = Builtin::ALL.iter().map(|b| b.spec()).collect();
         WriteGateConfig {
@@ -256,6 +254,42 @@ impl Default for WriteGateConfig {
 }
 
 impl WriteGateConfig {
+    /// Backoff for `DISK_WRITE_LOCKED` rejections (`client.writer.disk-write-locked.backoff`).
+    #[must_use]
+    pub fn with_disk_write_locked(mut self, backoff: BackoffConfig) -> Self {
+        self.disk_write_locked = backoff;
+        self
+    }
+
+    /// Backoff for other retriable write errors.
+    #[must_use]
+    pub fn with_retriable_write(mut self, backoff: BackoffConfig) -> Self {
+        self.retriable_write = backoff;
+        self
+    }
+
+    /// Pressure-to-delay curve for KV backpressure signals.
+    #[must_use]
+    pub fn with_kv_curve(mut self, curve: ThrottleCurve) -> Self {
+        self.kv_curve = curve;
+        self
+    }
+
+    /// The backoff for `DISK_WRITE_LOCKED` rejections.
+    pub fn disk_write_locked(&self) -> &BackoffConfig {
+        &self.disk_write_locked
+    }
+
+    /// The backoff for other retriable write errors.
+    pub fn retriable_write(&self) -> &BackoffConfig {
+        &self.retriable_write
+    }
+
+    /// The pressure-to-delay curve for KV backpressure signals.
+    pub fn kv_curve(&self) -> &ThrottleCurve {
+        &self.kv_curve
+    }
+
     /// Add a custom reason; returns its handle for
     /// [`WriteGate::handle_throttle`](super::WriteGate::handle_throttle).
     ///

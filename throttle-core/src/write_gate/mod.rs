@@ -19,6 +19,7 @@ use core::time::Duration;
 use hashbrown::HashTable;
 
 use crate::backpressure::Signal;
+use crate::error::ConfigError;
 use crate::rng::Rng;
 use crate::time::{Clock, Instant, ceil_millis};
 
@@ -150,8 +151,7 @@ fn bit(index: usize) -> u64 {
 ///   (installs; each returns the bucket's remaining time after it),
 ///   [`handle_leader`](Self::handle_leader), [`handle_send`](Self::handle_send),
 ///   [`handle_success`](Self::handle_success), and [`handle_timeout`](Self::handle_timeout)
-///   (evicts expired gates). Lifecycle: [`begin_close`](Self::begin_close),
-///   [`shutdown`](Self::shutdown).
+///   (evicts expired gates). Command: [`close`](Self::close).
 /// - **Queries** (`&self`, expired deadlines read as open, nothing is re-drawn or extended):
 ///   [`check`](Self::check) (call before draining a bucket), [`remaining`](Self::remaining),
 ///   [`remaining_ms`](Self::remaining_ms), [`explain`](Self::explain).
@@ -161,7 +161,7 @@ fn bit(index: usize) -> u64 {
 ///   known leader, possibly already past) and call `handle_timeout` at that instant.
 ///
 /// Every input and `poll_timeout` costs O(log n) in the number of gated buckets (an indexed
-/// 4-ary heap); no input scans the buckets (only `shutdown` does, once). The gate stores at
+/// 4-ary heap); no input scans the buckets (only `close` does, once). The gate stores at
 /// most 2³¹ − 2 buckets (slot indices are 31-bit): past that, an input for a new bucket stores
 /// nothing (an install returns zero).
 ///
@@ -176,7 +176,7 @@ fn bit(index: usize) -> u64 {
 /// # struct F(u64); impl core::hash::Hasher for F { fn finish(&self) -> u64 { self.0 }
 /// #   fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.rotate_left(5) ^ u64::from(*x) } } }
 ///
-/// let mut gate: WriteGate<u32, H> = WriteGate::new(WriteGateConfig::default());
+/// let mut gate: WriteGate<u32, H> = WriteGate::new(WriteGateConfig::default())?;
 /// let mut rng = SplitMix64::new(1);
 /// let t0 = Instant::from_millis(1_000);
 ///
@@ -193,6 +193,7 @@ fn bit(index: usize) -> u64 {
 /// gate.handle_timeout(t0 + wait);
 /// assert_eq!(gate.check(t0 + wait, &7), GateState::Open);
 /// assert!(gate.is_empty());
+/// # Ok::<(), throttle_core::ConfigError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct WriteGate<K, S> {
@@ -215,8 +216,7 @@ pub struct WriteGate<K, S> {
     heap: IndexedHeap,
     clock: Clock,
     wake: Option<Instant>,
-    closing: bool,
-    shut_down: bool,
+    closed: bool,
 }
 
 impl<K, S> WriteGate<K, S>
@@ -224,9 +224,10 @@ where
     K: Hash + Eq + Clone,
     S: BuildHasher,
 {
-    /// A gate with no buckets, hashing keys with `hasher`.
-    pub fn with_hasher(cfg: WriteGateConfig, hasher: S) -> Self {
-        WriteGate {
+    /// A gate with no buckets, hashing keys with `hasher`; refuses an invalid `cfg`.
+    pub fn with_hasher(cfg: WriteGateConfig, hasher: S) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        Ok(WriteGate {
             probing: cfg.reasons().iter().any(|r| r.probe_sends().is_some()),
             stride: cfg.reasons().len().saturating_sub(BUILTIN),
             cfg,
@@ -238,13 +239,12 @@ where
             heap: IndexedHeap::default(),
             clock: Clock::default(),
             wake: None,
-            closing: false,
-            shut_down: false,
-        }
+            closed: false,
+        })
     }
 
-    /// A gate with no buckets and a default hasher.
-    pub fn new(cfg: WriteGateConfig) -> Self
+    /// A gate with no buckets and a default hasher; refuses an invalid `cfg`.
+    pub fn new(cfg: WriteGateConfig) -> Result<Self, ConfigError>
     where
         S: Default,
     {
@@ -265,7 +265,7 @@ where
     /// `disk_write_locked.delay_for(attempts, rng)`, at least [`DISK_WRITE_LOCKED_FLOOR`],
     /// installed never-shorten. The gate does not count retries: the sender owns
     /// `max_retries` and installs nothing for a batch it fails. Draws from `rng` exactly once
-    /// unless shut down. Returns the bucket's remaining time (zero after [`Self::shutdown`]).
+    /// unless closed. Returns the bucket's remaining time (zero after [`Self::close`]).
     pub fn handle_disk_write_locked<R: Rng + ?Sized>(
         &mut self,
         now: Instant,
@@ -273,7 +273,7 @@ where
         attempts: u32,
         rng: &mut R,
     ) -> Duration {
-        if self.shut_down {
+        if self.closed {
             self.clock.observe(now);
             return Duration::ZERO;
         }
@@ -295,7 +295,7 @@ where
         attempts: u32,
         rng: &mut R,
     ) -> Duration {
-        if self.shut_down {
+        if self.closed {
             self.clock.observe(now);
             return Duration::ZERO;
         }
@@ -436,17 +436,16 @@ where
         self.maybe_shrink();
     }
 
-    /// Graceful close has begun: gates keep being honoured (the close waits for them) and
-    /// installs are still accepted.
-    pub fn begin_close(&mut self) {
-        self.closing = true;
-    }
-
-    /// Hard stop: every gate and probe state is cleared and later installs are refused
-    /// (they return zero and draw nothing). Leader knowledge is kept. Emits one
+    /// Closes the gate: later installs are refused (they return zero and draw nothing), and
+    /// every gate and probe state is cleared. Leader knowledge is kept. Emits one
     /// `Wake { at }` (the latest `now` seen) if any bucket was gated. Scans the buckets once.
-    pub fn shutdown(&mut self) {
-        self.shut_down = true;
+    ///
+    /// This is the `close` of `docs/architecture.md` ("Closing") for a machine that holds no
+    /// work: what it holds back are senders waiting for an opening, and clearing the gates
+    /// releases them (the `Wake`) instead of failing them; writes in flight are not its to
+    /// touch. Idempotent: a second `close` finds nothing gated and emits nothing.
+    pub fn close(&mut self) {
+        self.closed = true;
         let now = self.clock.peek(Instant::ZERO);
         if (0..self.slots.len()).any(|i| self.slot_remaining(i, now) > Duration::ZERO) {
             self.push_wake(now);
@@ -540,14 +539,9 @@ where
         self.heap.len()
     }
 
-    /// Whether [`Self::begin_close`] was called.
-    pub fn is_closing(&self) -> bool {
-        self.closing
-    }
-
-    /// Whether [`Self::shutdown`] was called.
-    pub fn is_shut_down(&self) -> bool {
-        self.shut_down
+    /// Whether [`Self::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed
     }
 
     // ---------------------------------------------------------------------------- pollers
@@ -742,7 +736,7 @@ where
     /// probes, wake if the bucket's remaining time fell, and settle the heap.
     fn install(&mut self, now: Instant, bucket: &K, r: usize, delay: Duration) -> Duration {
         let now = self.clock.observe(now);
-        if self.shut_down {
+        if self.closed {
             return Duration::ZERO;
         }
         let Some(&spec) = self.cfg.reasons().get(r) else {
@@ -972,8 +966,8 @@ where
             {
                 return Err("heap item does not match the bucket's opening");
             }
-            if self.shut_down && opening != Instant::ZERO {
-                return Err("a gate survived shutdown");
+            if self.closed && opening != Instant::ZERO {
+                return Err("a gate survived close");
             }
         }
         if !self.heap.is_consistent() {

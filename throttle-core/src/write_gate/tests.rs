@@ -23,9 +23,8 @@ fn at(n: u64) -> Instant {
 }
 
 fn gate() -> Gate {
-    let mut cfg = WriteGateConfig::default();
-    cfg.kv_curve = ThrottleCurve::fluss_landed();
-    Gate::new(cfg)
+    let cfg = WriteGateConfig::default().with_kv_curve(ThrottleCurve::fluss_landed());
+    Gate::new(cfg).expect("a valid config")
 }
 
 fn install(g: &mut Gate, now: Instant, b: u32, r: Reason, d: Duration) -> Duration {
@@ -184,8 +183,11 @@ fn kv_signal_latest_wins_shortens_and_clears() {
 #[test]
 fn remaining_is_max_across_reasons_and_wakes_only_when_it_decreases() {
     let mut g = gate();
-    assert_eq!(g.config().kv_curve.delay(Signal::Full), ms(3_000));
-    assert_eq!(g.config().kv_curve.delay(Signal::Pressure(100_000)), ms(30));
+    assert_eq!(g.config().kv_curve().delay(Signal::Full), ms(3_000));
+    assert_eq!(
+        g.config().kv_curve().delay(Signal::Pressure(100_000)),
+        ms(30)
+    );
     let t0 = at(10_000);
     install(&mut g, t0, 7, DISK, ms(1_000));
     install(&mut g, t0, 7, RETRY, ms(2_000));
@@ -352,7 +354,7 @@ fn unknown_leader_of_an_ungated_bucket_is_stored_until_known_again() {
 fn probing_gate(disk_probes: u32) -> Gate {
     let mut cfg = WriteGateConfig::default();
     assert!(cfg.set_probe(DISK, Some(disk_probes)).is_ok());
-    Gate::new(cfg)
+    Gate::new(cfg).expect("a valid config")
 }
 
 #[test]
@@ -490,7 +492,7 @@ fn two_custom_reasons_with_different_rules_need_no_read_side_change() {
         panic!("registration refused");
     };
     assert_eq!((quota.index(), retry_after.index()), (3, 4));
-    let mut g = Gate::new(cfg);
+    let mut g = Gate::new(cfg).expect("a valid config");
     install(&mut g, at(0), 1, quota, ms(500));
     install(&mut g, at(0), 1, quota, ms(100));
     assert_eq!(
@@ -551,14 +553,14 @@ fn config_refuses_a_zero_probe_allowance_and_too_many_reasons() {
 }
 
 #[test]
-fn shutdown_refuses_installs_and_returns_zero() {
+fn close_refuses_installs_and_returns_zero() {
     let mut g = gate();
     let mut rng = SplitMix64::new(3);
     install(&mut g, at(0), 1, DISK, ms(1_000));
     g.handle_leader(at(0), &2, false);
     drain(&mut g);
-    g.shutdown();
-    assert!(g.is_shut_down());
+    g.close();
+    assert!(g.is_closed());
     assert_eq!(
         drain(&mut g),
         Some(GateAction::Wake { at: at(0) }),
@@ -581,27 +583,6 @@ fn shutdown_refuses_installs_and_returns_zero() {
     assert_eq!(g.poll_timeout(), None);
     assert_eq!(g.len(), 1);
     assert!(g.check_invariants().is_ok());
-}
-
-#[test]
-fn begin_close_keeps_honouring_gates() {
-    let mut g = gate();
-    install(&mut g, at(0), 1, DISK, ms(1_000));
-    g.begin_close();
-    assert!(g.is_closing());
-    assert_eq!(
-        g.check(at(10), &1),
-        GateState::Closed {
-            until: at(1_000),
-            reason: DISK
-        }
-    );
-    assert_eq!(
-        install(&mut g, at(10), 2, DISK, ms(10)),
-        ms(10),
-        "still accepted"
-    );
-    assert_eq!(g.poll_timeout(), Some(at(20)));
 }
 
 #[test]
@@ -728,11 +709,11 @@ fn time_running_backwards_is_clamped() {
     assert!(g.is_empty());
     assert_eq!(
         g.handle_kv_signal(at(3), &1, Signal::Full),
-        g.config().kv_curve.delay(Signal::Full)
+        g.config().kv_curve().delay(Signal::Full)
     );
     assert_eq!(
         g.poll_timeout(),
-        Some(at(1_500) + g.config().kv_curve.delay(Signal::Full))
+        Some(at(1_500) + g.config().kv_curve().delay(Signal::Full))
     );
 }
 
@@ -765,7 +746,8 @@ fn inputs_and_poll_timeout_touch_a_bounded_number_of_keys_among_100k() {
         id,
         ops: ops.clone(),
     };
-    let mut g: WriteGate<CountingKey, RandomState> = WriteGate::new(WriteGateConfig::default());
+    let mut g: WriteGate<CountingKey, RandomState> =
+        WriteGate::new(WriteGateConfig::default()).expect("the default config is valid");
     let mut rng = SplitMix64::new(8);
     let n = 100_000u32;
     for id in 0..n {

@@ -296,9 +296,9 @@ pub async fn ours_data(
         return stats;
     };
     let rt = TokioRuntime::new();
-    let mut gate_cfg = WriteGateConfig::default();
-    gate_cfg.kv_curve = ThrottleCurve::fluss_landed();
-    let gate: GateHandle<u32, RandomState> = GateHandle::new(gate_cfg);
+    let gate_cfg = WriteGateConfig::default().with_kv_curve(ThrottleCurve::fluss_landed());
+    let gate: GateHandle<u32, RandomState> =
+        GateHandle::new(gate_cfg).expect("the Fluss gate config is valid");
     let transport = DemoTransport {
         conn,
         write,

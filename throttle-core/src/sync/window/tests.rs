@@ -3,6 +3,7 @@
 use super::*;
 use crate::sync::test_support::{CountingWaker, Executor, WakeCount, poll_once};
 use crate::test_hasher::TestHasher;
+use alloc::boxed::Box;
 use alloc::vec;
 use alloc::vec::Vec;
 use std::sync::Mutex as StdMutex;
@@ -464,4 +465,43 @@ fn idle_handle_keeps_no_waiter_state() {
     let st = lock(&h.shared.state);
     assert_eq!((st.window.queued(&1), st.waiters.len()), (0, 0));
     assert_eq!(st.window.live_credits(), 0);
+}
+
+#[test]
+fn closed_resolves_only_once_closed_and_the_last_permit_is_released() {
+    let h = handle(2);
+    let a = h.try_acquire(1).expect("free credit");
+    let b = h.try_acquire_owned(2).expect("free credit");
+    // A waiter holding a handed-over credit when the close comes: the close gives it back.
+    let (w, wakes) = CountingWaker::new();
+    let mut waiter = Box::pin(h.acquire(1));
+    let other = h.try_acquire(1).expect("second credit of shard 1");
+    assert!(poll_once(&mut waiter, &w).is_pending());
+    drop(other); // handed to the waiter, not yet observed
+    let mut closed = Box::pin(h.closed());
+    assert!(
+        poll_once(&mut closed, &w).is_pending(),
+        "not closed yet: pending even with credits about to be released"
+    );
+    h.close();
+    assert!(poll_once(&mut waiter, &w).is_ready(), "the waiter fails");
+    assert!(
+        poll_once(&mut closed, &w).is_pending(),
+        "two permits still live"
+    );
+    let before = wakes.wakes();
+    drop(a);
+    assert!(
+        poll_once(&mut closed, &w).is_pending(),
+        "one permit still live"
+    );
+    assert_eq!(h.live_credits(), 1);
+    let _ = b.complete();
+    assert!(
+        wakes.wakes() > before,
+        "the last release wakes the closed() waiter"
+    );
+    assert!(poll_once(&mut closed, &w).is_ready());
+    // Already drained: a new `closed()` is ready at once.
+    assert!(poll_once(&mut Box::pin(h.closed()), &w).is_ready());
 }
