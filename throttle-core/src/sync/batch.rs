@@ -283,9 +283,7 @@ where
         if let Some(w) = waker {
             w.wake();
         }
-        if drained {
-            self.shared.drained.notify();
-        }
+        self.shared.drained.notify_if(drained);
     }
 
     /// Resolves once the driver is closed and no batch is in the transport (every batch sent

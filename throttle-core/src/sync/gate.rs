@@ -72,11 +72,7 @@ macro_rules! through_update {
     )*};
 }
 
-impl<K, S> GateHandle<K, S>
-where
-    K: Hash + Eq + Clone,
-    S: BuildHasher,
-{
+impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S> {
     /// A handle over a new gate, hashing bucket keys with `S::default()`; refuses an
     /// invalid `cfg`.
     pub fn new(cfg: WriteGateConfig) -> Result<Self, ConfigError>

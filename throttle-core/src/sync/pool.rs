@@ -279,9 +279,7 @@ where
         };
         drop(conns);
         self.shared.connected.notify();
-        if drained {
-            self.shared.drained.notify();
-        }
+        self.shared.drained.notify_if(drained);
     }
 
     /// Resolves once the pool is closed and nothing it started is still running: no lease
@@ -365,9 +363,7 @@ where
         });
         drop(stale);
         self.connected.notify();
-        if drained {
-            self.drained.notify();
-        }
+        self.drained.notify_if(drained);
         failed
     }
 
@@ -389,9 +385,7 @@ where
             (dropped, st.is_drained())
         });
         drop(dropped);
-        if drained {
-            self.drained.notify();
-        }
+        self.drained.notify_if(drained);
     }
 }
 

@@ -91,6 +91,14 @@ impl WakeSignal {
         wake_all(wakeups);
     }
 
+    /// [`notify`](Self::notify) if `cond` holds: a handle announces "closed and drained" this
+    /// way from each path that may end the last thing in flight.
+    pub(crate) fn notify_if(&self, cond: bool) {
+        if cond {
+            self.notify();
+        }
+    }
+
     /// A future resolving once the epoch differs from `since` (at once if it already does).
     /// Cancel-safe: dropping it unregisters it.
     pub fn changed(&self, since: u64) -> Changed {

@@ -293,9 +293,7 @@ where
             st.is_drained()
         };
         wake_all(wakeups);
-        if drained {
-            self.drained.notify();
-        }
+        self.drained.notify_if(drained);
     }
 }
 
@@ -734,9 +732,7 @@ impl<Shard: Hash + Eq + Clone, S: BuildHasher> Drop for Acquire<'_, Shard, S> {
         if exhausted {
             shared.get().close();
         }
-        if drained {
-            shared.get().drained.notify();
-        }
+        shared.get().drained.notify_if(drained);
         wake_all(wakeups);
     }
 }
