@@ -189,11 +189,17 @@ impl<B> ShardWindow<B> {
         self.in_flight == 0 && self.queued == 0 && self.parked.is_none()
     }
 
+    /// Whether a batch is held back (queued or parked).
+    #[inline]
+    fn holds_back(&self) -> bool {
+        self.queued > 0 || self.parked.is_some()
+    }
+
     /// Whether a newcomer would have to wait: no free credit, or anything held back (no
     /// barging past the line).
     #[inline]
     fn must_wait(&self, cap: u32) -> bool {
-        self.in_flight >= cap || self.queued > 0 || self.parked.is_some()
+        self.in_flight >= cap || self.holds_back()
     }
 }
 
@@ -309,22 +315,31 @@ pub struct DispatchWindow<Shard, B, S> {
     /// Every shard with work, plus idle shards not yet evicted.
     shards: HashTable<ShardEntry<Shard, B>>,
     hasher: S,
-    /// Entries of `shards` that are not idle.
-    active: usize,
     /// Id of the next shard entry (never reused while the window lives: 2^64 inserts).
     next_entry: u64,
+    closed: bool,
+    peak_shards: Peak,
+    clock: Clock,
+    /// Everything else, apart from the map, so that an input can hold one shard's entry and
+    /// update the books beside it with a single lookup.
+    books: Books<B>,
+}
+
+/// The window's state beside the shard map: the id slabs, the pool of line buffers, the
+/// counters and maintenance.
+#[derive(Clone, Debug)]
+struct Books<B> {
+    /// Entries of `shards` that are not idle.
+    active: usize,
     credits: Slab<Place>,
     /// Held-back full batches, by ticket.
     held: Slab<Held<B>>,
-    closed: bool,
     /// Line buffers of shards that went idle, for the next shard that has to queue.
     spare_queues: Vec<VecDeque<Key>>,
     /// Shard windows owning a pooled line buffer; with `spare_queues`, every buffer.
     queues_held: usize,
     peak_queues_held: Peak,
     peak_queue_len: Peak,
-    peak_shards: Peak,
-    clock: Clock,
     maintenance: Maintenance,
 }
 
@@ -360,18 +375,20 @@ where
             cfg,
             shards: HashTable::new(),
             hasher,
-            active: 0,
             next_entry: 0,
-            credits,
-            held,
             closed: false,
-            spare_queues: Vec::new(),
-            queues_held: 0,
-            peak_queues_held: Peak::default(),
-            peak_queue_len: Peak::default(),
             peak_shards: Peak::default(),
             clock: Clock::default(),
-            maintenance: Maintenance::default(),
+            books: Books {
+                active: 0,
+                credits,
+                held,
+                spare_queues: Vec::new(),
+                queues_held: 0,
+                peak_queues_held: Peak::default(),
+                peak_queue_len: Peak::default(),
+                maintenance: Maintenance::default(),
+            },
         })
     }
 
@@ -380,33 +397,33 @@ where
     /// no longer recognised.
     #[must_use]
     pub fn with_instance_tag(mut self, tag: u32) -> Self {
-        self.credits.set_tag(tag);
-        self.held.set_tag(tag);
+        self.books.credits.set_tag(tag);
+        self.books.held.set_tag(tag);
         self
     }
 
     /// Sends a full batch at once if the shard has credit, else queues it behind the shard's
     /// older held-back batches (FIFO). `Ok(None)` means queued.
+    #[inline]
     pub fn submit(
         &mut self,
         shard: Shard,
         batch: B,
     ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
-        Ok(match self.enqueue(shard, batch)? {
-            Submitted::Sent(d) => Some(d),
-            Submitted::Queued(_) => None,
-        })
+        let hash = self.hasher.hash_one(&shard);
+        self.enqueue_at(shard, hash, batch, Some, |_| None)
     }
 
     /// As [`submit`](Self::submit), and a queued batch's [`Ticket`] is returned, so that it
     /// can be withdrawn with [`cancel`](Self::cancel).
+    #[inline]
     pub fn enqueue(
         &mut self,
         shard: Shard,
         batch: B,
     ) -> Result<Submitted<Shard, B>, SubmitError<B>> {
         let hash = self.hasher.hash_one(&shard);
-        self.enqueue_at(shard, hash, batch)
+        self.enqueue_at(shard, hash, batch, Submitted::Sent, Submitted::Queued)
     }
 
     /// Sends the shard's open batch at once if the shard has credit, else parks it, where it
@@ -424,29 +441,22 @@ where
         }
         let hash = self.hasher.hash_one(&shard);
         let cap = self.cfg.max_in_flight;
-        let found = self.shards.find(hash, |e| e.key == shard).map(|e| e.id);
-        // Everything that can fail or run user code is done; from here the call only mutates.
-        let Some(id) = found else {
+        // The lookup (user `Eq`) is the only user code, and it runs before anything changes.
+        let Some(e) = self.shards.find_mut(hash, |e| e.key == shard) else {
             return self.open_shard(shard, hash, batch).map(Some);
-        };
-        let place = Place { hash, entry: id };
-        let Some(e) = entry_at(&mut self.shards, place) else {
-            return Err(SubmitError::Closed(batch)); // unreachable: just found
         };
         if e.w.parked.is_some() {
             return Err(SubmitError::AlreadyParked(batch));
         }
         if e.w.must_wait(cap) {
             e.w.parked = Some(batch);
-            self.maintenance.touch();
+            self.books.maintenance.touch();
             return Ok(None);
         }
-        let credit = match self.credits.insert(place) {
-            Ok(key) => CreditId(key),
-            Err(_) => return Err(SubmitError::Exhausted(batch)),
+        let place = Place { hash, entry: e.id };
+        let Ok(credit) = self.books.take_credit(&mut e.w, place) else {
+            return Err(SubmitError::Exhausted(batch));
         };
-        Self::took_credit(&mut e.w, &mut self.active);
-        self.maintenance.touch();
         Ok(Some(Dispatch {
             shard,
             credit,
@@ -454,78 +464,34 @@ where
         }))
     }
 
-    /// A full batch for `shard`, whose hash by this window's hasher is `hash`.
-    fn enqueue_at(
+    /// A full batch for `shard`, whose hash by this window's hasher is `hash`; the outcome is
+    /// built by `sent` or `queued` in place (so `submit` does not repack `enqueue`'s answer).
+    #[inline(always)]
+    fn enqueue_at<R>(
         &mut self,
         shard: Shard,
         hash: u64,
         batch: B,
-    ) -> Result<Submitted<Shard, B>, SubmitError<B>> {
+        sent: impl FnOnce(Dispatch<Shard, B>) -> R,
+        queued: impl FnOnce(Ticket) -> R,
+    ) -> Result<R, SubmitError<B>> {
         if self.closed {
             return Err(SubmitError::Closed(batch));
         }
-        let found = self.shards.find(hash, |e| e.key == shard).map(|e| e.id);
-        // The only user code (`Eq`) has run; from here the call only mutates.
-        let Some(id) = found else {
-            return self.open_shard(shard, hash, batch).map(Submitted::Sent);
+        let cap = self.cfg.max_in_flight;
+        // The lookup (user `Eq`) is the only user code, and it runs before anything changes.
+        let Some(e) = self.shards.find_mut(hash, |e| e.key == shard) else {
+            return self.open_shard(shard, hash, batch).map(sent);
         };
-        match self.enter(Place { hash, entry: id }, batch)? {
-            Entered::Credit(credit, batch) => Ok(Submitted::Sent(Dispatch {
+        let place = Place { hash, entry: e.id };
+        match self.books.enter(&mut e.w, place, batch, cap)? {
+            Entered::Credit(credit, batch) => Ok(sent(Dispatch {
                 shard,
                 credit,
                 batch,
             })),
-            Entered::Queued(ticket) => Ok(Submitted::Queued(ticket)),
+            Entered::Queued(ticket) => Ok(queued(ticket)),
         }
-    }
-
-    /// A full batch for the existing entry at `place`: a credit if the shard may have one
-    /// without waiting, else a place at the back of its line.
-    #[inline]
-    fn enter(&mut self, place: Place, batch: B) -> Result<Entered<B>, SubmitError<B>> {
-        let cap = self.cfg.max_in_flight;
-        let Some(e) = entry_at(&mut self.shards, place) else {
-            return Err(SubmitError::Closed(batch)); // unreachable: the caller just found it
-        };
-        if !e.w.must_wait(cap) {
-            let credit = match self.credits.insert(place) {
-                Ok(key) => CreditId(key),
-                Err(_) => return Err(SubmitError::Exhausted(batch)),
-            };
-            Self::took_credit(&mut e.w, &mut self.active);
-            self.maintenance.touch();
-            return Ok(Entered::Credit(credit, batch));
-        }
-        let ticket = match self.held.insert(Held { place, batch }) {
-            Ok(key) => key,
-            Err((_, held)) => return Err(SubmitError::Exhausted(held.batch)),
-        };
-        let w = &mut e.w;
-        if !w.owns_queue && w.line.capacity() == 0 {
-            // First time this shard queues: take a pooled buffer if there is one, so the
-            // number of buffers follows the peak of shards queueing at once.
-            if let Some(q) = self.spare_queues.pop() {
-                w.line = q;
-            }
-            w.owns_queue = true;
-            self.queues_held = self.queues_held.saturating_add(1);
-            self.peak_queues_held.see(self.queues_held);
-        }
-        w.line.push_back(ticket);
-        w.queued += 1;
-        self.peak_queue_len.see(w.line.len());
-        self.maintenance.touch();
-        Ok(Entered::Queued(Ticket(ticket)))
-    }
-
-    /// Bookkeeping for a credit just issued to a shard that had one free.
-    #[inline]
-    fn took_credit(w: &mut ShardWindow<B>, active: &mut usize) {
-        if w.in_flight == 0 {
-            // It had credit, so nothing was held back: it was idle until now.
-            *active = active.saturating_add(1);
-        }
-        w.in_flight = w.in_flight.saturating_add(1);
     }
 
     /// First use of `shard` (not in the map): its window starts with the credit returned
@@ -556,7 +522,7 @@ where
             hash,
             entry: self.next_entry,
         };
-        let credit = CreditId(self.credits.insert(place).map_err(|(e, _)| e)?);
+        let credit = CreditId(self.books.credits.insert(place).map_err(|(e, _)| e)?);
         self.next_entry = self.next_entry.wrapping_add(1);
         self.make_room();
         self.shards.insert_unique(
@@ -575,9 +541,9 @@ where
             },
             |e| e.hash,
         );
-        self.active = self.active.saturating_add(1);
+        self.books.active = self.books.active.saturating_add(1);
         self.peak_shards.see(self.shards.len());
-        self.maintenance.touch();
+        self.books.maintenance.touch();
         Ok(credit)
     }
 
@@ -586,15 +552,8 @@ where
         let hash = self.hasher.hash_one(shard);
         let e = self.shards.find_mut(hash, |e| e.key == *shard)?;
         let batch = e.w.parked.take()?;
-        self.maintenance.touch();
-        if e.w.is_idle() {
-            Self::went_idle(
-                &mut e.w,
-                &mut self.active,
-                &mut self.queues_held,
-                &mut self.spare_queues,
-            );
-        }
+        self.books.maintenance.touch();
+        self.books.idle_check(&mut e.w);
         Some(batch)
     }
 
@@ -604,39 +563,21 @@ where
     /// [`ReleaseError::AlreadyReleased`], one this window never issued (another window's)
     /// with [`ReleaseError::Unknown`]; either way nothing changes. Runs no user code.
     pub fn cancel(&mut self, ticket: Ticket) -> Result<B, ReleaseError> {
-        let held = self.held.remove(ticket.0)?;
-        self.maintenance.touch();
+        let held = self.books.held.remove(ticket.0)?;
+        self.books.maintenance.touch();
         let Some(e) = entry_at(&mut self.shards, held.place) else {
             debug_assert!(false, "a held batch's shard has no entry");
             return Ok(held.batch);
         };
         let w = &mut e.w;
         w.queued = w.queued.saturating_sub(1);
-        Self::drop_tombstones(w, &self.held);
+        drop_tombstones(w, &self.books.held);
         if w.line.len() > w.queued.saturating_mul(2).saturating_add(8) {
-            let live = &self.held;
+            let live = &self.books.held;
             w.line.retain(|&k| live.get(k).is_some());
         }
-        if w.is_idle() {
-            Self::went_idle(
-                w,
-                &mut self.active,
-                &mut self.queues_held,
-                &mut self.spare_queues,
-            );
-        }
+        self.books.idle_check(w);
         Ok(held.batch)
-    }
-
-    /// Pops the tombstones at the head of a shard's line, so its head, if any, is live.
-    #[inline]
-    fn drop_tombstones(w: &mut ShardWindow<B>, held: &Slab<Held<B>>) {
-        while let Some(&head) = w.line.front() {
-            if held.get(head).is_some() {
-                break;
-            }
-            w.line.pop_front();
-        }
     }
 
     /// Releases `credit` exactly once and returns the shard's next batch to send: the oldest
@@ -653,27 +594,30 @@ where
         &mut self,
         credit: CreditId,
     ) -> Result<Option<Dispatch<Shard, B>>, ReleaseError> {
-        // The key is cloned for the next dispatch before anything changes (user code).
         let place = *self
+            .books
             .credits
             .get(credit.0)
-            .ok_or_else(|| self.credits.refusal(credit.0))?;
-        let shard = match entry_at(&mut self.shards, place) {
-            Some(e) if !self.closed && (e.w.queued > 0 || e.w.parked.is_some()) => {
-                Some(e.key.clone())
-            }
-            _ => None,
+            .ok_or_else(|| self.books.credits.refusal(credit.0))?;
+        let Some(e) = entry_at(&mut self.shards, place) else {
+            // Unreachable: a live credit's shard always has an entry.
+            debug_assert!(false, "a live credit's shard has no window");
+            return Ok(None);
         };
-        let next = self.release(credit)?;
-        Ok(match (next, shard) {
-            (Some((credit, batch)), Some(shard)) => Some(Dispatch {
-                shard,
-                credit,
-                batch,
-            }),
-            // A batch is handed on only when one was held back, and then the key was cloned.
-            _ => None,
-        })
+        // The key is cloned for the next dispatch before anything changes (user code).
+        let shard = (!self.closed && e.w.holds_back()).then(|| e.key.clone());
+        let _ = self.books.credits.remove(credit.0);
+        Ok(
+            match (self.books.hand_on(&mut e.w, place, self.closed), shard) {
+                (Some((credit, batch)), Some(shard)) => Some(Dispatch {
+                    shard,
+                    credit,
+                    batch,
+                }),
+                // A batch is handed on only when one was held back, and then the key was cloned.
+                _ => None,
+            },
+        )
     }
 
     /// Releases `credit` exactly once and hands a fresh credit to the shard's oldest held-back
@@ -684,42 +628,13 @@ where
         &mut self,
         credit: CreditId,
     ) -> Result<Option<(CreditId, B)>, ReleaseError> {
-        let place = self.credits.remove(credit.0)?;
-        self.maintenance.touch();
+        let place = self.books.credits.remove(credit.0)?;
         let Some(e) = entry_at(&mut self.shards, place) else {
             // Unreachable: a live credit's shard always has an entry.
             debug_assert!(false, "a live credit's shard has no window");
             return Ok(None);
         };
-        let w = &mut e.w;
-        w.in_flight = w.in_flight.saturating_sub(1);
-        let mut next = None;
-        if !self.closed && (w.queued > 0 || w.parked.is_some()) && self.credits.can_issue() {
-            Self::drop_tombstones(w, &self.held);
-            let batch = match w.line.pop_front() {
-                Some(head) => {
-                    w.queued = w.queued.saturating_sub(1);
-                    self.held.remove(head).ok().map(|h| h.batch)
-                }
-                None => w.parked.take(),
-            };
-            if let Some(batch) = batch
-                && let Ok(key) = self.credits.insert(place)
-            {
-                w.in_flight = w.in_flight.saturating_add(1);
-                next = Some((CreditId(key), batch));
-            }
-            Self::drop_tombstones(w, &self.held);
-        }
-        if w.is_idle() {
-            Self::went_idle(
-                w,
-                &mut self.active,
-                &mut self.queues_held,
-                &mut self.spare_queues,
-            );
-        }
-        Ok(next)
+        Ok(self.books.hand_on(&mut e.w, place, self.closed))
     }
 
     /// Closes the window and returns every held-back batch (queued in line order, then parked,
@@ -737,11 +652,11 @@ where
     /// Closes the window and hands every held-back batch to `f` (in `close`'s order).
     pub(crate) fn close_with(&mut self, mut f: impl FnMut(&Shard, B)) {
         self.closed = true;
-        self.maintenance.touch();
+        self.books.maintenance.touch();
         for e in self.shards.iter_mut() {
             let w = &mut e.w;
             for key in w.line.drain(..) {
-                if let Ok(held) = self.held.remove(key) {
+                if let Ok(held) = self.books.held.remove(key) {
                     f(&e.key, held.batch);
                 }
             }
@@ -753,32 +668,13 @@ where
                 // Closed: the shard never queues again, so its buffer goes back to the pool
                 // (and from there, at maintenance, back to the allocator).
                 w.owns_queue = false;
-                self.queues_held = self.queues_held.saturating_sub(1);
-                self.spare_queues.push(core::mem::take(&mut w.line));
+                self.books.queues_held = self.books.queues_held.saturating_sub(1);
+                self.books.spare_queues.push(core::mem::take(&mut w.line));
             }
         }
         self.shards.retain(|e| !e.w.is_idle());
-        self.active = self.shards.len();
-        self.held.reset_if_empty();
-    }
-
-    /// Bookkeeping for a shard whose window just became idle: it no longer counts as active,
-    /// and its line buffer goes back to the pool at once (as if the entry were removed), so
-    /// idle entries hold no buffers and the pool follows the shards queueing now.
-    #[inline]
-    fn went_idle(
-        w: &mut ShardWindow<B>,
-        active: &mut usize,
-        queues_held: &mut usize,
-        spare_queues: &mut Vec<VecDeque<Key>>,
-    ) {
-        *active = active.saturating_sub(1);
-        // An idle shard's line holds only tombstones: clear them with the buffer.
-        w.line.clear();
-        if core::mem::take(&mut w.owns_queue) {
-            *queues_held = queues_held.saturating_sub(1);
-            spare_queues.push(core::mem::take(&mut w.line));
-        }
+        self.books.active = self.shards.len();
+        self.books.held.reset_if_empty();
     }
 
     /// Before inserting a new shard: if the map is full (the insert would grow it) and at
@@ -792,7 +688,7 @@ where
         if len < self.shards.capacity() {
             return;
         }
-        if len.saturating_sub(self.active).saturating_mul(2) >= len {
+        if len.saturating_sub(self.books.active).saturating_mul(2) >= len {
             self.shards.retain(|e| !e.w.is_idle());
         }
     }
@@ -806,38 +702,43 @@ where
     /// peak number of shards that queued at once are freed.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.observe(now);
-        if !self.maintenance.begin(now) {
+        if !self.books.maintenance.begin(now) {
             return;
         }
         // Idle shards' entries go first (they hold no queue buffer); the peak still counts
         // them, so a shard set that comes back within the interval finds the capacity.
-        if self.shards.len() > self.active {
+        if self.shards.len() > self.books.active {
             self.shards.retain(|e| !e.w.is_idle());
         }
         let peak = self.peak_shards.roll(self.shards.len());
-        if let Some(target) = self.maintenance.target(self.shards.capacity(), peak) {
+        if let Some(target) = self.books.maintenance.target(self.shards.capacity(), peak) {
             self.shards.shrink_to(target, |e| e.hash);
         }
-        let held = self.peak_queues_held.roll(self.queues_held);
-        self.spare_queues
-            .truncate(held.saturating_sub(self.queues_held));
-        if let Some(target) = self.maintenance.target(self.spare_queues.capacity(), held) {
-            self.spare_queues.shrink_to(target);
+        let held = self.books.peak_queues_held.roll(self.books.queues_held);
+        self.books
+            .spare_queues
+            .truncate(held.saturating_sub(self.books.queues_held));
+        if let Some(target) = self
+            .books
+            .maintenance
+            .target(self.books.spare_queues.capacity(), held)
+        {
+            self.books.spare_queues.shrink_to(target);
         }
-        let len = self.peak_queue_len.roll(0);
-        for q in &mut self.spare_queues {
-            if let Some(target) = self.maintenance.target(q.capacity(), len) {
+        let len = self.books.peak_queue_len.roll(0);
+        for q in &mut self.books.spare_queues {
+            if let Some(target) = self.books.maintenance.target(q.capacity(), len) {
                 q.shrink_to(target);
             }
         }
-        self.credits.shrink(&self.maintenance);
-        self.held.shrink(&self.maintenance);
+        self.books.credits.shrink(&self.books.maintenance);
+        self.books.held.shrink(&self.books.maintenance);
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) should next run, or `None` while it has
     /// nothing to give back (no input since a run that followed a quiet period).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.maintenance.deadline()
+        self.books.maintenance.deadline()
     }
 
     /// `shard`'s window, if it has an entry.
@@ -868,7 +769,7 @@ where
 
     /// Whether `ticket`'s batch is still queued (not dispatched, withdrawn or failed).
     pub fn is_queued(&self, ticket: Ticket) -> bool {
-        self.held.get(ticket.0).is_some()
+        self.books.held.get(ticket.0).is_some()
     }
 
     /// Whether `shard` has a parked open batch.
@@ -887,7 +788,7 @@ where
     /// next [`handle_timeout`](Self::handle_timeout) run, or until the map would otherwise
     /// grow, evicts them.
     pub fn shard_count(&self) -> usize {
-        self.active
+        self.books.active
     }
 
     /// Entries in the shard map: the active shards plus idle ones not yet evicted.
@@ -898,7 +799,7 @@ where
 
     /// Credits live across all shards.
     pub fn live_credits(&self) -> usize {
-        self.credits.live()
+        self.books.credits.live()
     }
 
     /// Whether submits are refused after [`close`](Self::close).
@@ -908,30 +809,146 @@ where
 
     /// Whether the window can issue no new credit or ticket id (see [`Exhausted`]).
     pub fn is_exhausted(&self) -> bool {
-        !self.credits.can_issue()
+        !self.books.credits.can_issue()
     }
 
     /// Slots of the credit slab: every live credit's `slot()` is below this.
     pub(crate) fn credit_slots(&self) -> usize {
-        self.credits.slots()
+        self.books.credits.slots()
     }
 
     /// The window's instance tag (carried by every id it issues).
     #[cfg(any(test, feature = "model"))]
     pub(crate) fn instance_tag(&self) -> u32 {
-        self.credits.tag()
+        self.books.credits.tag()
     }
 
     /// Sets the capacity collections keep when they shrink, so model checks reach shrinking.
     #[cfg(feature = "model")]
     pub(crate) fn set_shrink_floor(&mut self, floor: usize) {
-        self.maintenance.set_floor(floor);
+        self.books.maintenance.set_floor(floor);
     }
 
     /// Moves the credit-id counter forward, to test the end of the id space.
     #[cfg(any(test, feature = "model"))]
     pub(crate) fn skip_generations_to(&mut self, next_generation: u64) {
-        self.credits.skip_generations_to(next_generation);
+        self.books.credits.skip_generations_to(next_generation);
+    }
+}
+
+/// Pops the tombstones at the head of a shard's line, so its head, if any, is live.
+#[inline]
+fn drop_tombstones<B>(w: &mut ShardWindow<B>, held: &Slab<Held<B>>) {
+    while let Some(&head) = w.line.front() {
+        if held.get(head).is_some() {
+            break;
+        }
+        w.line.pop_front();
+    }
+}
+
+impl<B> Books<B> {
+    /// A credit for the shard at `place`, whose window `w` has one free; nothing changes on
+    /// `Exhausted`.
+    #[inline(always)]
+    fn take_credit(&mut self, w: &mut ShardWindow<B>, place: Place) -> Result<CreditId, Exhausted> {
+        let credit = CreditId(self.credits.insert(place).map_err(|(e, _)| e)?);
+        if w.in_flight == 0 {
+            // It had credit, so nothing was held back: it was idle until now.
+            self.active = self.active.saturating_add(1);
+        }
+        w.in_flight = w.in_flight.saturating_add(1);
+        self.maintenance.touch();
+        Ok(credit)
+    }
+
+    /// A full batch for the shard at `place` (window `w`): a credit if the shard may have one
+    /// without waiting, else a place at the back of its line.
+    #[inline(always)]
+    fn enter(
+        &mut self,
+        w: &mut ShardWindow<B>,
+        place: Place,
+        batch: B,
+        cap: u32,
+    ) -> Result<Entered<B>, SubmitError<B>> {
+        if !w.must_wait(cap) {
+            return match self.take_credit(w, place) {
+                Ok(credit) => Ok(Entered::Credit(credit, batch)),
+                Err(Exhausted) => Err(SubmitError::Exhausted(batch)),
+            };
+        }
+        let ticket = match self.held.insert(Held { place, batch }) {
+            Ok(key) => key,
+            Err((_, held)) => return Err(SubmitError::Exhausted(held.batch)),
+        };
+        if !w.owns_queue && w.line.capacity() == 0 {
+            // First time this shard queues: take a pooled buffer if there is one, so the
+            // number of buffers follows the peak of shards queueing at once.
+            if let Some(q) = self.spare_queues.pop() {
+                w.line = q;
+            }
+            w.owns_queue = true;
+            self.queues_held = self.queues_held.saturating_add(1);
+            self.peak_queues_held.see(self.queues_held);
+        }
+        w.line.push_back(ticket);
+        w.queued += 1;
+        self.peak_queue_len.see(w.line.len());
+        self.maintenance.touch();
+        Ok(Entered::Queued(Ticket(ticket)))
+    }
+
+    /// After a credit of the shard at `place` (window `w`) was freed: hands a fresh one to
+    /// the shard's oldest held-back batch (queued first, then parked) and returns it, unless
+    /// the window is closed or can issue no new id.
+    #[inline(always)]
+    fn hand_on(
+        &mut self,
+        w: &mut ShardWindow<B>,
+        place: Place,
+        closed: bool,
+    ) -> Option<(CreditId, B)> {
+        self.maintenance.touch();
+        w.in_flight = w.in_flight.saturating_sub(1);
+        let mut next = None;
+        if !closed && w.holds_back() && self.credits.can_issue() {
+            drop_tombstones(w, &self.held);
+            let batch = match w.line.pop_front() {
+                Some(head) => {
+                    w.queued = w.queued.saturating_sub(1);
+                    self.held.remove(head).ok().map(|h| h.batch)
+                }
+                None => w.parked.take(),
+            };
+            if let Some(batch) = batch {
+                // `can_issue` was checked above and nothing was issued since.
+                if let Ok(key) = self.credits.insert(place) {
+                    w.in_flight = w.in_flight.saturating_add(1);
+                    next = Some((CreditId(key), batch));
+                }
+            }
+            drop_tombstones(w, &self.held);
+        }
+        self.idle_check(w);
+        next
+    }
+
+    /// Bookkeeping for a shard whose window may just have become idle: it no longer counts
+    /// as active, and its line buffer goes back to the pool at once (as if the entry were
+    /// removed), so idle entries hold no buffers and the pool follows the shards queueing now.
+    #[inline(always)]
+    fn idle_check(&mut self, w: &mut ShardWindow<B>) {
+        if !w.is_idle() {
+            return;
+        }
+        self.active = self.active.saturating_sub(1);
+        // An idle shard's line holds only tombstones: clear them with the buffer.
+        w.line.clear();
+        if core::mem::take(&mut w.owns_queue) {
+            self.queues_held = self.queues_held.saturating_sub(1);
+            self.spare_queues.push(core::mem::take(&mut w.line));
+        }
     }
 }
 

@@ -163,10 +163,12 @@ impl IdSpace {
     }
 }
 
+/// A live id's slot: its generation and value. A free slot is `None` (a stale id is told
+/// apart by the `IdSpace`, not by the slot).
 #[derive(Clone, Debug)]
-struct Slot<T> {
+struct Live<T> {
     generation: u64,
-    value: Option<T>,
+    value: T,
 }
 
 /// Live ids and the value each carries: a vector of slots plus a free list, reused in LIFO
@@ -174,7 +176,7 @@ struct Slot<T> {
 /// unique because generations come from the instance's [`IdSpace`], not from the slot.
 #[derive(Clone, Debug)]
 pub(crate) struct Slab<T> {
-    slots: Vec<Slot<T>>,
+    slots: Vec<Option<Live<T>>>,
     free: Vec<u32>,
     live: usize,
     peak_live: Peak,
@@ -234,10 +236,7 @@ impl<T> Slab<T> {
             Ok(g) => g,
             Err(e) => return Err((e, value)),
         };
-        let entry = Slot {
-            generation,
-            value: Some(value),
-        };
+        let entry = Some(Live { generation, value });
         if self.free.pop().is_some() {
             if let Some(s) = self.slots.get_mut(slot as usize) {
                 *s = entry;
@@ -254,20 +253,16 @@ impl<T> Slab<T> {
         })
     }
 
-    #[inline]
-    fn slot(&self, key: Key) -> Option<&Slot<T>> {
-        if key.tag != self.ids.tag() {
-            return None;
-        }
-        self.slots
-            .get(key.slot as usize)
-            .filter(|s| s.generation == key.generation && s.value.is_some())
-    }
-
     /// The value of a live id.
     #[inline]
     pub(crate) fn get(&self, key: Key) -> Option<&T> {
-        self.slot(key).and_then(|s| s.value.as_ref())
+        if key.tag != self.ids.tag() {
+            return None;
+        }
+        match self.slots.get(key.slot as usize) {
+            Some(Some(l)) if l.generation == key.generation => Some(&l.value),
+            _ => None,
+        }
     }
 
     /// The value of a live id, mutably.
@@ -276,10 +271,10 @@ impl<T> Slab<T> {
         if key.tag != self.ids.tag() {
             return None;
         }
-        self.slots
-            .get_mut(key.slot as usize)
-            .filter(|s| s.generation == key.generation)
-            .and_then(|s| s.value.as_mut())
+        match self.slots.get_mut(key.slot as usize) {
+            Some(Some(l)) if l.generation == key.generation => Some(&mut l.value),
+            _ => None,
+        }
     }
 
     /// Frees a live id and returns its value. An id that is not live is refused (see
@@ -288,12 +283,12 @@ impl<T> Slab<T> {
     pub(crate) fn remove(&mut self, key: Key) -> Result<T, ReleaseError> {
         if key.tag == self.ids.tag()
             && let Some(s) = self.slots.get_mut(key.slot as usize)
-            && s.generation == key.generation
-            && let Some(value) = s.value.take()
+            && matches!(s, Some(l) if l.generation == key.generation)
+            && let Some(l) = s.take()
         {
             self.free.push(key.slot);
             self.live -= 1;
-            return Ok(value);
+            return Ok(l.value);
         }
         Err(self.ids.refusal(key.tag, key.generation))
     }
@@ -330,7 +325,7 @@ impl<T> Slab<T> {
         let Some(target) = m.target(self.slots.capacity(), peak) else {
             return;
         };
-        while matches!(self.slots.last(), Some(s) if s.value.is_none()) {
+        while matches!(self.slots.last(), Some(None)) {
             self.slots.pop();
         }
         let len = self.slots.len();

@@ -212,7 +212,7 @@ fn idle_windows_are_removed_and_memory_follows_active_shards() {
         assert_eq!(w.shard_count(), 0);
     }
     assert_eq!(w.live_credits(), 0);
-    assert!(w.credits.slots() <= 1, "the slab reuses slots");
+    assert!(w.books.credits.slots() <= 1, "the slab reuses slots");
     assert!(w.shards.capacity() <= 2 * MIN_CAPACITY);
     assert!(w.tracked_shards() <= w.shards.capacity());
 }
@@ -288,7 +288,7 @@ fn idle_shards_keep_capacity_until_maintenance_after_a_quiet_period() {
     let cap = w.shards.capacity();
     assert!(cap >= 200, "removing idle shards no longer shrinks the map");
     assert_eq!(
-        w.spare_queues.len(),
+        w.books.spare_queues.len(),
         200,
         "one buffer per shard that queued"
     );
@@ -297,7 +297,7 @@ fn idle_shards_keep_capacity_until_maintenance_after_a_quiet_period() {
     assert_eq!(w.shards.capacity(), cap, "not due before the interval");
     w.handle_timeout(secs(1));
     assert_eq!(
-        (w.shards.capacity(), w.spare_queues.len()),
+        (w.shards.capacity(), w.books.spare_queues.len()),
         (cap, 200),
         "the period that just ended used all of it"
     );
@@ -308,8 +308,8 @@ fn idle_shards_keep_capacity_until_maintenance_after_a_quiet_period() {
     );
     w.handle_timeout(secs(2));
     assert!(w.shards.capacity() <= 2 * MIN_CAPACITY);
-    assert!(w.spare_queues.is_empty() && w.spare_queues.capacity() <= 2 * MIN_CAPACITY);
-    assert_eq!(w.credits.slots(), 0);
+    assert!(w.books.spare_queues.is_empty() && w.books.spare_queues.capacity() <= 2 * MIN_CAPACITY);
+    assert_eq!(w.books.credits.slots(), 0);
     assert_eq!(
         w.poll_timeout(),
         None,
@@ -329,9 +329,9 @@ fn repeated_bursts_keep_their_capacity_through_maintenance() {
         w.handle_timeout(now); // runs every round, between bursts
         let caps = (
             w.shards.capacity(),
-            w.spare_queues.len(),
-            w.spare_queues.capacity(),
-            w.credits.slot_capacity(),
+            w.books.spare_queues.len(),
+            w.books.spare_queues.capacity(),
+            w.books.credits.slot_capacity(),
         );
         if round >= 1 {
             assert_eq!(*snapshot.get_or_insert(caps), caps, "round {round}");
@@ -339,7 +339,11 @@ fn repeated_bursts_keep_their_capacity_through_maintenance() {
     }
     burst(&mut w, 16); // a smaller burst: the next run still judges it against 64
     w.handle_timeout(now + Duration::from_millis(1500));
-    assert_eq!(w.spare_queues.len(), 16, "spares follow the recent peak");
+    assert_eq!(
+        w.books.spare_queues.len(),
+        16,
+        "spares follow the recent peak"
+    );
 }
 
 #[test]
@@ -380,7 +384,7 @@ fn credit_ids_are_never_reused() {
     seen.sort();
     seen.dedup();
     assert_eq!(seen.len(), n);
-    assert!(w.credits.slots() <= 6);
+    assert!(w.books.credits.slots() <= 6);
 }
 
 #[test]
