@@ -623,6 +623,7 @@ where
     /// Releases `credit` exactly once and hands a fresh credit to the shard's oldest held-back
     /// batch (queued first, then parked), returned with it. Runs no user code: the `sync`
     /// handle, whose held-back "batches" are its waiters, uses it directly.
+    #[cfg(feature = "std")]
     #[inline]
     pub(crate) fn release(
         &mut self,
