@@ -7,7 +7,7 @@ use proptest::test_runner::Config;
 /// The proptest configuration every model test uses.
 pub fn config() -> Config {
     Config {
-        cases: if cfg!(miri) { 4 } else { 512 },
+        cases: if cfg!(miri) { 3 } else { 512 },
         failure_persistence: None,
         ..Config::default()
     }
