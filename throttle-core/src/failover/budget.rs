@@ -598,40 +598,24 @@ mod tests {
         assert_eq!(b.balance(T0), 0);
     }
 
+    /// A Finagle budget config from its three settings.
+    fn finagle(ttl: Duration, min_per_sec: u32, ppm: u32) -> FinagleBudgetConfig {
+        FinagleBudgetConfig::default()
+            .with_ttl(ttl)
+            .with_min_retries_per_sec(min_per_sec)
+            .with_percent_can_retry_ppm(ppm)
+    }
+
     #[test]
     fn finagle_config_is_validated() {
-        assert!(
-            FinagleBudgetConfig::default()
-                .with_ttl(Duration::ZERO)
-                .with_min_retries_per_sec(10)
-                .with_percent_can_retry_ppm(0)
-                .validate()
-                .is_err()
-        );
-        assert!(
-            FinagleBudgetConfig::default()
-                .with_ttl(Duration::from_secs(61))
-                .with_min_retries_per_sec(10)
-                .with_percent_can_retry_ppm(0)
-                .validate()
-                .is_err()
-        );
-        assert!(
-            FinagleBudgetConfig::default()
-                .with_ttl(Duration::from_millis(1_500))
-                .with_min_retries_per_sec(10)
-                .with_percent_can_retry_ppm(0)
-                .validate()
-                .is_err()
-        );
-        assert!(
-            FinagleBudgetConfig::default()
-                .with_ttl(Duration::from_secs(60))
-                .with_min_retries_per_sec(10)
-                .with_percent_can_retry_ppm(1_000_000_001)
-                .validate()
-                .is_err()
-        );
+        for bad in [
+            finagle(Duration::ZERO, 10, 0),
+            finagle(Duration::from_secs(61), 10, 0),
+            finagle(Duration::from_millis(1_500), 10, 0),
+            finagle(Duration::from_secs(60), 10, 1_000_000_001),
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
         let c = FinagleBudgetConfig::default()
             .with_ttl(Duration::from_secs(60))
             .with_min_retries_per_sec(u32::MAX)
