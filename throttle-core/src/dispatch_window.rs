@@ -86,24 +86,20 @@ impl CreditId {
     /// The slab slot this credit occupies while it is live (dense, reused after release).
     #[inline]
     pub(crate) fn slot(self) -> usize {
-        self.0.slot as usize
+        self.0.slot() as usize
     }
 
     /// Builds an arbitrary id of the window tagged `tag`: for tests and model checkers that
     /// forge bogus credits.
     #[cfg(any(test, feature = "model"))]
     pub(crate) fn forge(tag: u32, slot: u32, generation: u64) -> Self {
-        CreditId(Key {
-            generation,
-            slot,
-            tag,
-        })
+        CreditId(Key::new(generation, slot, tag))
     }
 
     /// The tag of the window that issued it.
     #[cfg(feature = "model")]
     pub(crate) fn tag(self) -> u32 {
-        self.0.tag
+        self.0.tag()
     }
 
     /// Its generation: unique for the issuing window's life.

@@ -44,13 +44,36 @@ pub(crate) fn next_instance_tag() -> u32 {
 }
 
 /// An id as the slab issues it: the issuer's tag, the slot it lives in while live, and its
-/// generation (unique for the issuer's life). 16 bytes; ordered by generation, i.e. by issue
-/// order within one instance.
+/// generation (unique for the issuer's life). 16 bytes, as two words (the tag and the slot
+/// share one), so that it is passed in two registers rather than through memory; ordered by
+/// generation, i.e. by issue order within one instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct Key {
     pub(crate) generation: u64,
-    pub(crate) slot: u32,
-    pub(crate) tag: u32,
+    /// The tag in the high half, the slot in the low half.
+    at: u64,
+}
+
+impl Key {
+    #[inline]
+    pub(crate) const fn new(generation: u64, slot: u32, tag: u32) -> Self {
+        Key {
+            generation,
+            at: ((tag as u64) << 32) | slot as u64,
+        }
+    }
+
+    /// The slot it lives in while live.
+    #[inline]
+    pub(crate) const fn slot(self) -> u32 {
+        self.at as u32
+    }
+
+    /// The tag of the instance that issued it.
+    #[inline]
+    pub(crate) const fn tag(self) -> u32 {
+        (self.at >> 32) as u32
+    }
 }
 
 /// A place in a machine's waiting line: a batch queued in a
@@ -71,23 +94,19 @@ impl Ticket {
     /// the model checkers.
     #[cfg(any(test, feature = "model"))]
     pub(crate) const fn forged(tag: u32, id: u64, slot: u32) -> Self {
-        Ticket(Key {
-            generation: id,
-            slot,
-            tag,
-        })
+        Ticket(Key::new(id, slot, tag))
     }
 
     /// The tag of the instance that issued it.
     #[cfg(feature = "model")]
     pub(crate) const fn tag(self) -> u32 {
-        self.0.tag
+        self.0.tag()
     }
 
     /// The slot it lives in while live.
     #[cfg(any(test, feature = "model"))]
     pub(crate) const fn slot(self) -> u32 {
-        self.0.slot
+        self.0.slot()
     }
 }
 
@@ -246,20 +265,16 @@ impl<T> Slab<T> {
         }
         self.live += 1;
         self.peak_live.see(self.live);
-        Ok(Key {
-            generation,
-            slot,
-            tag: self.ids.tag(),
-        })
+        Ok(Key::new(generation, slot, self.ids.tag()))
     }
 
     /// The value of a live id.
     #[inline]
     pub(crate) fn get(&self, key: Key) -> Option<&T> {
-        if key.tag != self.ids.tag() {
+        if key.tag() != self.ids.tag() {
             return None;
         }
-        match self.slots.get(key.slot as usize) {
+        match self.slots.get(key.slot() as usize) {
             Some(Some(l)) if l.generation == key.generation => Some(&l.value),
             _ => None,
         }
@@ -268,10 +283,10 @@ impl<T> Slab<T> {
     /// The value of a live id, mutably.
     #[inline]
     pub(crate) fn get_mut(&mut self, key: Key) -> Option<&mut T> {
-        if key.tag != self.ids.tag() {
+        if key.tag() != self.ids.tag() {
             return None;
         }
-        match self.slots.get_mut(key.slot as usize) {
+        match self.slots.get_mut(key.slot() as usize) {
             Some(Some(l)) if l.generation == key.generation => Some(&mut l.value),
             _ => None,
         }
@@ -281,26 +296,26 @@ impl<T> Slab<T> {
     /// [`IdSpace::refusal`]) and nothing changes.
     #[inline]
     pub(crate) fn remove(&mut self, key: Key) -> Result<T, ReleaseError> {
-        if key.tag == self.ids.tag()
-            && let Some(s) = self.slots.get_mut(key.slot as usize)
+        if key.tag() == self.ids.tag()
+            && let Some(s) = self.slots.get_mut(key.slot() as usize)
             && matches!(s, Some(l) if l.generation == key.generation)
             && let Some(l) = s.take()
         {
-            self.free.push(key.slot);
+            self.free.push(key.slot());
             self.live -= 1;
             return Ok(l.value);
         }
-        Err(self.ids.refusal(key.tag, key.generation))
+        Err(self.ids.refusal(key.tag(), key.generation))
     }
 
     /// Why `key` is not live: `AlreadyReleased` if this slab issued it, else `Unknown`.
     pub(crate) fn refusal(&self, key: Key) -> ReleaseError {
-        self.ids.refusal(key.tag, key.generation)
+        self.ids.refusal(key.tag(), key.generation)
     }
 
     /// Whether this slab issued `key` (live or not).
     pub(crate) fn issued(&self, key: Key) -> bool {
-        self.ids.issued(key.tag, key.generation)
+        self.ids.issued(key.tag(), key.generation)
     }
 
     /// Whether a new id could be issued now.
@@ -356,7 +371,7 @@ mod tests {
         assert_eq!(s.remove(a), Ok('a'));
         assert_eq!(s.remove(a), Err(ReleaseError::AlreadyReleased));
         let c = s.insert('c').unwrap();
-        assert_eq!(c.slot, a.slot, "the freed slot is reused");
+        assert_eq!(c.slot(), a.slot(), "the freed slot is reused");
         assert_ne!(c, a, "with a fresh generation");
         assert_eq!(s.get(a), None);
         assert_eq!(s.get(c), Some(&'c'));
@@ -370,7 +385,7 @@ mod tests {
         assert_ne!(one.tag(), two.tag());
         let a = one.insert(1).unwrap();
         let b = two.insert(2).unwrap();
-        assert_eq!((a.slot, a.generation), (b.slot, b.generation));
+        assert_eq!((a.slot(), a.generation), (b.slot(), b.generation));
         assert_eq!(two.remove(a), Err(ReleaseError::Unknown));
         assert_eq!(two.get(a), None);
         assert_eq!(two.live(), 1);
