@@ -72,6 +72,14 @@ pub use window::{Acquire, OwnedPermit, Permit, Released, TryAcquireError, Window
 #[error("closed")]
 pub struct Closed;
 
+/// User code that the operation depended on panicked (a transport or connect future, a key's
+/// `Hash`, `Eq` or `Clone`, a classifier, a size callback, an update closure): the operation
+/// failed, and everything it held was given back. The handle keeps serving other and later
+/// callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[error("user code panicked")]
+pub struct Panicked;
+
 /// Compile-time checks of the bounds `docs/design.md` §4 promises: handles `Clone + Send + Sync`,
 /// permits and futures `Send`, for any `Send + Sync` key and hasher and any [`Runtime`].
 #[allow(dead_code)]
