@@ -28,6 +28,11 @@
 //!   already handed to it is passed on to the next waiter.
 //! - Handles are `Clone + Send + Sync`; permits and futures are `Send` (asserted at compile
 //!   time below).
+//! - Hashers: std handles default to `RandomState`; core machines take `S`. A handle generic
+//!   over a hasher (and its permit, future or lease) declares `S = std::hash::RandomState`;
+//!   its `new` is defined for that hasher only (as `HashMap::new`), so
+//!   `GateHandle::new(cfg)` needs no annotation; `with_hasher` takes any `S`. The machines
+//!   under the handles keep `S` without a default.
 //! - A poisoned lock (a panic in a key's `Hash`, say) is recovered, not propagated.
 //! - A handle with `close()` has `closed().await`: it resolves once the handle is closed and
 //!   everything it had in flight has ended (window: no live credit; bytes: nothing granted;
