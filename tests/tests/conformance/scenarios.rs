@@ -247,7 +247,7 @@ pub async fn gate_opens_early_when_a_lower_pressure_arrives<H: Harness>(h: &H) {
 
 /// An in-memory connector; its connections are `Arc` clones of one counter, so the counter's
 /// strong count less the test's and the connector's is the number of connections alive.
-struct Memory(Arc<()>);
+pub struct Memory(pub Arc<()>);
 
 impl Connector<u32> for Memory {
     type Error = ();
