@@ -10,7 +10,8 @@
 //! [`sync::FailoverExecutor`].
 //!
 //! async-std has no paused time: tests inject a [`sync::ManualClock`] instead (a `Runtime`
-//! whose `now`/`sleep_until` come from the manual clock and whose `spawn` is async-std's).
+//! whose `now`/`sleep_until` come from the manual clock and whose `spawn` is async-std's). A
+//! few short conformance cases also run on this crate's real clock and timer.
 //!
 //! ```
 //! use runtime_async_std::{AsyncStdRuntime, sync::Runtime};

@@ -5,11 +5,14 @@ use core::future::Future;
 use std::io;
 
 use async_std::net::TcpStream;
-use throttle_core::sync::Connector;
+use throttle_core::sync::{Connector, bare_host};
 
-/// Opens an `async_std::net::TcpStream` to `host:port` (the host resolved by async-std) with `TCP_NODELAY` set,
-/// since pooled requests are small and latency-bound. Wrap it to add a handshake or a
-/// multiplexing client on top: the pool shares one connection between its leases.
+/// Opens an `async_std::net::TcpStream` to `host:port` with `TCP_NODELAY` set, since pooled
+/// requests are small and latency-bound. The host is a name (resolved by async-std), an IPv4
+/// literal or an IPv6 literal, bare (`::1`) or bracketed (`[::1]`); it is resolved together
+/// with the port as a pair ([`bare_host`]), never as a `"{host}:{port}"` string. Wrap it to add
+/// a handshake or a multiplexing client on top: the pool shares one connection between its
+/// leases.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TcpConnector;
 
@@ -22,9 +25,9 @@ impl<H: AsRef<str>> Connector<H> for TcpConnector {
         host: &H,
         port: u16,
     ) -> impl Future<Output = io::Result<TcpStream>> + Send + 'static {
-        let addr = format!("{}:{port}", host.as_ref());
+        let host = bare_host(host.as_ref()).to_owned();
         async move {
-            let stream = TcpStream::connect(addr.as_str()).await?;
+            let stream = TcpStream::connect((host.as_str(), port)).await?;
             stream.set_nodelay(true)?;
             Ok(stream)
         }

@@ -2,12 +2,15 @@
 
 use core::future::Future;
 
-use throttle_core::sync::Connector;
+use throttle_core::sync::{Connector, bare_host};
 use tokio::net::TcpStream;
 
-/// Opens a `tokio::net::TcpStream` to `host:port` (the host resolved by tokio) with `TCP_NODELAY` set,
-/// since pooled requests are small and latency-bound. Wrap it to add a handshake or a
-/// multiplexing client on top: the pool shares one connection between its leases.
+/// Opens a `tokio::net::TcpStream` to `host:port` with `TCP_NODELAY` set, since pooled
+/// requests are small and latency-bound. The host is a name (resolved by tokio), an IPv4
+/// literal or an IPv6 literal, bare (`::1`) or bracketed (`[::1]`); it is resolved together
+/// with the port as a pair ([`bare_host`]), never as a `"{host}:{port}"` string. Wrap it to add
+/// a handshake or a multiplexing client on top: the pool shares one connection between its
+/// leases.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TcpConnector;
 
@@ -20,7 +23,7 @@ impl<H: AsRef<str>> Connector<H> for TcpConnector {
         host: &H,
         port: u16,
     ) -> impl Future<Output = Result<TcpStream, std::io::Error>> + Send + 'static {
-        let host = host.as_ref().to_owned();
+        let host = bare_host(host.as_ref()).to_owned();
         async move {
             let stream = TcpStream::connect((host.as_str(), port)).await?;
             stream.set_nodelay(true)?;

@@ -132,7 +132,7 @@ fn permit_sync(c: &mut C) {
 
     // One shard, nothing else in flight (as for the window row): the handle's lock, the
     // window's submit and complete, the owned permit's Arc (as tokio's owned permit's).
-    let handle: WindowHandle<u32, RandomState> =
+    let handle: WindowHandle<u32> =
         WindowHandle::new(WindowConfig::default()).expect("valid config");
     bench_try_acquire(&mut g, "ours", &handle, Hold::Owned);
     // The same shard with another permit held: its window stays.
@@ -142,7 +142,7 @@ fn permit_sync(c: &mut C) {
     // The borrowed permit (no reference count), against tokio's borrowed one.
     bench_try_acquire(&mut g, "ours_borrowed", &handle, Hold::Borrowed);
     let handle: WindowHandle<u32, Fx> =
-        WindowHandle::new(WindowConfig::default()).expect("valid config");
+        WindowHandle::with_hasher(WindowConfig::default(), Fx::default()).expect("valid config");
     bench_try_acquire(&mut g, "ours_fxhash", &handle, Hold::Owned);
 
     // What a keyed permit costs at the least with one mutex: the naive keyed semaphore a
@@ -221,12 +221,12 @@ fn permit_async(c: &mut C) {
         .expect("runtime");
 
     // `acquire` borrows the handle, as tokio's `acquire` borrows its semaphore.
-    let handle: WindowHandle<u32, RandomState> =
+    let handle: WindowHandle<u32> =
         WindowHandle::new(WindowConfig::default()).expect("valid config");
     bench_acquire(&mut g, &rt, "ours", &handle, Hold::Borrowed);
     bench_acquire(&mut g, &rt, "ours_owned", &handle, Hold::Owned);
     let handle: WindowHandle<u32, Fx> =
-        WindowHandle::new(WindowConfig::default()).expect("valid config");
+        WindowHandle::with_hasher(WindowConfig::default(), Fx::default()).expect("valid config");
     bench_acquire(&mut g, &rt, "ours_fxhash", &handle, Hold::Borrowed);
 
     let sem = Arc::new(tokio::sync::Semaphore::new(4));

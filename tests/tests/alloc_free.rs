@@ -694,7 +694,7 @@ fn poll_once<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> std::task::Pol
 
 /// On 8 shards with one credit each: try_acquire + complete; an uncontended acquire().await;
 /// then a waiter queued behind a held permit receives the credit when it completes.
-fn permit_round(h: &WindowHandle<u32, RandomState>) -> u32 {
+fn permit_round(h: &WindowHandle<u32>) -> u32 {
     let mut handed_on = 0;
     for shard in 0..8u32 {
         let p = h.try_acquire(shard).expect("free credit");
@@ -722,7 +722,7 @@ fn permit_round(h: &WindowHandle<u32, RandomState>) -> u32 {
 
 #[test]
 fn sync_permits_allocate_nothing_after_warmup() {
-    let h: WindowHandle<u32, RandomState> =
+    let h: WindowHandle<u32> =
         WindowHandle::new(WindowConfig::default().with_max_in_flight(1)).expect("valid config");
     let mut handed_on = 0;
     assert_no_alloc_after_warmup("sync permits", || {

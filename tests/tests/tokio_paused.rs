@@ -2,7 +2,6 @@
 //! own timers, without the scenario harness stepping time.
 
 use core::time::Duration;
-use std::hash::RandomState;
 
 use runtime_tokio::sync::{GateHandle, WindowHandle};
 use runtime_tokio::{GateState, Instant, Signal, TokioRuntime, WindowConfig, WriteGateConfig};
@@ -10,7 +9,7 @@ use runtime_tokio::{GateState, Instant, Signal, TokioRuntime, WindowConfig, Writ
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn gate_sleeper_auto_advances_to_the_exact_opening() {
     let rt = TokioRuntime::new();
-    let gate: GateHandle<u32, RandomState> =
+    let gate: GateHandle<u32> =
         GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
     gate.handle_kv_signal(rt.now(), &1, Signal::Pressure(500_000)); // 625 ms
     let state = gate.wait_until_open(&rt, &1).await;
@@ -23,7 +22,7 @@ async fn gate_sleeper_auto_advances_to_the_exact_opening() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn gate_sleeper_wakes_on_the_earlier_opening_set_by_another_task() {
     let rt = TokioRuntime::new();
-    let gate: GateHandle<u32, RandomState> =
+    let gate: GateHandle<u32> =
         GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
     gate.handle_kv_signal(rt.now(), &1, Signal::Full); // 5000 ms
     let (g, rt2) = (gate.clone(), rt.clone());
@@ -38,7 +37,7 @@ async fn gate_sleeper_wakes_on_the_earlier_opening_set_by_another_task() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn window_permits_pace_tasks_on_tokio_timers_two_at_a_time() {
     let rt = TokioRuntime::new();
-    let window: WindowHandle<u32, RandomState> =
+    let window: WindowHandle<u32> =
         WindowHandle::new(WindowConfig::default().with_max_in_flight(2)).unwrap();
     let mut tasks = Vec::new();
     for _ in 0..6 {

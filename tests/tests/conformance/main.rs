@@ -4,8 +4,13 @@
 //! tokio runs with paused time (`tokio::time::advance`); async-std runs on its own executor with
 //! the core's `ManualClock` injected as the clock. No scenario reads the wall clock: time moves
 //! only when a scenario advances it, and progress is awaited by condition, not by sleeping.
+//!
+//! The cases in `real_clock.rs` run on each adapter's own runtime as shipped, real clock and
+//! timers (tokio without paused time, `AsyncStdRuntime`): a few short waits (tens of ms) whose
+//! lower bound is asserted exactly, with a second of slack above.
 
 mod harness;
+mod real_clock;
 mod scenarios;
 
 use harness::{AsyncStdManual, Harness, TokioPaused};
@@ -38,6 +43,36 @@ conformance!(
     gate_opens_early_when_a_lower_pressure_arrives,
     idle_connection_is_closed_after_max_idle,
     eight_concurrent_failures_share_one_refresh,
+);
+
+macro_rules! real_clock {
+    ($($name:ident),* $(,)?) => {
+        mod on_tokio_real_clock {
+            $(
+                #[tokio::test(flavor = "current_thread")]
+                async fn $name() {
+                    crate::real_clock::$name(&runtime_tokio::TokioRuntime::new()).await;
+                }
+            )*
+        }
+        mod on_async_std_real_clock {
+            $(
+                #[test]
+                fn $name() {
+                    let rt = runtime_async_std::AsyncStdRuntime::new();
+                    async_std::task::block_on(crate::real_clock::$name(&rt));
+                }
+            )*
+        }
+    };
+}
+
+real_clock!(
+    concurrent_sleeps_never_end_before_their_deadlines,
+    gate_opens_no_sooner_than_its_opening,
+    gate_sleeper_rearms_on_the_real_timer_when_a_lower_pressure_arrives,
+    window_waiter_is_served_no_sooner_than_the_release,
+    idle_connection_closes_no_sooner_than_max_idle,
 );
 
 // Keep the trait in use for both harnesses even if a scenario list shrinks.

@@ -4,7 +4,6 @@ use core::future::Future;
 use core::pin::pin;
 use core::task::Poll;
 use core::time::Duration;
-use std::hash::RandomState;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -36,7 +35,7 @@ async fn unless<A: Future, B: Future>(a: A, b: B) -> Option<A::Output> {
     .await
 }
 
-fn window(capacity: u32) -> WindowHandle<u32, RandomState> {
+fn window(capacity: u32) -> WindowHandle<u32> {
     WindowHandle::new(WindowConfig::default().with_max_in_flight(capacity)).unwrap()
 }
 
@@ -179,8 +178,7 @@ pub async fn close_fails_waiters_and_held_batches_while_batches_in_flight_finish
         sent: Arc::clone(&sent),
     };
     let cfg = BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
-    let driver: BatchDriver<_, _, u32, u32, RandomState> =
-        BatchDriver::new(rt.clone(), transport, cfg).unwrap();
+    let driver: BatchDriver<_, _, u32, u32> = BatchDriver::new(rt.clone(), transport, cfg).unwrap();
     let results = Arc::new(Mutex::new(Vec::new()));
     let submit = |op: u32| {
         let (fut, out) = (driver.submit(1, op), Arc::clone(&results));
@@ -216,7 +214,7 @@ pub async fn close_fails_waiters_and_held_batches_while_batches_in_flight_finish
 
 pub async fn gate_opens_early_when_a_lower_pressure_arrives<H: Harness>(h: &H) {
     let rt = h.rt();
-    let gate: GateHandle<u32, RandomState> =
+    let gate: GateHandle<u32> =
         GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
     // Full pressure: the default curve's ceiling, 5000 ms.
     assert_eq!(gate.handle_kv_signal(rt.now(), &7, Signal::Full), 5000 * MS);
@@ -249,7 +247,7 @@ pub async fn gate_opens_early_when_a_lower_pressure_arrives<H: Harness>(h: &H) {
 
 /// An in-memory connector; its connections are `Arc` clones of one counter, so the counter's
 /// strong count less the test's and the connector's is the number of connections alive.
-struct Memory(Arc<()>);
+pub struct Memory(pub Arc<()>);
 
 impl Connector<u32> for Memory {
     type Error = ();
@@ -268,7 +266,7 @@ pub async fn idle_connection_is_closed_after_max_idle<H: Harness>(h: &H) {
     let counter = Arc::new(());
     let live = || Arc::strong_count(&counter) - 2;
     let cfg = ConnConfig::default().with_max_idle(Duration::from_secs(10));
-    let pool: ConnPool<_, _, u32, u32, RandomState> =
+    let pool: ConnPool<_, _, u32, u32> =
         ConnPool::new(rt.clone(), Memory(Arc::clone(&counter)), cfg).unwrap();
     let p = pool.clone();
     rt.spawn(async move { p.drive_timeouts().await });

@@ -144,7 +144,10 @@ struct Ending<O, E> {
 ///   [`OpError::Closed`], refuses later submits, and stops the driver task; batches already in
 ///   the transport finish normally. Until `close`, the driver task lives on (it holds the
 ///   driver), so close a driver you are done with.
-pub struct BatchDriver<R, T: Transport<Shard, Op>, Shard, Op, S> {
+///
+/// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
+/// [`new`](BatchDriver::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
+pub struct BatchDriver<R, T: Transport<Shard, Op>, Shard, Op, S = std::hash::RandomState> {
     shared: Arc<DriverShared<R, T, Shard, Op, S>>,
 }
 
@@ -185,6 +188,22 @@ impl<O, E> Future for Submit<O, E> {
     }
 }
 
+impl<R, T, Shard, Op> BatchDriver<R, T, Shard, Op, std::hash::RandomState>
+where
+    R: Runtime,
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone + Send + 'static,
+    Op: Send + 'static,
+{
+    /// A driver batching with `cfg` (shard keys hashed with a fresh std
+    /// [`RandomState`](std::hash::RandomState)), sending through `transport`; its task is
+    /// spawned on `rt`. Refuses an invalid config. For another hasher,
+    /// [`with_hasher`](Self::with_hasher).
+    pub fn new(rt: R, transport: T, cfg: BatcherConfig) -> Result<Self, ConfigError> {
+        Self::with_hasher(rt, transport, cfg, std::hash::RandomState::new())
+    }
+}
+
 impl<R, T, Shard, Op, S> BatchDriver<R, T, Shard, Op, S>
 where
     R: Runtime,
@@ -193,15 +212,6 @@ where
     Op: Send + 'static,
     S: BuildHasher + Clone + Send + 'static,
 {
-    /// A driver batching with `cfg` (hasher `S::default()`), sending through `transport`; its
-    /// task is spawned on `rt`. Refuses an invalid config.
-    pub fn new(rt: R, transport: T, cfg: BatcherConfig) -> Result<Self, ConfigError>
-    where
-        S: Default,
-    {
-        Self::with_hasher(rt, transport, cfg, S::default())
-    }
-
     /// As [`new`](Self::new), hashing shard keys with `hasher`.
     pub fn with_hasher(
         rt: R,

@@ -37,7 +37,21 @@ use crate::write_gate::{GateAction, GateState, WriteGate, WriteGateConfig};
 ///   (`poll_timeout` → sleep → `handle_timeout`); spawn it once per gate. Reads treat expired
 ///   gates as open without it; it only frees memory.
 /// - Queries: [`check`](Self::check), [`remaining`](Self::remaining).
-pub struct GateHandle<K, S> {
+///
+/// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
+/// [`new`](GateHandle::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
+///
+/// ```
+/// use throttle_core::{GateState, Instant, Signal, WriteGateConfig};
+/// use throttle_core::sync::GateHandle;
+///
+/// // No annotation: `new` builds a `GateHandle<u32, RandomState>`.
+/// let gate = GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
+/// let wait = gate.handle_kv_signal(Instant::ZERO, &7u32, Signal::Full);
+/// assert!(matches!(gate.check(Instant::ZERO, &7), GateState::Closed { .. }));
+/// assert_eq!(gate.check(Instant::ZERO + wait, &7), GateState::Open);
+/// ```
+pub struct GateHandle<K, S = std::hash::RandomState> {
     shared: Arc<Mutex<WriteGate<K, S>>>,
     /// Notified on every `GateAction::Wake`: sleepers re-check their bucket.
     signal: WakeSignal,
@@ -72,16 +86,16 @@ macro_rules! through_update {
     )*};
 }
 
-impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S> {
-    /// A handle over a new gate, hashing bucket keys with `S::default()`; refuses an
-    /// invalid `cfg`.
-    pub fn new(cfg: WriteGateConfig) -> Result<Self, ConfigError>
-    where
-        S: Default,
-    {
+impl<K: Hash + Eq + Clone> GateHandle<K, std::hash::RandomState> {
+    /// A handle over a new gate, hashing bucket keys with a fresh std
+    /// [`RandomState`](std::hash::RandomState) (as `HashMap::new` does); refuses an invalid
+    /// `cfg`. For another hasher, [`with_hasher`](Self::with_hasher).
+    pub fn new(cfg: WriteGateConfig) -> Result<Self, ConfigError> {
         WriteGate::new(cfg).map(Self::from_gate)
     }
+}
 
+impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S> {
     /// A handle over a new gate, hashing bucket keys with `hasher`; refuses an invalid `cfg`.
     pub fn with_hasher(cfg: WriteGateConfig, hasher: S) -> Result<Self, ConfigError> {
         WriteGate::with_hasher(cfg, hasher).map(Self::from_gate)
@@ -202,7 +216,8 @@ mod tests {
         let mut ex = Executor::default();
         let mut rt = TestRuntime::new();
         rt.spawner = Some(ex.spawner());
-        let gate = Gate::new(WriteGateConfig::default()).expect("the default config is valid");
+        let gate = Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
+            .expect("the default config is valid");
         let t0 = Instant::ZERO;
         // Full pressure: the default curve's ceiling, 5000 ms.
         assert_eq!(
@@ -246,7 +261,8 @@ mod tests {
 
     #[test]
     fn a_longer_install_does_not_wake_sleepers() {
-        let gate = Gate::new(WriteGateConfig::default()).expect("the default config is valid");
+        let gate = Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
+            .expect("the default config is valid");
         let epoch = gate.signal().epoch();
         gate.handle_kv_signal(Instant::ZERO, &1, Signal::Pressure(500_000));
         gate.handle_kv_signal(Instant::ZERO, &1, Signal::Full);
@@ -260,7 +276,8 @@ mod tests {
     fn unknown_leader_ends_the_wait_so_the_caller_refreshes() {
         let mut ex = Executor::default();
         let rt = TestRuntime::new();
-        let gate = Gate::new(WriteGateConfig::default()).expect("the default config is valid");
+        let gate = Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
+            .expect("the default config is valid");
         gate.handle_kv_signal(Instant::ZERO, &3, Signal::Full);
         let result = std::sync::Arc::new(StdMutex::new(None));
         {
@@ -286,7 +303,8 @@ mod tests {
         let mut ex = Executor::default();
         let mut rt = TestRuntime::new();
         rt.spawner = Some(ex.spawner());
-        let gate = Gate::new(WriteGateConfig::default()).expect("the default config is valid");
+        let gate = Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
+            .expect("the default config is valid");
         {
             let (gate, rt2) = (gate.clone(), rt.clone());
             rt.spawn(async move { gate.drive_timeouts(&rt2).await });
@@ -327,7 +345,8 @@ mod loom_models {
         loom::model(|| {
             let rt = TestRuntime::new();
             let gate: GateHandle<u32, TestHasher> =
-                GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
+                GateHandle::with_hasher(WriteGateConfig::default(), TestHasher::default())
+                    .expect("the default config is valid");
             let _ = gate.handle_kv_signal(Instant::ZERO, &7, Signal::Full); // 5000 ms
 
             let gate2 = gate.clone();

@@ -22,7 +22,10 @@ use crate::time::Instant;
 type Handle = WindowHandle<u32, TestHasher>;
 
 fn window(cap: u32) -> Handle {
-    match Handle::new(WindowConfig::default().with_max_in_flight(cap)) {
+    match Handle::with_hasher(
+        WindowConfig::default().with_max_in_flight(cap),
+        TestHasher::default(),
+    ) {
         Ok(h) => h,
         Err(e) => panic!("valid config refused: {e}"),
     }

@@ -28,6 +28,11 @@
 //!   already handed to it is passed on to the next waiter.
 //! - Handles are `Clone + Send + Sync`; permits and futures are `Send` (asserted at compile
 //!   time below).
+//! - Hashers: std handles default to `RandomState`; core machines take `S`. A handle generic
+//!   over a hasher (and its permit, future or lease) declares `S = std::hash::RandomState`;
+//!   its `new` is defined for that hasher only (as `HashMap::new`), so
+//!   `GateHandle::new(cfg)` needs no annotation; `with_hasher` takes any `S`. The machines
+//!   under the handles keep `S` without a default.
 //! - A poisoned lock (a panic in a key's `Hash`, say) is recovered, not propagated.
 //! - A handle with `close()` has `closed().await`: it resolves once the handle is closed and
 //!   everything it had in flight has ended (window: no live credit; bytes: nothing granted;
@@ -41,6 +46,7 @@ mod batch;
 mod drive;
 mod failover;
 mod gate;
+mod host;
 mod loom;
 mod oneshot;
 mod pending;
@@ -61,6 +67,7 @@ pub(crate) use waiters::wake_all;
 pub use batch::{BatchDriver, BatchOutcome, OpError, Submit, Transport};
 pub use failover::{FailoverExecutor, Surfaced};
 pub use gate::GateHandle;
+pub use host::bare_host;
 pub use pending::{AcquireBytes, BytesPermit, PendingBytes};
 pub use pool::{ConnPool, Connector, Lease, PoolError};
 pub use runtime::{ManualClock, ManualSleep, Runtime};
@@ -71,6 +78,14 @@ pub use window::{Acquire, OwnedPermit, Permit, Released, TryAcquireError, Window
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[error("closed")]
 pub struct Closed;
+
+/// User code that the operation depended on panicked (a transport or connect future, a key's
+/// `Hash`, `Eq` or `Clone`, a classifier, a size callback, an update closure): the operation
+/// failed, and everything it held was given back. The handle keeps serving other and later
+/// callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[error("user code panicked")]
+pub struct Panicked;
 
 /// Compile-time checks of the bounds `docs/design.md` §4 promises: handles `Clone + Send + Sync`,
 /// permits and futures `Send`, for any `Send + Sync` key and hasher and any [`Runtime`].

@@ -112,7 +112,10 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
 ///   `poll_timeout` → sleep → `handle_timeout`; each `Close` drops the pool's handle to the
 ///   connection). Spawn it once per pool; without it idle connections are never closed.
 ///   Expiry is decided by the table against the runtime's clock, never by the timer firing.
-pub struct ConnPool<R, C: Connector<H>, U, H, S> {
+///
+/// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
+/// [`new`](ConnPool::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
+pub struct ConnPool<R, C: Connector<H>, U, H, S = std::hash::RandomState> {
     shared: Arc<PoolShared<R, C, U, H, S>>,
 }
 
@@ -137,6 +140,21 @@ enum Step<T> {
     Err(PoolError<()>),
 }
 
+impl<R, C, U, H> ConnPool<R, C, U, H, std::hash::RandomState>
+where
+    R: Runtime,
+    C: Connector<H>,
+    U: Hash + Eq + Clone + Send + 'static,
+    H: Hash + Eq + Clone + Send + 'static,
+{
+    /// A pool connecting with `connector`, hashing keys with a fresh std
+    /// [`RandomState`](std::hash::RandomState); refuses an invalid `cfg`. For another
+    /// hasher, [`with_hasher`](Self::with_hasher).
+    pub fn new(rt: R, connector: C, cfg: ConnConfig) -> Result<Self, ConfigError> {
+        Self::with_hasher(rt, connector, cfg, std::hash::RandomState::new())
+    }
+}
+
 impl<R, C, U, H, S> ConnPool<R, C, U, H, S>
 where
     R: Runtime,
@@ -145,15 +163,6 @@ where
     H: Hash + Eq + Clone + Send + 'static,
     S: BuildHasher + Clone + Send + 'static,
 {
-    /// A pool connecting with `connector`, hashing keys with `S::default()`; refuses an
-    /// invalid `cfg`.
-    pub fn new(rt: R, connector: C, cfg: ConnConfig) -> Result<Self, ConfigError>
-    where
-        S: Default,
-    {
-        Self::with_hasher(rt, connector, cfg, S::default())
-    }
-
     /// A pool hashing keys with `hasher`.
     pub fn with_hasher(
         rt: R,
@@ -409,7 +418,7 @@ where
 /// One request's use of a pooled connection: derefs to the connection; counts as in flight
 /// until dropped. `Send` (and `Sync`) for `Send + Sync` connections; not `Clone`.
 #[must_use = "a lease holds its connection busy until dropped"]
-pub struct Lease<R, C: Connector<H>, U, H, S> {
+pub struct Lease<R, C: Connector<H>, U, H, S = std::hash::RandomState> {
     conn: Arc<C::Conn>,
     id: ConnId,
     pool: ConnPool<R, C, U, H, S>,

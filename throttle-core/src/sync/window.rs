@@ -249,23 +249,21 @@ where
 /// - No caller code runs under the lock except the key's `Hash`/`Eq`/`Clone`; wakers are
 ///   woken after the lock is dropped.
 ///
+/// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
+/// [`new`](WindowHandle::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
+///
 /// ```
 /// use throttle_core::WindowConfig;
 /// use throttle_core::sync::{Released, TryAcquireError, WindowHandle};
-/// # use core::hash::BuildHasherDefault;
-/// # #[derive(Default)] struct H(u64);
-/// # impl core::hash::Hasher for H {
-/// #     fn finish(&self) -> u64 { self.0 }
-/// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
-/// # }
-/// let window: WindowHandle<u32, BuildHasherDefault<H>> =
-///     WindowHandle::new(WindowConfig::default().with_max_in_flight(1)).unwrap();
-/// let permit = window.try_acquire(7).unwrap();
+///
+/// // No annotation: `new` builds a `WindowHandle<u32, RandomState>`.
+/// let window = WindowHandle::new(WindowConfig::default().with_max_in_flight(1)).unwrap();
+/// let permit = window.try_acquire(7u32).unwrap();
 /// assert_eq!(window.try_acquire(7).unwrap_err(), TryAcquireError::NoCredit);
 /// assert_eq!(permit.complete(), Released::Freed); // nobody waited
 /// assert_eq!(window.available(&7), 1);
 /// ```
-pub struct WindowHandle<Shard, S> {
+pub struct WindowHandle<Shard, S = std::hash::RandomState> {
     shared: Arc<Shared<Shard, S>>,
 }
 
@@ -330,19 +328,20 @@ impl<Shard, S> fmt::Debug for WindowHandle<Shard, S> {
     }
 }
 
+impl<Shard: Hash + Eq + Clone> WindowHandle<Shard, std::hash::RandomState> {
+    /// A handle over a new window, hashing shard keys with a fresh std
+    /// [`RandomState`](std::hash::RandomState) (as `HashMap::new` does); refuses an invalid
+    /// `cfg`. For another hasher, [`with_hasher`](Self::with_hasher).
+    pub fn new(cfg: WindowConfig) -> Result<Self, ConfigError> {
+        Self::with_hasher(cfg, std::hash::RandomState::new())
+    }
+}
+
 impl<Shard, S> WindowHandle<Shard, S>
 where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
-    /// A handle over a new window, hashing shard keys with `S::default()`.
-    pub fn new(cfg: WindowConfig) -> Result<Self, ConfigError>
-    where
-        S: Default + Clone,
-    {
-        Self::with_hasher(cfg, S::default())
-    }
-
     /// A handle over a new window, hashing shard keys with `hasher`.
     pub fn with_hasher(cfg: WindowConfig, hasher: S) -> Result<Self, ConfigError>
     where
@@ -483,7 +482,7 @@ where
 /// [`try_acquire_owned`](WindowHandle::try_acquire_owned)), like tokio's `SemaphorePermit` and
 /// `OwnedSemaphorePermit`. Both release the same way.
 #[must_use = "a permit holds a window credit until it is completed or dropped"]
-pub struct Permit<'a, Shard, S>
+pub struct Permit<'a, Shard, S = std::hash::RandomState>
 where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
@@ -497,7 +496,7 @@ where
 
 /// A [`Permit`] that owns a reference count of the handle's state: `'static`, so it can move
 /// into a spawned task. See [`WindowHandle::acquire_owned`].
-pub type OwnedPermit<Shard, S> = Permit<'static, Shard, S>;
+pub type OwnedPermit<Shard, S = std::hash::RandomState> = Permit<'static, Shard, S>;
 
 impl<Shard, S> fmt::Debug for Permit<'_, Shard, S>
 where
@@ -600,7 +599,7 @@ enum AcquireState {
 /// It joins the shard's line when first polled. Dropping it at any point is safe: it leaves the
 /// line, and a credit already handed to it passes to the next waiter.
 #[must_use = "futures do nothing unless polled"]
-pub struct Acquire<'a, Shard, S>
+pub struct Acquire<'a, Shard, S = std::hash::RandomState>
 where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,

@@ -21,7 +21,6 @@ use runtime_tokio::{
     BatcherConfig, CallConfig, ConnKey, GateState, Signal, TcpConnector, ThrottleCurve,
     TokioRuntime, WindowConfig, WriteGateConfig,
 };
-use std::collections::hash_map::RandomState;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -211,7 +210,7 @@ pub struct DemoTransport {
     conn: Conn,
     write: bool,
     rt: TokioRuntime,
-    gate: GateHandle<u32, RandomState>,
+    gate: GateHandle<u32>,
     rng: Arc<Mutex<SplitMix64>>,
 }
 
@@ -273,7 +272,7 @@ impl Transport<u32, Attempt> for DemoTransport {
     }
 }
 
-type DataDriver = BatchDriver<TokioRuntime, DemoTransport, u32, Attempt, RandomState>;
+type DataDriver = BatchDriver<TokioRuntime, DemoTransport, u32, Attempt>;
 
 /// Our client for writes or reads: a [`BatchDriver`] (per-shard batches, at most 4 in flight
 /// per shard, batches grow while the window is exhausted) over [`DemoTransport`], and a
@@ -297,8 +296,7 @@ pub async fn ours_data(
     };
     let rt = TokioRuntime::new();
     let gate_cfg = WriteGateConfig::default().with_kv_curve(ThrottleCurve::fluss_landed());
-    let gate: GateHandle<u32, RandomState> =
-        GateHandle::new(gate_cfg).expect("the Fluss gate config is valid");
+    let gate: GateHandle<u32> = GateHandle::new(gate_cfg).expect("the Fluss gate config is valid");
     let transport = DemoTransport {
         conn,
         write,
@@ -358,7 +356,7 @@ pub async fn ours_data(
 /// refused batch. `first` is a submission already made.
 async fn one_op(
     driver: &DataDriver,
-    gate: &GateHandle<u32, RandomState>,
+    gate: &GateHandle<u32>,
     rt: &TokioRuntime,
     op: Op,
     mut first: Option<runtime_tokio::sync::Submit<(), Refused>>,
@@ -411,7 +409,7 @@ impl Connector<String> for DemoConnector {
     }
 }
 
-type AdminPool = ConnPool<TokioRuntime, DemoConnector, u32, String, RandomState>;
+type AdminPool = ConnPool<TokioRuntime, DemoConnector, u32, String>;
 
 /// Shared state of our admin client: the leader's address as last learned, and the pool.
 #[derive(Debug)]

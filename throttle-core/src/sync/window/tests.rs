@@ -11,7 +11,10 @@ use std::sync::Mutex as StdMutex;
 type Handle = WindowHandle<u32, TestHasher>;
 
 fn handle(cap: u32) -> Handle {
-    match Handle::new(WindowConfig::default().with_max_in_flight(cap)) {
+    match Handle::with_hasher(
+        WindowConfig::default().with_max_in_flight(cap),
+        TestHasher::default(),
+    ) {
         Ok(h) => h,
         Err(e) => panic!("valid config refused: {e}"),
     }
