@@ -47,6 +47,7 @@ mod pending;
 mod pool;
 mod runtime;
 mod signal;
+mod unwind;
 mod waiters;
 mod window;
 
