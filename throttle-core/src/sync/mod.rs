@@ -60,7 +60,7 @@ mod loom_models;
 pub(crate) use waiters::wake_all;
 
 pub use batch::{BatchDriver, BatchOutcome, OpError, Submit, Transport};
-pub use failover::{FailoverExecutor, Surfaced};
+pub use failover::{CallError, FailoverExecutor, Surfaced};
 pub use gate::GateHandle;
 pub use pending::{AcquireBytes, BytesPermit, PendingBytes};
 pub use pool::{ConnPool, Connector, Lease, PoolError};
