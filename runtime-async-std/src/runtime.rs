@@ -28,6 +28,12 @@ impl Default for AsyncStdRuntime {
 }
 
 impl Runtime for AsyncStdRuntime {
+    /// Spawns on async-std's global executor.
+    ///
+    /// # Panics
+    ///
+    /// If async-std cannot start its executor (it fails to spawn an OS thread), as
+    /// `async_std::task::spawn` does.
     fn spawn<F>(&self, future: F)
     where
         F: Future<Output = ()> + Send + 'static,

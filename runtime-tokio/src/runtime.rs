@@ -21,6 +21,10 @@ pub struct TokioRuntime {
 impl TokioRuntime {
     /// A runtime whose epoch is now; it spawns on the tokio runtime it is created in (or, made
     /// outside one, on the runtime current at each `spawn`).
+    ///
+    /// Made outside a tokio runtime, its [`spawn`](Runtime::spawn) panics when called outside
+    /// one too; so does everything that spawns through it there (`BatchDriver::new`,
+    /// `ConnPool::lease`). Use [`with_handle`](Self::with_handle) to spawn from anywhere.
     pub fn new() -> Self {
         TokioRuntime {
             epoch: tokio::time::Instant::now(),
@@ -79,6 +83,13 @@ impl Runtime for TokioRuntime {
         TokioRuntime::sleep_until(self, deadline)
     }
 
+    /// Spawns on the handle, or on the current tokio runtime for a `TokioRuntime` made outside
+    /// one.
+    ///
+    /// # Panics
+    ///
+    /// Made outside a tokio runtime ([`TokioRuntime::new`]) and called outside one, as
+    /// `tokio::spawn` does. The future is dropped first, so what it owned is released.
     fn spawn<F>(&self, future: F)
     where
         F: Future<Output = ()> + Send + 'static,

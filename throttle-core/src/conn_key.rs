@@ -40,7 +40,7 @@ use core::fmt;
 use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
-use hashbrown::HashMap;
+use hashbrown::HashTable;
 use smallvec::SmallVec;
 
 use crate::backoff::{Backoff, BackoffConfig};
@@ -246,6 +246,9 @@ struct Conn {
 #[derive(Clone, Debug)]
 struct Entry<U, H> {
     key: ConnKey<U, H>,
+    /// `key`'s hash, and its uid's, computed once when the entry was made.
+    hash: u64,
+    uid_hash: u64,
     conn: Option<Conn>,
     backoff: Backoff,
     /// Routes before this instant answer `Wait`; meaningful while `backoff.attempt() > 0`.
@@ -253,6 +256,13 @@ struct Entry<U, H> {
     /// Where this entry's one timer sits in `ConnTable::timers`: the idle close of a live
     /// connection with nothing in flight, or the eviction of a connection-less entry.
     heap_pos: Option<usize>,
+}
+
+/// The slots of one uid's endpoints (never empty: the group goes with its last slot).
+#[derive(Clone, Debug)]
+struct UidGroup {
+    hash: u64,
+    slots: SmallVec<[u32; 2]>,
 }
 
 /// The connection table.
@@ -296,8 +306,13 @@ pub struct ConnTable<U, H, S> {
     /// or past `slots.len()` are stale (their slot was trimmed off the end); since the heap
     /// hands out its smallest first, meeting one means all remaining ones are stale.
     free: BinaryHeap<Reverse<u32>>,
-    by_key: HashMap<ConnKey<U, H>, u32, S>,
-    by_uid: HashMap<U, SmallVec<[u32; 2]>, S>,
+    /// Used slots by their key's hash. The hashes are stored in the entries, so growing,
+    /// shrinking and removing never run the key's `Hash` or `Eq` (user code that may panic):
+    /// only a lookup by a caller's key does, before anything changes.
+    by_key: HashTable<u32>,
+    /// The slots of each uid, by the uid's hash (stored in the group).
+    by_uid: HashTable<UidGroup>,
+    hasher: S,
     /// Indexed binary min-heap of `(deadline, slot)`; each entry knows its position, so a
     /// deadline moves in place in O(log n) and the heap never allocates once grown (a
     /// `BTreeSet` would allocate on node splits while routes re-key hot connections).
@@ -340,8 +355,9 @@ where
             clock: Clock::default(),
             slots: Vec::new(),
             free: BinaryHeap::new(),
-            by_key: HashMap::with_hasher(hasher.clone()),
-            by_uid: HashMap::with_hasher(hasher),
+            by_key: HashTable::new(),
+            by_uid: HashTable::new(),
+            hasher,
             timers: Vec::new(),
             actions: VecDeque::new(),
             ids: IdSpace::new(),
@@ -378,7 +394,10 @@ where
     pub fn handle_request(&mut self, now: Instant, node: &ConnKey<U, H>) -> Route<U, H> {
         let now = self.clock.observe(now);
         let idle_at = now + self.cfg.max_idle;
-        if let Some(slot) = self.by_key.get(node).copied() {
+        // User code (the key's `Hash`, `Eq`, `Clone`) runs only before the first change, so a
+        // panic in it leaves the table as it was.
+        let hash = self.hasher.hash_one(node);
+        if let Some(slot) = self.find_slot(hash, node) {
             let Some(e) = self.entry_mut(slot) else {
                 return Route::Exhausted; // unreachable: by_key only names used slots
             };
@@ -394,6 +413,7 @@ where
                     until: e.wait_until,
                 };
             }
+            let key = node.clone();
             let Some(seq) = self.take_seq() else {
                 return Route::Exhausted;
             };
@@ -411,11 +431,25 @@ where
             }
             self.live = self.live.saturating_add(1);
             self.set_deadline(slot, Some(idle_at));
-            return Route::Open(id, node.clone());
+            return Route::Open(id, key);
         }
         if self.ids.peek().is_err() {
             return Route::Exhausted;
         }
+        let uid_hash = self.hasher.hash_one(&node.uid);
+        // A slot of the uid's group names the group below without comparing uids again.
+        let slots = &self.slots;
+        let uid_member = self
+            .by_uid
+            .find(uid_hash, |g| {
+                g.slots
+                    .first()
+                    .and_then(|&s| slots.get(s as usize)?.as_ref())
+                    .is_some_and(|e| e.key.uid == node.uid)
+            })
+            .and_then(|g| g.slots.first().copied());
+        let (key, route_key) = (node.clone(), node.clone());
+        // No user code from here on.
         let Some(slot) = self.alloc_slot() else {
             return Route::Exhausted;
         };
@@ -428,7 +462,9 @@ where
             tag: self.ids.tag(),
         };
         let entry = Entry {
-            key: node.clone(),
+            key,
+            hash,
+            uid_hash,
             conn: Some(Conn {
                 id,
                 state: ConnState::Connecting,
@@ -441,18 +477,31 @@ where
         if let Some(s) = self.slots.get_mut(slot as usize) {
             *s = Some(entry);
         }
-        self.by_key.insert(node.clone(), slot);
-        match self.by_uid.get_mut(&node.uid) {
-            Some(v) => v.push(slot),
+        let slots = &self.slots;
+        let stored = |&s: &u32| {
+            slots
+                .get(s as usize)
+                .and_then(Option::as_ref)
+                .map_or(0, |e| e.hash)
+        };
+        self.by_key.insert_unique(hash, slot, stored);
+        let group =
+            uid_member.and_then(|m| self.by_uid.find_mut(uid_hash, |g| g.slots.contains(&m)));
+        match group {
+            Some(g) => g.slots.push(slot),
             None => {
-                let mut v = SmallVec::new();
-                v.push(slot);
-                self.by_uid.insert(node.uid.clone(), v);
+                let mut slots = SmallVec::new();
+                slots.push(slot);
+                let group = UidGroup {
+                    hash: uid_hash,
+                    slots,
+                };
+                self.by_uid.insert_unique(uid_hash, group, |g| g.hash);
             }
         }
         self.live = self.live.saturating_add(1);
         self.set_deadline(slot, Some(idle_at));
-        Route::Open(id, node.clone())
+        Route::Open(id, route_key)
     }
 
     /// The transport connected `conn`: resets the endpoint's connect backoff, so the first
@@ -569,8 +618,17 @@ where
     /// Connect backoff of the uid's endpoints is kept (see the eviction rule).
     pub fn disconnect(&mut self, now: Instant, uid: &U) -> usize {
         let now = self.clock.observe(now);
-        let slots: SmallVec<[u32; 4]> = match self.by_uid.get(uid) {
-            Some(v) => v.iter().copied().collect(),
+        // The uid's `Hash` and `Eq` run here, before anything changes.
+        let hash = self.hasher.hash_one(uid);
+        let slots = &self.slots;
+        let found = self.by_uid.find(hash, |g| {
+            g.slots
+                .first()
+                .and_then(|&s| slots.get(s as usize)?.as_ref())
+                .is_some_and(|e| e.key.uid == *uid)
+        });
+        let slots: SmallVec<[u32; 4]> = match found {
+            Some(g) => g.slots.iter().copied().collect(),
             None => return 0,
         };
         let mut closed = 0;
@@ -628,7 +686,7 @@ where
 
     /// The live connection of endpoint `key`, if any.
     pub fn connection(&self, key: &ConnKey<U, H>) -> Option<ConnId> {
-        let slot = *self.by_key.get(key)?;
+        let slot = self.find_slot(self.hasher.hash_one(key), key)?;
         Some(self.entry(slot)?.conn.as_ref()?.id)
     }
 
@@ -660,15 +718,14 @@ where
     /// wait.
     pub fn backoff_until(&self, now: Instant, key: &ConnKey<U, H>) -> Option<Instant> {
         let now = self.clock.peek(now);
-        let e = self.entry(*self.by_key.get(key)?)?;
+        let e = self.entry(self.find_slot(self.hasher.hash_one(key), key)?)?;
         (e.conn.is_none() && now < e.wait_until).then_some(e.wait_until)
     }
 
     /// Failed connects to `key` since its last successful one (0 when it has no backoff).
     pub fn connect_failures(&self, key: &ConnKey<U, H>) -> u32 {
-        self.by_key
-            .get(key)
-            .and_then(|&s| self.entry(s))
+        self.find_slot(self.hasher.hash_one(key), key)
+            .and_then(|s| self.entry(s))
             .map_or(0, |e| e.backoff.attempt())
     }
 
@@ -689,6 +746,20 @@ where
     }
 
     // ----- internals -----
+
+    /// The used slot holding `key` (whose hash is `hash`). Runs the key's `Eq`; changes
+    /// nothing.
+    fn find_slot(&self, hash: u64, key: &ConnKey<U, H>) -> Option<u32> {
+        let slots = &self.slots;
+        self.by_key
+            .find(hash, |&s| {
+                slots
+                    .get(s as usize)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|e| e.key == *key)
+            })
+            .copied()
+    }
 
     fn entry(&self, slot: u32) -> Option<&Entry<U, H>> {
         self.slots.get(slot as usize)?.as_ref()
@@ -849,14 +920,23 @@ where
         if e.conn.is_some() {
             self.live = self.live.saturating_sub(1);
         }
-        self.by_key.remove(&e.key);
-        if let Some(v) = self.by_uid.get_mut(&e.key.uid) {
-            v.retain(|s| *s != slot);
-            if v.is_empty() {
-                self.by_uid.remove(&e.key.uid);
+        // Found by slot, with the stored hashes: no user code runs.
+        if let Ok(found) = self.by_key.find_entry(e.hash, |&s| s == slot) {
+            found.remove();
+        }
+        if let Ok(mut found) = self
+            .by_uid
+            .find_entry(e.uid_hash, |g| g.slots.contains(&slot))
+        {
+            let group = found.get_mut();
+            group.slots.retain(|s| *s != slot);
+            if group.slots.is_empty() {
+                found.remove();
             }
         }
         self.free.push(Reverse(slot));
+        // The key (user `Drop`) goes last, once the books are consistent.
+        drop(e);
     }
 
     /// Gives memory back once the table is below a quarter of what it holds, never below
@@ -899,11 +979,17 @@ where
         }
         if self.by_key.len() < self.by_key.capacity() / 4 {
             let target = self.by_key.len().saturating_mul(2).max(SHRINK_FLOOR);
-            self.by_key.shrink_to(target);
+            let slots = &self.slots;
+            self.by_key.shrink_to(target, |&s| {
+                slots
+                    .get(s as usize)
+                    .and_then(Option::as_ref)
+                    .map_or(0, |e| e.hash)
+            });
         }
         if self.by_uid.len() < self.by_uid.capacity() / 4 {
             let target = self.by_uid.len().saturating_mul(2).max(SHRINK_FLOOR);
-            self.by_uid.shrink_to(target);
+            self.by_uid.shrink_to(target, |g| g.hash);
         }
         if self.actions.is_empty() && self.actions.capacity() > 4 * SHRINK_FLOOR {
             self.actions.shrink_to(SHRINK_FLOOR);

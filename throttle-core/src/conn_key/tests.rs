@@ -668,3 +668,177 @@ fn another_tables_connection_id_is_unknown_and_closes_nothing() {
     );
     assert_eq!(one.handle_request(ms(2), &k), Route::Use(mine));
 }
+
+std::thread_local! {
+    /// Calls of a touchy key's `Hash`, `Eq` and `Clone` left before they panic (`None`: never).
+    static BUDGET: core::cell::Cell<Option<usize>> = const { core::cell::Cell::new(None) };
+}
+
+fn spend() {
+    BUDGET.with(|b| match b.get() {
+        Some(0) => panic!("a key's Hash, Eq or Clone panics"),
+        Some(n) => b.set(Some(n - 1)),
+        None => {}
+    });
+}
+
+/// A uid whose `Hash` and `Clone` (if `touchy`) and `Eq` (if also `eq_touchy`) panic once the
+/// budget is spent.
+#[derive(Debug)]
+struct Touchy {
+    id: u32,
+    touchy: bool,
+    eq_touchy: bool,
+}
+
+fn uid(id: u32, touchy: bool) -> Touchy {
+    Touchy {
+        id,
+        touchy,
+        eq_touchy: touchy,
+    }
+}
+
+impl Hash for Touchy {
+    fn hash<Hs: core::hash::Hasher>(&self, h: &mut Hs) {
+        if self.touchy {
+            spend();
+        }
+        self.id.hash(h);
+    }
+}
+
+impl PartialEq for Touchy {
+    fn eq(&self, other: &Self) -> bool {
+        if (self.touchy && self.eq_touchy) || (other.touchy && other.eq_touchy) {
+            spend();
+        }
+        self.id == other.id
+    }
+}
+
+impl Eq for Touchy {}
+
+impl Clone for Touchy {
+    fn clone(&self) -> Self {
+        if self.touchy {
+            spend();
+        }
+        Touchy { ..*self }
+    }
+}
+
+type TouchyTable = ConnTable<Touchy, u32, RandomState>;
+
+fn open_any<S: BuildHasher + Clone>(
+    t: &mut ConnTable<Touchy, u32, S>,
+    now: Instant,
+    k: &ConnKey<Touchy, u32>,
+) -> ConnId {
+    match t.handle_request(now, k) {
+        Route::Open(id, _) => id,
+        other => panic!("expected Open, got {other:?}"),
+    }
+}
+
+fn drain_any<S: BuildHasher + Clone>(t: &mut ConnTable<Touchy, u32, S>) {
+    while t.poll_action().is_some() {}
+}
+
+/// Everything a panic could leave half-changed.
+fn books(t: &TouchyTable) -> [usize; 6] {
+    [
+        t.len(),
+        t.tracked_endpoints(),
+        t.slot_count(),
+        t.free.len(),
+        t.by_uid.len(),
+        t.timers.len(),
+    ]
+}
+
+#[test]
+fn a_key_code_panic_while_routing_leaves_the_table_unchanged_and_it_routes_again() {
+    let plain = |id, port| ConnKey::new(uid(id, false), 1, port);
+    let touchy = |id, port| ConnKey::new(uid(id, true), 1, port);
+    // Budgets from "the first call panics" to "none does", for a new endpoint of a known uid,
+    // a new uid, and an endpoint whose backoff ended (reopened under its old slot).
+    for budget in 0..12 {
+        for case in 0..3 {
+            let mut t: TouchyTable = ConnTable::new(ConnConfig::default()).unwrap();
+            let neighbour = open_any(&mut t, ms(0), &plain(1, 1));
+            t.handle_connected(ms(0), neighbour);
+            let key = match case {
+                0 => touchy(1, 2),
+                1 => touchy(2, 2),
+                _ => {
+                    let id = open_any(&mut t, ms(0), &plain(3, 3));
+                    t.handle_connect_failed(ms(0), id, &mut SplitMix64::new(1));
+                    touchy(3, 3)
+                }
+            };
+            let now = ms(60_000); // past any first connect backoff
+            let before = books(&t);
+            BUDGET.with(|b| b.set(Some(budget)));
+            let routed = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+                t.handle_request(now, &key)
+            }));
+            BUDGET.with(|b| b.set(None));
+            let id = match routed {
+                Err(_) => {
+                    assert_eq!(books(&t), before, "budget {budget}, case {case}");
+                    match t.handle_request(now, &key) {
+                        Route::Open(id, _) => id,
+                        other => panic!("budget {budget}, case {case}: {other:?}"),
+                    }
+                }
+                Ok(Route::Open(id, got)) => {
+                    assert_eq!(got, key);
+                    id
+                }
+                Ok(other) => panic!("budget {budget}, case {case}: {other:?}"),
+            };
+            assert_eq!(t.connection(&key), Some(id), "budget {budget}, case {case}");
+            assert_eq!(t.handle_request(now, &key), Route::Use(id));
+            // The books balance: disconnecting every uid and evicting leaves nothing.
+            for n in 1..4 {
+                t.disconnect(now, &uid(n, false));
+            }
+            drain_any(&mut t);
+            t.handle_timeout(now + IDLE + Duration::from_secs(3_600));
+            assert_eq!(books(&t)[..2], [0, 0], "budget {budget}, case {case}");
+            assert_eq!(t.by_uid.len(), 0, "budget {budget}, case {case}");
+        }
+    }
+}
+
+#[test]
+fn growing_shrinking_and_evicting_never_run_a_stored_key_s_code() {
+    // A fixed hasher, so the test is the same on every run.
+    let mut t: ConnTable<Touchy, u32, crate::test_hasher::TestHasher> =
+        ConnTable::new(ConnConfig::default()).unwrap();
+    // Its `Hash` and `Clone` panic; its `Eq` does not, as a lookup of another key may compare
+    // it when their hash bits collide.
+    let stored = Touchy {
+        id: 0,
+        touchy: true,
+        eq_touchy: false,
+    };
+    let id = open_any(&mut t, ms(0), &ConnKey::new(stored, 1, 1));
+    t.handle_connected(ms(0), id);
+    BUDGET.with(|b| b.set(Some(0)));
+    let kept = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+        for n in 1..500 {
+            let _ = t.handle_request(ms(1), &ConnKey::new(uid(n, false), 1, 1));
+        }
+        // Disconnects, idle closes, evictions and shrinking, down to the stored key alone.
+        t.disconnect(ms(2), &uid(7, false));
+        let _ = t.handle_request(ms(2) + IDLE, &ConnKey::new(uid(0, false), 1, 1));
+        t.handle_timeout(ms(2) + IDLE);
+        drain_any(&mut t);
+    }));
+    BUDGET.with(|b| b.set(None));
+    assert!(kept.is_ok(), "a stored key's Hash or Clone ran");
+    assert_eq!((t.len(), t.tracked_endpoints()), (1, 1));
+    assert_eq!(t.connection(&ConnKey::new(uid(0, false), 1, 1)), Some(id));
+}

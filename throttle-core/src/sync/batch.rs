@@ -7,6 +7,11 @@
 //! `Send` is carried out by a task that awaits the user's [`Transport`] and reports the batch's
 //! end back to the batcher (which releases the credit exactly once and may send the next
 //! batch). Results are handed to submitters through one-shot slots, after the lock is dropped.
+//!
+//! User code that panics (`op_bytes`, `send`, or the future `send` returns) fails the
+//! operations it was working on with [`OpError::Panicked`] and gives their credit back: the
+//! panic is caught where the driver calls that code, and each send task also owns its credit
+//! in a guard, so a task the runtime drops unfinished releases it too.
 
 use alloc::collections::VecDeque;
 use alloc::sync::Arc as ErrArc;
@@ -20,7 +25,8 @@ use core::task::{Context, Poll, Waker};
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Receiver, Sender};
 use super::signal::{WakeSignal, wait_for};
-use super::{Closed, Runtime};
+use super::unwind;
+use super::{Closed, Panicked, Runtime};
 use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason};
 use crate::dispatch_window::CreditId;
 use crate::error::ConfigError;
@@ -36,7 +42,8 @@ pub trait Transport<Shard, Op>: Send + Sync + 'static {
     /// An operation's error, or the whole batch's.
     type Error: Send + Sync + 'static;
 
-    /// The operation's size, for write batches bounded by bytes (default 0: count only).
+    /// The operation's size, for write batches bounded by bytes (default 0: count only). If it
+    /// panics, the operation fails with [`OpError::Panicked`] and is not queued.
     fn op_bytes(&self, op: &Op) -> u64 {
         let _ = op;
         0
@@ -46,6 +53,9 @@ pub trait Transport<Shard, Op>: Send + Sync + 'static {
     /// position; operations past the end of the vector fail with [`OpError::NoResponse`]. An
     /// `Err` fails every operation of the batch with [`OpError::Batch`]. The future must end
     /// (time out) on its own: the batch's window credit is held until it does.
+    ///
+    /// If `send` or its future panics, every operation of the batch fails with
+    /// [`OpError::Panicked`] and the credit is released (the shard's next batch goes out).
     fn send(
         &self,
         shard: &Shard,
@@ -63,12 +73,17 @@ pub enum OpError<E> {
     /// Its batch failed as a whole (the error is shared by the batch's operations).
     #[error("batch failed")]
     Batch(ErrArc<E>),
-    /// Its batch completed without a result for it.
+    /// Its batch completed without a result for it, or its send task was dropped unfinished
+    /// (the runtime shut down).
     #[error("no response for the operation")]
     NoResponse,
     /// The driver closed before the operation was sent.
     #[error("driver closed")]
     Closed,
+    /// User code it depended on panicked: [`Transport::op_bytes`] for this operation, or
+    /// [`Transport::send`] (or its future) for its batch. The batch's credit was released.
+    #[error(transparent)]
+    Panicked(#[from] Panicked),
 }
 
 impl<E> From<Closed> for OpError<E> {
@@ -124,9 +139,17 @@ struct Effects<T: Transport<Shard, Op>, Shard, Op> {
 type Done<T, Shard, Op> = (Sender<OpResult<T, Shard, Op>>, OpResult<T, Shard, Op>);
 
 /// How the batch whose end is being reported ended.
-struct Ending<O, E> {
-    results: Vec<Option<Result<O, E>>>,
-    error: Option<ErrArc<E>>,
+enum Ending<O, E> {
+    /// No batch ended (a flush, a close): nothing to deliver.
+    Nothing,
+    /// The transport answered: results by position, each taken once.
+    Answered(Vec<Option<Result<O, E>>>),
+    /// The transport failed the whole batch.
+    Failed(ErrArc<E>),
+    /// `send` or its future panicked.
+    Panicked,
+    /// The send task was dropped before the transport answered (the runtime shut down).
+    Abandoned,
 }
 
 /// A batching driver over a [`Batcher`] and a user [`Transport`]. `Clone + Send + Sync`;
@@ -144,6 +167,10 @@ struct Ending<O, E> {
 ///   [`OpError::Closed`], refuses later submits, and stops the driver task; batches already in
 ///   the transport finish normally. Until `close`, the driver task lives on (it holds the
 ///   driver), so close a driver you are done with.
+/// - A panic in the transport's `op_bytes`, `send` or `send`'s future fails the operations it
+///   concerned with [`OpError::Panicked`]; the batch's credit is released and later submits to
+///   the shard proceed. A send task the runtime drops unfinished releases its credit too
+///   (its operations fail with [`OpError::NoResponse`]).
 ///
 /// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
 /// [`new`](BatchDriver::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
@@ -199,6 +226,12 @@ where
     /// [`RandomState`](std::hash::RandomState)), sending through `transport`; its task is
     /// spawned on `rt`. Refuses an invalid config. For another hasher,
     /// [`with_hasher`](Self::with_hasher).
+    ///
+    /// # Panics
+    ///
+    /// If `rt`'s [`spawn`](Runtime::spawn) panics: `runtime_tokio::TokioRuntime` does when it
+    /// was made outside a tokio runtime and this is called outside one too (make it with
+    /// `TokioRuntime::with_handle`, or inside the runtime). Nothing is left behind then.
     pub fn new(rt: R, transport: T, cfg: BatcherConfig) -> Result<Self, ConfigError> {
         Self::with_hasher(rt, transport, cfg, std::hash::RandomState::new())
     }
@@ -213,6 +246,10 @@ where
     S: BuildHasher + Clone + Send + 'static,
 {
     /// As [`new`](Self::new), hashing shard keys with `hasher`.
+    ///
+    /// # Panics
+    ///
+    /// If `rt`'s [`spawn`](Runtime::spawn) panics, as for [`new`](Self::new).
     pub fn with_hasher(
         rt: R,
         transport: T,
@@ -241,8 +278,12 @@ where
 
     /// Queues `op` for `shard`; the future resolves with its result (see the contract).
     pub fn submit(&self, shard: Shard, op: Op) -> Submit<T::Output, T::Error> {
-        let bytes = self.shared.transport.op_bytes(&op);
         let (tx, rx) = oneshot::channel();
+        // User code, before anything is queued: a panic fails this operation alone.
+        let Ok(bytes) = unwind::call(|| self.shared.transport.op_bytes(&op)) else {
+            tx.send(Err(OpError::Panicked(Panicked)));
+            return Submit { rx };
+        };
         let waker = {
             let mut st = lock(&self.shared.state);
             if st.closed {
@@ -286,7 +327,7 @@ where
                 }
             }
             st.batcher.close();
-            drain(st, &mut effects, None);
+            drain(st, &mut effects, &mut Ending::Nothing);
             (effects, st.driver.take(), st.is_drained())
         };
         self.apply(effects);
@@ -352,7 +393,7 @@ where
                         }
                         // The input queue is empty: the rate-adaptive flush.
                         st.batcher.flush(now);
-                        drain(st, &mut effects, None);
+                        drain(st, &mut effects, &mut Ending::Nothing);
                         (Some(effects), false)
                     }
                 };
@@ -367,50 +408,148 @@ where
     }
 
     /// Carries out a critical section's decisions: results to submitters, batches to the
-    /// transport (each in its own task, which reports the batch's end).
-    fn apply(&self, effects: Effects<T, Shard, Op>) {
-        for (tx, result) in effects.done {
-            tx.send(result);
-        }
-        for (shard, credit, ops) in effects.sends {
-            let sending = self.shared.transport.send(&shard, ops);
-            let driver = self.clone();
-            self.shared.rt.spawn(async move {
-                let outcome = sending.await;
-                driver.finish(credit, outcome);
-            });
+    /// transport (each in its own task, which reports the batch's end). A `send` that panics
+    /// ends its batch as [`Ending::Panicked`] here, and whatever that release decides is
+    /// carried out in the same loop (no recursion).
+    fn apply(&self, mut effects: Effects<T, Shard, Op>) {
+        loop {
+            for (tx, result) in effects.done.drain(..) {
+                tx.send(result);
+            }
+            let mut panicked = Vec::new();
+            for (shard, credit, ops) in effects.sends.drain(..) {
+                match unwind::call(|| self.shared.transport.send(&shard, ops)) {
+                    Ok(sending) => self.spawn_send(credit, sending),
+                    Err(Panicked) => panicked.push(credit),
+                }
+            }
+            if panicked.is_empty() {
+                return;
+            }
+            let mut drained = false;
+            for credit in panicked {
+                let (more, now_drained) = self.end_batch(credit, Ending::Panicked);
+                effects.extend(more);
+                drained |= now_drained;
+            }
+            self.shared.drained.notify_if(drained);
         }
     }
 
-    fn finish(&self, credit: CreditId, outcome: BatchOutcome<T::Output, T::Error>) {
-        let effects = {
+    /// Spawns the task that awaits one batch's `send` future and reports its end. The task owns
+    /// the credit in a [`SendGuard`] from the start, so dropping the task at any point (the
+    /// runtime shutting down, or the future never polled) still releases it. A `spawn` that
+    /// panics is caught: it dropped the task, so the credit is back, and the other batches of
+    /// this `apply` are still spawned.
+    fn spawn_send(
+        &self,
+        credit: CreditId,
+        sending: impl Future<Output = BatchOutcome<T::Output, T::Error>> + Send + 'static,
+    ) {
+        let guard = SendGuard {
+            driver: self.clone(),
+            credit: Some(credit),
+        };
+        let task = async move {
+            let mut guard = guard;
+            let ending = match unwind::catch(sending).await {
+                Ok(Ok(results)) => Ending::Answered(results.into_iter().map(Some).collect()),
+                Ok(Err(e)) => Ending::Failed(ErrArc::new(e)),
+                Err(Panicked) => Ending::Panicked,
+            };
+            if let Some(credit) = guard.credit.take() {
+                guard.driver.finish(credit, ending);
+            }
+        };
+        let _refused = unwind::call(|| self.shared.rt.spawn(task));
+    }
+
+    /// Reports a batch's end and carries out what the release decides.
+    fn finish(&self, credit: CreditId, ending: Ending<T::Output, T::Error>) {
+        let (effects, drained) = self.end_batch(credit, ending);
+        self.apply(effects);
+        self.shared.drained.notify_if(drained);
+    }
+
+    /// Under the lock: the batch under `credit` ended as `ending`. Releases the credit (once:
+    /// the batcher refuses a second release) and collects the results and the next sends;
+    /// also says whether the closed driver is now drained.
+    fn end_batch(
+        &self,
+        credit: CreditId,
+        mut ending: Ending<T::Output, T::Error>,
+    ) -> (Effects<T, Shard, Op>, bool) {
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
+        let now = self.shared.rt.now();
+        let mut effects = Effects::new();
+        let released = match &ending {
+            Ending::Answered(results) => st.batcher.handle_response(now, credit, 0..results.len()),
+            _ => st.batcher.handle_failure(now, credit),
+        };
+        // An unknown credit cannot come back here (each credit is reported once).
+        let _ = released;
+        drain(st, &mut effects, &mut ending);
+        (effects, st.is_drained())
+    }
+
+    /// A dropped send task's end: releases the credit and fails the batch with
+    /// [`OpError::NoResponse`] (or [`OpError::Panicked`] while unwinding). The batches that the
+    /// release would send are failed the same way instead of sent: this runs in a destructor
+    /// (the runtime is dropping tasks, or a panic is unwinding), where no transport is called.
+    fn abandon(&self, credit: CreditId) {
+        let ending = || {
+            if std::thread::panicking() {
+                Ending::Panicked
+            } else {
+                Ending::Abandoned
+            }
+        };
+        let (done, drained) = {
             let mut guard = lock(&self.shared.state);
             let st = &mut *guard;
             let now = self.shared.rt.now();
             let mut effects = Effects::new();
-            let mut ending = Ending {
-                results: Vec::new(),
-                error: None,
-            };
-            let released = match outcome {
-                Ok(results) => {
-                    let n = results.len();
-                    ending.results = results.into_iter().map(Some).collect();
-                    st.batcher.handle_response(now, credit, 0..n)
-                }
-                Err(e) => {
-                    ending.error = Some(ErrArc::new(e));
-                    st.batcher.handle_failure(now, credit)
-                }
-            };
-            // An unknown credit cannot come back here (each send task reports once).
-            let _ = released;
-            drain(st, &mut effects, Some(&mut ending));
-            (effects, st.is_drained())
+            let mut credits = alloc::vec![credit];
+            while let Some(credit) = credits.pop() {
+                let _ = st.batcher.handle_failure(now, credit);
+                drain(st, &mut effects, &mut ending());
+                credits.extend(effects.sends.drain(..).map(|(_, credit, _)| credit));
+            }
+            (effects.done, st.is_drained())
         };
-        self.apply(effects.0);
-        if effects.1 {
-            self.shared.drained.notify();
+        for (tx, result) in done {
+            tx.send(result);
+        }
+        self.shared.drained.notify_if(drained);
+    }
+}
+
+/// One send task's credit: released exactly once, by the task when the transport answers, or
+/// by `Drop` if the task is dropped first.
+struct SendGuard<R, T, Shard, Op, S>
+where
+    R: Runtime,
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone + Send + 'static,
+    Op: Send + 'static,
+    S: BuildHasher + Clone + Send + 'static,
+{
+    driver: BatchDriver<R, T, Shard, Op, S>,
+    credit: Option<CreditId>,
+}
+
+impl<R, T, Shard, Op, S> Drop for SendGuard<R, T, Shard, Op, S>
+where
+    R: Runtime,
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone + Send + 'static,
+    Op: Send + 'static,
+    S: BuildHasher + Clone + Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(credit) = self.credit.take() {
+            self.driver.abandon(credit);
         }
     }
 }
@@ -421,6 +560,11 @@ impl<T: Transport<Shard, Op>, Shard, Op> Effects<T, Shard, Op> {
             sends: Vec::new(),
             done: Vec::new(),
         }
+    }
+
+    fn extend(&mut self, more: Self) {
+        self.sends.extend(more.sends);
+        self.done.extend(more.done);
     }
 }
 
@@ -436,11 +580,11 @@ where
     Some(slot)
 }
 
-/// Drains the batcher's actions into effects; `ending` holds the reported batch's results.
+/// Drains the batcher's actions into effects; `ending` is how the reported batch ended.
 fn drain<T, Shard, Op, S>(
     st: &mut DriverState<T, Shard, Op, S>,
     effects: &mut Effects<T, Shard, Op>,
-    mut ending: Option<&mut Ending<T::Output, T::Error>>,
+    ending: &mut Ending<T::Output, T::Error>,
 ) where
     T: Transport<Shard, Op>,
     Shard: Hash + Eq + Clone,
@@ -461,9 +605,10 @@ fn drain<T, Shard, Op, S>(
                 effects.sends.push((shard, credit, ops));
             }
             BatchAction::Deliver { handle, position } => {
-                let result = ending
-                    .as_mut()
-                    .and_then(|e| e.results.get_mut(position)?.take());
+                let result = match ending {
+                    Ending::Answered(results) => results.get_mut(position).and_then(Option::take),
+                    _ => None,
+                };
                 if let Some(slot) = take_slot(st, handle) {
                     let result = match result {
                         Some(Ok(value)) => Ok(value),
@@ -475,8 +620,9 @@ fn drain<T, Shard, Op, S>(
             }
             BatchAction::Fail { handle, reason } => {
                 if let Some(slot) = take_slot(st, handle) {
-                    let error = match (reason, ending.as_ref().and_then(|e| e.error.clone())) {
-                        (FailReason::BatchFailed, Some(e)) => OpError::Batch(e),
+                    let error = match (reason, &*ending) {
+                        (FailReason::BatchFailed, Ending::Failed(e)) => OpError::Batch(e.clone()),
+                        (FailReason::BatchFailed, Ending::Panicked) => OpError::Panicked(Panicked),
                         (FailReason::Closed, _) => OpError::Closed,
                         _ => OpError::NoResponse,
                     };
@@ -502,17 +648,33 @@ mod tests {
     #[derive(Clone, Default)]
     struct Held(Arc<StdMutex<Sent>>);
 
+    /// An operation whose `op_bytes` panics.
+    const BYTES_PANIC: u32 = 900;
+    /// An operation whose batch's `send` panics before returning a future.
+    const SEND_PANIC: u32 = 901;
+    /// A batch reply on which the send future panics instead of returning it.
+    const FUTURE_PANIC: &str = "the send future panics";
+
     impl Transport<u8, u32> for Held {
         type Output = u32;
         type Error = &'static str;
+        fn op_bytes(&self, op: &u32) -> u64 {
+            assert_ne!(*op, BYTES_PANIC, "op_bytes panics");
+            0
+        }
         fn send(
             &self,
             shard: &u8,
             ops: Vec<u32>,
         ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
+            assert!(!ops.contains(&SEND_PANIC), "send panics");
             let (tx, rx) = oneshot::channel();
             self.0.lock().unwrap().push((*shard, ops, tx));
-            async move { rx.await.unwrap_or(Err("dropped")) }
+            async move {
+                let reply = rx.await.unwrap_or(Err("dropped"));
+                assert_ne!(reply, Err(FUTURE_PANIC), "the send future panics");
+                reply
+            }
         }
     }
 
@@ -670,5 +832,214 @@ mod tests {
         assert_eq!(wakes.wakes(), 1, "the last batch's end wakes the waiter");
         assert!(poll_once(&mut closed, &w).is_ready());
         assert_eq!(out.lock().unwrap().len(), 2, "both results delivered first");
+    }
+
+    /// The driver's books hold: the shard's credits are conserved (`in_flight + available ==
+    /// capacity`, no other live credit) and no operation slot is left without an owner once
+    /// `pending` operations are still unanswered.
+    fn assert_books<R: Runtime>(
+        driver: &BatchDriver<R, Held, u8, u32, RandomState>,
+        shard: u8,
+        pending: usize,
+    ) {
+        let st = lock(&driver.shared.state);
+        let w = st.batcher.window();
+        assert_eq!(w.in_flight(&shard) + w.available(&shard), w.capacity());
+        assert_eq!(w.live_credits(), w.in_flight(&shard) as usize);
+        let used = st.slots.iter().flatten().count();
+        assert_eq!(used, pending, "operation slots in use");
+        assert_eq!(
+            used + st.free.len(),
+            st.slots.len(),
+            "every slot used or free"
+        );
+    }
+
+    fn results(out: &Results) -> Vec<(u32, Result<u32, OpError<&'static str>>)> {
+        let mut got = core::mem::take(&mut *out.lock().unwrap());
+        got.sort_by_key(|(op, _)| *op);
+        got
+    }
+
+    #[test]
+    fn a_panicking_send_future_fails_its_batch_and_its_credit_sends_the_parked_batch() {
+        let (mut exec, driver, held, out) = setup(1);
+        submit(&exec, &driver, &out, 1);
+        exec.run_until_stalled();
+        submit(&exec, &driver, &out, 2);
+        submit(&exec, &driver, &out, 3);
+        exec.run_until_stalled();
+        assert_eq!(driver.open_ops(&1), 2, "parked behind the full window");
+        let (_, _, reply) = held.take().into_iter().next().unwrap();
+        reply.send(Err(FUTURE_PANIC));
+        exec.run_until_stalled();
+        let got = results(&out);
+        assert!(matches!(got[..], [(1, Err(OpError::Panicked(Panicked)))]));
+        let (_, ops, reply) = held
+            .take()
+            .into_iter()
+            .next()
+            .expect("the parked batch went out");
+        assert_eq!(ops, [2, 3]);
+        reply.send(Ok(alloc::vec![Ok(20), Ok(30)]));
+        exec.run_until_stalled();
+        assert!(matches!(results(&out)[..], [(2, Ok(20)), (3, Ok(30))]));
+        assert_books(&driver, 1, 0);
+    }
+
+    #[test]
+    fn a_send_that_panics_before_returning_its_future_fails_its_batch_and_frees_the_credit() {
+        let (mut exec, driver, held, out) = setup(1);
+        // Sent by the driver task: the task survives the panic.
+        submit(&exec, &driver, &out, SEND_PANIC);
+        exec.run_until_stalled();
+        assert!(matches!(
+            results(&out)[..],
+            [(SEND_PANIC, Err(OpError::Panicked(_)))]
+        ));
+        assert_books(&driver, 1, 0);
+        // Sent by a send task, as the credit of the batch before it comes back.
+        submit(&exec, &driver, &out, 1);
+        exec.run_until_stalled();
+        submit(&exec, &driver, &out, SEND_PANIC);
+        exec.run_until_stalled();
+        let (_, _, reply) = held.take().into_iter().next().unwrap();
+        reply.send(Ok(alloc::vec![Ok(10)]));
+        exec.run_until_stalled();
+        let got = results(&out);
+        assert!(matches!(got[0], (1, Ok(10))));
+        assert!(matches!(got[1], (SEND_PANIC, Err(OpError::Panicked(_)))));
+        assert_books(&driver, 1, 0);
+        submit(&exec, &driver, &out, 2);
+        exec.run_until_stalled();
+        let (_, ops, reply) = held
+            .take()
+            .into_iter()
+            .next()
+            .expect("later submits proceed");
+        assert_eq!(ops, [2]);
+        reply.send(Ok(alloc::vec![Ok(20)]));
+        exec.run_until_stalled();
+        assert!(matches!(results(&out)[..], [(2, Ok(20))]));
+        assert_books(&driver, 1, 0);
+    }
+
+    #[test]
+    fn an_op_bytes_that_panics_fails_that_submit_alone() {
+        let (mut exec, driver, held, out) = setup(1);
+        let (w, _) = crate::sync::test_support::CountingWaker::new();
+        let mut refused = driver.submit(1, BYTES_PANIC);
+        assert!(matches!(
+            crate::sync::test_support::poll_once(&mut refused, &w),
+            Poll::Ready(Err(OpError::Panicked(Panicked)))
+        ));
+        assert_eq!(driver.queued(), 0, "nothing queued");
+        submit(&exec, &driver, &out, 5);
+        exec.run_until_stalled();
+        let (_, ops, reply) = held.take().into_iter().next().unwrap();
+        assert_eq!(ops, [5]);
+        reply.send(Ok(alloc::vec![Ok(50)]));
+        exec.run_until_stalled();
+        assert!(matches!(results(&out)[..], [(5, Ok(50))]));
+        assert_books(&driver, 1, 0);
+    }
+
+    #[test]
+    fn a_send_task_dropped_unfinished_releases_its_credit() {
+        let (mut exec, driver, held, _out) = setup(1);
+        let mut first = driver.submit(1, 1);
+        exec.run_until_stalled();
+        let mut parked = driver.submit(1, 2);
+        exec.run_until_stalled();
+        assert_eq!((driver.in_flight(&1), driver.open_ops(&1)), (1, 1));
+        let sent = held.take();
+        // The runtime shuts down: its tasks (the driver's and the send task) are dropped.
+        drop(exec);
+        assert_eq!(driver.in_flight(&1), 0, "the credit came back");
+        let (w, _) = crate::sync::test_support::CountingWaker::new();
+        use crate::sync::test_support::poll_once;
+        assert!(matches!(
+            poll_once(&mut first, &w),
+            Poll::Ready(Err(OpError::NoResponse))
+        ));
+        assert!(
+            matches!(
+                poll_once(&mut parked, &w),
+                Poll::Ready(Err(OpError::NoResponse))
+            ),
+            "the batch the credit would have sent fails too: nothing is sent from a destructor"
+        );
+        assert!(held.take().is_empty());
+        drop(sent);
+        assert_books(&driver, 1, 0);
+    }
+
+    /// A runtime that runs its first task (the driver's) and refuses every later one: it drops
+    /// the task and panics, as tokio's `spawn` does outside a runtime.
+    #[derive(Clone)]
+    struct Refusing {
+        inner: TestRuntime,
+        spawned: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Runtime for Refusing {
+        fn now(&self) -> crate::time::Instant {
+            self.inner.now()
+        }
+        fn sleep_until(
+            &self,
+            deadline: crate::time::Instant,
+        ) -> impl Future<Output = ()> + Send + 'static {
+            self.inner.sleep_until(deadline)
+        }
+        fn spawn<F>(&self, future: F)
+        where
+            F: Future<Output = ()> + Send + 'static,
+        {
+            if self
+                .spawned
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                == 0
+            {
+                self.inner.spawn(future);
+            } else {
+                drop(future);
+                panic!("cannot spawn");
+            }
+        }
+    }
+
+    #[test]
+    fn a_spawn_that_panics_fails_that_batch_and_the_driver_task_keeps_running() {
+        use crate::sync::test_support::{CountingWaker, poll_once};
+        let mut exec = Executor::default();
+        let mut inner = TestRuntime::new();
+        inner.spawner = Some(exec.spawner());
+        let rt = Refusing {
+            inner,
+            spawned: Arc::default(),
+        };
+        let held = Held::default();
+        let cfg = BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+        let driver = BatchDriver::new(rt, held.clone(), cfg).unwrap();
+        let (w, _) = CountingWaker::new();
+        for op in [1, 2] {
+            let mut result = driver.submit(1, op);
+            exec.run_until_stalled();
+            assert!(
+                matches!(
+                    poll_once(&mut result, &w),
+                    Poll::Ready(Err(OpError::NoResponse))
+                ),
+                "op {op}"
+            );
+            assert_eq!(driver.queued(), 0, "op {op}: the driver task took it");
+            assert_books(&driver, 1, 0);
+        }
+        assert_eq!(
+            held.take().len(),
+            2,
+            "each batch was handed to the transport"
+        );
     }
 }

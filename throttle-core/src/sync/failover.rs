@@ -7,14 +7,19 @@
 //! one-shot slot; the refresher's end releases every joiner after the lock is dropped. A
 //! refresher cancelled mid-refresh ends its generation as failed (a guard's `Drop`), so its
 //! joiners are never stranded; they retry anyway, as `Call` does after a failed refresh.
+//!
+//! User code that panics (`op` or its future, the classifier, `refresh` or its future) ends
+//! that call with [`CallError::Panicked`]; a refresher's panic ends its generation as failed
+//! through the same guard, so its joiners retry and the next refresh can start.
 
 use core::fmt;
 use core::future::Future;
 use core::hash::{BuildHasher, Hasher};
 
-use super::Runtime;
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Sender};
+use super::unwind;
+use super::{Panicked, Runtime};
 use crate::error::ConfigError;
 use crate::failover::{
     Call, CallAction, CallConfig, CoalesceAction, CoalescerConfig, ErrorClassifier, Generation,
@@ -31,6 +36,38 @@ pub struct Surfaced<E> {
     pub error: E,
     /// Why it was surfaced instead of retried.
     pub reason: SurfaceReason,
+}
+
+/// Why a [`FailoverExecutor::call`] gave no value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError<E> {
+    /// The request's last error, given back instead of retried.
+    #[error(transparent)]
+    Surfaced(#[from] Surfaced<E>),
+    /// User code the call ran panicked: `op` or its future, the classifier, or `refresh` or
+    /// its future. The call ended there; a refresh it was running ended as failed, so the
+    /// calls that joined it retry and a later refresh can start.
+    #[error(transparent)]
+    Panicked(#[from] Panicked),
+}
+
+impl<E> CallError<E> {
+    /// The surfaced error, if the call ended with one (not with a panic).
+    pub fn surfaced(&self) -> Option<&Surfaced<E>> {
+        match self {
+            CallError::Surfaced(s) => Some(s),
+            CallError::Panicked(_) => None,
+        }
+    }
+
+    /// The request's last error, if the call ended with one (not with a panic).
+    pub fn into_error(self) -> Option<E> {
+        match self {
+            CallError::Surfaced(s) => Some(s.error),
+            CallError::Panicked(_) => None,
+        }
+    }
 }
 
 struct FailoverState<B> {
@@ -56,11 +93,14 @@ struct Shared<K, B> {
 /// - [`call(op, refresh)`](Self::call) sends `op()`; on an error it follows the [`Call`]
 ///   machine: `refresh()` (coalesced: at most one runs at a time, its `bool` is whether it
 ///   succeeded) and/or a retry of `op()` after the backoff, until success or a
-///   [`Surfaced`] error.
+///   [`Surfaced`] error ([`CallError::Surfaced`]).
 /// - `op` is called once per send, so a request is re-sent only when the classifier said it
 ///   was not executed ([`RetrySafety::NotExecuted`](crate::failover::RetrySafety)).
 /// - Cancel-safe: dropping a call's future while it refreshes ends that refresh as failed and
 ///   releases the calls that joined it.
+/// - A panic in `op()`, its future, the classifier, `refresh()` or its future ends the call
+///   with [`CallError::Panicked`] (the panic is caught, the call's future does not unwind); a
+///   refresh it was running ends as failed, as if cancelled.
 pub struct FailoverExecutor<R, K, B> {
     rt: R,
     shared: Arc<Shared<K, B>>,
@@ -149,12 +189,13 @@ where
     }
 
     /// Sends `op()` and drives the failover [`Call`] to its end: `Ok` with the first success,
-    /// or the last error [`Surfaced`] with its reason. See the type's contract.
+    /// or the last error [`Surfaced`] with its reason, or [`CallError::Panicked`] if user code
+    /// panicked. See the type's contract.
     pub async fn call<T, E, Op, OpFut, Rf, RfFut>(
         &self,
         mut op: Op,
         mut refresh: Rf,
-    ) -> Result<T, Surfaced<E>>
+    ) -> Result<T, CallError<E>>
     where
         K: ErrorClassifier<E>,
         Op: FnMut() -> OpFut,
@@ -174,7 +215,7 @@ where
             {
                 self.rt.sleep_until(self.rt.now() + after).await;
             }
-            let error = match op().await {
+            let error = match unwind::catch(async { op().await }).await? {
                 Ok(value) => {
                     let mut st = lock(&self.shared.state);
                     let _ = call.handle_success(self.rt.now(), &mut st.budget);
@@ -182,7 +223,7 @@ where
                 }
                 Err(error) => error,
             };
-            let class = self.shared.classifier.classify(&error);
+            let class = unwind::call(|| self.shared.classifier.classify(&error))?;
             action = {
                 let mut guard = lock(&self.shared.state);
                 let st = &mut *guard;
@@ -191,29 +232,33 @@ where
             loop {
                 match action {
                     CallAction::Refresh => {
-                        let ok = self.refreshed(&mut refresh).await;
+                        let ok = self.refreshed(&mut refresh).await?;
                         let mut guard = lock(&self.shared.state);
                         let st = &mut *guard;
                         action =
                             call.handle_refreshed(self.rt.now(), ok, &mut st.budget, &mut st.rng);
                     }
                     CallAction::Send | CallAction::Retry { .. } => break,
-                    CallAction::Surface { reason } => return Err(Surfaced { error, reason }),
+                    CallAction::Surface { reason } => {
+                        return Err(Surfaced { error, reason }.into());
+                    }
                     // Unreachable: the call is driven in order, so it never answers `None` or
                     // `Complete` to an error or a refresh. Surface rather than spin.
                     _ => {
                         return Err(Surfaced {
                             error,
                             reason: SurfaceReason::ClassifiedNever,
-                        });
+                        }
+                        .into());
                     }
                 }
             }
         }
     }
 
-    /// Runs or joins the coalesced refresh; returns whether it succeeded.
-    async fn refreshed<Rf, RfFut>(&self, refresh: &mut Rf) -> bool
+    /// Runs or joins the coalesced refresh; returns whether it succeeded, or `Err` if this
+    /// call ran it and `refresh` panicked (the refresh then ended as failed for its joiners).
+    async fn refreshed<Rf, RfFut>(&self, refresh: &mut Rf) -> Result<bool, Panicked>
     where
         Rf: FnMut() -> RfFut,
         RfFut: Future<Output = bool>,
@@ -233,13 +278,14 @@ where
                     shared: &self.shared,
                     generation: Some(generation),
                 };
-                let ok = refresh().await;
+                // A panic returns here, and dropping the guard ends the refresh as failed.
+                let ok = unwind::catch(async { refresh().await }).await?;
                 guard.complete(ok);
-                rx.await.unwrap_or(false)
+                Ok(rx.await.unwrap_or(false))
             }
-            CoalesceAction::Join(_) => rx.await.unwrap_or(false),
+            CoalesceAction::Join(_) => Ok(rx.await.unwrap_or(false)),
             // The coalescer is full: handed back, treated as a failed refresh (still retries).
-            _ => false,
+            _ => Ok(false),
         }
     }
 }
@@ -399,10 +445,10 @@ mod tests {
         assert_eq!(sends.load(Ordering::SeqCst), 1);
         assert_eq!(
             out.lock().unwrap().take(),
-            Some(Err(Surfaced {
+            Some(Err(CallError::Surfaced(Surfaced {
                 error: "timeout",
                 reason: SurfaceReason::ClassifiedNever
-            }))
+            })))
         );
         assert_eq!(fx.refreshes_started(), 1);
     }
@@ -460,5 +506,133 @@ mod tests {
             "retried after the failed refresh"
         );
         assert_eq!(fx.refreshes_started(), 1);
+    }
+
+    type Outcome = Arc<StdMutex<alloc::vec::Vec<Result<usize, CallError<ErrorKind>>>>>;
+
+    /// Spawns a call whose first send fails with `NotLeader` and whose retry succeeds with
+    /// `id`; its refresh is `refresh`.
+    fn spawn_call<Rf, RfFut>(
+        exec: &Executor,
+        fx: &FailoverExecutor<TestRuntime, AdminWriteGateway, Unlimited>,
+        id: usize,
+        refresh: Rf,
+        out: &Outcome,
+    ) where
+        Rf: FnMut() -> RfFut + Send + 'static,
+        RfFut: Future<Output = bool> + Send,
+    {
+        let (fx, out) = (fx.clone(), Arc::clone(out));
+        exec.spawn(async move {
+            let tries = AtomicUsize::new(0);
+            let op = || {
+                let first = tries.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    if first {
+                        Err(ErrorKind::NotLeader)
+                    } else {
+                        Ok(id)
+                    }
+                }
+            };
+            let r = fx.call(op, refresh).await;
+            out.lock().unwrap().push(r);
+        });
+    }
+
+    #[test]
+    fn a_refresher_whose_refresh_panics_fails_alone_its_joiners_retry_and_a_later_refresh_runs() {
+        for in_future in [false, true] {
+            let mut exec = Executor::default();
+            let fx = admin_writes(&exec);
+            let out: Outcome = Arc::default();
+            let lookup = WakeSignal::new();
+            // The refresher: its refresh panics, in `refresh()` or in its future, once the test
+            // lets it go on.
+            let go = lookup.changed(0);
+            let mut go = Some(go);
+            spawn_call(
+                &exec,
+                &fx,
+                0,
+                move || {
+                    let go = go.take();
+                    assert!(in_future, "refresh() panics");
+                    async move {
+                        if let Some(go) = go {
+                            go.await;
+                        }
+                        assert!(!in_future, "the refresh future panics");
+                        true
+                    }
+                },
+                &out,
+            );
+            if in_future {
+                spawn_call(&exec, &fx, 1, || async { true }, &out);
+                assert_eq!(exec.run_until_stalled(), 2, "the joiner waits");
+                assert_eq!(fx.refresh_waiters(), 2);
+                lookup.notify();
+            }
+            exec.run_until_stalled();
+            assert!(!fx.is_refreshing(), "the generation ended");
+            let mut got = core::mem::take(&mut *out.lock().unwrap());
+            assert_eq!(got.remove(0), Err(CallError::Panicked(Panicked)));
+            if in_future {
+                assert_eq!(got, [Ok(1)], "the joiner retried after the failed refresh");
+            }
+            // A later failure starts a new refresh, which runs.
+            spawn_call(&exec, &fx, 2, || async { true }, &out);
+            assert_eq!(exec.run_until_stalled(), 0);
+            assert_eq!(out.lock().unwrap()[..], [Ok(2)]);
+            assert_eq!(fx.refreshes_started(), 2);
+            assert_eq!(fx.refresh_waiters(), 0);
+        }
+    }
+
+    #[test]
+    fn a_classifier_or_an_op_that_panics_fails_that_call_alone() {
+        let mut exec = Executor::default();
+        let fx = FailoverExecutor::new(
+            runtime(&exec),
+            |e: &&str| {
+                assert_ne!(*e, "classifier panics", "the classifier panics");
+                crate::failover::ErrorClass::REFRESH_THEN_SURFACE
+            },
+            Unlimited,
+            CallConfig::default(),
+        )
+        .unwrap();
+        let out = Arc::new(StdMutex::new(alloc::vec::Vec::new()));
+        for which in 0..4 {
+            let (fx, out) = (fx.clone(), Arc::clone(&out));
+            exec.spawn(async move {
+                let r = fx
+                    .call(
+                        || {
+                            assert_ne!(which, 1, "op() panics");
+                            async move {
+                                match which {
+                                    0 => Err("classifier panics"),
+                                    2 => panic!("the op's future panics"),
+                                    _ => Ok(which),
+                                }
+                            }
+                        },
+                        || async { true },
+                    )
+                    .await;
+                out.lock().unwrap().push((which, r));
+            });
+        }
+        assert_eq!(exec.run_until_stalled(), 0);
+        let mut got = core::mem::take(&mut *out.lock().unwrap());
+        got.sort_by_key(|(which, _)| *which);
+        let panicked = Err(CallError::Panicked(Panicked));
+        assert_eq!(
+            got,
+            [(0, panicked), (1, panicked), (2, panicked), (3, Ok(3))]
+        );
+        assert_eq!(fx.refreshes_started(), 0);
     }
 }

@@ -53,6 +53,7 @@ mod pending;
 mod pool;
 mod runtime;
 mod signal;
+mod unwind;
 mod waiters;
 mod window;
 
@@ -65,7 +66,7 @@ mod loom_models;
 pub(crate) use waiters::wake_all;
 
 pub use batch::{BatchDriver, BatchOutcome, OpError, Submit, Transport};
-pub use failover::{FailoverExecutor, Surfaced};
+pub use failover::{CallError, FailoverExecutor, Surfaced};
 pub use gate::GateHandle;
 pub use host::bare_host;
 pub use pending::{AcquireBytes, BytesPermit, PendingBytes};

@@ -7,6 +7,11 @@
 //! connection. Leasers of a connecting endpoint sleep on a [`WakeSignal`] notified when any
 //! connect ends, reading its epoch before routing (the same rule as [`wait_until`]).
 //!
+//! User code that panics fails the one lease it belonged to with [`PoolError::Panicked`]: a
+//! key's `Hash`, `Eq` or `Clone` while the table routes it (the table runs them before it
+//! changes anything), and `connect()` or its future (the connect task owns the endpoint's
+//! `Connecting` state in a guard, which reports it closed if the task ends any other way).
+//!
 //! [`wait_until`]: super::wait_until
 
 use alloc::collections::BTreeMap;
@@ -20,8 +25,10 @@ use super::drive::{Timed, drive, drive_timeouts};
 use super::failover::random_seed;
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot;
+use super::oneshot::Sender;
 use super::signal::wait_for;
-use super::{Runtime, WakeSignal};
+use super::unwind;
+use super::{Panicked, Runtime, WakeSignal};
 use crate::conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, Route};
 use crate::error::ConfigError;
 use crate::rng::SplitMix64;
@@ -60,9 +67,15 @@ pub enum PoolError<E> {
     /// The table ran out of connection ids (see [`Route::Exhausted`]); build a new pool.
     #[error("connection ids exhausted")]
     Exhausted,
-    /// The pool was closed.
+    /// The pool was closed, or the runtime dropped this lease's connect task before it ended
+    /// (it is shutting down).
     #[error("pool closed")]
     Closed,
+    /// User code of this lease panicked: the key's `Hash`, `Eq` or `Clone` while it was
+    /// routed, or the connect it started ([`Connector::connect`] or its future). Nothing is
+    /// left connecting: the next lease of the key connects anew, without a backoff.
+    #[error(transparent)]
+    Panicked(#[from] Panicked),
 }
 
 struct PoolState<U, H, S, T> {
@@ -112,6 +125,8 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
 ///   `poll_timeout` → sleep → `handle_timeout`; each `Close` drops the pool's handle to the
 ///   connection). Spawn it once per pool; without it idle connections are never closed.
 ///   Expiry is decided by the table against the runtime's clock, never by the timer firing.
+/// - A panic in the key's `Hash`, `Eq` or `Clone`, or in the connect, fails that lease with
+///   [`PoolError::Panicked`] and leaves the pool serving; see [`lease`](Self::lease).
 ///
 /// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
 /// [`new`](ConnPool::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
@@ -196,6 +211,17 @@ where
 
     /// A connection to `key`, leased until the [`Lease`] is dropped. Cancel-safe: a connect
     /// already started finishes in its own task.
+    ///
+    /// A panic in the key's `Hash`, `Eq` or `Clone`, or in [`Connector::connect`] or its
+    /// future for the connect this lease started, fails it with [`PoolError::Panicked`]; the
+    /// endpoint is not left connecting (the next lease connects anew) and other leases are
+    /// not affected. Leases waiting for that connect route again.
+    ///
+    /// # Panics
+    ///
+    /// If the runtime's [`spawn`](Runtime::spawn) panics when this lease starts a connect
+    /// (`runtime_tokio::TokioRuntime` made and used outside a tokio runtime); the endpoint is
+    /// not left connecting then either.
     pub async fn lease(
         &self,
         key: &ConnKey<U, H>,
@@ -207,7 +233,13 @@ where
                 if st.closed {
                     return Step::Err(PoolError::Closed);
                 }
-                match st.table.handle_request(now, key) {
+                // The key's `Hash`, `Eq` and `Clone` run inside; the table changes nothing
+                // before they have, so a panic there fails this lease alone.
+                let route = match unwind::call(|| st.table.handle_request(now, key)) {
+                    Ok(route) => route,
+                    Err(panicked) => return Step::Err(PoolError::Panicked(panicked)),
+                };
+                match route {
                     Route::Use(id) => match st.conns.get(&id) {
                         Some(conn) => match st.table.handle_send(now, id) {
                             Ok(()) => {
@@ -239,23 +271,34 @@ where
                 Step::AwaitConnect => self.shared.connected.changed(epoch).await,
                 Step::Connect(id) => {
                     let (tx, rx) = oneshot::channel();
-                    let connect = self.shared.connector.connect(&key.host, key.port);
-                    let pool = self.clone();
-                    self.shared.rt.spawn(async move {
-                        let result = connect.await;
-                        let failed = pool.shared.finish_connect(id, result);
-                        if let Some(e) = failed {
-                            tx.send(e);
-                        }
-                    });
+                    // From here the endpoint's `Connecting` state is the guard's to end.
+                    let mut guard = ConnectGuard {
+                        pool: self.clone(),
+                        id,
+                        leaser: Some(tx),
+                    };
+                    match unwind::call(|| self.shared.connector.connect(&key.host, key.port)) {
+                        Ok(connect) => self.shared.rt.spawn(async move {
+                            let mut guard = guard;
+                            let ended = match unwind::catch(connect).await {
+                                Ok(Ok(conn)) => ConnectEnd::Connected(conn),
+                                Ok(Err(e)) => ConnectEnd::Failed(e),
+                                Err(Panicked) => ConnectEnd::Panicked,
+                            };
+                            guard.end(ended);
+                        }),
+                        Err(Panicked) => guard.end(ConnectEnd::Panicked),
+                    }
+                    // A connect that succeeded sends nothing: route again, to its connection.
                     if let Ok(error) = rx.await {
-                        return Err(PoolError::Connect(error));
+                        return Err(error);
                     }
                 }
                 Step::Err(e) => {
                     return Err(match e {
                         PoolError::Backoff { until } => PoolError::Backoff { until },
                         PoolError::Closed => PoolError::Closed,
+                        PoolError::Panicked(p) => PoolError::Panicked(p),
                         _ => PoolError::Exhausted,
                     });
                 }
@@ -349,11 +392,15 @@ where
     }
 
     /// Reports a connect's end to the table; returns the error for the leaser that opened it.
-    fn finish_connect(&self, id: ConnId, result: Result<C::Conn, C::Error>) -> Option<C::Error> {
+    fn finish_connect(
+        &self,
+        id: ConnId,
+        ended: ConnectEnd<C::Conn, C::Error>,
+    ) -> Option<PoolError<C::Error>> {
         let (failed, stale, drained) = self.update(|st, now| {
             st.connecting = st.connecting.saturating_sub(1);
-            let (failed, stale) = match result {
-                Ok(conn) => {
+            let (failed, stale) = match ended {
+                ConnectEnd::Connected(conn) => {
                     if !st.closed && st.table.handle_connected(now, id) {
                         st.conns.insert(id, Arc::new(conn));
                         (None, None)
@@ -362,10 +409,19 @@ where
                         (None, Some(conn))
                     }
                 }
-                Err(e) => {
+                ConnectEnd::Failed(e) => {
                     let st = &mut *st;
                     let _ = st.table.handle_connect_failed(now, id, &mut st.rng);
-                    (Some(e), None)
+                    (Some(PoolError::Connect(e)), None)
+                }
+                // Not the server's fault: no backoff, the next lease connects at once.
+                ConnectEnd::Panicked => {
+                    st.table.handle_closed(now, id);
+                    (Some(PoolError::Panicked(Panicked)), None)
+                }
+                ConnectEnd::Abandoned => {
+                    st.table.handle_closed(now, id);
+                    (Some(PoolError::Closed), None)
                 }
             };
             (failed, stale, st.is_drained())
@@ -395,6 +451,69 @@ where
         });
         drop(dropped);
         self.drained.notify_if(drained);
+    }
+}
+
+/// How a connect task ended.
+enum ConnectEnd<T, E> {
+    Connected(T),
+    Failed(E),
+    /// `connect()` or its future panicked.
+    Panicked,
+    /// The task was dropped before the connect ended (the runtime shut down).
+    Abandoned,
+}
+
+/// A started connect's obligation: report its end to the table exactly once (so the endpoint
+/// never stays `Connecting`) and tell the leaser that opened it how it failed. Owned by the
+/// connect task from the moment it is built, so `Drop` ends a task that never finished.
+struct ConnectGuard<R, C, U, H, S>
+where
+    R: Runtime,
+    C: Connector<H>,
+    U: Hash + Eq + Clone + Send + 'static,
+    H: Hash + Eq + Clone + Send + 'static,
+    S: BuildHasher + Clone + Send + 'static,
+{
+    pool: ConnPool<R, C, U, H, S>,
+    id: ConnId,
+    /// `None` once ended.
+    leaser: Option<Sender<PoolError<C::Error>>>,
+}
+
+impl<R, C, U, H, S> ConnectGuard<R, C, U, H, S>
+where
+    R: Runtime,
+    C: Connector<H>,
+    U: Hash + Eq + Clone + Send + 'static,
+    H: Hash + Eq + Clone + Send + 'static,
+    S: BuildHasher + Clone + Send + 'static,
+{
+    fn end(&mut self, ended: ConnectEnd<C::Conn, C::Error>) {
+        let Some(leaser) = self.leaser.take() else {
+            return;
+        };
+        if let Some(error) = self.pool.shared.finish_connect(self.id, ended) {
+            leaser.send(error);
+        }
+    }
+}
+
+impl<R, C, U, H, S> Drop for ConnectGuard<R, C, U, H, S>
+where
+    R: Runtime,
+    C: Connector<H>,
+    U: Hash + Eq + Clone + Send + 'static,
+    H: Hash + Eq + Clone + Send + 'static,
+    S: BuildHasher + Clone + Send + 'static,
+{
+    fn drop(&mut self) {
+        let ended = if std::thread::panicking() {
+            ConnectEnd::Panicked
+        } else {
+            ConnectEnd::Abandoned
+        };
+        self.end(ended);
     }
 }
 
@@ -476,11 +595,18 @@ mod tests {
     use std::sync::Mutex as StdMutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Connects at once (or fails for port 0); counts live connections through `Drop`.
+    /// Connects at once (or fails for port 0); counts live connections through `Drop`. The
+    /// next connect panics if `hostile` says so: [`CONNECT_PANICS`] in `connect()` itself,
+    /// [`FUTURE_PANICS`] in its future.
     struct Fake {
         connects: Arc<AtomicUsize>,
         live: Arc<AtomicUsize>,
+        hostile: Arc<AtomicUsize>,
     }
+    const CONNECT_PANICS: usize = 1;
+    const FUTURE_PANICS: usize = 2;
+    /// The next connect's future never ends.
+    const NEVER: usize = 3;
     struct FakeConn(Arc<AtomicUsize>);
     impl Drop for FakeConn {
         fn drop(&mut self) {
@@ -497,7 +623,13 @@ mod tests {
         ) -> impl Future<Output = Result<FakeConn, &'static str>> + Send + 'static {
             self.connects.fetch_add(1, Ordering::SeqCst);
             let live = Arc::clone(&self.live);
+            let hostile = self.hostile.swap(0, Ordering::SeqCst);
+            assert_ne!(hostile, CONNECT_PANICS, "connect() panics");
             async move {
+                assert_ne!(hostile, FUTURE_PANICS, "the connect future panics");
+                if hostile == NEVER {
+                    core::future::pending::<()>().await;
+                }
                 if port == 0 {
                     return Err("refused");
                 }
@@ -507,23 +639,32 @@ mod tests {
         }
     }
 
-    type Pool = ConnPool<TestRuntime, Fake, u32, u32, RandomState>;
+    type Pool<U = u32> = ConnPool<TestRuntime, Fake, U, u32, RandomState>;
 
     fn pool(exec: &Executor) -> (Pool, TestRuntime, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (pool, rt, connects, live, _) = hostile_pool(exec);
+        (pool, rt, connects, live)
+    }
+
+    type Counter = Arc<AtomicUsize>;
+
+    /// A pool over `Fake`, with its counters and its `hostile` switch.
+    fn hostile_pool<U>(exec: &Executor) -> (Pool<U>, TestRuntime, Counter, Counter, Counter)
+    where
+        U: Hash + Eq + Clone + Send + Sync + 'static,
+    {
         let mut rt = TestRuntime::new();
         rt.spawner = Some(exec.spawner());
         let (connects, live) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let hostile = Arc::new(AtomicUsize::new(0));
         let fake = Fake {
             connects: Arc::clone(&connects),
             live: Arc::clone(&live),
+            hostile: Arc::clone(&hostile),
         };
         let cfg = ConnConfig::default().with_max_idle(Duration::from_secs(10));
-        (
-            Pool::new(rt.clone(), fake, cfg).unwrap(),
-            rt,
-            connects,
-            live,
-        )
+        let pool = ConnPool::new(rt.clone(), fake, cfg).unwrap();
+        (pool, rt, connects, live, hostile)
     }
 
     #[test]
@@ -654,5 +795,282 @@ mod tests {
             2,
             "reconnects once the backoff ended"
         );
+    }
+
+    type Leased<U> = Arc<
+        StdMutex<
+            Vec<Result<Lease<TestRuntime, Fake, U, u32, RandomState>, PoolError<&'static str>>>,
+        >,
+    >;
+
+    /// Spawns a task that leases `key` and keeps the outcome (the lease too) in `out`.
+    fn spawn_lease<U>(exec: &Executor, pool: &Pool<U>, key: ConnKey<U, u32>, out: &Leased<U>)
+    where
+        U: Hash + Eq + Clone + Send + Sync + 'static,
+    {
+        let (p, o) = (pool.clone(), Arc::clone(out));
+        exec.spawn(async move {
+            let r = p.lease(&key).await;
+            o.lock().unwrap().push(r);
+        });
+    }
+
+    /// The pool's books agree with its table: every stored connection is `Connected`, every
+    /// live entry is stored or has its connect task running, and the leases out are the
+    /// requests in flight.
+    fn assert_books<U>(pool: &Pool<U>, leased: usize)
+    where
+        U: Hash + Eq + Clone + Send + Sync + 'static,
+    {
+        let st = lock(&pool.shared.state);
+        for id in st.conns.keys() {
+            assert_eq!(
+                st.table.state(*id),
+                Some(crate::conn_key::ConnState::Connected)
+            );
+        }
+        assert_eq!(st.table.len(), st.conns.len() + st.connecting);
+        let in_flight: u64 = st
+            .conns
+            .keys()
+            .filter_map(|id| st.table.in_flight(*id))
+            .sum();
+        assert_eq!((st.leased, in_flight), (leased, leased as u64));
+    }
+
+    #[test]
+    fn a_connect_that_panics_fails_its_leaser_and_the_next_lease_connects_anew() {
+        for (hostile_at, what) in [(CONNECT_PANICS, "connect()"), (FUTURE_PANICS, "its future")] {
+            let mut exec = Executor::default();
+            let (pool, _rt, connects, live, hostile) = hostile_pool::<u32>(&exec);
+            let key = ConnKey::new(0, 10_001, 9123);
+            let out: Leased<u32> = Arc::default();
+            hostile.store(hostile_at, Ordering::SeqCst);
+            spawn_lease(&exec, &pool, key, &out);
+            spawn_lease(&exec, &pool, key, &out); // waits for the first one's connect
+            assert_eq!(exec.run_until_stalled(), 0, "{what}: no lease left waiting");
+            let got = core::mem::take(&mut *out.lock().unwrap());
+            assert!(
+                matches!(got[0], Err(PoolError::Panicked(Panicked))),
+                "{what}: the opener fails with Panicked"
+            );
+            assert!(
+                got[1].is_ok(),
+                "{what}: the waiter routed again and connected"
+            );
+            assert_eq!(
+                connects.load(Ordering::SeqCst),
+                2,
+                "{what}: a new connect, no backoff"
+            );
+            assert_eq!((pool.len(), live.load(Ordering::SeqCst)), (1, 1));
+            assert_books(&pool, 1);
+            drop(got);
+            assert_books(&pool, 0);
+            // Later leases reuse the connection.
+            spawn_lease(&exec, &pool, key, &out);
+            assert_eq!(exec.run_until_stalled(), 0);
+            assert!(out.lock().unwrap()[0].is_ok());
+            assert_eq!(connects.load(Ordering::SeqCst), 2, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_connect_task_dropped_unfinished_leaves_nothing_connecting() {
+        let mut exec = Executor::default();
+        let (pool, _rt, _, _, hostile) = hostile_pool::<u32>(&exec);
+        let key = ConnKey::new(0, 10_001, 9123);
+        let (w, _) = crate::sync::test_support::CountingWaker::new();
+        hostile.store(NEVER, Ordering::SeqCst);
+        let mut lease = alloc::boxed::Box::pin(pool.lease(&key));
+        assert!(crate::sync::test_support::poll_once(&mut lease, &w).is_pending());
+        assert_eq!(exec.run_until_stalled(), 1, "the connect task waits");
+        assert_eq!(pool.len(), 1, "connecting");
+        drop(exec); // the runtime shuts down: the connect task is dropped unfinished
+        assert_eq!(pool.len(), 0, "not left connecting");
+        assert!(matches!(
+            crate::sync::test_support::poll_once(&mut lease, &w),
+            core::task::Poll::Ready(Err(PoolError::Closed))
+        ));
+        assert_books(&pool, 0);
+    }
+
+    std::thread_local! {
+        /// Calls of a touchy key's `Hash`, `Eq` and `Clone` left before they panic (`None`:
+        /// never).
+        static BUDGET: core::cell::Cell<Option<usize>> = const { core::cell::Cell::new(None) };
+    }
+
+    fn arm(budget: Option<usize>) {
+        BUDGET.with(|b| b.set(budget));
+    }
+
+    fn spend() {
+        BUDGET.with(|b| match b.get() {
+            Some(0) => panic!("a key's Hash, Eq or Clone panics"),
+            Some(n) => b.set(Some(n - 1)),
+            None => {}
+        });
+    }
+
+    /// A uid whose `Hash` and `Clone` (if `touchy`) and `Eq` (if also `eq_touchy`) panic once
+    /// the budget is spent.
+    #[derive(Debug)]
+    struct Touchy {
+        id: u32,
+        touchy: bool,
+        eq_touchy: bool,
+    }
+
+    impl core::hash::Hash for Touchy {
+        fn hash<Hs: core::hash::Hasher>(&self, h: &mut Hs) {
+            if self.touchy {
+                spend();
+            }
+            self.id.hash(h);
+        }
+    }
+
+    impl PartialEq for Touchy {
+        fn eq(&self, other: &Self) -> bool {
+            if (self.touchy && self.eq_touchy) || (other.touchy && other.eq_touchy) {
+                spend();
+            }
+            self.id == other.id
+        }
+    }
+
+    impl Eq for Touchy {}
+
+    impl Clone for Touchy {
+        fn clone(&self) -> Self {
+            if self.touchy {
+                spend();
+            }
+            Touchy { ..*self }
+        }
+    }
+
+    fn uid(id: u32, touchy: bool, eq_touchy: bool) -> Touchy {
+        Touchy {
+            id,
+            touchy,
+            eq_touchy,
+        }
+    }
+
+    fn touchy(id: u32, port: u16) -> ConnKey<Touchy, u32> {
+        ConnKey::new(uid(id, true, true), 10_001, port)
+    }
+
+    fn plain(id: u32, port: u16) -> ConnKey<Touchy, u32> {
+        ConnKey::new(uid(id, false, false), 10_001, port)
+    }
+
+    #[test]
+    fn a_key_whose_hash_eq_or_clone_panics_fails_that_lease_and_strands_nothing() {
+        // Every budget from "the first call panics" to "none does": each user-code point of
+        // routing a new key (beside a neighbour with the same uid) panics once.
+        for budget in 0..16 {
+            let mut exec = Executor::default();
+            let (pool, rt, connects, _, _) = hostile_pool::<Touchy>(&exec);
+            let out: Leased<Touchy> = Arc::default();
+            spawn_lease(&exec, &pool, plain(1, 1), &out);
+            exec.run_until_stalled();
+            let key = touchy(1, 2);
+            let moved = key.clone();
+            arm(Some(budget));
+            spawn_lease(&exec, &pool, moved, &out);
+            exec.run_until_stalled();
+            arm(None);
+            let first = out.lock().unwrap().pop().unwrap();
+            let panicked = matches!(first, Err(PoolError::Panicked(Panicked)));
+            assert!(
+                panicked || first.is_ok(),
+                "budget {budget}: {:?}",
+                first.err()
+            );
+            assert_books(&pool, 1 + usize::from(!panicked));
+            // The same key again, and its neighbour: both served.
+            spawn_lease(&exec, &pool, key.clone(), &out);
+            spawn_lease(&exec, &pool, plain(1, 1), &out);
+            assert_eq!(
+                exec.run_until_stalled(),
+                0,
+                "budget {budget}: nothing hangs"
+            );
+            assert!(
+                out.lock().unwrap().iter().all(Result::is_ok),
+                "budget {budget}"
+            );
+            assert_eq!(
+                connects.load(Ordering::SeqCst),
+                2,
+                "budget {budget}: one per endpoint"
+            );
+            assert_eq!(pool.disconnect(&uid(1, false, false)), 2, "budget {budget}");
+            drop(first);
+            out.lock().unwrap().clear();
+            assert_books(&pool, 0);
+            rt.clock.advance(Duration::from_secs(60));
+            pool.shared.update(|st, now| st.table.handle_timeout(now));
+            let st = lock(&pool.shared.state);
+            assert_eq!(
+                (st.table.len(), st.table.tracked_endpoints()),
+                (0, 0),
+                "budget {budget}"
+            );
+        }
+    }
+
+    #[test]
+    fn growing_the_table_never_runs_a_stored_key_s_hash() {
+        let mut exec = Executor::default();
+        let (pool, _rt, _, _, _) = hostile_pool::<Touchy>(&exec);
+        let out: Leased<Touchy> = Arc::default();
+        // Its `Eq` never panics: a lookup may compare any stored key whose hash bits collide.
+        spawn_lease(
+            &exec,
+            &pool,
+            ConnKey::new(uid(0, true, false), 10_001, 1),
+            &out,
+        );
+        exec.run_until_stalled();
+        arm(Some(0));
+        for id in 1..200 {
+            spawn_lease(&exec, &pool, plain(id, 1), &out);
+        }
+        exec.run_until_stalled();
+        arm(None);
+        assert_eq!(out.lock().unwrap().len(), 200);
+        assert!(out.lock().unwrap().iter().all(Result::is_ok));
+        assert_books(&pool, 200);
+    }
+
+    #[test]
+    fn a_panic_under_the_lock_is_recovered_and_the_pool_keeps_serving() {
+        let mut exec = Executor::default();
+        let (pool, _rt, _, _, _) = hostile_pool::<Touchy>(&exec);
+        let out: Leased<Touchy> = Arc::default();
+        spawn_lease(&exec, &pool, touchy(1, 1), &out);
+        exec.run_until_stalled();
+        arm(Some(0));
+        // Queries and `disconnect` run the key's code under the lock and let its panic through.
+        let key = touchy(1, 1);
+        let query =
+            std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| pool.connection(&key)));
+        let gone = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            pool.disconnect(&uid(1, true, true))
+        }));
+        arm(None);
+        assert!(query.is_err() && gone.is_err());
+        assert!(pool.shared.state.is_poisoned());
+        assert_eq!(pool.len(), 1, "nothing changed");
+        assert!(pool.connection(&key).is_some());
+        spawn_lease(&exec, &pool, key, &out);
+        spawn_lease(&exec, &pool, plain(2, 1), &out);
+        assert_eq!(exec.run_until_stalled(), 0);
+        assert!(out.lock().unwrap().iter().all(Result::is_ok));
+        assert_books(&pool, 3);
     }
 }

@@ -32,7 +32,12 @@ use crate::time::Instant;
 ///   it before it resolves has no effect. Waking early is allowed (callers re-check the time);
 ///   waking late is not, beyond the runtime's timer granularity.
 /// - [`spawn`](Self::spawn) runs the future to completion in the background. It returns
-///   nothing: the layer never joins a task, it communicates through its handles.
+///   nothing: the layer never joins a task, it communicates through its handles. A runtime
+///   that cannot run it may drop it or panic (tokio's panics outside a runtime): every future
+///   the layer spawns owns what it must release in a guard, so a dropped one strands nothing.
+///   Where a `spawn` panic goes is documented on each caller: `BatchDriver::new` panics with
+///   it (under `# Panics`), `ConnPool::lease` too, and the driver's batch sends catch it (the
+///   batch fails, its credit comes back).
 ///
 /// A runtime without virtual time (async-std) can take its clock from a [`ManualClock`] in
 /// tests, so one conformance suite is deterministic on every runtime.
@@ -75,6 +80,11 @@ pub trait Runtime: Clone + Send + Sync + 'static {
     fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + 'static;
 
     /// Runs `future` to completion in the background.
+    ///
+    /// # Panics
+    ///
+    /// An implementation may panic when it cannot run tasks at all (see the contract above);
+    /// it must not panic for any other reason.
     fn spawn<F>(&self, future: F)
     where
         F: Future<Output = ()> + Send + 'static;

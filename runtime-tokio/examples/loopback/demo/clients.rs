@@ -14,8 +14,8 @@ use super::server::lock;
 use runtime_tokio::failover::{AdminWriteGateway, ErrorKind, Unlimited};
 use runtime_tokio::rng::SplitMix64;
 use runtime_tokio::sync::{
-    BatchDriver, BatchOutcome, ConnPool, Connector, FailoverExecutor, GateHandle, OpError,
-    Transport,
+    BatchDriver, BatchOutcome, CallError, ConnPool, Connector, FailoverExecutor, GateHandle,
+    OpError, Transport,
 };
 use runtime_tokio::{
     BatcherConfig, CallConfig, ConnKey, GateState, Signal, TcpConnector, ThrottleCurve,
@@ -384,7 +384,7 @@ async fn one_op(
             }
             // Every other refusal fed the gate first (or found it closed): wait and resubmit.
             Err(OpError::Batch(_) | OpError::NoResponse | OpError::Op(_)) => {}
-            Err(_) => return false, // the driver closed
+            Err(_) => return false, // the driver closed, or the transport panicked
         }
     }
     false
@@ -548,7 +548,7 @@ async fn admin_write(
             .await;
         match result {
             Ok(()) => return true,
-            Err(s) if s.error == ErrorKind::NotLeader => continue,
+            Err(CallError::Surfaced(s)) if s.error == ErrorKind::NotLeader => continue,
             Err(_) => return false,
         }
     }
