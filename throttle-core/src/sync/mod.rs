@@ -53,6 +53,9 @@ mod window;
 #[cfg(test)]
 pub(crate) mod test_support;
 
+#[cfg(all(test, not(loom)))]
+pub(crate) mod panic_support;
+
 #[cfg(all(test, loom))]
 mod loom_models;
 
