@@ -11,15 +11,16 @@ pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Locks `mutex`, recovering the state if a previous holder panicked.
 ///
-/// Under a handle's lock only these user calls run: a key's `Hash`, `Eq` and `Clone` (in the
-/// machines' lookups and inserts), `Waker::clone`, and the closure of `GateHandle::update`.
-/// The window, pending-bytes and signal paths call them before they change anything (or, for
-/// the bytes waiter's waker, after the ticket is recorded where the future's drop finds it),
-/// so a panic leaves the state as it was before the call; `drive` catches a panic of its
-/// input and finishes the step before resuming it, so the gate's lock is not poisoned by the
-/// update closure at all. The recovered state is therefore consistent, and refusing it would
-/// fail every later caller for one caller's bug. `docs/sync.md` ("User code that panics")
-/// lists the tests that panic at each of these calls.
+/// Under the locks of the window, pending-bytes and gate handles, the signals and the manual
+/// clock, only these user calls run: a key's `Hash`, `Eq` and `Clone` (in the machines'
+/// lookups and inserts), `Waker::clone`, and the closure of `GateHandle::update`. The window,
+/// bytes, signal and clock paths call them before they change anything (or, for the bytes
+/// waiter's waker, after its ticket is recorded where the future's drop finds it), so a panic
+/// leaves the state as it was before the call; `drive` catches a panic of its input and
+/// finishes the step before resuming it, so the update closure does not poison the gate's
+/// lock at all. A key that panics inside a `WriteGate` input is the core gate's own case.
+/// Refusing the recovered state would fail every later caller for one caller's bug.
+/// `docs/sync.md` ("User code that panics") lists the tests that panic at each of these calls.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()

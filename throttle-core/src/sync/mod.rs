@@ -28,7 +28,13 @@
 //!   already handed to it is passed on to the next waiter.
 //! - Handles are `Clone + Send + Sync`; permits and futures are `Send` (asserted at compile
 //!   time below).
-//! - A poisoned lock (a panic in a key's `Hash`, say) is recovered, not propagated.
+//! - User code that panics (a key's `Hash`, `Eq` or `Clone`, a waker's `clone`, the closure
+//!   of [`GateHandle::update`]) panics out to the caller that supplied it, and the handle
+//!   keeps serving: the window, bytes and signal handles make those calls before they change
+//!   anything (or after a change the future's drop undoes), and the gate's closure is caught
+//!   and followed through, so a poisoned lock is recovered, not propagated. A waker whose
+//!   `wake` panics is the exception: the panic is caught and dropped, and every other waker
+//!   is still woken. `docs/sync.md` ("User code that panics") lists each call and its test.
 //! - A handle with `close()` has `closed().await`: it resolves once the handle is closed and
 //!   everything it had in flight has ended (window: no live credit; bytes: nothing granted;
 //!   pool: no lease out and no connect running; batch driver: no batch in the transport).

@@ -249,8 +249,11 @@ where
 ///   release hands the credit to the shard's oldest waiter, if any.
 /// - [`close`](Self::close) fails every waiter and every later acquire with [`Closed`].
 ///   Permits already held stay valid and release as usual (their credit just frees).
-/// - No caller code runs under the lock except the key's `Hash`/`Eq`/`Clone`; wakers are
-///   woken after the lock is dropped.
+/// - No caller code runs under the lock except the key's `Hash`/`Eq`/`Clone` and the waker's
+///   `clone`, all before anything changes: a panic in one of them propagates to the caller
+///   that passed the key (or polled), and the handle serves everyone else as before. Wakers
+///   are woken after the lock is dropped; one whose `wake` panics does not keep the others
+///   from being woken, and the release or close that woke it returns normally.
 ///
 /// ```
 /// use throttle_core::WindowConfig;

@@ -275,15 +275,17 @@ fn a_key_whose_hash_panics_cannot_break_the_line_when_its_head_or_tail_leaves() 
             .expect("in line");
         let w = f.line.remove(i);
         let tail = f.line.pop().expect("c");
-        // Every key call panics from here on: the head (`a`) or a middle waiter (`b`) and the
-        // tail (`c`) leave.
-        arm(0);
-        let left = catch_unwind(AssertUnwindSafe(|| drop((w, tail))));
-        let sprung = disarm();
-        assert!(
-            left.is_ok() && sprung.is_none(),
-            "leaving the line ran key code: {sprung:?}"
-        );
+        // The head (`a`) or a middle waiter (`b`) leaves, then the tail (`c`), each with the
+        // trap set at the very next key call.
+        for leaving in [w, tail] {
+            arm(0);
+            let left = catch_unwind(AssertUnwindSafe(|| drop(leaving)));
+            let sprung = disarm();
+            assert!(
+                left.is_ok() && sprung.is_none(),
+                "leaving the line ran key code: {sprung:?}"
+            );
+        }
         check_invariants(&f);
         serve_to_the_end(&mut f);
     }
