@@ -82,9 +82,12 @@ pub use window::{Acquire, OwnedPermit, Permit, Released, TryAcquireError, Window
 pub struct Closed;
 
 /// User code that the operation depended on panicked (a transport or connect future, a key's
-/// `Hash`, `Eq` or `Clone`, a classifier, a size callback, an update closure): the operation
-/// failed, and everything it held was given back. The handle keeps serving other and later
-/// callers.
+/// `Hash`, `Eq` or `Clone`, a classifier, a size callback): the operation failed, and
+/// everything it held was given back. The handle keeps serving other and later callers.
+///
+/// For user code run away from its caller (in a spawned task). User code that a handle calls
+/// in the caller's own call (a key passed to `WindowHandle::acquire`, the closure of
+/// [`GateHandle::update`]) panics out to that caller instead, with nothing stranded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[error("user code panicked")]
 pub struct Panicked;
