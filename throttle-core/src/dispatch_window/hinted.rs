@@ -85,6 +85,19 @@ where
         }
     }
 
+    /// Credits in flight for the shard `credit` (live) belongs to, found through the credit's
+    /// place, so it runs no user code (the `sync` handle's test statistics read it right
+    /// after issuing `credit`). 0 for a credit that is not live.
+    #[cfg(test)]
+    pub(crate) fn in_flight_of(&self, credit: super::CreditId) -> u32 {
+        let Some(place) = self.books.credits.get(credit.0) else {
+            return 0;
+        };
+        self.shards
+            .find(place.hash, |e| e.id == place.entry)
+            .map_or(0, |e| e.w.in_flight)
+    }
+
     /// For the `sync` handle: `waiter` joins the back of `shard`'s line (or takes a credit at
     /// once if the shard has one and nobody waits).
     pub(crate) fn enqueue_hinted(

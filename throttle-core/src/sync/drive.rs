@@ -6,6 +6,8 @@
 //! notify the timer signal so the handle's timer loop re-arms. [`drive`] is that step and
 //! [`drive_timeouts`] that loop; a handle says only what its actions mean.
 
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+
 use super::loom::{Mutex, lock};
 use super::{Runtime, WakeSignal, wait_until};
 use crate::time::Instant;
@@ -27,6 +29,13 @@ pub(crate) trait Timed {
 /// `on_action` (still under the lock: it may only collect, e.g. set a flag or take out what is
 /// to be dropped after unlock), and, once the lock is dropped, notifies `timer` if the input
 /// moved the machine's `poll_timeout` earlier. Do not block in `input` or `on_action`.
+///
+/// `input` may run user code (a key's `Hash`, the closure of `GateHandle::update`). If it
+/// panics, whatever it did to the machine before the panic is still followed through: the
+/// actions it made the machine emit are drained and the timer is notified, and only then
+/// does the panic resume, out of `drive`, to the caller that supplied `input`. Otherwise a
+/// `Wake` emitted before the panic would wait for the next input, and a deadline moved earlier
+/// would never re-arm the timer (the next input compares against the moved one).
 pub(crate) fn drive<M: Timed, T>(
     state: &Mutex<M>,
     timer: &WakeSignal,
@@ -36,7 +45,7 @@ pub(crate) fn drive<M: Timed, T>(
     let (out, earlier) = {
         let mut st = lock(state);
         let before = st.poll_timeout();
-        let out = input(&mut st);
+        let out = catch_unwind(AssertUnwindSafe(|| input(&mut st)));
         while let Some(action) = st.poll_action() {
             on_action(&mut st, action);
         }
@@ -50,7 +59,7 @@ pub(crate) fn drive<M: Timed, T>(
     if earlier {
         timer.notify();
     }
-    out
+    out.unwrap_or_else(|payload| resume_unwind(payload))
 }
 
 /// A timer loop, forever: sleeps until the machine's `poll_timeout` on `rt`'s clock, then

@@ -117,15 +117,22 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S> {
 
     /// Runs `input` on the gate under the lock, then turns the gate's `Wake` actions into a
     /// notify of [`signal`](Self::signal) (after the lock is dropped). Do not block in `input`.
+    ///
+    /// If `input` panics, the panic propagates to this caller, after what `input` did to the
+    /// gate before the panic is followed through: the `Wake`s it made the gate emit notify the
+    /// signal, and a deadline it moved earlier re-arms
+    /// [`drive_timeouts`](Self::drive_timeouts). What it did stays done (the handle rolls
+    /// nothing back), and the handle serves every later call.
     pub fn update<T>(&self, input: impl FnOnce(&mut WriteGate<K, S>) -> T) -> T {
-        let mut woke = false;
-        let out = drive(&self.shared, &self.timer, input, |_, action| match action {
-            GateAction::Wake { .. } => woke = true,
-        });
-        if woke {
-            self.signal.notify();
-        }
-        out
+        let mut wake = NotifyOnDrop {
+            signal: &self.signal,
+            due: false,
+        };
+        drive(&self.shared, &self.timer, input, |_, action| match action {
+            GateAction::Wake { .. } => wake.due = true,
+        })
+        // `wake` notifies here, after `drive` dropped the lock, or while a panic in `input`
+        // unwinds out of `drive`.
     }
 
     through_update! {
@@ -184,6 +191,19 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S> {
     }
 }
 
+/// Notifies `signal` when dropped, if `due`: on return and on unwind alike.
+struct NotifyOnDrop<'a> {
+    signal: &'a WakeSignal,
+    due: bool,
+}
+
+impl Drop for NotifyOnDrop<'_> {
+    fn drop(&mut self) {
+        // Never unwinds: the signal's lock is its own, and `wake_all` catches a waker's panic.
+        self.signal.notify_if(self.due);
+    }
+}
+
 impl<K, S> Timed for WriteGate<K, S>
 where
     K: Hash + Eq + Clone,
@@ -199,6 +219,9 @@ where
         WriteGate::poll_action(self)
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod panics;
 
 #[cfg(all(test, not(loom)))]
 mod tests {

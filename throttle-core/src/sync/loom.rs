@@ -11,11 +11,16 @@ pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Locks `mutex`, recovering the state if a previous holder panicked.
 ///
-/// Nothing in `sync` runs caller code under the lock except `Hash`/`Eq`/`Clone` of the keys and
-/// `Waker::clone`; wakers are woken only after the lock is dropped. If one of those panics the
-/// machines' own guards still hold (a credit or a grant is released at most once), and the
-/// worst left behind is a waiter that waits for the next release, so the state stays usable
-/// rather than poisoning every later caller.
+/// Under the locks of the window, pending-bytes and gate handles, the signals and the manual
+/// clock, only these user calls run: a key's `Hash`, `Eq` and `Clone` (in the machines'
+/// lookups and inserts), `Waker::clone`, and the closure of `GateHandle::update`. The window,
+/// bytes, signal and clock paths call them before they change anything (or, for the bytes
+/// waiter's waker, after its ticket is recorded where the future's drop finds it), so a panic
+/// leaves the state as it was before the call; `drive` catches a panic of its input and
+/// finishes the step before resuming it, so the update closure does not poison the gate's
+/// lock at all. A key that panics inside a `WriteGate` input is the core gate's own case.
+/// Refusing the recovered state would fail every later caller for one caller's bug.
+/// `docs/sync.md` ("User code that panics") lists the tests that panic at each of these calls.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()

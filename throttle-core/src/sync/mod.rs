@@ -33,7 +33,13 @@
 //!   its `new` is defined for that hasher only (as `HashMap::new`), so
 //!   `GateHandle::new(cfg)` needs no annotation; `with_hasher` takes any `S`. The machines
 //!   under the handles keep `S` without a default.
-//! - A poisoned lock (a panic in a key's `Hash`, say) is recovered, not propagated.
+//! - User code that panics (a key's `Hash`, `Eq` or `Clone`, a waker's `clone`, the closure
+//!   of [`GateHandle::update`]) panics out to the caller that supplied it, and the handle
+//!   keeps serving: the window, bytes and signal handles make those calls before they change
+//!   anything (or after a change the future's drop undoes), and the gate's closure is caught
+//!   and followed through, so a poisoned lock is recovered, not propagated. A waker whose
+//!   `wake` panics is the exception: the panic is caught and dropped, and every other waker
+//!   is still woken. `docs/sync.md` ("User code that panics") lists each call and its test.
 //! - A handle with `close()` has `closed().await`: it resolves once the handle is closed and
 //!   everything it had in flight has ended (window: no live credit; bytes: nothing granted;
 //!   pool: no lease out and no connect running; batch driver: no batch in the transport).
@@ -60,6 +66,9 @@ mod window;
 #[cfg(test)]
 pub(crate) mod test_support;
 
+#[cfg(all(test, not(loom)))]
+pub(crate) mod panic_support;
+
 #[cfg(all(test, loom))]
 mod loom_models;
 
@@ -81,9 +90,12 @@ pub use window::{Acquire, OwnedPermit, Permit, Released, TryAcquireError, Window
 pub struct Closed;
 
 /// User code that the operation depended on panicked (a transport or connect future, a key's
-/// `Hash`, `Eq` or `Clone`, a classifier, a size callback, an update closure): the operation
-/// failed, and everything it held was given back. The handle keeps serving other and later
-/// callers.
+/// `Hash`, `Eq` or `Clone`, a classifier, a size callback): the operation failed, and
+/// everything it held was given back. The handle keeps serving other and later callers.
+///
+/// For user code run away from its caller (in a spawned task). User code that a handle calls
+/// in the caller's own call (a key passed to `WindowHandle::acquire`, the closure of
+/// [`GateHandle::update`]) panics out to that caller instead, with nothing stranded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[error("user code panicked")]
 pub struct Panicked;

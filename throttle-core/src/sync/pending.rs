@@ -341,10 +341,15 @@ impl Future for AcquireBytes {
                 Err(_) => Err(Closed),
                 Ok(Enqueued::Waiting(ticket)) => {
                     // Ticket ids grow with every enqueue made under this lock, so pushing at
-                    // the back keeps the table sorted.
-                    st.waiters
-                        .push_back((ticket, Entry::Waiting(Some(cx.waker().clone()))));
+                    // the back keeps the table sorted. The ticket is recorded, in the table
+                    // and in the future, before the waker is cloned (the runtime's code): a
+                    // clone that panics leaves a waiter without a waker, whose ticket the
+                    // future's drop cancels, not a ticket nobody owns at the head of the line.
+                    st.waiters.push_back((ticket, Entry::Waiting(None)));
                     this.state = BytesAcquireState::Waiting(ticket);
+                    if let Some((_, Entry::Waiting(waker))) = st.waiters.back_mut() {
+                        *waker = Some(cx.waker().clone());
+                    }
                     return Poll::Pending;
                 }
             },
@@ -396,6 +401,9 @@ impl Drop for AcquireBytes {
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod panics;
 
 #[cfg(all(test, not(loom)))]
 mod tests {

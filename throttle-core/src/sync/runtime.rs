@@ -264,6 +264,25 @@ mod tests {
     }
 
     #[test]
+    fn a_sleeper_whose_waker_panics_does_not_keep_the_others_asleep() {
+        let clock = ManualClock::new();
+        let (bad, bad_wakes) = crate::sync::panic_support::PanickingWaker::new();
+        let (good, good_wakes) = CountingWaker::new();
+        let mut first = clock.sleep_until(Instant::from_millis(1));
+        let mut second = clock.sleep_until(Instant::from_millis(1));
+        assert!(poll_once(&mut first, &bad).is_pending());
+        assert!(poll_once(&mut second, &good).is_pending());
+        let advanced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            clock.advance(Duration::from_millis(1))
+        }));
+        assert!(advanced.is_ok(), "advance returns normally");
+        assert_eq!((bad_wakes.wakes(), good_wakes.wakes()), (1, 1));
+        assert!(poll_once(&mut second, &good).is_ready());
+        assert!(poll_once(&mut first, &good).is_ready());
+        assert_eq!(clock.sleepers(), 0);
+    }
+
+    #[test]
     fn dropped_sleeper_is_unregistered() {
         let clock = ManualClock::new();
         let (waker, count) = CountingWaker::new();

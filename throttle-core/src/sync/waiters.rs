@@ -30,7 +30,7 @@
 
 use alloc::vec::Vec;
 use core::task::{Poll, Waker};
-use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use smallvec::SmallVec;
 
@@ -66,11 +66,25 @@ impl<T> Waiters<T> {
         self.slots.len() - self.free.len()
     }
 
-    /// A new waiter in state `state`, to be woken through `waker` (cloned).
+    /// A new waiter in state `state`, to be woken through `waker` (cloned, before anything
+    /// changes: the clone is the runtime's code and may panic).
     pub(crate) fn insert(&mut self, state: T, waker: &Waker) -> WaiterKey {
+        self.insert_owned(state, waker.clone())
+    }
+
+    /// The key the next [`insert`](Self::insert) or [`insert_owned`](Self::insert_owned)
+    /// returns, so a caller can hand it to a machine before the insert (the window's line
+    /// holds waiter keys) and insert only once everything that may panic has run.
+    pub(crate) fn next_key(&self) -> WaiterKey {
+        WaiterKey(self.free.last().copied().unwrap_or(self.slots.len()))
+    }
+
+    /// As [`insert`](Self::insert), with a waker the caller has already cloned: runs no
+    /// user code.
+    pub(crate) fn insert_owned(&mut self, state: T, waker: Waker) -> WaiterKey {
         let entry = Some(Entry {
             state,
-            waker: Some(waker.clone()),
+            waker: Some(waker),
         });
         if let Some(idx) = self.free.pop()
             && let Some(slot) = self.slots.get_mut(idx)
@@ -97,11 +111,6 @@ impl<T> Waiters<T> {
     /// `key`'s state.
     pub(crate) fn get(&self, key: WaiterKey) -> Option<&T> {
         self.slots.get(key.0)?.as_ref().map(|e| &e.state)
-    }
-
-    /// `key`'s state, to rewrite in place (its waker stays as it is).
-    pub(crate) fn get_mut(&mut self, key: WaiterKey) -> Option<&mut T> {
-        self.entry_mut(key).map(|e| &mut e.state)
     }
 
     /// Makes `waker` the one that wakes `key`, keeping the old one if it
@@ -181,10 +190,15 @@ impl<T> Waiters<T> {
 /// Wakes the wakers collected under a lock, after the guard is dropped. Inlined, so the
 /// common case (nobody to wake) costs a length check.
 ///
-/// A waker is the runtime's code and may panic. Every waker is woken even so: a panic is
-/// caught, the rest are woken, and the first panic is resumed at the end (later ones are
-/// dropped). A panic that stopped the loop would drop the remaining wakers unwoken, and their
-/// tasks, already taken off the waiters' table, would never be polled again.
+/// A waker is the runtime's code and may panic. Every waker is woken even so, and `wake_all`
+/// itself never panics: each `wake` runs under `catch_unwind`, and a panic is dropped once
+/// caught (the panic hook has already reported it). The caller that wakes (a release, a
+/// close, a notify) did not supply the waker, so failing it would fail the wrong caller; and
+/// since no wake step can unwind, a path that wakes twice (its waiters, then a signal's
+/// listeners) never skips the second. A panic that stopped the loop would drop the remaining
+/// wakers unwoken, and their tasks, already taken off the waiters' table, would never be
+/// polled again. A waiter whose waker panicked keeps what it was handed: it observes it on
+/// its next poll, or gives it back when its future is dropped.
 #[inline]
 pub(crate) fn wake_all<const N: usize>(wakeups: SmallVec<[Waker; N]>) {
     if wakeups.is_empty() {
@@ -194,15 +208,9 @@ pub(crate) fn wake_all<const N: usize>(wakeups: SmallVec<[Waker; N]>) {
 }
 
 fn wake_each(wakeups: impl IntoIterator<Item = Waker>) {
-    let mut first_panic = None;
     for waker in wakeups {
         // Nothing of ours is borrowed by `wake`, so nothing is left half-updated by a panic.
-        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| waker.wake())) {
-            first_panic.get_or_insert(payload);
-        }
-    }
-    if let Some(payload) = first_panic {
-        resume_unwind(payload);
+        let _ = catch_unwind(AssertUnwindSafe(|| waker.wake()));
     }
 }
 
@@ -210,7 +218,6 @@ fn wake_each(wakeups: impl IntoIterator<Item = Waker>) {
 mod tests {
     use super::*;
     use crate::sync::test_support::CountingWaker;
-    use alloc::string::String;
     use std::sync::Arc as StdArc;
     use std::task::Wake;
 
@@ -302,9 +309,9 @@ mod tests {
         assert_eq!(wakes.wakes(), 2);
         let states: Vec<_> = keys.iter().map(|k| arena.get(*k).copied()).collect();
         assert_eq!(states, [Some(0), Some(0), Some(15)]);
-        if let Some(state) = arena.get_mut(keys[2]) {
-            *state = 20;
-        }
+        let mut unselected = Wakeups::new();
+        assert_eq!(arena.resolve(keys[2], 20, &mut unselected), Some(15));
+        assert_eq!(unselected.len(), 1, "the unselected waiter kept its waker");
         assert_eq!(arena.remove(keys[2]), Some(20));
     }
 
@@ -327,7 +334,7 @@ mod tests {
     }
 
     #[test]
-    fn a_panicking_waker_does_not_stop_the_others_and_the_first_panic_is_resumed() {
+    fn a_panicking_waker_does_not_stop_the_others_and_wake_all_returns_normally() {
         let (a, a_wakes) = CountingWaker::new();
         let (b, b_wakes) = CountingWaker::new();
         let mut arena = Waiters::new();
@@ -338,10 +345,25 @@ mod tests {
         arena.wake_where(&mut wakeups, |()| true);
         let outcome = catch_unwind(AssertUnwindSafe(|| wake_all(wakeups)));
         assert_eq!((a_wakes.wakes(), b_wakes.wakes()), (1, 1), "all woken");
-        let payload = outcome.expect_err("the panic is resumed after the wakes");
-        assert_eq!(
-            payload.downcast_ref::<String>().map(String::as_str),
-            Some("first")
+        assert!(
+            outcome.is_ok(),
+            "the waking caller did not supply the waker: it must not fail"
         );
+    }
+
+    #[test]
+    fn next_key_is_the_key_the_next_insert_returns() {
+        let (w, _) = CountingWaker::new();
+        let mut arena = Waiters::new();
+        let predicted = arena.next_key();
+        let a = arena.insert_owned('a', w.clone());
+        assert_eq!(a, predicted, "an empty arena");
+        let b = arena.insert('b', &w);
+        let _c = arena.insert('c', &w);
+        assert_eq!(arena.next_key(), WaiterKey(3), "a full arena grows");
+        assert_eq!(arena.remove(b), Some('b'));
+        let predicted = arena.next_key();
+        assert_eq!(predicted, b, "a freed slot is reused");
+        assert_eq!(arena.insert_owned('d', w), predicted);
     }
 }

@@ -66,8 +66,6 @@ pub enum TryAcquireError {
 
 /// A waiter's state in the arena. A slot is freed only by the [`Acquire`] that owns it.
 enum Waiter {
-    /// Inserted, not yet in the window's line (only inside one critical section).
-    Joining,
     /// In its shard's line in the window, under `ticket`.
     Waiting(Ticket),
     /// A credit was handed to it; its `Acquire` has not observed it yet.
@@ -118,7 +116,7 @@ where
     fn try_issue(&mut self, shard: &Shard, hash: u64) -> Issue {
         match self.window.try_take(shard, hash) {
             Take::Credit(credit) => {
-                self.saw_in_flight(shard);
+                self.saw_in_flight(credit);
                 Issue::Credit(credit)
             }
             Take::NoCredit => Issue::NoCredit,
@@ -127,35 +125,40 @@ where
         }
     }
 
+    /// Test statistics after `credit` was issued. Found through the credit, so it runs no
+    /// user code after the change (a key's `Hash` that panicked here would strand the credit).
     #[inline]
-    fn saw_in_flight(&mut self, _shard: &Shard) {
+    fn saw_in_flight(&mut self, _credit: CreditId) {
         #[cfg(test)]
         {
-            let n = self.window.in_flight(_shard);
+            let n = self.window.in_flight_of(_credit);
             self.stats.peak_in_flight = self.stats.peak_in_flight.max(n);
         }
     }
 
     /// Puts a new waiter at the back of `shard`'s line, or gives it a credit at once if it may
     /// have one.
+    ///
+    /// All the user code runs first: the waker's clone, then, in the window, the key's `Eq`,
+    /// `Hash` and `Clone`, each before the window changes anything. The waiter's slot is
+    /// inserted last, under the key the window already holds, so a panic in any of them
+    /// leaves both the line and the arena as they were.
     fn enqueue(&mut self, shard: &Shard, hash: u64, waker: &Waker) -> Result<WaiterKey, Issue> {
-        let key = self.waiters.insert(Waiter::Joining, waker);
-        let issue = match self.window.enqueue_hinted(shard, hash, key) {
+        let waker = waker.clone();
+        let key = self.waiters.next_key();
+        match self.window.enqueue_hinted(shard, hash, key) {
             Ok(Entered::Queued(ticket)) => {
-                if let Some(state) = self.waiters.get_mut(key) {
-                    *state = Waiter::Waiting(ticket);
-                }
-                return Ok(key);
+                let inserted = self.waiters.insert_owned(Waiter::Waiting(ticket), waker);
+                debug_assert_eq!(inserted, key, "the window holds the key the arena gave");
+                Ok(inserted)
             }
             Ok(Entered::Credit(credit, _)) => {
-                self.saw_in_flight(shard);
-                Issue::Credit(credit)
+                self.saw_in_flight(credit);
+                Err(Issue::Credit(credit))
             }
-            Err(SubmitError::Exhausted(_)) => Issue::Exhausted,
-            Err(_) => Issue::Closed,
-        };
-        self.waiters.remove(key);
-        Err(issue)
+            Err(SubmitError::Exhausted(_)) => Err(Issue::Exhausted),
+            Err(_) => Err(Issue::Closed),
+        }
     }
 
     /// Releases `credit`; the window hands a fresh one to the shard's oldest waiter, whose
@@ -210,7 +213,7 @@ where
         let mut handed = SmallVec::<[CreditId; 4]>::new();
         self.waiters.wake_where(wakeups, |state| {
             match core::mem::replace(state, Waiter::Closed) {
-                Waiter::Joining | Waiter::Waiting(_) => true,
+                Waiter::Waiting(_) => true,
                 Waiter::Granted(credit) => {
                     handed.push(credit);
                     false
@@ -246,8 +249,11 @@ where
 ///   release hands the credit to the shard's oldest waiter, if any.
 /// - [`close`](Self::close) fails every waiter and every later acquire with [`Closed`].
 ///   Permits already held stay valid and release as usual (their credit just frees).
-/// - No caller code runs under the lock except the key's `Hash`/`Eq`/`Clone`; wakers are
-///   woken after the lock is dropped.
+/// - No caller code runs under the lock except the key's `Hash`/`Eq`/`Clone` and the waker's
+///   `clone`, all before anything changes: a panic in one of them propagates to the caller
+///   that passed the key (or polled), and the handle serves everyone else as before. Wakers
+///   are woken after the lock is dropped; one whose `wake` panics does not keep the others
+///   from being woken, and the release or close that woke it returns normally.
 ///
 /// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
 /// [`new`](WindowHandle::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
@@ -738,3 +744,6 @@ impl<Shard: Hash + Eq + Clone, S: BuildHasher> Drop for Acquire<'_, Shard, S> {
 
 #[cfg(all(test, not(loom)))]
 mod tests;
+
+#[cfg(all(test, not(loom)))]
+mod panics;

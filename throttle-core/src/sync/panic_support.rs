@@ -1,0 +1,180 @@
+//! User code that panics on cue, for the handles' panic-safety tests (issue 12, item 2): a
+//! key whose `Hash`, `Eq` and `Clone` can panic at any one call, a waker whose `wake` panics,
+//! and [`sweep`], which runs an operation once per user call it makes, panicking at each call
+//! in turn.
+//!
+//! The trap is per thread (each test runs on its own), so tests running side by side do not
+//! spring each other's.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::cell::Cell;
+use core::hash::{Hash, Hasher};
+use core::task::Waker;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::Arc as StdArc;
+use std::task::Wake;
+
+use super::test_support::{CountingWaker, WakeCount};
+
+/// A call into user code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Point {
+    Hash,
+    Eq,
+    Clone,
+}
+
+/// The message of every panic the trap raises; any other panic is a real failure.
+const CUE: &str = "panicked on cue";
+
+#[derive(Clone, Copy, Default)]
+struct Trap {
+    /// User calls to let through before the next one panics; `None`: disarmed.
+    left: Option<usize>,
+    /// Where it sprang since it was armed.
+    sprung: Option<Point>,
+}
+
+std::thread_local! {
+    static TRAP: Cell<Trap> = const { Cell::new(Trap { left: None, sprung: None }) };
+}
+
+fn visit(point: Point) {
+    let fire = TRAP.with(|t| {
+        let mut trap = t.get();
+        let fire = match trap.left {
+            Some(0) => {
+                trap = Trap {
+                    left: None,
+                    sprung: Some(point),
+                };
+                true
+            }
+            Some(n) => {
+                trap.left = Some(n - 1);
+                false
+            }
+            None => false,
+        };
+        t.set(trap);
+        fire
+    });
+    if fire {
+        panic!("{point:?} {CUE}");
+    }
+}
+
+/// Makes the `n`-th user call on this thread from now on (0-based) panic.
+pub(crate) fn arm(n: usize) {
+    TRAP.with(|t| {
+        t.set(Trap {
+            left: Some(n),
+            sprung: None,
+        })
+    });
+}
+
+/// Disarms the trap; where it sprang since [`arm`], if it did.
+pub(crate) fn disarm() -> Option<Point> {
+    TRAP.with(|t| t.replace(Trap::default()).sprung)
+}
+
+/// A shard or bucket key whose `Hash`, `Eq` and `Clone` are user code that panics on cue.
+#[derive(Debug)]
+pub(crate) struct TrapKey(pub(crate) u32);
+
+impl Hash for TrapKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        visit(Point::Hash);
+        self.0.hash(state);
+    }
+}
+
+impl PartialEq for TrapKey {
+    fn eq(&self, other: &Self) -> bool {
+        visit(Point::Eq);
+        self.0 == other.0
+    }
+}
+
+impl Eq for TrapKey {}
+
+impl Clone for TrapKey {
+    fn clone(&self) -> Self {
+        visit(Point::Clone);
+        TrapKey(self.0)
+    }
+}
+
+/// Runs `run` with the trap set to spring at the `n`-th user call: `Ok` if `run` returned
+/// without reaching it, `Err(point)` if it panicked there. Any other panic is resumed.
+pub(crate) fn trapped<T>(n: usize, run: impl FnOnce() -> T) -> Result<T, Point> {
+    arm(n);
+    let outcome = catch_unwind(AssertUnwindSafe(run));
+    let sprung = disarm();
+    match (outcome, sprung) {
+        (Ok(value), None) => Ok(value),
+        (Err(payload), Some(point)) => {
+            let cue = payload
+                .downcast_ref::<String>()
+                .is_some_and(|m| m.ends_with(CUE));
+            if !cue {
+                resume_unwind(payload);
+            }
+            Err(point)
+        }
+        (Ok(_), Some(point)) => panic!("{point:?} panicked on cue, but the panic was swallowed"),
+        (Err(payload), None) => resume_unwind(payload),
+    }
+}
+
+/// Panics under the handle at every user call of `op`, one per run: for `n = 0, 1, …` it
+/// builds a fresh fixture with `setup` (trap disarmed), runs `op` on it with the trap set at
+/// the `n`-th user call, and hands the fixture to `check` with where `op` panicked (`None`
+/// for the one run that completes, the last). Returns the points `op` reaches, in call order.
+pub(crate) fn sweep<F>(
+    mut setup: impl FnMut() -> F,
+    mut op: impl FnMut(&mut F),
+    mut check: impl FnMut(&mut F, Option<Point>),
+) -> Vec<Point> {
+    let mut points = Vec::new();
+    for n in 0.. {
+        let mut fixture = setup();
+        let outcome = trapped(n, || op(&mut fixture));
+        check(&mut fixture, outcome.err());
+        match outcome {
+            Ok(()) => break,
+            Err(point) => points.push(point),
+        }
+        assert!(
+            n < 64,
+            "an operation that keeps calling user code: {points:?}"
+        );
+    }
+    points
+}
+
+/// A waker that counts its wakes and then panics in every one of them.
+pub(crate) struct PanickingWaker {
+    counting: Waker,
+}
+
+impl PanickingWaker {
+    /// The waker, and the count of wakes it was asked for (each of which panicked).
+    #[allow(clippy::new_ret_no_self)]
+    pub(crate) fn new() -> (Waker, WakeCount) {
+        let (counting, count) = CountingWaker::new();
+        (Waker::from(StdArc::new(PanickingWaker { counting })), count)
+    }
+}
+
+impl Wake for PanickingWaker {
+    fn wake(self: StdArc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &StdArc<Self>) {
+        self.counting.wake_by_ref();
+        panic!("a waker's wake {CUE}");
+    }
+}

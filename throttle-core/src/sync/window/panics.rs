@@ -1,0 +1,386 @@
+//! The window handle when user code panics (issue 12): a shard key whose `Hash`, `Eq` or
+//! `Clone` panics at each of its calls in turn, under the lock and outside it, and wakers that
+//! panic. After every panic the handle must still serve: no credit or waiter slot stranded,
+//! `in_flight + available == capacity` per shard, and the line's FIFO order intact.
+
+use alloc::boxed::Box;
+use alloc::collections::VecDeque;
+use alloc::vec;
+use alloc::vec::Vec;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::*;
+use crate::sync::panic_support::{PanickingWaker, Point, TrapKey, arm, disarm, sweep, trapped};
+use crate::sync::test_support::{CountingWaker, WakeCount, poll_once};
+use crate::test_hasher::TestHasher;
+
+type Handle = WindowHandle<TrapKey, TestHasher>;
+type Owned = OwnedPermit<TrapKey, TestHasher>;
+
+/// Every shard a fixture or an operation touches.
+const SHARDS: [u32; 4] = [1, 2, 3, 4];
+
+/// An acquire of a named submitter, polled by hand.
+struct Waiter {
+    name: &'static str,
+    fut: Acquire<'static, TrapKey, TestHasher>,
+    waker: Waker,
+    wakes: WakeCount,
+}
+
+impl Waiter {
+    /// Runs the key's `Hash` (the future hashes its key when it is made).
+    fn new(h: &Handle, name: &'static str, shard: u32) -> Self {
+        let (waker, wakes) = CountingWaker::new();
+        Waiter {
+            name,
+            fut: h.acquire_owned(TrapKey(shard)),
+            waker,
+            wakes,
+        }
+    }
+
+    fn poll(&mut self) -> Poll<Result<Owned, Closed>> {
+        poll_once(&mut self.fut, &self.waker)
+    }
+
+    fn is_waiting(&self) -> bool {
+        matches!(self.fut.state, AcquireState::Waiting(_))
+    }
+}
+
+/// A window of one credit per shard: shard 1's credit is held and `a`, `b` wait for it in
+/// that order; shard 2 has an idle entry; shards 3 and 4 are new.
+struct Fixture {
+    h: Handle,
+    holder: Option<Owned>,
+    /// Shard 1's line, oldest first; an operation's new waiter for shard 1 joins the back.
+    line: Vec<Waiter>,
+    /// Permits an operation took.
+    permits: Vec<Owned>,
+}
+
+fn fixture() -> Fixture {
+    let h = match Handle::with_hasher(
+        WindowConfig::default().with_max_in_flight(1),
+        TestHasher::default(),
+    ) {
+        Ok(h) => h,
+        Err(e) => panic!("valid config refused: {e}"),
+    };
+    let holder = h.try_acquire_owned(TrapKey(1)).expect("shard 1 is free");
+    drop(h.try_acquire_owned(TrapKey(2)).expect("shard 2 is free"));
+    let mut line = vec![Waiter::new(&h, "a", 1), Waiter::new(&h, "b", 1)];
+    for w in &mut line {
+        assert!(w.poll().is_pending());
+    }
+    Fixture {
+        h,
+        holder: Some(holder),
+        line,
+        permits: Vec::new(),
+    }
+}
+
+/// The window's invariants, per shard and for the waiter arena (trap disarmed).
+fn check_invariants(f: &Fixture) {
+    let h = &f.h;
+    for s in SHARDS {
+        let k = TrapKey(s);
+        assert_eq!(
+            h.in_flight(&k) + h.available(&k),
+            h.capacity(),
+            "shard {s}: in_flight + available == capacity"
+        );
+        assert!(
+            h.available(&k) == 0 || h.waiting(&k) == 0,
+            "shard {s}: no free credit beside a line"
+        );
+    }
+    let waiting = f.line.iter().filter(|w| w.is_waiting()).count();
+    let st = lock(&h.shared.state);
+    assert_eq!(
+        st.waiters.len(),
+        waiting,
+        "the arena holds exactly the waiting futures"
+    );
+    assert_eq!(st.stats.refused_releases, 0);
+}
+
+/// Serves shard 1 to the end and checks the order: the waiters still in line, oldest first,
+/// then a newcomer `z`; then, with everything released, nothing is live. A closed handle
+/// fails every waiter instead.
+fn serve_to_the_end(f: &mut Fixture) {
+    let h = f.h.clone();
+    let mut line: VecDeque<Waiter> = f.line.drain(..).filter(Waiter::is_waiting).collect();
+    let mut expected: Vec<&str> = line.iter().map(|w| w.name).collect();
+    let mut served = Vec::new();
+    let mut holder = f.holder.take();
+    if h.is_closed() {
+        for mut w in line {
+            assert!(
+                matches!(w.poll(), Poll::Ready(Err(Closed))),
+                "{} fails after close",
+                w.name
+            );
+        }
+    } else {
+        let mut z = Waiter::new(&h, "z", 1);
+        match z.poll() {
+            Poll::Pending => line.push_back(z),
+            Poll::Ready(Ok(p)) => {
+                assert!(
+                    line.is_empty() && holder.is_none(),
+                    "z barged past the line"
+                );
+                served.push("z");
+                holder = Some(p);
+            }
+            Poll::Ready(Err(e)) => panic!("z: {e}"),
+        }
+        expected.push("z");
+        while let Some(mut w) = line.pop_front() {
+            drop(holder.take());
+            match w.poll() {
+                Poll::Ready(Ok(p)) => {
+                    assert!(w.wakes.wakes() > 0, "{} was served without a wake", w.name);
+                    served.push(w.name);
+                    holder = Some(p);
+                }
+                Poll::Ready(Err(e)) => panic!("{}: {e}", w.name),
+                Poll::Pending => panic!("{} was not served: the line is stuck", w.name),
+            }
+        }
+        assert_eq!(served, expected, "shard 1 serves its line in FIFO order");
+    }
+    drop(holder);
+    f.permits.clear();
+    let st = lock(&h.shared.state);
+    assert_eq!(
+        (st.window.live_credits(), st.waiters.len()),
+        (0, 0),
+        "nothing stranded"
+    );
+    assert_eq!(st.stats.refused_releases, 0);
+    drop(st);
+    for s in SHARDS {
+        assert_eq!(h.available(&TrapKey(s)), 1, "shard {s} serves again");
+    }
+    let again = h.try_acquire(TrapKey(3));
+    assert_eq!(again.is_ok(), !h.is_closed(), "a later caller is served");
+}
+
+/// Panics at every user call of `op` on a fresh fixture, then checks the invariants and
+/// serves the line to the end; returns the points `op` reaches.
+fn sweep_window(op: impl FnMut(&mut Fixture)) -> Vec<Point> {
+    sweep(fixture, op, |f, _| {
+        check_invariants(f);
+        serve_to_the_end(f);
+    })
+}
+
+use Point::{Clone as C, Eq as E, Hash as H};
+
+#[test]
+fn try_acquire_survives_a_panic_at_each_key_call() {
+    // A shard with a line: refused, after the handle's hash and the lookup.
+    let points = sweep_window(|f| {
+        assert_eq!(
+            f.h.try_acquire_owned(TrapKey(1)).err(),
+            Some(TryAcquireError::NoCredit)
+        );
+    });
+    assert_eq!(points, [H, E]);
+    // An idle entry: found by the lookup, its credit issued.
+    let points = sweep_window(|f| {
+        f.permits
+            .push(f.h.try_acquire_owned(TrapKey(2)).expect("free"))
+    });
+    assert_eq!(points, [H, E]);
+    // A new shard: the window hashes the key itself and clones it, before it changes anything.
+    let points = sweep_window(|f| {
+        f.permits
+            .push(f.h.try_acquire_owned(TrapKey(3)).expect("free"))
+    });
+    assert_eq!(points, [H, H, C]);
+}
+
+#[test]
+fn a_first_poll_survives_a_panic_at_each_key_call() {
+    // Joins the line: the hash when the future is made, then the lookups of `try_take` and of
+    // the enqueue. A panic in the enqueue's lookup used to strand the slot inserted before it.
+    let points = sweep_window(|f| {
+        f.line.push(Waiter::new(&f.h, "c", 1));
+        let c = f.line.last_mut().expect("just pushed");
+        assert!(c.poll().is_pending());
+    });
+    assert_eq!(points, [H, E, E]);
+    // Takes a new shard's credit at once.
+    let points = sweep_window(|f| {
+        let mut d = Waiter::new(&f.h, "d", 4);
+        match d.poll() {
+            Poll::Ready(Ok(p)) => f.permits.push(p),
+            _ => panic!("shard 4 is free"),
+        }
+    });
+    assert_eq!(points, [H, H, C]);
+}
+
+#[test]
+fn releases_cancels_re_polls_and_close_run_no_key_code() {
+    assert_eq!(sweep_window(|f| drop(f.holder.take())), []);
+    assert_eq!(
+        sweep_window(|f| drop(f.line.remove(1))),
+        [],
+        "a waiter leaves"
+    );
+    assert_eq!(
+        sweep_window(|f| {
+            drop(f.holder.take()); // handed to `a`
+            drop(f.line.remove(0)); // `a` leaves: its credit goes on to `b`
+        }),
+        []
+    );
+    assert_eq!(
+        sweep_window(|f| assert!(f.line[0].poll().is_pending())),
+        [],
+        "a re-poll"
+    );
+    assert_eq!(sweep_window(|f| f.h.close()), []);
+}
+
+#[test]
+fn queries_survive_a_panic_at_each_key_call() {
+    let points = sweep_window(|f| {
+        let k = TrapKey(1);
+        assert_eq!(
+            (f.h.in_flight(&k), f.h.available(&k), f.h.waiting(&k)),
+            (1, 0, 2)
+        );
+    });
+    assert_eq!(points, [H, E, H, E, H, E]);
+}
+
+/// The issue's case: with the line kept by the handle, a waiter that left re-hashed its key
+/// to relink the line; a `Hash` that panicked there left the line's head naming a dead slot,
+/// the next release handed the credit to it, and the shard never served again. The window now
+/// keeps the line and names the shard by its stored hash, so a leaving waiter runs no key code.
+#[test]
+fn a_key_whose_hash_panics_cannot_break_the_line_when_its_head_or_tail_leaves() {
+    for leaves in ["a", "b"] {
+        let mut f = fixture();
+        f.line.push(Waiter::new(&f.h, "c", 1));
+        assert!(f.line[2].poll().is_pending());
+        let i = f
+            .line
+            .iter()
+            .position(|w| w.name == leaves)
+            .expect("in line");
+        let w = f.line.remove(i);
+        let tail = f.line.pop().expect("c");
+        // The head (`a`) or a middle waiter (`b`) leaves, then the tail (`c`), each with the
+        // trap set at the very next key call.
+        for leaving in [w, tail] {
+            arm(0);
+            let left = catch_unwind(AssertUnwindSafe(|| drop(leaving)));
+            let sprung = disarm();
+            assert!(
+                left.is_ok() && sprung.is_none(),
+                "leaving the line ran key code: {sprung:?}"
+            );
+        }
+        check_invariants(&f);
+        serve_to_the_end(&mut f);
+    }
+}
+
+#[test]
+fn a_panicking_waker_is_still_handed_its_credit_and_the_releaser_carries_on() {
+    let mut f = fixture();
+    let (bad, bad_wakes) = PanickingWaker::new();
+    // `a` re-registers with a waker that panics.
+    assert!(poll_once(&mut f.line[0].fut, &bad).is_pending());
+    let released = catch_unwind(AssertUnwindSafe(|| f.holder.take().map(Permit::complete)));
+    assert_eq!(
+        released.ok().flatten(),
+        Some(Released::HandedOn),
+        "the release returns normally"
+    );
+    assert_eq!(bad_wakes.wakes(), 1);
+    // `a` holds the credit: its next poll takes it, and the line goes on after it.
+    check_invariants(&f);
+    let Poll::Ready(Ok(p)) = f.line[0].poll() else {
+        panic!("a was handed the credit");
+    };
+    f.line.remove(0);
+    f.holder = Some(p);
+    serve_to_the_end(&mut f);
+}
+
+#[test]
+fn close_wakes_every_waiter_and_the_closed_listener_even_if_a_waker_panics() {
+    let mut f = fixture();
+    let (bad, bad_wakes) = PanickingWaker::new();
+    // `b` re-registers with a waker that panics; `a` is handed the credit, which the close
+    // takes back, so the close leaves nothing live and also wakes the `closed()` listener.
+    assert!(poll_once(&mut f.line[1].fut, &bad).is_pending());
+    let h = f.h.clone();
+    drop(f.holder.take());
+    let (w, closed_wakes) = CountingWaker::new();
+    let mut closed = Box::pin(h.closed());
+    assert!(poll_once(&mut closed, &w).is_pending());
+    assert!(
+        catch_unwind(AssertUnwindSafe(|| h.close())).is_ok(),
+        "close returns normally"
+    );
+    assert_eq!(bad_wakes.wakes(), 1, "b's waker was woken, and panicked");
+    assert_eq!(
+        closed_wakes.wakes(),
+        1,
+        "the closed() listener is woken after it"
+    );
+    assert!(poll_once(&mut closed, &w).is_ready());
+    serve_to_the_end(&mut f);
+}
+
+/// A permit dropped while its task unwinds hands the credit on; a waker that panics then must
+/// not turn the unwind into an abort (a second panic escaping a `Drop` during unwinding).
+#[test]
+fn a_permit_dropped_by_an_unwinding_task_hands_on_even_to_a_panicking_waker() {
+    let mut f = fixture();
+    let (bad, bad_wakes) = PanickingWaker::new();
+    assert!(poll_once(&mut f.line[0].fut, &bad).is_pending());
+    let holder = f.holder.take();
+    let task = catch_unwind(AssertUnwindSafe(move || {
+        let _held = holder;
+        panic!("the task holding the permit panics");
+    }));
+    assert!(task.is_err());
+    assert_eq!(bad_wakes.wakes(), 1, "the unwind released the credit to a");
+    check_invariants(&f);
+    let Poll::Ready(Ok(p)) = f.line[0].poll() else {
+        panic!("a was handed the credit");
+    };
+    f.line.remove(0);
+    f.holder = Some(p);
+    serve_to_the_end(&mut f);
+}
+
+/// The trap springs where the sweep says: a first poll that panics leaves its future
+/// unresolved (`Start`), and a later poll of the same future joins the line as usual.
+#[test]
+fn a_first_poll_that_panicked_can_be_polled_again() {
+    let mut f = fixture();
+    f.line.push(Waiter::new(&f.h, "c", 1));
+    let c = f.line.len() - 1;
+    assert_eq!(
+        trapped(1, || f.line[c].poll().is_pending()),
+        Err(E),
+        "the enqueue's lookup panics"
+    );
+    assert!(!f.line[c].is_waiting());
+    check_invariants(&f);
+    assert!(f.line[c].poll().is_pending(), "joins on the next poll");
+    check_invariants(&f);
+    serve_to_the_end(&mut f);
+}
