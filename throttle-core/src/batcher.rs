@@ -1562,6 +1562,7 @@ mod panicking_key_tests {
     /// batcher is exactly as before (its `Debug` form), consistent, and keeps serving:
     /// every operation ends exactly once.
     #[test]
+    #[cfg_attr(miri, ignore)] // some 200 cases, each formatting the machine twice: slow under miri
     fn a_panicking_key_callback_leaves_the_batcher_as_it_was_and_serving() {
         let mut base = writes(3, 1);
         let t = Instant::from_millis(1);

@@ -106,10 +106,10 @@ fn stored_hash(hashes: &[u64], entry: u32) -> u64 {
 }
 
 /// One bucket's key and built-in deadlines: 32 bytes for a `u64` key, so with the 4-byte map
-/// entry, the 8-byte stored hash and the heap's 16 bytes a gated bucket costs about 70 bytes at
-/// a million buckets, and a `check` reads one aligned 32-byte record after the map. A slot exists while the bucket
-/// holds a stored deadline, an unknown leader or an armed probe; it is evicted as soon as it
-/// holds none of them.
+/// entry, the 8-byte stored hash and the heap's 16 bytes a gated bucket costs about 69 bytes at
+/// a million buckets (`docs/write-gate.md`), and a `check` reads one aligned 32-byte record
+/// after the map. A slot exists while the bucket holds a stored deadline, an unknown leader or
+/// an armed probe; it is evicted as soon as it holds none of them.
 #[derive(Clone, Debug)]
 struct Slot<K> {
     key: K,
