@@ -246,8 +246,9 @@ struct Conn {
 #[derive(Clone, Debug)]
 struct Entry<U, H> {
     key: ConnKey<U, H>,
-    /// `key`'s hash, and its uid's, computed once when the entry was made.
-    hash: u64,
+    /// The table's hashes of `key` and of `key.uid`, taken once when the entry was made:
+    /// removing and rehashing read them, so no user `Hash` runs after an input's first change.
+    key_hash: u64,
     uid_hash: u64,
     conn: Option<Conn>,
     backoff: Backoff,
@@ -256,13 +257,6 @@ struct Entry<U, H> {
     /// Where this entry's one timer sits in `ConnTable::timers`: the idle close of a live
     /// connection with nothing in flight, or the eviction of a connection-less entry.
     heap_pos: Option<usize>,
-}
-
-/// The slots of one uid's endpoints (never empty: the group goes with its last slot).
-#[derive(Clone, Debug)]
-struct UidGroup {
-    hash: u64,
-    slots: SmallVec<[u32; 2]>,
 }
 
 /// The connection table.
@@ -306,13 +300,11 @@ pub struct ConnTable<U, H, S> {
     /// or past `slots.len()` are stale (their slot was trimmed off the end); since the heap
     /// hands out its smallest first, meeting one means all remaining ones are stale.
     free: BinaryHeap<Reverse<u32>>,
-    /// Used slots by their key's hash. The hashes are stored in the entries, so growing,
-    /// shrinking and removing never run the key's `Hash` or `Eq` (user code that may panic):
-    /// only a lookup by a caller's key does, before anything changes.
-    by_key: HashTable<u32>,
-    /// The slots of each uid, by the uid's hash (stored in the group).
-    by_uid: HashTable<UidGroup>,
     hasher: S,
+    /// The slot of each endpoint, placed by the entry's `key_hash`.
+    by_key: HashTable<u32>,
+    /// The slots of each uid's endpoints (never empty), placed by their `uid_hash`.
+    by_uid: HashTable<UidSlots>,
     /// Indexed binary min-heap of `(deadline, slot)`; each entry knows its position, so a
     /// deadline moves in place in O(log n) and the heap never allocates once grown (a
     /// `BTreeSet` would allocate on node splits while routes re-key hot connections).
@@ -325,6 +317,21 @@ pub struct ConnTable<U, H, S> {
     /// Slots trimmed plus free-list entries visited by `shrink`, to pin its cost in tests.
     #[cfg(test)]
     maintenance_steps: u64,
+}
+
+/// The endpoints of one uid: their slots, and the uid's hash (every entry's `uid_hash`).
+#[derive(Clone, Debug)]
+struct UidSlots {
+    hash: u64,
+    slots: SmallVec<[u32; 2]>,
+}
+
+/// The stored key hash of the entry at `slot`, to rehash `by_key` without running user code.
+fn key_hash_at<U, H>(slots: &[Option<Entry<U, H>>], slot: u32) -> u64 {
+    slots
+        .get(slot as usize)
+        .and_then(Option::as_ref)
+        .map_or(0, |e| e.key_hash)
 }
 
 /// The capacity every container keeps when it shrinks: a table that empties and refills
@@ -355,9 +362,9 @@ where
             clock: Clock::default(),
             slots: Vec::new(),
             free: BinaryHeap::new(),
+            hasher,
             by_key: HashTable::new(),
             by_uid: HashTable::new(),
-            hasher,
             timers: Vec::new(),
             actions: VecDeque::new(),
             ids: IdSpace::new(),
@@ -392,64 +399,30 @@ where
     /// and the connection at the old address keeps serving requests routed by old metadata
     /// until it has been idle for `max_idle`. Routing to a connection counts as activity.
     pub fn handle_request(&mut self, now: Instant, node: &ConnKey<U, H>) -> Route<U, H> {
-        let now = self.clock.observe(now);
-        let idle_at = now + self.cfg.max_idle;
-        // User code (the key's `Hash`, `Eq`, `Clone`) runs only before the first change, so a
-        // panic in it leaves the table as it was.
-        let hash = self.hasher.hash_one(node);
-        if let Some(slot) = self.find_slot(hash, node) {
-            let Some(e) = self.entry_mut(slot) else {
-                return Route::Exhausted; // unreachable: by_key only names used slots
-            };
-            if let Some(c) = &e.conn {
-                let id = c.id;
-                if c.in_flight == 0 {
-                    self.set_deadline(slot, Some(idle_at));
-                }
-                return Route::Use(id);
-            }
-            if now < e.wait_until {
-                return Route::Wait {
-                    until: e.wait_until,
-                };
-            }
-            let key = node.clone();
-            let Some(seq) = self.take_seq() else {
-                return Route::Exhausted;
-            };
-            let id = ConnId {
-                seq,
-                slot,
-                tag: self.ids.tag(),
-            };
-            if let Some(e) = self.entry_mut(slot) {
-                e.conn = Some(Conn {
-                    id,
-                    state: ConnState::Connecting,
-                    in_flight: 0,
-                });
-            }
-            self.live = self.live.saturating_add(1);
-            self.set_deadline(slot, Some(idle_at));
-            return Route::Open(id, key);
-        }
-        if self.ids.peek().is_err() {
-            return Route::Exhausted;
+        // User code (`Hash`, `Eq`, `Clone` of the key) runs first, all of it, so that a panic
+        // in it leaves the table as it was.
+        let (key_hash, found) = self.lookup(node);
+        let t = self.clock.peek(now);
+        if let Some(slot) = found {
+            let reopen = self
+                .entry(slot)
+                .is_some_and(|e| e.conn.is_none() && t >= e.wait_until);
+            let copy = reopen.then(|| node.clone());
+            let now = self.clock.observe(now);
+            return self.route_known(now, slot, copy);
         }
         let uid_hash = self.hasher.hash_one(&node.uid);
-        // A slot of the uid's group names the group below without comparing uids again.
-        let slots = &self.slots;
-        let uid_member = self
-            .by_uid
-            .find(uid_hash, |g| {
-                g.slots
-                    .first()
-                    .and_then(|&s| slots.get(s as usize)?.as_ref())
-                    .is_some_and(|e| e.key.uid == node.uid)
-            })
-            .and_then(|g| g.slots.first().copied());
-        let (key, route_key) = (node.clone(), node.clone());
-        // No user code from here on.
+        let uid_anchor = self.uid_anchor(uid_hash, &node.uid);
+        let copies = self
+            .ids
+            .peek()
+            .is_ok()
+            .then(|| (node.clone(), node.clone()));
+        let now = self.clock.observe(now);
+        let Some((key, copy)) = copies else {
+            return Route::Exhausted;
+        };
+        let idle_at = now + self.cfg.max_idle;
         let Some(slot) = self.alloc_slot() else {
             return Route::Exhausted;
         };
@@ -463,7 +436,7 @@ where
         };
         let entry = Entry {
             key,
-            hash,
+            key_hash,
             uid_hash,
             conn: Some(Conn {
                 id,
@@ -478,30 +451,72 @@ where
             *s = Some(entry);
         }
         let slots = &self.slots;
-        let stored = |&s: &u32| {
-            slots
-                .get(s as usize)
-                .and_then(Option::as_ref)
-                .map_or(0, |e| e.hash)
-        };
-        self.by_key.insert_unique(hash, slot, stored);
-        let group =
-            uid_member.and_then(|m| self.by_uid.find_mut(uid_hash, |g| g.slots.contains(&m)));
-        match group {
-            Some(g) => g.slots.push(slot),
+        self.by_key
+            .insert_unique(key_hash, slot, |&s| key_hash_at(slots, s));
+        let uid = uid_anchor.and_then(|anchor| {
+            self.by_uid
+                .find_mut(uid_hash, |u| u.slots.first() == Some(&anchor))
+        });
+        match uid {
+            Some(u) => u.slots.push(slot),
             None => {
                 let mut slots = SmallVec::new();
                 slots.push(slot);
-                let group = UidGroup {
-                    hash: uid_hash,
-                    slots,
-                };
-                self.by_uid.insert_unique(uid_hash, group, |g| g.hash);
+                self.by_uid.insert_unique(
+                    uid_hash,
+                    UidSlots {
+                        hash: uid_hash,
+                        slots,
+                    },
+                    |u| u.hash,
+                );
             }
         }
         self.live = self.live.saturating_add(1);
         self.set_deadline(slot, Some(idle_at));
-        Route::Open(id, route_key)
+        Route::Open(id, copy)
+    }
+
+    /// `handle_request` for an endpoint with an entry at `slot`; `copy` is the key to return
+    /// if the route opens a connection (made before anything changed).
+    fn route_known(&mut self, now: Instant, slot: u32, copy: Option<ConnKey<U, H>>) -> Route<U, H> {
+        let idle_at = now + self.cfg.max_idle;
+        let Some(e) = self.entry_mut(slot) else {
+            return Route::Exhausted; // unreachable: by_key only names used slots
+        };
+        if let Some(c) = &e.conn {
+            let id = c.id;
+            if c.in_flight == 0 {
+                self.set_deadline(slot, Some(idle_at));
+            }
+            return Route::Use(id);
+        }
+        if now < e.wait_until {
+            return Route::Wait {
+                until: e.wait_until,
+            };
+        }
+        let Some(copy) = copy else {
+            return Route::Exhausted; // unreachable: the copy was made for exactly this case
+        };
+        let Some(seq) = self.take_seq() else {
+            return Route::Exhausted;
+        };
+        let id = ConnId {
+            seq,
+            slot,
+            tag: self.ids.tag(),
+        };
+        if let Some(e) = self.entry_mut(slot) {
+            e.conn = Some(Conn {
+                id,
+                state: ConnState::Connecting,
+                in_flight: 0,
+            });
+        }
+        self.live = self.live.saturating_add(1);
+        self.set_deadline(slot, Some(idle_at));
+        Route::Open(id, copy)
     }
 
     /// The transport connected `conn`: resets the endpoint's connect backoff, so the first
@@ -617,19 +632,15 @@ where
     /// cluster): queues one [`ConnAction::Close`] per connection and returns how many.
     /// Connect backoff of the uid's endpoints is kept (see the eviction rule).
     pub fn disconnect(&mut self, now: Instant, uid: &U) -> usize {
-        let now = self.clock.observe(now);
-        // The uid's `Hash` and `Eq` run here, before anything changes.
+        // The lookup (user `Hash`, `Eq`) runs before anything changes; closing runs none.
         let hash = self.hasher.hash_one(uid);
-        let slots = &self.slots;
-        let found = self.by_uid.find(hash, |g| {
-            g.slots
-                .first()
-                .and_then(|&s| slots.get(s as usize)?.as_ref())
-                .is_some_and(|e| e.key.uid == *uid)
-        });
-        let slots: SmallVec<[u32; 4]> = match found {
-            Some(g) => g.slots.iter().copied().collect(),
-            None => return 0,
+        let found: Option<SmallVec<[u32; 4]>> = self
+            .uid_anchor(hash, uid)
+            .and_then(|anchor| self.by_uid.find(hash, |u| u.slots.first() == Some(&anchor)))
+            .map(|u| u.slots.iter().copied().collect());
+        let now = self.clock.observe(now);
+        let Some(slots) = found else {
+            return 0;
         };
         let mut closed = 0;
         for slot in slots {
@@ -686,7 +697,7 @@ where
 
     /// The live connection of endpoint `key`, if any.
     pub fn connection(&self, key: &ConnKey<U, H>) -> Option<ConnId> {
-        let slot = self.find_slot(self.hasher.hash_one(key), key)?;
+        let slot = self.lookup(key).1?;
         Some(self.entry(slot)?.conn.as_ref()?.id)
     }
 
@@ -718,13 +729,14 @@ where
     /// wait.
     pub fn backoff_until(&self, now: Instant, key: &ConnKey<U, H>) -> Option<Instant> {
         let now = self.clock.peek(now);
-        let e = self.entry(self.find_slot(self.hasher.hash_one(key), key)?)?;
+        let e = self.entry(self.lookup(key).1?)?;
         (e.conn.is_none() && now < e.wait_until).then_some(e.wait_until)
     }
 
     /// Failed connects to `key` since its last successful one (0 when it has no backoff).
     pub fn connect_failures(&self, key: &ConnKey<U, H>) -> u32 {
-        self.find_slot(self.hasher.hash_one(key), key)
+        self.lookup(key)
+            .1
             .and_then(|s| self.entry(s))
             .map_or(0, |e| e.backoff.attempt())
     }
@@ -747,18 +759,35 @@ where
 
     // ----- internals -----
 
-    /// The used slot holding `key` (whose hash is `hash`). Runs the key's `Eq`; changes
-    /// nothing.
-    fn find_slot(&self, hash: u64, key: &ConnKey<U, H>) -> Option<u32> {
+    /// `key`'s hash and slot: with [`Self::uid_anchor`], the only places the table runs the
+    /// key's `Hash` and `Eq`.
+    fn lookup(&self, key: &ConnKey<U, H>) -> (u64, Option<u32>) {
+        let hash = self.hasher.hash_one(key);
         let slots = &self.slots;
-        self.by_key
+        let slot = self
+            .by_key
             .find(hash, |&s| {
                 slots
                     .get(s as usize)
                     .and_then(Option::as_ref)
                     .is_some_and(|e| e.key == *key)
             })
-            .copied()
+            .copied();
+        (hash, slot)
+    }
+
+    /// The first slot of `uid`'s endpoints (whose hash is `hash`), if it has any: names its
+    /// `by_uid` entry without comparing uids again.
+    fn uid_anchor(&self, hash: u64, uid: &U) -> Option<u32> {
+        let slots = &self.slots;
+        self.by_uid
+            .find(hash, |u| {
+                u.slots
+                    .first()
+                    .and_then(|&s| slots.get(s as usize)?.as_ref())
+                    .is_some_and(|e| e.key.uid == *uid)
+            })
+            .and_then(|u| u.slots.first().copied())
     }
 
     fn entry(&self, slot: u32) -> Option<&Entry<U, H>> {
@@ -920,23 +949,21 @@ where
         if e.conn.is_some() {
             self.live = self.live.saturating_sub(1);
         }
-        // Found by slot, with the stored hashes: no user code runs.
-        if let Ok(found) = self.by_key.find_entry(e.hash, |&s| s == slot) {
+        // Found by stored hash and slot: no user code runs.
+        if let Ok(found) = self.by_key.find_entry(e.key_hash, |&s| s == slot) {
             found.remove();
         }
         if let Ok(mut found) = self
             .by_uid
-            .find_entry(e.uid_hash, |g| g.slots.contains(&slot))
+            .find_entry(e.uid_hash, |u| u.slots.contains(&slot))
         {
-            let group = found.get_mut();
-            group.slots.retain(|s| *s != slot);
-            if group.slots.is_empty() {
+            let slots = &mut found.get_mut().slots;
+            slots.retain(|s| *s != slot);
+            if slots.is_empty() {
                 found.remove();
             }
         }
         self.free.push(Reverse(slot));
-        // The key (user `Drop`) goes last, once the books are consistent.
-        drop(e);
     }
 
     /// Gives memory back once the table is below a quarter of what it holds, never below
@@ -980,20 +1007,67 @@ where
         if self.by_key.len() < self.by_key.capacity() / 4 {
             let target = self.by_key.len().saturating_mul(2).max(SHRINK_FLOOR);
             let slots = &self.slots;
-            self.by_key.shrink_to(target, |&s| {
-                slots
-                    .get(s as usize)
-                    .and_then(Option::as_ref)
-                    .map_or(0, |e| e.hash)
-            });
+            self.by_key.shrink_to(target, |&s| key_hash_at(slots, s));
         }
         if self.by_uid.len() < self.by_uid.capacity() / 4 {
             let target = self.by_uid.len().saturating_mul(2).max(SHRINK_FLOOR);
-            self.by_uid.shrink_to(target, |g| g.hash);
+            self.by_uid.shrink_to(target, |u| u.hash);
         }
         if self.actions.is_empty() && self.actions.capacity() > 4 * SHRINK_FLOOR {
             self.actions.shrink_to(SHRINK_FLOOR);
         }
+    }
+
+    /// Internal consistency (slots ↔ key and uid maps ↔ timers, stored hashes), for the model
+    /// checker and tests.
+    #[cfg(any(test, feature = "model"))]
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), &'static str> {
+        let (mut used, mut live) = (0usize, 0usize);
+        for (i, e) in self.slots.iter().enumerate() {
+            let Some(e) = e else {
+                continue;
+            };
+            let slot = u32::try_from(i).map_err(|_| "a slot index past u32")?;
+            used += 1;
+            live += usize::from(e.conn.is_some());
+            if e.key_hash != self.hasher.hash_one(&e.key)
+                || e.uid_hash != self.hasher.hash_one(&e.key.uid)
+            {
+                return Err("an entry's stored hashes are not its key's");
+            }
+            if self.lookup(&e.key).1 != Some(slot) {
+                return Err("an entry's key does not find its slot");
+            }
+            if self
+                .by_uid
+                .find(e.uid_hash, |u| u.slots.contains(&slot))
+                .is_none()
+            {
+                return Err("an entry is missing from its uid's endpoints");
+            }
+            if let Some(p) = e.heap_pos
+                && self.timers.get(p).map(|t| t.1) != Some(slot)
+            {
+                return Err("an entry's timer position is wrong");
+            }
+        }
+        if self.by_key.len() != used {
+            return Err("the key map and the used slots differ");
+        }
+        let by_uid: usize = self.by_uid.iter().map(|u| u.slots.len()).sum();
+        if by_uid != used || self.by_uid.iter().any(|u| u.slots.is_empty()) {
+            return Err("the uid map and the used slots differ");
+        }
+        if live != self.live {
+            return Err("the live count is wrong");
+        }
+        for (p, &(_, slot)) in self.timers.iter().enumerate() {
+            if self.entry(slot).and_then(|e| e.heap_pos) != Some(p) {
+                return Err("a timer names an entry that does not know it");
+            }
+        }
+        Ok(())
     }
 
     #[cfg(test)]

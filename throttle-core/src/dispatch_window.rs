@@ -207,12 +207,23 @@ struct ShardEntry<Shard, B> {
     key: Shard,
     hash: u64,
     id: u64,
+    /// Held by a [`Batcher`](crate::Batcher) that remembers this entry's [`Place`] while the
+    /// shard has an open batch there: never evicted, even while idle, until unpinned.
+    pinned: bool,
     w: ShardWindow<B>,
+}
+
+impl<Shard, B> ShardEntry<Shard, B> {
+    /// Whether eviction may drop the entry: idle and not pinned.
+    #[inline]
+    fn evictable(&self) -> bool {
+        self.w.is_idle() && !self.pinned
+    }
 }
 
 /// Where a live credit's or a held batch's shard is: its entry's hash and id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Place {
+pub(crate) struct Place {
     hash: u64,
     entry: u64,
 }
@@ -441,23 +452,8 @@ where
         let Some(e) = self.shards.find_mut(hash, |e| e.key == shard) else {
             return self.open_shard(shard, hash, batch).map(Some);
         };
-        if e.w.parked.is_some() {
-            return Err(SubmitError::AlreadyParked(batch));
-        }
-        if e.w.must_wait(cap) {
-            e.w.parked = Some(batch);
-            self.books.maintenance.touch();
-            return Ok(None);
-        }
         let place = Place { hash, entry: e.id };
-        let Ok(credit) = self.books.take_credit(&mut e.w, place) else {
-            return Err(SubmitError::Exhausted(batch));
-        };
-        Ok(Some(Dispatch {
-            shard,
-            credit,
-            batch,
-        }))
+        self.books.park_or_send(&mut e.w, place, cap, shard, batch)
     }
 
     /// A full batch for `shard`, whose hash by this window's hasher is `hash`; the outcome is
@@ -527,6 +523,7 @@ where
                 key,
                 hash,
                 id: place.entry,
+                pinned: false,
                 w: ShardWindow {
                     in_flight: 1,
                     line: VecDeque::new(),
@@ -546,11 +543,147 @@ where
     /// Takes the shard's parked batch back (to add operations to it), if there is one.
     pub fn reclaim(&mut self, shard: &Shard) -> Option<B> {
         let hash = self.hasher.hash_one(shard);
-        let e = self.shards.find_mut(hash, |e| e.key == *shard)?;
+        let place = self.place_of(shard, hash)?;
+        self.reclaim_at(place)
+    }
+
+    // ------------------------------------------------------------ entry points by place
+    //
+    // For the `Batcher`, which looks a shard up once (user `Hash` and `Eq`) before it
+    // changes anything, pins the entry, and then reaches it by place alone: none of these
+    // runs user code.
+
+    /// This window's hash of `shard` (user `Hash`).
+    #[inline]
+    pub(crate) fn hash_key(&self, shard: &Shard) -> u64 {
+        self.hasher.hash_one(shard)
+    }
+
+    /// Where `shard`'s entry is, given [`Self::hash_key`] of it (user `Eq`; changes nothing).
+    #[inline]
+    pub(crate) fn place_of(&self, shard: &Shard, hash: u64) -> Option<Place> {
+        self.shards.find(hash, |e| e.key == *shard).map(|e| Place {
+            hash: e.hash,
+            entry: e.id,
+        })
+    }
+
+    /// Pins the entry at `place`: it is not evicted until [`Self::unpin`].
+    pub(crate) fn pin(&mut self, place: Place) {
+        if let Some(e) = entry_at(&mut self.shards, place) {
+            e.pinned = true;
+        }
+    }
+
+    /// Lets the entry at `place` be evicted again once idle.
+    pub(crate) fn unpin(&mut self, place: Place) {
+        if let Some(e) = entry_at(&mut self.shards, place) {
+            e.pinned = false;
+        }
+    }
+
+    /// Adds a pinned, idle entry for a shard the map does not hold; `key` is the map's copy
+    /// and `hash` is [`Self::hash_key`] of it. Returns its place.
+    pub(crate) fn open_pinned(&mut self, key: Shard, hash: u64) -> Place {
+        let place = Place {
+            hash,
+            entry: self.next_entry,
+        };
+        self.next_entry = self.next_entry.wrapping_add(1);
+        self.make_room();
+        self.shards.insert_unique(
+            hash,
+            ShardEntry {
+                key,
+                hash,
+                id: place.entry,
+                pinned: true,
+                w: ShardWindow {
+                    in_flight: 0,
+                    line: VecDeque::new(),
+                    queued: 0,
+                    parked: None,
+                    owns_queue: false,
+                },
+            },
+            |e| e.hash,
+        );
+        self.peak_shards.see(self.shards.len());
+        self.books.maintenance.touch();
+        place
+    }
+
+    /// The batch parked at `place`'s shard, if any.
+    pub(crate) fn parked_at(&self, place: Place) -> Option<&B> {
+        self.shards
+            .find(place.hash, |e| e.id == place.entry)?
+            .w
+            .parked
+            .as_ref()
+    }
+
+    /// [`Self::reclaim`] of the shard at `place`.
+    pub(crate) fn reclaim_at(&mut self, place: Place) -> Option<B> {
+        let e = entry_at(&mut self.shards, place)?;
         let batch = e.w.parked.take()?;
         self.books.maintenance.touch();
         self.books.idle_check(&mut e.w);
         Some(batch)
+    }
+
+    /// [`Self::submit`] of a full batch to the shard at `place` (`shard` is the key returned
+    /// in the dispatch).
+    pub(crate) fn submit_at(
+        &mut self,
+        place: Place,
+        shard: Shard,
+        batch: B,
+    ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
+        if self.closed {
+            return Err(SubmitError::Closed(batch));
+        }
+        let cap = self.cfg.max_in_flight;
+        let Some(e) = entry_at(&mut self.shards, place) else {
+            // Unreachable: the caller pinned the entry.
+            debug_assert!(false, "a pinned shard has no entry");
+            return Err(SubmitError::Closed(batch));
+        };
+        match self.books.enter(&mut e.w, place, batch, cap)? {
+            Entered::Credit(credit, batch) => Ok(Some(Dispatch {
+                shard,
+                credit,
+                batch,
+            })),
+            Entered::Queued(_) => Ok(None),
+        }
+    }
+
+    /// [`Self::submit_or_park`] to the shard at `place` (`shard` is the key returned in the
+    /// dispatch).
+    pub(crate) fn submit_or_park_at(
+        &mut self,
+        place: Place,
+        shard: Shard,
+        batch: B,
+    ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
+        if self.closed {
+            return Err(SubmitError::Closed(batch));
+        }
+        let cap = self.cfg.max_in_flight;
+        let Some(e) = entry_at(&mut self.shards, place) else {
+            // Unreachable: the caller pinned the entry.
+            debug_assert!(false, "a pinned shard has no entry");
+            return Err(SubmitError::Closed(batch));
+        };
+        self.books.park_or_send(&mut e.w, place, cap, shard, batch)
+    }
+
+    /// Whether the entry at `place` is in the map and pinned.
+    #[cfg(any(test, feature = "model"))]
+    pub(crate) fn is_pinned(&self, place: Place) -> bool {
+        self.shards
+            .find(place.hash, |e| e.id == place.entry)
+            .is_some_and(|e| e.pinned)
     }
 
     /// Withdraws a queued batch before it was dispatched and hands it back, in O(1): it leaves
@@ -641,8 +774,22 @@ where
     /// `close` returns nothing. This is the `close` of `docs/architecture.md` ("Closing"), the
     /// held-back batches returned rather than failed.
     pub fn close(&mut self) -> Vec<(Shard, B)> {
-        let mut out = Vec::new();
-        self.close_with(|shard, batch| out.push((shard.clone(), batch)));
+        // Every key copy is made first (user `Clone`), in the order `close_with` hands the
+        // batches out, so a panicking clone leaves the window open and unchanged.
+        let mut keys = Vec::new();
+        for e in self.shards.iter() {
+            let held = e.w.queued.saturating_add(usize::from(e.w.parked.is_some()));
+            for _ in 0..held {
+                keys.push(e.key.clone());
+            }
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        let mut keys = keys.into_iter();
+        self.close_with(|shard, batch| {
+            // One copy per held-back batch was made above; `or_else` is never reached.
+            let key = keys.next().unwrap_or_else(|| shard.clone());
+            out.push((key, batch));
+        });
         out
     }
 
@@ -669,8 +816,8 @@ where
                 self.books.spare_queues.push(core::mem::take(&mut w.line));
             }
         }
-        self.shards.retain(|e| !e.w.is_idle());
-        self.books.active = self.shards.len();
+        self.shards.retain(|e| !e.evictable());
+        self.books.active = self.shards.iter().filter(|e| !e.w.is_idle()).count();
         self.books.held.reset_if_empty();
     }
 
@@ -679,6 +826,9 @@ where
     /// frees at least half the entries, so it runs at most once per that many inserts
     /// (amortized O(1), like the rehash it replaces), and the map stays within about twice the
     /// shards active at once even if maintenance never runs (the `sync` handle never runs it).
+    /// Entries pinned by a batcher (idle, with an open batch there) are kept: a scan that
+    /// frees less than that lets the map grow, so the next scan waits for it to fill again,
+    /// and the bound counts a batcher's open shards as active.
     fn make_room(&mut self) {
         // `capacity()` is `len` plus the inserts left before the table must rehash or grow.
         let len = self.shards.len();
@@ -686,7 +836,7 @@ where
             return;
         }
         if len.saturating_sub(self.books.active).saturating_mul(2) >= len {
-            self.shards.retain(|e| !e.w.is_idle());
+            self.shards.retain(|e| !e.evictable());
         }
     }
 
@@ -705,7 +855,7 @@ where
         // Idle shards' entries go first (they hold no queue buffer); the peak still counts
         // them, so a shard set that comes back within the interval finds the capacity.
         if self.shards.len() > self.books.active {
-            self.shards.retain(|e| !e.w.is_idle());
+            self.shards.retain(|e| !e.evictable());
         }
         let peak = self.peak_shards.roll(self.shards.len());
         if let Some(target) = self.books.maintenance.target(self.shards.capacity(), peak) {
@@ -845,6 +995,35 @@ fn drop_tombstones<B>(w: &mut ShardWindow<B>, held: &Slab<Held<B>>) {
 }
 
 impl<B> Books<B> {
+    /// The shard's open batch (window `w`, at `place`): sent under a fresh credit if the
+    /// shard may have one without waiting, else parked.
+    #[inline]
+    fn park_or_send<Shard>(
+        &mut self,
+        w: &mut ShardWindow<B>,
+        place: Place,
+        cap: u32,
+        shard: Shard,
+        batch: B,
+    ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
+        if w.parked.is_some() {
+            return Err(SubmitError::AlreadyParked(batch));
+        }
+        if w.must_wait(cap) {
+            w.parked = Some(batch);
+            self.maintenance.touch();
+            return Ok(None);
+        }
+        let Ok(credit) = self.take_credit(w, place) else {
+            return Err(SubmitError::Exhausted(batch));
+        };
+        Ok(Some(Dispatch {
+            shard,
+            credit,
+            batch,
+        }))
+    }
+
     /// A credit for the shard at `place`, whose window `w` has one free; nothing changes on
     /// `Exhausted`.
     #[inline(always)]

@@ -8,7 +8,8 @@
 // while a given feature set uses none of it.
 #[allow(unused_extern_crates)]
 extern crate alloc;
-#[cfg(feature = "std")]
+// Unit tests use `std` for `catch_unwind` (panic-safety tests) even without the feature.
+#[cfg(any(test, feature = "std"))]
 extern crate std;
 
 pub mod backoff;
@@ -31,6 +32,8 @@ pub mod write_gate;
 
 #[cfg(any(test, feature = "model"))]
 mod test_hasher;
+#[cfg(test)]
+mod test_key;
 
 #[cfg(feature = "model")]
 pub mod model;

@@ -13,7 +13,7 @@ proptest! {
     /// cuts, at most `max_in_flight` per shard, and idle shards hold no state.
     #[test]
     fn batcher_matches_reference_and_ends_every_operation_once(
-        data in common::bytes(16)
+        data in common::bytes(19)
     ) {
         prop_assert_eq!(check(&data), Ok(()));
     }

@@ -13,7 +13,7 @@ proptest! {
     /// dispatched FIFO per shard, every batch leaves once and idle shards hold no state.
     #[test]
     fn window_matches_reference_and_conserves_credits(
-        data in common::bytes(20)
+        data in common::bytes(23)
     ) {
         prop_assert_eq!(check(&data), Ok(()));
     }

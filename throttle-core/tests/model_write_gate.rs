@@ -14,7 +14,7 @@ proptest! {
     /// decrease, and no gate survives its deadline after handle_timeout.
     #[test]
     fn gate_matches_naive_reference_after_every_operation(
-        data in common::bytes(16)
+        data in common::bytes(19)
     ) {
         let verdict = check(&data);
         prop_assert!(verdict.is_ok(), "{}", verdict.unwrap_err());

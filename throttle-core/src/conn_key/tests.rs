@@ -842,3 +842,134 @@ fn growing_shrinking_and_evicting_never_run_a_stored_key_s_code() {
     assert_eq!((t.len(), t.tracked_endpoints()), (1, 1));
     assert_eq!(t.connection(&ConnKey::new(uid(0, false), 1, 1)), Some(id));
 }
+
+// ------------------------------------------------------------------ panicking user keys
+
+mod panicking_keys {
+    use super::*;
+    use crate::test_hasher::TestHasher;
+    use crate::test_key::{Call, PanicKey, panics};
+    use alloc::format;
+
+    type KeyTable = ConnTable<PanicKey, PanicKey, TestHasher>;
+
+    fn key(uid: u32, host: u32) -> ConnKey<PanicKey, PanicKey> {
+        ConnKey::new(PanicKey(uid), PanicKey(host), 9123)
+    }
+
+    fn key_table() -> KeyTable {
+        ConnTable::new(ConnConfig::default()).unwrap()
+    }
+
+    /// Forgetting an endpoint hashed its key again (to remove it from the maps) after its
+    /// slot was already emptied: a panicking `Hash` there left the maps naming an empty slot.
+    /// Entries now keep their hashes, so closing runs no user code.
+    #[test]
+    fn closing_a_connection_runs_no_key_hash() {
+        let mut t = key_table();
+        let Route::Open(id, _) = t.handle_request(ms(0), &key(1, 1)) else {
+            panic!("a fresh endpoint opens");
+        };
+        let panicked = panics(1, Call::Hash, 0, || {
+            assert!(t.handle_closed(ms(1), id));
+        });
+        assert!(!panicked, "forgetting the endpoint hashed its key");
+        assert_eq!((t.len(), t.tracked_endpoints()), (0, 0));
+        assert!(matches!(
+            t.handle_request(ms(2), &key(1, 1)),
+            Route::Open(..)
+        ));
+        assert_eq!(t.check_invariants(), Ok(()));
+    }
+
+    /// A new endpoint's key was cloned three times and its uid once, between the changes
+    /// that store it: a panicking clone left a filled slot the maps did not name. Every copy
+    /// is now made first.
+    #[test]
+    fn a_clone_panicking_while_an_endpoint_opens_leaves_the_table_unchanged() {
+        let mut t = key_table();
+        let before = format!("{t:?}");
+        // Two copies: the entry's and the one `Open` returns.
+        for skip in 0..2 {
+            assert!(panics(1, Call::Clone, skip, || {
+                let _ = t.handle_request(ms(1), &key(1, 2));
+            }));
+            assert_eq!(format!("{t:?}"), before, "clone #{skip}: the table changed");
+        }
+        assert!(matches!(
+            t.handle_request(ms(1), &key(1, 2)),
+            Route::Open(..)
+        ));
+        assert_eq!(t.check_invariants(), Ok(()));
+    }
+
+    type Input = fn(&mut KeyTable, u32, ConnId);
+
+    const INPUTS: [(&str, Input); 7] = [
+        ("request", |t, k, _| {
+            let _ = t.handle_request(ms(5), &key(k, k));
+        }),
+        ("request at another host", |t, k, _| {
+            let _ = t.handle_request(ms(5), &key(k, 7));
+        }),
+        ("disconnect", |t, k, _| {
+            let _ = t.disconnect(ms(5), &PanicKey(k));
+        }),
+        ("closed", |t, _, id| {
+            let _ = t.handle_closed(ms(5), id);
+        }),
+        ("connect failed", |t, _, id| {
+            let _ = t.handle_connect_failed(ms(5), id, &mut SplitMix64::new(3));
+        }),
+        ("finished", |t, _, id| {
+            let _ = t.handle_finished(ms(5), id);
+        }),
+        ("timeout", |t, _, _| t.handle_timeout(Instant::MAX)),
+    ];
+
+    /// Whichever key callback panics at whichever call, the input did not happen: the table
+    /// is exactly as before (its `Debug` form), consistent, and the same input then works.
+    #[test]
+    #[cfg_attr(miri, ignore)] // some 200 cases, each formatting the machine twice: slow under miri
+    fn a_panicking_key_callback_leaves_the_table_as_it_was_and_serving() {
+        let mut base = key_table();
+        let mut ids = Vec::new();
+        for k in 0..3 {
+            if let Route::Open(id, _) = base.handle_request(ms(0), &key(k, k)) {
+                ids.push(id);
+            }
+        }
+        // Endpoint 1 failed to connect (in backoff); endpoint 2 has a request in flight.
+        let failed = ids.get(1).copied().expect("opened");
+        let busy = ids.get(2).copied().expect("opened");
+        let _ = base.handle_connect_failed(ms(0), failed, &mut SplitMix64::new(1));
+        assert!(base.handle_connected(ms(0), busy));
+        assert!(base.handle_send(ms(0), busy).is_ok());
+        let mut fired = 0;
+        for (name, input) in INPUTS {
+            for (k, &id) in [0, 1, 2, 9].iter().zip(ids.iter().cycle()) {
+                for call in [Call::Hash, Call::Eq, Call::Clone] {
+                    for skip in 0..3 {
+                        let mut t = base.clone();
+                        let before = format!("{t:?}");
+                        if panics(*k, call, skip, || input(&mut t, *k, id)) {
+                            fired += 1;
+                            let what = format!("{name} on {k}, {call:?} #{skip}");
+                            assert_eq!(format!("{t:?}"), before, "{what}: the table changed");
+                        }
+                        assert_eq!(t.check_invariants(), Ok(()), "{name} on {k}");
+                        input(&mut t, *k, id);
+                        assert_eq!(t.check_invariants(), Ok(()), "{name} on {k}, unarmed");
+                        for u in 0..10 {
+                            let _ = t.disconnect(ms(6), &PanicKey(u));
+                        }
+                        t.handle_timeout(Instant::MAX);
+                        assert_eq!(t.tracked_endpoints(), 0, "{name} on {k}: stranded");
+                        assert_eq!(t.check_invariants(), Ok(()));
+                    }
+                }
+            }
+        }
+        assert!(fired > 20, "only {fired} armed calls fired");
+    }
+}

@@ -510,3 +510,32 @@ fn cancelling_many_keeps_the_line_bounded() {
     assert_eq!(w.complete(credit), Ok(None));
     assert_eq!((w.shard_count(), w.live_credits(), w.queued(&1)), (0, 0, 0));
 }
+
+/// `close` copies each held-back batch's key (user `Clone`) for its answer. It made the
+/// copies while it drained the shards, so a panicking clone left the window closed with
+/// batches lost; now every copy is made first, and the panic leaves it open and unchanged.
+#[test]
+fn a_key_clone_panicking_in_close_leaves_the_window_open_and_unchanged() {
+    use crate::test_key::{Call, PanicKey, panics};
+    use alloc::format;
+    type KeyWindow = DispatchWindow<PanicKey, &'static str, TestHasher>;
+    let Ok(mut w) = KeyWindow::new(WindowConfig::default().with_max_in_flight(1)) else {
+        panic!("valid config refused");
+    };
+    let a = w.submit(PanicKey(1), "a");
+    assert!(matches!(a, Ok(Some(_))));
+    assert!(matches!(w.submit(PanicKey(1), "b"), Ok(None)));
+    assert!(matches!(w.submit(PanicKey(2), "c"), Ok(Some(_))));
+    assert!(matches!(w.submit_or_park(PanicKey(2), "d"), Ok(None)));
+    let before = format!("{w:?}");
+    for (key, skip) in [(1, 0), (2, 0)] {
+        assert!(panics(key, Call::Clone, skip, || {
+            let _ = w.close();
+        }));
+        assert_eq!(format!("{w:?}"), before, "key {key}: the window changed");
+        assert!(!w.is_closed());
+    }
+    let mut out: Vec<(u32, &str)> = w.close().into_iter().map(|(k, b)| (k.0, b)).collect();
+    out.sort_unstable();
+    assert_eq!(out, vec![(1, "b"), (2, "d")], "every held-back batch, once");
+}

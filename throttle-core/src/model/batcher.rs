@@ -13,10 +13,16 @@
 //! unparked open batches, and no state left for idle shards. Maintenance (`handle_timeout`) is
 //! interleaved at random times and must change none of this; its deadline is never in the
 //! past, and it goes quiet after two runs with nothing live.
+//!
+//! Shards are [`Key`]s. Operations 16, 17 and 18 each arm one `Hash`, `Eq` or `Clone` call (in
+//! that order) to panic and run another operation under `catch_unwind` (see [`super::user`]):
+//! if the armed call fired, the batcher must be exactly as before and the reference is rolled
+//! back.
 
 use alloc::format;
 use alloc::vec::Vec;
 
+use super::user::{self, Arm, Key};
 use super::{Cursor, Divergence};
 use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, Refused};
 use crate::dispatch_window::{CreditId, WindowConfig};
@@ -26,7 +32,10 @@ use crate::time::Instant;
 
 const SHARDS: u8 = 4;
 
-type Machine = Batcher<u8, u32, TestHasher>;
+type Machine = Batcher<Key, u32, TestHasher>;
+
+/// Operations before the panicking-callback ones (16 `Hash`, 17 `Eq`, 18 `Clone`).
+const OPS: u8 = 16;
 
 /// How an operation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -44,7 +53,7 @@ struct RefBatch {
     opened_at: Instant,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Reference {
     write: bool,
     max_ops: u64,
@@ -236,7 +245,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     // Without the production floor of 16, the few shards of a short run reach the shrinking
     // paths of maintenance.
     m.set_shrink_floor(0);
-    let mut r = Reference {
+    let r = Reference {
         write,
         max_ops: u64::from(max_ops),
         max_bytes,
@@ -254,106 +263,50 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         refused: Vec::new(),
         last_sent: Vec::new(),
     };
-    let mut now = Instant::ZERO;
-    let mut next_handle: u32 = 0;
+    let mut st = State {
+        m,
+        r,
+        now: Instant::ZERO,
+        next_handle: 0,
+    };
     let mut step = 0usize;
     while !c.is_empty() {
         step += 1;
-        let mut flushed = false;
-        let Some(op) = c.select(16) else {
+        let Some(op) = c.select(OPS + Arm::OPS) else {
             continue;
         };
-        match op {
-            0..=6 => {
-                let shard = c.below(SHARDS);
-                let bytes = match c.below(8) {
-                    0 => u64::MAX,
-                    1 => 0,
-                    _ => u64::from(c.u8() % 64),
-                };
-                now = c.time_step(now);
-                let handle = next_handle;
-                next_handle = next_handle.wrapping_add(1);
-                let got = m.handle_op(now, shard, handle, bytes);
-                r.clock = r.clock.max(now);
-                if r.closed {
-                    r.refused.push(handle);
-                    if got != Err(Refused(handle)) {
-                        return Err(format!(
-                            "step {step}: op after close = {got:?}, want Refused({handle})"
-                        ));
-                    }
-                } else {
-                    if got.is_err() {
-                        return Err(format!("step {step}: op refused while open: {got:?}"));
-                    }
-                    r.op(shard, handle, bytes);
+        let flushed = if op >= OPS {
+            // A panicking key callback during another operation.
+            let Some(arm) = Arm::decode(&mut c, op - OPS, SHARDS) else {
+                continue;
+            };
+            let Some(inner) = c.select(OPS) else {
+                continue;
+            };
+            let before = user::snapshot(&st.m);
+            let saved = (st.r.clone(), st.now, st.next_handle);
+            match user::run(arm, || apply(inner, &mut c, &mut st, step)) {
+                Ok(done) => done?,
+                Err(user::Panicked) => {
+                    user::unchanged(&before, &st.m, arm)
+                        .map_err(|e| format!("step {step}: {e}"))?;
+                    (st.r, st.now, st.next_handle) = saved;
+                    false
                 }
             }
-            7..=8 => {
-                now = c.time_step(now);
-                m.flush(now);
-                r.clock = r.clock.max(now);
-                r.flush();
-                flushed = true;
-            }
-            9..=13 => {
-                let credit = pick_credit(&mut c, &r, m.window().instance_tag());
-                let fail = c.below(4) == 0;
-                let len = r
-                    .in_flight
-                    .iter()
-                    .find(|(x, _, _)| *x == credit)
-                    .map_or(0, |(_, _, b)| b.ops.len());
-                let mut positions = Vec::new();
-                for _ in 0..c.below(6) {
-                    positions.push(match c.below(8) {
-                        0 => usize::MAX,
-                        _ => usize::from(c.u8()) % len.saturating_add(2),
-                    });
-                }
-                now = c.time_step(now);
-                let got = if fail {
-                    m.handle_failure(now, credit)
-                } else {
-                    m.handle_response(now, credit, positions.iter().copied())
-                };
-                r.clock = r.clock.max(now);
-                let want_released = r.released.contains(&credit);
-                let live = r.complete(credit, if fail { None } else { Some(&positions) });
-                match (live, got) {
-                    (true, Ok(())) => {}
-                    (false, Err(ReleaseError::AlreadyReleased)) if want_released => {}
-                    (false, Err(_)) if !want_released => {}
-                    (_, got) => {
-                        return Err(format!(
-                            "step {step}: completing {credit:?} (live {live}, released {want_released}) = {got:?}"
-                        ));
-                    }
-                }
-            }
-            14 if c.below(4) == 0 => {
-                m.close();
-                r.close();
-                flushed = true;
-            }
-            15 => {
-                now = c.time_step(now);
-                m.handle_timeout(now);
-                r.clock = r.clock.max(now);
-                if let Some(t) = m.poll_timeout()
-                    && t <= r.clock
-                    && t != Instant::MAX
-                {
-                    return Err(format!(
-                        "step {step}: maintenance still due at {t:?} after handle_timeout({now:?})"
-                    ));
-                }
-            }
-            _ => {}
-        }
-        settle(&mut m, &mut r, flushed).map_err(|e| format!("step {step}: {e}"))?;
+        } else {
+            apply(op, &mut c, &mut st, step)?
+        };
+        st.m.check_invariants()
+            .map_err(|e| format!("step {step}: {e}"))?;
+        settle(&mut st.m, &mut st.r, flushed).map_err(|e| format!("step {step}: {e}"))?;
     }
+    let State {
+        mut m,
+        mut r,
+        now,
+        next_handle,
+    } = st;
     // Close and complete everything in flight: every operation must have ended exactly once.
     m.close();
     r.close();
@@ -390,6 +343,115 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     Ok(())
 }
 
+/// What one run carries from operation to operation.
+struct State {
+    m: Machine,
+    r: Reference,
+    now: Instant,
+    next_handle: u32,
+}
+
+/// Runs operation `op` on the batcher and the reference; whether it flushed or closed.
+fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool, Divergence> {
+    let State {
+        m,
+        r,
+        now,
+        next_handle,
+    } = st;
+    let mut flushed = false;
+    match op {
+        0..=6 => {
+            let shard = c.below(SHARDS);
+            let bytes = match c.below(8) {
+                0 => u64::MAX,
+                1 => 0,
+                _ => u64::from(c.u8() % 64),
+            };
+            *now = c.time_step(*now);
+            let handle = *next_handle;
+            *next_handle = next_handle.wrapping_add(1);
+            let got = m.handle_op(*now, Key::new(shard), handle, bytes);
+            r.clock = r.clock.max(*now);
+            if r.closed {
+                r.refused.push(handle);
+                if got != Err(Refused(handle)) {
+                    return Err(format!(
+                        "step {step}: op after close = {got:?}, want Refused({handle})"
+                    ));
+                }
+            } else {
+                if got.is_err() {
+                    return Err(format!("step {step}: op refused while open: {got:?}"));
+                }
+                r.op(shard, handle, bytes);
+            }
+        }
+        7..=8 => {
+            *now = c.time_step(*now);
+            m.flush(*now);
+            r.clock = r.clock.max(*now);
+            r.flush();
+            flushed = true;
+        }
+        9..=13 => {
+            let credit = pick_credit(c, r, m.window().instance_tag());
+            let fail = c.below(4) == 0;
+            let len = r
+                .in_flight
+                .iter()
+                .find(|(x, _, _)| *x == credit)
+                .map_or(0, |(_, _, b)| b.ops.len());
+            let mut positions = Vec::new();
+            for _ in 0..c.below(6) {
+                positions.push(match c.below(8) {
+                    0 => usize::MAX,
+                    _ => usize::from(c.u8()) % len.saturating_add(2),
+                });
+            }
+            *now = c.time_step(*now);
+            let got = if fail {
+                m.handle_failure(*now, credit)
+            } else {
+                m.handle_response(*now, credit, positions.iter().copied())
+            };
+            r.clock = r.clock.max(*now);
+            let want_released = r.released.contains(&credit);
+            let live = r.complete(credit, if fail { None } else { Some(&positions) });
+            match (live, got) {
+                (true, Ok(())) => {}
+                (false, Err(ReleaseError::AlreadyReleased)) if want_released => {}
+                (false, Err(_)) if !want_released => {}
+                (_, got) => {
+                    return Err(format!(
+                        "step {step}: completing {credit:?} (live {live}, released {want_released}) = {got:?}"
+                    ));
+                }
+            }
+        }
+        14 if c.below(4) == 0 => {
+            m.close();
+            r.close();
+            flushed = true;
+        }
+        15 => {
+            *now = c.time_step(*now);
+            m.handle_timeout(*now);
+            r.clock = r.clock.max(*now);
+            if let Some(t) = m.poll_timeout()
+                && t <= r.clock
+                && t != Instant::MAX
+            {
+                return Err(format!(
+                    "step {step}: maintenance still due at {t:?} after handle_timeout({now:?})"
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(flushed)
+}
+
 fn pick_credit(c: &mut Cursor<'_>, r: &Reference, tag: u32) -> CreditId {
     match c.below(8) {
         0 => CreditId::forge(tag, c.u32() % 8, u64::from(c.u8())),
@@ -417,7 +479,7 @@ fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Result<(), Diver
     let mut ends: Vec<(u32, End)> = Vec::new();
     while let Some(a) = m.poll_action() {
         match a {
-            BatchAction::Send { shard, credit } => sends.push((shard, credit)),
+            BatchAction::Send { shard, credit } => sends.push((shard.id(), credit)),
             BatchAction::Deliver { handle, position } => {
                 ends.push((handle, End::Delivered(position)))
             }
@@ -506,16 +568,17 @@ fn compare(m: &Machine, r: &Reference, flushed: bool) -> Result<(), Divergence> 
     let w = m.window();
     let mut active = 0usize;
     for shard in 0..SHARDS {
+        let key = Key::new(shard);
         let in_flight = r.in_flight.iter().filter(|(_, s, _)| *s == shard).count();
         let queued = r.queued.iter().filter(|(s, _)| *s == shard).count();
         let open = r.open.iter().find(|(s, _, _)| *s == shard);
         let parked = open.is_some_and(|o| o.2);
         let open_ops = open.map_or(0, |o| o.1.ops.len());
         let got = (
-            w.in_flight(&shard) as usize,
-            w.queued(&shard),
-            w.is_parked(&shard),
-            m.open_ops(&shard),
+            w.in_flight(&key) as usize,
+            w.queued(&key),
+            w.is_parked(&key),
+            m.open_ops(&key),
         );
         if got != (in_flight, queued, parked, open_ops) {
             return Err(format!(
@@ -523,8 +586,8 @@ fn compare(m: &Machine, r: &Reference, flushed: bool) -> Result<(), Divergence> 
                 (in_flight, queued, parked, open_ops)
             ));
         }
-        if u64::from(w.in_flight(&shard)) > r.cap
-            || w.in_flight(&shard).saturating_add(w.available(&shard)) != w.capacity()
+        if u64::from(w.in_flight(&key)) > r.cap
+            || w.in_flight(&key).saturating_add(w.available(&key)) != w.capacity()
         {
             return Err(format!("shard {shard}: credits not conserved"));
         }

@@ -12,11 +12,17 @@
 //! every `Close` action, `poll_timeout` and the per-endpoint backoff agree with the
 //! reference. At the end every uid is disconnected and time jumps to the end: every
 //! connection ever opened must have been closed exactly once and the table must be empty.
+//!
+//! The table's uids and hosts are [`user::Key`]s. Operations 33, 34 and 35 each arm one `Hash`,
+//! `Eq` or `Clone` call (in that order) to panic and run another operation under `catch_unwind`
+//! (see [`super::user`]): if the armed call fired, the table must be exactly as before and the
+//! reference is rolled back.
 
 use alloc::format;
 use alloc::vec::Vec;
 use core::time::Duration;
 
+use super::user::{self, Arm};
 use super::{Cursor, Divergence};
 // The fixed FNV-1a hasher the tests and checkers share (no `std` needed).
 use crate::backoff::{Backoff, BackoffConfig};
@@ -28,7 +34,31 @@ use crate::test_hasher::TestHasher as Fnv;
 use crate::time::Instant;
 
 type Key = ConnKey<u8, u8>;
-type Table = ConnTable<u8, u8, Fnv>;
+/// The table's endpoint: uid and host are user keys.
+type UserKey = ConnKey<user::Key, user::Key>;
+type Table = ConnTable<user::Key, user::Key, Fnv>;
+
+/// Operations before the panicking-callback ones (33 `Hash`, 34 `Eq`, 35 `Clone`).
+const OPS: u8 = 33;
+
+/// The table's form of a reference endpoint.
+fn to_table(k: &Key) -> UserKey {
+    ConnKey::new(user::Key::new(k.uid), user::Key::new(k.host), k.port)
+}
+
+/// The reference's form of a table endpoint (reads ids: runs no key callback).
+fn to_ref(k: &UserKey) -> Key {
+    ConnKey::new(k.uid.id(), k.host.id(), k.port)
+}
+
+fn route_to_ref(r: &Route<user::Key, user::Key>) -> Route<u8, u8> {
+    match r {
+        Route::Use(id) => Route::Use(*id),
+        Route::Open(id, k) => Route::Open(*id, to_ref(k)),
+        Route::Wait { until } => Route::Wait { until: *until },
+        Route::Exhausted => Route::Exhausted,
+    }
+}
 
 const UIDS: u8 = 3;
 const HOSTS: u8 = 3;
@@ -40,7 +70,7 @@ enum Stage {
     Connected,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct RefConn {
     id: ConnId,
     key: Key,
@@ -52,7 +82,7 @@ struct RefConn {
     closes: u32,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct RefBackoff {
     key: Key,
     backoff: Backoff,
@@ -61,7 +91,7 @@ struct RefBackoff {
     lost_at: Instant,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Reference {
     now: Instant,
     max_idle: Duration,
@@ -348,9 +378,9 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let seed = c.u64();
     let cfg = ConnConfig::default().with_max_idle(max_idle);
     let backoff_cfg = cfg.connect_backoff().clone();
-    let mut table: Table = ConnTable::new(cfg).map_err(|e| format!("valid config refused: {e}"))?;
-    let mut rng = SplitMix64::new(seed);
-    let mut r = Reference {
+    let table: Table = ConnTable::new(cfg).map_err(|e| format!("valid config refused: {e}"))?;
+    let rng = SplitMix64::new(seed);
+    let r = Reference {
         now: Instant::ZERO,
         max_idle,
         cfg: backoff_cfg,
@@ -358,170 +388,64 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         conns: Vec::new(),
         backoffs: Vec::new(),
     };
-    let mut ids: Vec<ConnId> = Vec::new();
-    let mut now = Instant::ZERO;
+    let mut st = State {
+        table,
+        rng,
+        r,
+        ids: Vec::new(),
+        now: Instant::ZERO,
+        // Each uid's address in the freshest metadata; a move op changes it.
+        current: [(0u8, PORTS[0]); UIDS as usize],
+    };
     let mut step = 0usize;
-    // Each uid's address in the freshest metadata; a move op changes it.
-    let mut current = [(0u8, PORTS[0]); UIDS as usize];
 
     while !c.is_empty() {
         step += 1;
-        let Some(op) = c.select(33) else {
+        let Some(op) = c.select(OPS + Arm::OPS) else {
             continue;
         };
-        let mut expect_closed: Vec<ConnId> = Vec::new();
-        let what = match op {
-            0..=3 => {
-                now = step_time(&mut c, now);
-                format!("time -> {now:?}")
-            }
-            4..=13 => {
-                let key = decode_key(&mut c, &current);
-                let got = table.handle_request(now, &key);
-                let want = r.handle_request(now, &key);
-                match (&got, want) {
-                    (Route::Open(id, k), None) => {
-                        if *k != key {
-                            return Err(format!("step {step}: Open named {k:?} for {key:?}"));
-                        }
-                        if ids.contains(id) {
-                            return Err(format!("step {step}: Open reused id {id:?}"));
-                        }
-                        r.opened(*id, key);
-                        ids.push(*id);
-                    }
-                    (g, Some(w)) if *g == w => {}
-                    (g, w) => {
-                        return Err(format!(
-                            "step {step}: route({key:?}) at {now:?}: table {g:?}, reference {w:?}"
-                        ));
-                    }
+        let done = if op >= OPS {
+            // A panicking key callback during another operation.
+            let Some(arm) = Arm::decode(&mut c, op - OPS, UIDS.max(HOSTS)) else {
+                continue;
+            };
+            let Some(inner) = c.select(OPS) else {
+                continue;
+            };
+            let before = user::snapshot(&st.table);
+            let saved = (st.r.clone(), st.rng.clone(), st.ids.clone());
+            match user::run(arm, || apply(inner, &mut c, &mut st, step)) {
+                Ok(done) => done?,
+                Err(user::Panicked) => {
+                    user::unchanged(&before, &st.table, arm)
+                        .map_err(|e| format!("step {step}: {e}"))?;
+                    (st.r, st.rng, st.ids) = saved;
+                    Some((format!("{inner} with {arm:?} (panicked)"), Vec::new()))
                 }
-                format!("route {key:?} -> {got:?}")
             }
-            14..=16 => {
-                let id = pick_id(&mut c, &ids, &r);
-                let (g, w) = (table.handle_connected(now, id), r.connected(now, id));
-                if g != w {
-                    return Err(format!("step {step}: connected({id:?}): {g} vs {w}"));
-                }
-                format!("connected {id:?}")
-            }
-            17 | 18 => {
-                let id = pick_id(&mut c, &ids, &r);
-                let g = table.handle_connect_failed(now, id, &mut rng);
-                let w = r.connect_failed(now, id);
-                if g != w {
-                    return Err(format!(
-                        "step {step}: connect_failed({id:?}): {g:?} vs {w:?}"
-                    ));
-                }
-                format!("connect failed {id:?} -> {g:?}")
-            }
-            19..=22 => {
-                let id = pick_id(&mut c, &ids, &r);
-                let (g, w) = (table.handle_send(now, id), r.send(now, id));
-                if g != w {
-                    return Err(format!("step {step}: send({id:?}): {g:?} vs {w:?}"));
-                }
-                format!("send {id:?}")
-            }
-            23..=26 => {
-                let id = pick_id(&mut c, &ids, &r);
-                let (g, w) = (table.handle_finished(now, id), r.finish(now, id));
-                if g != w {
-                    return Err(format!("step {step}: finished({id:?}): {g:?} vs {w:?}"));
-                }
-                format!("finished {id:?}")
-            }
-            27 => {
-                let id = pick_id(&mut c, &ids, &r);
-                let (g, w) = (table.handle_closed(now, id), r.closed(now, id));
-                if g != w {
-                    return Err(format!("step {step}: closed({id:?}): {g} vs {w}"));
-                }
-                format!("closed {id:?}")
-            }
-            32 => {
-                // A live connection's id under another table's tag: unknown here. Every
-                // handler must refuse it (the reference, which keys by the whole id, agrees),
-                // so another table's id never closes or counts a connection of this one.
-                let live: Vec<ConnId> = r.conns.iter().filter(|c| c.open).map(|c| c.id).collect();
-                let Some(id) = live.get(usize::from(c.u8()) % live.len().max(1)).copied() else {
-                    continue;
-                };
-                let foreign = ConnId::from_bits(id.to_bits() ^ (1 << 96));
-                // The reference sees the same calls (they may move its clock, as the table's).
-                let got = (
-                    table.handle_closed(now, foreign),
-                    table.handle_connected(now, foreign),
-                    table.handle_send(now, foreign),
-                    table.handle_finished(now, foreign),
-                );
-                let want = (
-                    r.closed(now, foreign),
-                    r.connected(now, foreign),
-                    r.send(now, foreign),
-                    r.finish(now, foreign),
-                );
-                if got != want || got.0 || got.1 || got.2.is_ok() || got.3.is_ok() {
-                    return Err(format!(
-                        "step {step}: another table's id {foreign:?}: {got:?} vs {want:?}"
-                    ));
-                }
-                if table.state(foreign).is_some() || table.state(id).is_none() {
-                    return Err(format!(
-                        "step {step}: another table's id {foreign:?} was taken for {id:?}"
-                    ));
-                }
-                format!("foreign {foreign:?}")
-            }
-            28 => {
-                let uid = c.below(UIDS + 1); // uid 3 is never routed
-                let n = table.disconnect(now, &uid);
-                expect_closed = r.disconnect(now, uid);
-                if n != expect_closed.len() {
-                    return Err(format!(
-                        "step {step}: disconnect({uid}) closed {n}, reference {}",
-                        expect_closed.len()
-                    ));
-                }
-                format!("disconnect {uid}")
-            }
-            29 => {
-                if let Some(at) = table.poll_timeout() {
-                    now = at;
-                }
-                table.handle_timeout(now);
-                expect_closed = r.timeout(now);
-                format!("timeout at poll_timeout {now:?}")
-            }
-            30 => {
-                table.handle_timeout(now);
-                expect_closed = r.timeout(now);
-                format!("timeout {now:?}")
-            }
-            _ => {
-                // A failover: the uid is announced at another address from now on.
-                let uid = c.below(UIDS);
-                let b = c.u8();
-                let addr = (
-                    b % HOSTS,
-                    PORTS.get(usize::from(b >> 7)).copied().unwrap_or(0),
-                );
-                if let Some(slot) = current.get_mut(usize::from(uid)) {
-                    *slot = addr;
-                }
-                format!("uid {uid} moves to {addr:?}")
-            }
+        } else {
+            apply(op, &mut c, &mut st, step)?
         };
-        compare(&mut table, &r, &ids, expect_closed, step, &what)?;
+        let Some((what, expect_closed)) = done else {
+            continue;
+        };
+        st.table
+            .check_invariants()
+            .map_err(|e| format!("step {step} ({what}): {e}"))?;
+        compare(&mut st.table, &st.r, &st.ids, expect_closed, step, &what)?;
     }
+    let State {
+        mut table,
+        mut r,
+        ids,
+        now,
+        ..
+    } = st;
 
     // Close everything: every connection ever opened must end closed exactly once.
     let mut expect_closed = Vec::new();
     for uid in 0..UIDS {
-        table.disconnect(now, &uid);
+        table.disconnect(now, &user::Key::new(uid));
         expect_closed.extend(r.disconnect(now, uid));
     }
     expect_closed.sort();
@@ -557,6 +481,181 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     Ok(())
 }
 
+/// What one run carries from operation to operation.
+struct State {
+    table: Table,
+    rng: SplitMix64,
+    r: Reference,
+    ids: Vec<ConnId>,
+    now: Instant,
+    current: [(u8, u16); UIDS as usize],
+}
+
+/// Runs operation `op` on the table and the reference: what it was and the closes it must
+/// have asked for, or `None` when it was skipped.
+fn apply(
+    op: u8,
+    c: &mut Cursor<'_>,
+    st: &mut State,
+    step: usize,
+) -> Result<Option<(alloc::string::String, Vec<ConnId>)>, Divergence> {
+    let State {
+        table,
+        rng,
+        r,
+        ids,
+        now,
+        current,
+    } = st;
+    let mut expect_closed: Vec<ConnId> = Vec::new();
+    let what = match op {
+        0..=3 => {
+            *now = step_time(c, *now);
+            format!("time -> {now:?}")
+        }
+        4..=13 => {
+            let key = decode_key(c, current);
+            let got = table.handle_request(*now, &to_table(&key));
+            let want = r.handle_request(*now, &key);
+            match (&got, want) {
+                (Route::Open(id, k), None) => {
+                    if to_ref(k) != key {
+                        return Err(format!("step {step}: Open named {k:?} for {key:?}"));
+                    }
+                    if ids.contains(id) {
+                        return Err(format!("step {step}: Open reused id {id:?}"));
+                    }
+                    r.opened(*id, key);
+                    ids.push(*id);
+                }
+                (g, Some(w)) if route_to_ref(g) == w => {}
+                (g, w) => {
+                    return Err(format!(
+                        "step {step}: route({key:?}) at {now:?}: table {g:?}, reference {w:?}"
+                    ));
+                }
+            }
+            format!("route {key:?} -> {got:?}")
+        }
+        14..=16 => {
+            let id = pick_id(c, ids, r);
+            let (g, w) = (table.handle_connected(*now, id), r.connected(*now, id));
+            if g != w {
+                return Err(format!("step {step}: connected({id:?}): {g} vs {w}"));
+            }
+            format!("connected {id:?}")
+        }
+        17 | 18 => {
+            let id = pick_id(c, ids, r);
+            let g = table.handle_connect_failed(*now, id, rng);
+            let w = r.connect_failed(*now, id);
+            if g != w {
+                return Err(format!(
+                    "step {step}: connect_failed({id:?}): {g:?} vs {w:?}"
+                ));
+            }
+            format!("connect failed {id:?} -> {g:?}")
+        }
+        19..=22 => {
+            let id = pick_id(c, ids, r);
+            let (g, w) = (table.handle_send(*now, id), r.send(*now, id));
+            if g != w {
+                return Err(format!("step {step}: send({id:?}): {g:?} vs {w:?}"));
+            }
+            format!("send {id:?}")
+        }
+        23..=26 => {
+            let id = pick_id(c, ids, r);
+            let (g, w) = (table.handle_finished(*now, id), r.finish(*now, id));
+            if g != w {
+                return Err(format!("step {step}: finished({id:?}): {g:?} vs {w:?}"));
+            }
+            format!("finished {id:?}")
+        }
+        27 => {
+            let id = pick_id(c, ids, r);
+            let (g, w) = (table.handle_closed(*now, id), r.closed(*now, id));
+            if g != w {
+                return Err(format!("step {step}: closed({id:?}): {g} vs {w}"));
+            }
+            format!("closed {id:?}")
+        }
+        32 => {
+            // A live connection's id under another table's tag: unknown here. Every
+            // handler must refuse it (the reference, which keys by the whole id, agrees),
+            // so another table's id never closes or counts a connection of this one.
+            let live: Vec<ConnId> = r.conns.iter().filter(|c| c.open).map(|c| c.id).collect();
+            let Some(id) = live.get(usize::from(c.u8()) % live.len().max(1)).copied() else {
+                return Ok(None);
+            };
+            let foreign = ConnId::from_bits(id.to_bits() ^ (1 << 96));
+            // The reference sees the same calls (they may move its clock, as the table's).
+            let got = (
+                table.handle_closed(*now, foreign),
+                table.handle_connected(*now, foreign),
+                table.handle_send(*now, foreign),
+                table.handle_finished(*now, foreign),
+            );
+            let want = (
+                r.closed(*now, foreign),
+                r.connected(*now, foreign),
+                r.send(*now, foreign),
+                r.finish(*now, foreign),
+            );
+            if got != want || got.0 || got.1 || got.2.is_ok() || got.3.is_ok() {
+                return Err(format!(
+                    "step {step}: another table's id {foreign:?}: {got:?} vs {want:?}"
+                ));
+            }
+            if table.state(foreign).is_some() || table.state(id).is_none() {
+                return Err(format!(
+                    "step {step}: another table's id {foreign:?} was taken for {id:?}"
+                ));
+            }
+            format!("foreign {foreign:?}")
+        }
+        28 => {
+            let uid = c.below(UIDS + 1); // uid 3 is never routed
+            let n = table.disconnect(*now, &user::Key::new(uid));
+            expect_closed = r.disconnect(*now, uid);
+            if n != expect_closed.len() {
+                return Err(format!(
+                    "step {step}: disconnect({uid}) closed {n}, reference {}",
+                    expect_closed.len()
+                ));
+            }
+            format!("disconnect {uid}")
+        }
+        29 => {
+            if let Some(at) = table.poll_timeout() {
+                *now = at;
+            }
+            table.handle_timeout(*now);
+            expect_closed = r.timeout(*now);
+            format!("timeout at poll_timeout {now:?}")
+        }
+        30 => {
+            table.handle_timeout(*now);
+            expect_closed = r.timeout(*now);
+            format!("timeout {now:?}")
+        }
+        _ => {
+            // A failover: the uid is announced at another address from now on.
+            let uid = c.below(UIDS);
+            let b = c.u8();
+            let addr = (
+                b % HOSTS,
+                PORTS.get(usize::from(b >> 7)).copied().unwrap_or(0),
+            );
+            if let Some(slot) = current.get_mut(usize::from(uid)) {
+                *slot = addr;
+            }
+            format!("uid {uid} moves to {addr:?}")
+        }
+    };
+    Ok(Some((what, expect_closed)))
+}
+
 fn compare(
     table: &mut Table,
     r: &Reference,
@@ -588,13 +687,15 @@ fn compare(
     // Never two live connections for one endpoint, seen from the table's side.
     let mut live_keys: Vec<Key> = Vec::new();
     for id in ids {
-        let Some(k) = table.key(*id) else { continue };
-        if live_keys.contains(k) {
+        let Some(k) = table.key(*id).map(to_ref) else {
+            continue;
+        };
+        if live_keys.contains(&k) {
             return Err(format!(
                 "step {step} ({what}): two live connections for {k:?}"
             ));
         }
-        live_keys.push(*k);
+        live_keys.push(k);
     }
     for c in &r.conns {
         let want = c.open.then_some(match c.stage {
@@ -609,37 +710,38 @@ fn compare(
                 c.id
             ));
         }
-        if c.open && table.key(c.id) != Some(&c.key) {
+        if c.open && table.key(c.id).map(to_ref) != Some(c.key) {
             return Err(format!("step {step} ({what}): {:?} lost its key", c.id));
         }
     }
     let mut tracked = 0;
     for key in all_keys() {
+        let tk = to_table(&key);
         let live = r.live(&key).map(|c| c.id);
         let backoff = r.backoff(&key);
         if live.is_some() || backoff.is_some() {
             tracked += 1;
         }
-        if table.connection(&key) != live {
+        if table.connection(&tk) != live {
             return Err(format!(
                 "step {step} ({what}): connection({key:?}) = {:?}, reference {live:?}",
-                table.connection(&key)
+                table.connection(&tk)
             ));
         }
         let attempts = backoff.map_or(0, |b| b.backoff.attempt());
-        if table.connect_failures(&key) != attempts {
+        if table.connect_failures(&tk) != attempts {
             return Err(format!(
                 "step {step} ({what}): connect_failures({key:?}) = {}, reference {attempts}",
-                table.connect_failures(&key)
+                table.connect_failures(&tk)
             ));
         }
         let gate = backoff
             .filter(|b| live.is_none() && r.now < b.until)
             .map(|b| b.until);
-        if table.backoff_until(r.now, &key) != gate {
+        if table.backoff_until(r.now, &tk) != gate {
             return Err(format!(
                 "step {step} ({what}): backoff_until({key:?}) = {:?}, reference {gate:?}",
-                table.backoff_until(r.now, &key)
+                table.backoff_until(r.now, &tk)
             ));
         }
     }

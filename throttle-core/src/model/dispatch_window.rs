@@ -12,10 +12,16 @@
 //! has run with nothing live (`tracked_shards() == 0`). Maintenance (`handle_timeout`) is interleaved at
 //! random times and must change none of this; its deadline is never in the past, and it goes
 //! quiet after two runs with nothing live.
+//!
+//! Shards are [`Key`]s. Operations 20, 21 and 22 each arm one `Hash`, `Eq` or `Clone` call (in
+//! that order) to panic and run another operation under `catch_unwind` (see [`super::user`]):
+//! if the armed call fired, the window must be exactly as before and the reference is rolled
+//! back.
 
 use alloc::format;
 use alloc::vec::Vec;
 
+use super::user::{self, Arm, Key};
 use super::{Cursor, Divergence};
 use crate::dispatch_window::{
     CreditId, DispatchWindow, SubmitError, Submitted, Ticket, WindowConfig,
@@ -26,7 +32,10 @@ use crate::time::Instant;
 
 const SHARDS: u8 = 4;
 
-type Window = DispatchWindow<u8, u32, TestHasher>;
+type Window = DispatchWindow<Key, u32, TestHasher>;
+
+/// Operations before the panicking-callback ones (20 `Hash`, 21 `Eq`, 22 `Clone`).
+const OPS: u8 = 20;
 
 /// Where a batch ended up (each batch must reach exactly one final place).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +48,7 @@ enum Fate {
     Refused,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Reference {
     cap: u32,
     closed: bool,
@@ -120,7 +129,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     // Without the production floor of 16, the few shards of a short run reach the shrinking
     // paths of maintenance.
     w.set_shrink_floor(0);
-    let mut r = Reference {
+    let r = Reference {
         cap,
         closed: false,
         ids_left: u64::MAX - 1,
@@ -130,143 +139,42 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         tickets: Vec::new(),
         fates: Vec::new(),
     };
-    let mut next_batch: u32 = 0;
-    let mut now = Instant::ZERO;
+    let mut st = State {
+        w,
+        r,
+        next_batch: 0,
+        now: Instant::ZERO,
+    };
     let mut step = 0usize;
     while !c.is_empty() {
         step += 1;
-        let Some(op) = c.select(20) else {
+        let Some(op) = c.select(OPS + Arm::OPS) else {
             continue;
         };
-        let shard = c.below(SHARDS);
-        match op {
-            0..=5 => {
-                let park = c.bool();
-                let batch = next_batch;
-                next_batch = next_batch.wrapping_add(1);
-                r.fates.push((batch, Fate::Held));
-                submit(&mut w, &mut r, shard, batch, park)
-                    .map_err(|e| format!("step {step}: {e}"))?;
-            }
-            6 => {
-                let got = w.reclaim(&shard);
-                let want = r.parked_of(shard);
-                if got != want {
-                    return Err(format!(
-                        "step {step}: reclaim({shard}) = {got:?}, want {want:?}"
-                    ));
-                }
-                if let Some(b) = want {
-                    r.parked.retain(|(s, _)| *s != shard);
-                    r.set_fate(b, Fate::Reclaimed)?;
-                }
-            }
-            7..=10 => {
-                // A live credit, chosen by index among live ones.
-                let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
-                if let Some(credit) = live.get(usize::from(c.u8()) % live.len().max(1)) {
-                    complete(&mut w, &mut r, *credit).map_err(|e| format!("step {step}: {e}"))?;
-                }
-            }
-            11 => {
-                // A credit issued earlier, live or not (duplicates after release).
-                let n = r.credits.len();
-                if let Some((credit, _, _)) =
-                    r.credits.get(usize::from(c.u16()) % n.max(1)).copied()
-                {
-                    complete(&mut w, &mut r, credit).map_err(|e| format!("step {step}: {e}"))?;
-                }
-            }
-            12 => {
-                let slot = match c.below(3) {
-                    0 => u32::MAX,
-                    1 => u32::from(c.u8() % 8),
-                    _ => c.u32(),
-                };
-                let generation = match c.below(4) {
-                    0 => 0,
-                    1 => u64::MAX,
-                    2 => u64::from(c.u8()),
-                    _ => c.u64(),
-                };
-                let credit = CreditId::forge(w.instance_tag(), slot, generation);
-                complete(&mut w, &mut r, credit).map_err(|e| format!("step {step}: bogus {e}"))?;
-            }
-            // Closing is rare, so most runs stay open long enough to exhaust windows.
-            13 if c.below(4) == 0 => {
-                close(&mut w, &mut r).map_err(|e| format!("step {step}: {e}"))?;
-            }
-            14 => {
-                // Jump close to the end of the id space.
-                let left = u64::from(c.below(4));
-                w.skip_generations_to(u64::MAX - left);
-                r.ids_left = r.ids_left.min(left);
-            }
-            15 => {
-                now = c.time_step(now);
-                let due = w.poll_timeout().is_some_and(|t| t <= now);
-                w.handle_timeout(now);
-                if due && w.tracked_shards() != w.shard_count() {
-                    return Err(format!(
-                        "step {step}: maintenance ran at {now:?} and left {} idle entries",
-                        w.tracked_shards() - w.shard_count()
-                    ));
-                }
-                maintenance_is_not_overdue(&w, now).map_err(|e| format!("step {step}: {e}"))?;
-            }
-            16 => {
-                // A full batch through `enqueue`, keeping the ticket of a queued one.
-                let batch = next_batch;
-                next_batch = next_batch.wrapping_add(1);
-                r.fates.push((batch, Fate::Held));
-                enqueue(&mut w, &mut r, shard, batch).map_err(|e| format!("step {step}: {e}"))?;
-            }
-            17 => {
-                // Cancel a ticket issued earlier: still queued, or dispatched, withdrawn or
-                // failed since (then refused, changing nothing).
-                let n = r.tickets.len();
-                if let Some((ticket, batch)) =
-                    r.tickets.get(usize::from(c.u16()) % n.max(1)).copied()
-                {
-                    cancel(&mut w, &mut r, ticket, batch)
+        if op >= OPS {
+            // A panicking key callback during another operation.
+            let Some(arm) = Arm::decode(&mut c, op - OPS, SHARDS) else {
+                continue;
+            };
+            let Some(inner) = c.select(OPS) else {
+                continue;
+            };
+            let before = user::snapshot(&st.w);
+            let saved = (st.r.clone(), st.next_batch);
+            match user::run(arm, || apply(inner, &mut c, &mut st, step)) {
+                Ok(done) => done?,
+                Err(user::Panicked) => {
+                    user::unchanged(&before, &st.w, arm)
                         .map_err(|e| format!("step {step}: {e}"))?;
+                    (st.r, st.next_batch) = saved;
                 }
             }
-            18 => {
-                // A live credit under another window's tag: unknown here, changes nothing.
-                let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
-                if let Some(credit) = live.get(usize::from(c.u8()) % live.len().max(1)) {
-                    let foreign = CreditId::forge(
-                        credit.tag().wrapping_add(1),
-                        u32::try_from(credit.slot()).unwrap_or(u32::MAX),
-                        credit.generation(),
-                    );
-                    let got = w.complete(foreign);
-                    if got != Err(ReleaseError::Unknown) {
-                        return Err(format!(
-                            "step {step}: another window's credit {foreign:?} = {got:?}"
-                        ));
-                    }
-                }
-            }
-            19 => {
-                // A ticket under another window's tag: unknown here, changes nothing.
-                let n = r.tickets.len();
-                if let Some((ticket, _)) = r.tickets.get(usize::from(c.u16()) % n.max(1)) {
-                    let foreign =
-                        Ticket::forged(ticket.tag().wrapping_add(1), ticket.id(), ticket.slot());
-                    let got = w.cancel(foreign);
-                    if got != Err(ReleaseError::Unknown) || w.is_queued(foreign) {
-                        return Err(format!(
-                            "step {step}: another window's ticket {foreign:?} = {got:?}"
-                        ));
-                    }
-                }
-            }
-            _ => {}
+        } else {
+            apply(op, &mut c, &mut st, step)?;
         }
-        compare(&w, &r).map_err(|e| format!("step {step}: {e}"))?;
+        compare(&st.w, &st.r).map_err(|e| format!("step {step}: {e}"))?;
     }
+    let State { mut w, mut r, .. } = st;
     // Close, then complete every live credit: everything must end and nothing may remain.
     close(&mut w, &mut r)?;
     let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
@@ -294,6 +202,146 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     Ok(())
 }
 
+/// What one run carries from operation to operation.
+struct State {
+    w: Window,
+    r: Reference,
+    next_batch: u32,
+    now: Instant,
+}
+
+/// Runs operation `op` on the window and the reference.
+fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<(), Divergence> {
+    let State {
+        w,
+        r,
+        next_batch,
+        now,
+    } = st;
+    let shard = c.below(SHARDS);
+    match op {
+        0..=5 => {
+            let park = c.bool();
+            let batch = *next_batch;
+            *next_batch = next_batch.wrapping_add(1);
+            r.fates.push((batch, Fate::Held));
+            submit(w, r, shard, batch, park).map_err(|e| format!("step {step}: {e}"))?;
+        }
+        6 => {
+            let got = w.reclaim(&Key::new(shard));
+            let want = r.parked_of(shard);
+            if got != want {
+                return Err(format!(
+                    "step {step}: reclaim({shard}) = {got:?}, want {want:?}"
+                ));
+            }
+            if let Some(b) = want {
+                r.parked.retain(|(s, _)| *s != shard);
+                r.set_fate(b, Fate::Reclaimed)?;
+            }
+        }
+        7..=10 => {
+            // A live credit, chosen by index among live ones.
+            let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
+            if let Some(credit) = live.get(usize::from(c.u8()) % live.len().max(1)) {
+                complete(w, r, *credit).map_err(|e| format!("step {step}: {e}"))?;
+            }
+        }
+        11 => {
+            // A credit issued earlier, live or not (duplicates after release).
+            let n = r.credits.len();
+            if let Some((credit, _, _)) = r.credits.get(usize::from(c.u16()) % n.max(1)).copied() {
+                complete(w, r, credit).map_err(|e| format!("step {step}: {e}"))?;
+            }
+        }
+        12 => {
+            let slot = match c.below(3) {
+                0 => u32::MAX,
+                1 => u32::from(c.u8() % 8),
+                _ => c.u32(),
+            };
+            let generation = match c.below(4) {
+                0 => 0,
+                1 => u64::MAX,
+                2 => u64::from(c.u8()),
+                _ => c.u64(),
+            };
+            let credit = CreditId::forge(w.instance_tag(), slot, generation);
+            complete(w, r, credit).map_err(|e| format!("step {step}: bogus {e}"))?;
+        }
+        // Closing is rare, so most runs stay open long enough to exhaust windows.
+        13 if c.below(4) == 0 => {
+            close(w, r).map_err(|e| format!("step {step}: {e}"))?;
+        }
+        14 => {
+            // Jump close to the end of the id space.
+            let left = u64::from(c.below(4));
+            w.skip_generations_to(u64::MAX - left);
+            r.ids_left = r.ids_left.min(left);
+        }
+        15 => {
+            *now = c.time_step(*now);
+            let due = w.poll_timeout().is_some_and(|t| t <= *now);
+            w.handle_timeout(*now);
+            if due && w.tracked_shards() != w.shard_count() {
+                return Err(format!(
+                    "step {step}: maintenance ran at {now:?} and left {} idle entries",
+                    w.tracked_shards() - w.shard_count()
+                ));
+            }
+            maintenance_is_not_overdue(w, *now).map_err(|e| format!("step {step}: {e}"))?;
+        }
+        16 => {
+            // A full batch through `enqueue`, keeping the ticket of a queued one.
+            let batch = *next_batch;
+            *next_batch = next_batch.wrapping_add(1);
+            r.fates.push((batch, Fate::Held));
+            enqueue(w, r, shard, batch).map_err(|e| format!("step {step}: {e}"))?;
+        }
+        17 => {
+            // Cancel a ticket issued earlier: still queued, or dispatched, withdrawn or
+            // failed since (then refused, changing nothing).
+            let n = r.tickets.len();
+            if let Some((ticket, batch)) = r.tickets.get(usize::from(c.u16()) % n.max(1)).copied() {
+                cancel(w, r, ticket, batch).map_err(|e| format!("step {step}: {e}"))?;
+            }
+        }
+        18 => {
+            // A live credit under another window's tag: unknown here, changes nothing.
+            let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
+            if let Some(credit) = live.get(usize::from(c.u8()) % live.len().max(1)) {
+                let foreign = CreditId::forge(
+                    credit.tag().wrapping_add(1),
+                    u32::try_from(credit.slot()).unwrap_or(u32::MAX),
+                    credit.generation(),
+                );
+                let got = w.complete(foreign);
+                if got != Err(ReleaseError::Unknown) {
+                    return Err(format!(
+                        "step {step}: another window's credit {foreign:?} = {got:?}"
+                    ));
+                }
+            }
+        }
+        19 => {
+            // A ticket under another window's tag: unknown here, changes nothing.
+            let n = r.tickets.len();
+            if let Some((ticket, _)) = r.tickets.get(usize::from(c.u16()) % n.max(1)) {
+                let foreign =
+                    Ticket::forged(ticket.tag().wrapping_add(1), ticket.id(), ticket.slot());
+                let got = w.cancel(foreign);
+                if got != Err(ReleaseError::Unknown) || w.is_queued(foreign) {
+                    return Err(format!(
+                        "step {step}: another window's ticket {foreign:?} = {got:?}"
+                    ));
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 fn submit(
     w: &mut Window,
     r: &mut Reference,
@@ -302,9 +350,9 @@ fn submit(
     park: bool,
 ) -> Result<(), Divergence> {
     let got = if park {
-        w.submit_or_park(shard, batch)
+        w.submit_or_park(Key::new(shard), batch)
     } else {
-        w.submit(shard, batch)
+        w.submit(Key::new(shard), batch)
     };
     let what = if park { "submit_or_park" } else { "submit" };
     expect_submit(r, shard, batch, park, what, got)
@@ -317,7 +365,7 @@ fn expect_submit(
     batch: u32,
     park: bool,
     what: &str,
-    got: Result<Option<crate::dispatch_window::Dispatch<u8, u32>>, SubmitError<u32>>,
+    got: Result<Option<crate::dispatch_window::Dispatch<Key, u32>>, SubmitError<u32>>,
 ) -> Result<(), Divergence> {
     if r.closed {
         r.set_fate(batch, Fate::Refused)?;
@@ -349,7 +397,7 @@ fn expect_submit(
             };
         }
         return match got {
-            Ok(Some(d)) if d.shard == shard && d.batch == batch => {
+            Ok(Some(d)) if d.shard.id() == shard && d.batch == batch => {
                 r.issued(d.credit, shard)?;
                 r.set_fate(batch, Fate::Dispatched)
             }
@@ -373,7 +421,7 @@ fn expect_submit(
 
 /// `enqueue`: as a full `submit`, and a queued batch's ticket is recorded.
 fn enqueue(w: &mut Window, r: &mut Reference, shard: u8, batch: u32) -> Result<(), Divergence> {
-    let (got, ticket) = match w.enqueue(shard, batch) {
+    let (got, ticket) = match w.enqueue(Key::new(shard), batch) {
         Ok(Submitted::Sent(d)) => (Ok(Some(d)), None),
         Ok(Submitted::Queued(t)) => (Ok(None), Some(t)),
         Err(e) => (Err(e), None),
@@ -469,7 +517,7 @@ fn complete(w: &mut Window, r: &mut Reference, credit: CreditId) -> Result<(), D
             }
         }
         Some((batch, _)) => match got {
-            Ok(Some(d)) if d.shard == shard && d.batch == batch => {
+            Ok(Some(d)) if d.shard.id() == shard && d.batch == batch => {
                 r.issued(d.credit, shard)?;
                 r.set_fate(batch, Fate::Dispatched)
             }
@@ -481,7 +529,7 @@ fn complete(w: &mut Window, r: &mut Reference, credit: CreditId) -> Result<(), D
 }
 
 fn close(w: &mut Window, r: &mut Reference) -> Result<(), Divergence> {
-    let got = w.close();
+    let got: Vec<(u8, u32)> = w.close().iter().map(|(k, b)| (k.id(), *b)).collect();
     r.closed = true;
     let mut want: Vec<(u8, u32)> = core::mem::take(&mut r.queued);
     want.append(&mut r.parked);
@@ -526,27 +574,24 @@ fn maintenance_is_not_overdue(w: &Window, now: Instant) -> Result<(), Divergence
 fn compare(w: &Window, r: &Reference) -> Result<(), Divergence> {
     let mut active = 0usize;
     for shard in 0..SHARDS {
+        let key = Key::new(shard);
         let in_flight = r.in_flight(shard);
         let queued = r.queued.iter().filter(|(s, _)| *s == shard).count();
         let parked = r.parked_of(shard);
-        let got = (
-            w.in_flight(&shard),
-            w.queued(&shard),
-            w.parked(&shard).copied(),
-        );
+        let got = (w.in_flight(&key), w.queued(&key), w.parked(&key).copied());
         if got != (in_flight, queued, parked) {
             return Err(format!(
                 "shard {shard}: (in_flight, queued, parked) = {got:?}, want {:?}",
                 (in_flight, queued, parked)
             ));
         }
-        if w.in_flight(&shard).saturating_add(w.available(&shard)) != w.capacity()
-            || w.in_flight(&shard) > r.cap
+        if w.in_flight(&key).saturating_add(w.available(&key)) != w.capacity()
+            || w.in_flight(&key) > r.cap
         {
             return Err(format!(
                 "shard {shard}: in_flight {} + available {} != capacity {}",
-                w.in_flight(&shard),
-                w.available(&shard),
+                w.in_flight(&key),
+                w.available(&key),
                 w.capacity()
             ));
         }

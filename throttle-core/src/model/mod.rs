@@ -6,6 +6,9 @@
 //! it random bytes and cargo-fuzz feeds it coverage-guided bytes: one checker, two drivers.
 //!
 //! Each `check(bytes)` returns `Err(Divergence)` describing the first disagreement.
+//!
+//! The checkers of the machines that call user code (`Hash`, `Eq`, `Clone` of keys) drive
+//! them with [`user::Key`] and have a panicking-callback operation (see [`user`]).
 
 use alloc::string::String;
 use core::time::Duration;
@@ -19,6 +22,7 @@ pub mod conn_key;
 pub mod dispatch_window;
 pub mod failover;
 pub mod pending_bytes;
+pub mod user;
 pub mod write_gate;
 
 /// A disagreement between a machine and its reference model, described for a human.

@@ -11,11 +11,17 @@
 //! for every bucket, `poll_timeout`, `len`, the `Wake` emitted (exactly when the reference
 //! says that bucket's remaining time decreased, at its new opening instant), the gate's own
 //! internal invariants, and after `handle_timeout` that no gate survives its deadline.
+//!
+//! Buckets are [`Key`]s. Operations 16, 17 and 18 each arm one `Hash`, `Eq` or `Clone` call (in
+//! that order) to panic and run another operation under `catch_unwind` (see [`super::user`]):
+//! if the armed call fired, the gate must be exactly as before and the reference is rolled
+//! back.
 
 use alloc::format;
 use alloc::vec::Vec;
 use core::time::Duration;
 
+use super::user::{self, Arm, Key};
 use super::{Cursor, Divergence};
 // The fixed FNV-1a hasher the tests and checkers share (no `std` needed).
 use crate::backpressure::{Signal, ThrottleCurve};
@@ -48,7 +54,7 @@ struct Record {
 }
 
 /// The naive reference: records and lists, everything found by scanning.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Reference {
     rules: Vec<Rule>,
     last: u64,
@@ -444,6 +450,42 @@ fn configure(bits: u8) -> Result<(WriteGateConfig, Vec<Rule>, [Reason; 5], Reaso
     Ok((cfg, rules, handles, foreign))
 }
 
+type Gate = WriteGate<Key, Fnv>;
+
+/// Operations before the panicking-callback ones (16 `Hash`, 17 `Eq`, 18 `Clone`).
+const OPS: u8 = 16;
+
+/// What one run carries from operation to operation.
+struct State {
+    gate: Gate,
+    reference: Reference,
+    gate_rng: SplitMix64,
+    ref_rng: SplitMix64,
+    now: Instant,
+    handles: [Reason; 5],
+    foreign: Reason,
+    disk: crate::backoff::BackoffConfig,
+    retriable: crate::backoff::BackoffConfig,
+    curve: ThrottleCurve,
+}
+
+/// What one operation did, for the checks after it.
+struct Step {
+    what: alloc::string::String,
+    expected_wake: Option<u64>,
+    install_result: Option<(Duration, u64)>,
+}
+
+impl Step {
+    fn new(what: alloc::string::String) -> Self {
+        Step {
+            what,
+            expected_wake: None,
+            install_result: None,
+        }
+    }
+}
+
 /// Decode `data` into operations, drive the gate and the reference, and compare.
 pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut c = Cursor::new(data);
@@ -452,187 +494,261 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let disk = cfg.disk_write_locked().clone();
     let retriable = cfg.retriable_write().clone();
     let curve = *cfg.kv_curve();
-    let mut gate: WriteGate<u8, Fnv> = match WriteGate::new(cfg) {
+    let gate: Gate = match WriteGate::new(cfg) {
         Ok(gate) => gate,
         Err(e) => return Err(format!("config refused: {e}")),
     };
-    let mut gate_rng = SplitMix64::new(seed);
-    let mut ref_rng = SplitMix64::new(seed);
-    let mut reference = Reference {
-        rules,
-        ..Reference::default()
+    let mut st = State {
+        gate,
+        reference: Reference {
+            rules,
+            ..Reference::default()
+        },
+        gate_rng: SplitMix64::new(seed),
+        ref_rng: SplitMix64::new(seed),
+        now: Instant::from_millis(u64::from(c.u16())),
+        handles,
+        foreign,
+        disk,
+        retriable,
+        curve,
     };
-    let mut now = Instant::from_millis(u64::from(c.u16()));
     let mut step = 0usize;
     while !c.is_empty() {
         step += 1;
-        let Some(op) = c.select(16) else {
+        let Some(op) = c.select(OPS + Arm::OPS) else {
             continue;
         };
-        let b = c.below(BUCKETS);
-        let mut expected_wake: Option<u64> = None;
-        let mut install_result: Option<(Duration, u64)> = None;
-        let what;
-        match op {
-            0 | 1 => {
-                let attempts = c.small_or_extreme_u32();
-                what = format!("disk_write_locked(b{b}, attempts {attempts})");
-                let got = gate.handle_disk_write_locked(now, &b, attempts, &mut gate_rng);
-                let t = reference.observe(now);
-                let (want, wake) = if reference.shut {
-                    (0, None)
-                } else {
-                    let d = disk
-                        .delay_for(attempts, &mut ref_rng)
-                        .max(Duration::from_millis(1));
-                    reference.install(t, b, 0, d)
-                };
-                install_result = Some((got, want));
-                expected_wake = wake;
-            }
-            2 => {
-                let attempts = c.small_or_extreme_u32();
-                what = format!("retriable_write(b{b}, attempts {attempts})");
-                let got = gate.handle_retriable_write(now, &b, attempts, &mut gate_rng);
-                let t = reference.observe(now);
-                let (want, wake) = if reference.shut {
-                    (0, None)
-                } else {
-                    let d = retriable.delay_for(attempts, &mut ref_rng);
-                    reference.install(t, b, 2, d)
-                };
-                install_result = Some((got, want));
-                expected_wake = wake;
-            }
-            3 | 4 => {
-                let Some(s) = signal(&mut c) else {
-                    continue;
-                };
-                what = format!("kv_signal(b{b}, {s:?})");
-                let got = gate.handle_kv_signal(now, &b, s);
-                let t = reference.observe(now);
-                let (want, wake) = reference.install(t, b, 1, curve.delay(s));
-                install_result = Some((got, want));
-                expected_wake = wake;
-            }
-            5 | 6 => {
-                // Which reason is a variant: 0..=4 the registered ones, 5 one the gate never
-                // saw (forever 5: a reason added later takes the next free value).
-                let Some(r) = c.select(6).map(usize::from) else {
-                    continue;
-                };
-                let d = c.duration();
-                what = format!("throttle(b{b}, reason {r}, {d:?})");
-                if let Some(&reason) = handles.get(r).filter(|_| r != FOREIGN) {
-                    let got = gate.handle_throttle(now, &b, reason, d);
-                    let t = reference.observe(now);
-                    let (want, wake) = reference.install(t, b, r, d);
-                    let got = got.map_err(|e| format!("step {step}: {what}: {e}"))?;
-                    install_result = Some((got, want));
-                    expected_wake = wake;
-                } else {
-                    // Nothing changes, not even the clock.
-                    let got = gate.handle_throttle(now, &b, foreign, d);
-                    if got != Err(GateError::UnknownReason(foreign)) {
-                        return Err(format!("step {step}: {what}: got {got:?}, want the error"));
-                    }
-                }
-            }
-            7 => {
-                let known = c.bool();
-                what = format!("leader(b{b}, known {known})");
-                gate.handle_leader(now, &b, known);
-                let t = reference.observe(now);
-                expected_wake = reference.leader(t, b, known);
-            }
-            8 => {
-                what = format!("send(b{b})");
-                gate.handle_send(now, &b);
-                let t = reference.observe(now);
-                reference.send(t, b);
-            }
-            9 => {
-                what = format!("success(b{b})");
-                gate.handle_success(now, &b);
-                let t = reference.observe(now);
-                reference.success(t, b);
-            }
-            12 => {
-                what = format!("handle_timeout({now:?})");
-                gate.handle_timeout(now);
-                let t = reference.observe(now);
-                reference.timeout(t);
-                if let Some(p) = gate.poll_timeout()
-                    && p.as_nanos() <= t
-                {
-                    return Err(format!("step {step}: {what}: a gate at {p:?} survived"));
-                }
-            }
-            13 => {
-                // Was `begin_close`, a flag no decision read; kept as a step that changes
-                // nothing so the corpus keeps its meaning.
-                what = "is_closed".into();
-                if gate.is_closed() != reference.shut {
-                    return Err(format!(
-                        "step {step}: is_closed disagrees with the reference"
-                    ));
-                }
-            }
-            15 if c.u8() < 8 => {
-                what = "close".into();
-                gate.close();
-                expected_wake = reference.close();
-            }
-            // 10, 11, 14, and 15 when it does not close: a time step.
-            _ => {
-                now = c.time_step(now);
-                what = format!("time -> {now:?}");
-            }
-        }
-        let fail = |m: alloc::string::String| format!("step {step}: after {what}: {m}");
+        let done = if op >= OPS {
+            // A panicking key callback during another operation.
+            let Some(arm) = Arm::decode(&mut c, op - OPS, BUCKETS) else {
+                continue;
+            };
+            let Some(inner) = c.select(OPS) else {
+                continue;
+            };
+            armed(arm, inner, &mut c, &mut st, step)?
+        } else {
+            apply(op, &mut c, &mut st, step)?
+        };
+        let Some(done) = done else {
+            continue;
+        };
+        let fail = |m: alloc::string::String| format!("step {step}: after {}: {m}", done.what);
 
-        if let Some((got, want)) = install_result
+        if let Some((got, want)) = done.install_result
             && u64::try_from(got.as_nanos()).unwrap_or(u64::MAX) != want
         {
             return Err(fail(format!(
                 "install returned {got:?}, reference {want} ns"
             )));
         }
-        let wake = gate.poll_action();
-        let want_wake = expected_wake.map(|at| GateAction::Wake {
+        let wake = st.gate.poll_action();
+        let want_wake = done.expected_wake.map(|at| GateAction::Wake {
             at: Instant::from_nanos(at),
         });
         if wake != want_wake {
             return Err(fail(format!("wake {wake:?}, reference {want_wake:?}")));
         }
-        if let Some(extra) = gate.poll_action() {
+        if let Some(extra) = st.gate.poll_action() {
             return Err(fail(format!("a second action {extra:?}")));
         }
-        gate.check_invariants().map_err(|e| fail(e.into()))?;
-        compare(&gate, &reference, now).map_err(fail)?;
+        st.gate.check_invariants().map_err(|e| fail(e.into()))?;
+        compare(&st.gate, &st.reference, st.now).map_err(fail)?;
     }
     Ok(())
 }
 
-fn compare(
-    gate: &WriteGate<u8, Fnv>,
-    reference: &Reference,
-    now: Instant,
-) -> Result<(), alloc::string::String> {
+/// Operation `op` with `arm` armed. If the armed call fired, the gate must be unchanged;
+/// the reference and both generators (the caller's, which the input may have drawn from
+/// before the panic) roll back, and nothing is expected of the input.
+fn armed(
+    arm: Arm,
+    op: u8,
+    c: &mut Cursor<'_>,
+    st: &mut State,
+    step: usize,
+) -> Result<Option<Step>, Divergence> {
+    let before = user::snapshot(&st.gate);
+    let saved = (
+        st.reference.clone(),
+        st.gate_rng.clone(),
+        st.ref_rng.clone(),
+    );
+    match user::run(arm, || apply(op, c, st, step)) {
+        Ok(done) => done,
+        Err(user::Panicked) => {
+            user::unchanged(&before, &st.gate, arm).map_err(|e| format!("step {step}: {e}"))?;
+            (st.reference, st.gate_rng, st.ref_rng) = saved;
+            Ok(Some(Step::new(format!("{op} with {arm:?} (panicked)"))))
+        }
+    }
+}
+
+/// Runs operation `op` on the gate and the reference; `None` when it was skipped.
+fn apply(
+    op: u8,
+    c: &mut Cursor<'_>,
+    st: &mut State,
+    step: usize,
+) -> Result<Option<Step>, Divergence> {
+    let State {
+        gate,
+        reference,
+        gate_rng,
+        ref_rng,
+        now,
+        handles,
+        foreign,
+        disk,
+        retriable,
+        curve,
+    } = st;
+    let now_v = *now;
+    let b = c.below(BUCKETS);
+    let key = Key::new(b);
+    let mut done;
+    match op {
+        0 | 1 => {
+            let attempts = c.small_or_extreme_u32();
+            done = Step::new(format!("disk_write_locked(b{b}, attempts {attempts})"));
+            let got = gate.handle_disk_write_locked(now_v, &key, attempts, gate_rng);
+            let t = reference.observe(now_v);
+            let (want, wake) = if reference.shut {
+                (0, None)
+            } else {
+                let d = disk
+                    .delay_for(attempts, ref_rng)
+                    .max(Duration::from_millis(1));
+                reference.install(t, b, 0, d)
+            };
+            done.install_result = Some((got, want));
+            done.expected_wake = wake;
+        }
+        2 => {
+            let attempts = c.small_or_extreme_u32();
+            done = Step::new(format!("retriable_write(b{b}, attempts {attempts})"));
+            let got = gate.handle_retriable_write(now_v, &key, attempts, gate_rng);
+            let t = reference.observe(now_v);
+            let (want, wake) = if reference.shut {
+                (0, None)
+            } else {
+                let d = retriable.delay_for(attempts, ref_rng);
+                reference.install(t, b, 2, d)
+            };
+            done.install_result = Some((got, want));
+            done.expected_wake = wake;
+        }
+        3 | 4 => {
+            let Some(s) = signal(c) else {
+                return Ok(None);
+            };
+            done = Step::new(format!("kv_signal(b{b}, {s:?})"));
+            let got = gate.handle_kv_signal(now_v, &key, s);
+            let t = reference.observe(now_v);
+            let (want, wake) = reference.install(t, b, 1, curve.delay(s));
+            done.install_result = Some((got, want));
+            done.expected_wake = wake;
+        }
+        5 | 6 => {
+            // Which reason is a variant: 0..=4 the registered ones, 5 one the gate never
+            // saw (forever 5: a reason added later takes the next free value).
+            let Some(r) = c.select(6).map(usize::from) else {
+                return Ok(None);
+            };
+            let d = c.duration();
+            done = Step::new(format!("throttle(b{b}, reason {r}, {d:?})"));
+            if let Some(&reason) = handles.get(r).filter(|_| r != FOREIGN) {
+                let got = gate.handle_throttle(now_v, &key, reason, d);
+                let t = reference.observe(now_v);
+                let (want, wake) = reference.install(t, b, r, d);
+                let got = got.map_err(|e| format!("step {step}: {}: {e}", done.what))?;
+                done.install_result = Some((got, want));
+                done.expected_wake = wake;
+            } else {
+                // Nothing changes, not even the clock.
+                let got = gate.handle_throttle(now_v, &key, *foreign, d);
+                if got != Err(GateError::UnknownReason(*foreign)) {
+                    return Err(format!(
+                        "step {step}: {}: got {got:?}, want the error",
+                        done.what
+                    ));
+                }
+            }
+        }
+        7 => {
+            let known = c.bool();
+            done = Step::new(format!("leader(b{b}, known {known})"));
+            gate.handle_leader(now_v, &key, known);
+            let t = reference.observe(now_v);
+            done.expected_wake = reference.leader(t, b, known);
+        }
+        8 => {
+            done = Step::new(format!("send(b{b})"));
+            gate.handle_send(now_v, &key);
+            let t = reference.observe(now_v);
+            reference.send(t, b);
+        }
+        9 => {
+            done = Step::new(format!("success(b{b})"));
+            gate.handle_success(now_v, &key);
+            let t = reference.observe(now_v);
+            reference.success(t, b);
+        }
+        12 => {
+            done = Step::new(format!("handle_timeout({now_v:?})"));
+            gate.handle_timeout(now_v);
+            let t = reference.observe(now_v);
+            reference.timeout(t);
+            if let Some(p) = gate.poll_timeout()
+                && p.as_nanos() <= t
+            {
+                return Err(format!(
+                    "step {step}: {}: a gate at {p:?} survived",
+                    done.what
+                ));
+            }
+        }
+        13 => {
+            // Was `begin_close`, a flag no decision read; kept as a step that changes
+            // nothing so the corpus keeps its meaning.
+            done = Step::new("is_closed".into());
+            if gate.is_closed() != reference.shut {
+                return Err(format!(
+                    "step {step}: is_closed disagrees with the reference"
+                ));
+            }
+        }
+        15 if c.u8() < 8 => {
+            done = Step::new("close".into());
+            gate.close();
+            done.expected_wake = reference.close();
+        }
+        // 10, 11, 14, and 15 when it does not close: a time step.
+        _ => {
+            *now = c.time_step(now_v);
+            done = Step::new(format!("time -> {now:?}"));
+        }
+    }
+    Ok(Some(done))
+}
+
+fn compare(gate: &Gate, reference: &Reference, now: Instant) -> Result<(), alloc::string::String> {
     let t = reference.peek(now);
     for b in 0..BUCKETS {
-        let got = gate.remaining(now, &b);
+        let key = Key::new(b);
+        let got = gate.remaining(now, &key);
         let want = reference.remaining(b, t);
         if u64::try_from(got.as_nanos()).unwrap_or(u64::MAX) != want {
             return Err(format!("remaining(b{b}) = {got:?}, reference {want} ns"));
         }
-        let got = gate.check(now, &b);
+        let got = gate.check(now, &key);
         let want = reference.check(t, b);
         if to_expect(got) != want {
             return Err(format!("check(b{b}) = {got:?}, reference {want:?}"));
         }
         let got = gate
-            .explain(now, &b)
+            .explain(now, &key)
             .map(|(r, at)| (r.index(), at.as_nanos()));
         let want = reference.explain(t, b);
         if got != want {

@@ -99,11 +99,17 @@ fn slot_of(entry: u32) -> usize {
     (entry & !LEADER_UNKNOWN) as usize
 }
 
+/// The stored hash of map entry `entry`'s slot, to rehash the map without running user code.
+#[inline]
+fn stored_hash(hashes: &[u64], entry: u32) -> u64 {
+    hashes.get(slot_of(entry)).copied().unwrap_or(0)
+}
+
 /// One bucket's key and built-in deadlines: 32 bytes for a `u64` key, so with the 4-byte map
-/// entry and the heap's 16 bytes a gated bucket costs about 60 bytes at a million buckets, and
-/// a `check` reads one aligned 32-byte record after the map. A slot exists while the bucket
-/// holds a stored deadline, an unknown leader or an armed probe; it is evicted as soon as it
-/// holds none of them.
+/// entry, the 8-byte stored hash and the heap's 16 bytes a gated bucket costs about 69 bytes at
+/// a million buckets (`docs/write-gate.md`), and a `check` reads one aligned 32-byte record
+/// after the map. A slot exists while the bucket holds a stored deadline, an unknown leader or
+/// an armed probe; it is evicted as soon as it holds none of them.
 #[derive(Clone, Debug)]
 struct Slot<K> {
     key: K,
@@ -199,11 +205,16 @@ fn bit(index: usize) -> u64 {
 pub struct WriteGate<K, S> {
     cfg: WriteGateConfig,
     hasher: S,
-    /// One entry per stored bucket: its slot index (hashed by the key stored in the slot) and
+    /// One entry per stored bucket: its slot index (placed by the slot's hash in `hashes`) and
     /// the leader-unknown flag ([`LEADER_UNKNOWN`]).
     index: HashTable<u32>,
     /// Dense: evicting swaps the last slot in.
     slots: Vec<Slot<K>>,
+    /// Each slot's key hash, taken once when the bucket was stored: moving, evicting and
+    /// rehashing entries read it, so only the lookup at the start of an input runs the key's
+    /// `Hash` (a panic there leaves the gate as it was). Apart from the slots, so `check`'s
+    /// record stays 32 bytes.
+    hashes: Vec<u64>,
     /// Deadlines of custom reasons (index ≥ 3), `reasons - 3` per slot; empty without them.
     extra: Vec<Instant>,
     /// One per slot when some reason has probe mode; empty otherwise (the default).
@@ -234,6 +245,7 @@ where
             hasher,
             index: HashTable::new(),
             slots: Vec::new(),
+            hashes: Vec::new(),
             extra: Vec::new(),
             probes: Vec::new(),
             heap: IndexedHeap::default(),
@@ -337,11 +349,14 @@ where
     /// known again, when the bucket rejoins the wake-up computation or, holding nothing
     /// else, is evicted.
     pub fn handle_leader(&mut self, now: Instant, bucket: &K, known: bool) {
+        // User code first (the key's `Hash`, `Eq`, `Clone`): nothing changes before it returns.
+        let (hash, found) = self.lookup(bucket);
+        let fresh = (found.is_none() && !known).then(|| bucket.clone());
         let now = self.clock.observe(now);
-        let entry = match (self.find(bucket), known) {
+        let entry = match (found, fresh) {
             (Some(e), _) => e,
-            (None, true) => return,
-            (None, false) => match self.insert(bucket.clone(), LEADER_UNKNOWN) {
+            (None, None) => return,
+            (None, Some(key)) => match self.insert(key, hash, LEADER_UNKNOWN) {
                 Some(e) => e,
                 None => return,
             },
@@ -350,7 +365,7 @@ where
         self.clean(i, now);
         if known {
             if entry & LEADER_UNKNOWN != 0 {
-                self.set_leader_unknown(bucket, i, false);
+                self.set_leader_unknown(i, false);
             }
         } else {
             let before = self.slot_remaining(i, now);
@@ -372,7 +387,7 @@ where
                 p.armed &= !dropped;
             }
             if entry & LEADER_UNKNOWN == 0 {
-                self.set_leader_unknown(bucket, i, true);
+                self.set_leader_unknown(i, true);
             }
             let after = self.slot_remaining(i, now);
             if after < before {
@@ -385,8 +400,10 @@ where
     /// A batch was sent to `bucket`. Counted only while probing: the bucket's deadlines have
     /// all passed and a probe-mode reason gated it since the last success.
     pub fn handle_send(&mut self, now: Instant, bucket: &K) {
+        // The lookup (user `Hash`, `Eq`) runs before anything changes.
+        let found = self.find(bucket);
         let now = self.clock.observe(now);
-        let Some(entry) = self.find(bucket) else {
+        let Some(entry) = found else {
             return;
         };
         let i = slot_of(entry);
@@ -404,8 +421,10 @@ where
     /// A write to `bucket` succeeded: probe mode ends for the bucket (its allowance resets).
     /// Pending deadlines stay: the success may answer a batch sent before the rejection.
     pub fn handle_success(&mut self, now: Instant, bucket: &K) {
+        // The lookup (user `Hash`, `Eq`) runs before anything changes.
+        let found = self.find(bucket);
         let now = self.clock.observe(now);
-        let Some(entry) = self.find(bucket) else {
+        let Some(entry) = found else {
             return;
         };
         let i = slot_of(entry);
@@ -460,13 +479,14 @@ where
             }
         }
         let slots = core::mem::take(&mut self.slots);
+        let hashes = core::mem::take(&mut self.hashes);
         self.index.clear();
         self.extra.clear();
         self.probes.clear();
         self.heap.clear();
-        for (slot, keep) in slots.into_iter().zip(unknown) {
+        for ((slot, hash), keep) in slots.into_iter().zip(hashes).zip(unknown) {
             if keep {
-                let _ = self.insert(slot.key, LEADER_UNKNOWN);
+                let _ = self.insert(slot.key, hash, LEADER_UNKNOWN);
             }
         }
     }
@@ -564,13 +584,21 @@ where
     /// `bucket`'s map entry (slot index and leader flag), comparing keys in the slots.
     #[inline]
     fn find(&self, bucket: &K) -> Option<u32> {
+        self.lookup(bucket).1
+    }
+
+    /// `bucket`'s hash and map entry: the only place the gate runs the key's `Hash` and `Eq`.
+    #[inline]
+    fn lookup(&self, bucket: &K) -> (u64, Option<u32>) {
         let hash = self.hasher.hash_one(bucket);
         let slots = &self.slots;
-        self.index
+        let entry = self
+            .index
             .find(hash, |&e| {
                 slots.get(slot_of(e)).is_some_and(|s| s.key == *bucket)
             })
-            .copied()
+            .copied();
+        (hash, entry)
     }
 
     /// Deadlines per slot kept in `extra` (the custom reasons).
@@ -689,19 +717,21 @@ where
         best.and_then(|(r, n)| Some((reason_at(r)?, n)))
     }
 
-    /// Store a new bucket with nothing gated; returns its map entry. `None` (nothing stored)
-    /// once [`heap::MAX_SLOTS`]` - 1` buckets are stored: slot indices must fit in 31 bits.
-    fn insert(&mut self, key: K, flag: u32) -> Option<u32> {
+    /// Store a new bucket `key`, whose hash is `hash`, with nothing gated; returns its map
+    /// entry. `None` (nothing stored) once [`heap::MAX_SLOTS`]` - 1` buckets are stored: slot
+    /// indices must fit in 31 bits. Runs no user code: a growing map rehashes by the stored
+    /// hashes.
+    fn insert(&mut self, key: K, hash: u64, flag: u32) -> Option<u32> {
         let i = self.slots.len();
         if i >= heap::MAX_SLOTS - 1 {
             return None;
         }
         let entry = (i as u32) | flag;
-        let hash = self.hasher.hash_one(&key);
         self.slots.push(Slot {
             key,
             deadlines: [Instant::ZERO; BUILTIN],
         });
+        self.hashes.push(hash);
         let stride = self.stride();
         self.extra
             .extend(core::iter::repeat_n(Instant::ZERO, stride));
@@ -709,16 +739,15 @@ where
             self.probes.push(Probe::default());
         }
         self.heap.add_slot();
-        let (hasher, slots) = (&self.hasher, &self.slots);
-        self.index.insert_unique(hash, entry, |&e| {
-            slots.get(slot_of(e)).map_or(0, |s| hasher.hash_one(&s.key))
-        });
+        let hashes = &self.hashes;
+        self.index
+            .insert_unique(hash, entry, |&e| stored_hash(hashes, e));
         Some(entry)
     }
 
-    /// Set or clear the leader-unknown flag of slot `i` (whose key is `bucket`).
-    fn set_leader_unknown(&mut self, bucket: &K, i: usize, unknown: bool) {
-        let hash = self.hasher.hash_one(bucket);
+    /// Set or clear the leader-unknown flag of slot `i`.
+    fn set_leader_unknown(&mut self, i: usize, unknown: bool) {
+        let hash = self.hashes.get(i).copied().unwrap_or(0);
         if let Some(e) = self.index.find_mut(hash, |&e| slot_of(e) == i) {
             *e = if unknown {
                 *e | LEADER_UNKNOWN
@@ -735,23 +764,31 @@ where
     /// The one install path every reason shares: clamp time, apply the reason's rule, arm
     /// probes, wake if the bucket's remaining time fell, and settle the heap.
     fn install(&mut self, now: Instant, bucket: &K, r: usize, delay: Duration) -> Duration {
+        let spec = self.cfg.reasons().get(r).copied();
+        let t = self.clock.peek(now);
+        let candidate = t + delay;
+        let pending = candidate > t;
+        // User code first (the key's `Hash`, `Eq`, and `Clone` for a new bucket), so that a
+        // panic in it leaves the gate as it was.
+        let (hash, found, fresh) = if self.closed || spec.is_none() {
+            (0, None, None)
+        } else {
+            let (hash, found) = self.lookup(bucket);
+            let fresh = (found.is_none() && pending).then(|| bucket.clone());
+            (hash, found, fresh)
+        };
         let now = self.clock.observe(now);
-        if self.closed {
-            return Duration::ZERO;
-        }
-        let Some(&spec) = self.cfg.reasons().get(r) else {
+        let Some(spec) = spec.filter(|_| !self.closed) else {
             return Duration::ZERO;
         };
-        let candidate = now + delay;
-        let pending = candidate > now;
-        let entry = match self.find(bucket) {
-            Some(e) => e,
-            None if pending => match self.insert(bucket.clone(), 0) {
+        let entry = match (found, fresh) {
+            (Some(e), _) => e,
+            (None, Some(key)) => match self.insert(key, hash, 0) {
                 Some(e) => e,
                 None => return Duration::ZERO,
             },
             // Nothing stored and nothing to store: an absent bucket stays absent.
-            None => return Duration::ZERO,
+            (None, None) => return Duration::ZERO,
         };
         let (i, unknown) = (slot_of(entry), entry & LEADER_UNKNOWN != 0);
         self.clean(i, now);
@@ -858,23 +895,22 @@ where
         let Some(last) = self.slots.len().checked_sub(1) else {
             return;
         };
-        let Some(gone) = self.slots.get(i) else {
+        let Some(&hash) = self.hashes.get(i) else {
             return;
         };
-        // Entries are found by slot index, so no key is compared.
-        let hash = self.hasher.hash_one(&gone.key);
+        // Entries are found by stored hash and slot index: no user code runs.
         if let Ok(e) = self.index.find_entry(hash, |&e| slot_of(e) == i) {
             e.remove();
         }
         if i != last
-            && let Some(moved) = self.slots.get(last)
+            && let Some(&moved) = self.hashes.get(last)
+            && let Some(e) = self.index.find_mut(moved, |&e| slot_of(e) == last)
         {
-            let hash = self.hasher.hash_one(&moved.key);
-            if let Some(e) = self.index.find_mut(hash, |&e| slot_of(e) == last) {
-                *e = (*e & LEADER_UNKNOWN) | i as u32;
-            }
+            *e = (*e & LEADER_UNKNOWN) | i as u32;
         }
-        self.slots.swap_remove(i);
+        // The key is dropped at the end, once the gate is consistent again.
+        let _gone = self.slots.swap_remove(i);
+        self.hashes.swap_remove(i);
         let stride = self.stride();
         if stride > 0 {
             let (from, to) = (last.saturating_mul(stride), i.saturating_mul(stride));
@@ -903,14 +939,13 @@ where
         let len = self.slots.len();
         let target = len.saturating_mul(2).max(MIN_CAPACITY);
         if len < self.index.capacity() / 4 {
-            let (hasher, slots) = (&self.hasher, &self.slots);
-            self.index.shrink_to(target, |&e| {
-                slots.get(slot_of(e)).map_or(0, |s| hasher.hash_one(&s.key))
-            });
+            let hashes = &self.hashes;
+            self.index.shrink_to(target, |&e| stored_hash(hashes, e));
         }
         let mut slots_target = None;
         if len < self.slots.capacity() / 4 {
             self.slots.shrink_to(target);
+            self.hashes.shrink_to(target);
             self.extra.shrink_to(target.saturating_mul(self.stride()));
             self.probes.shrink_to(if self.probing { target } else { 0 });
             slots_target = Some(target);
@@ -931,8 +966,8 @@ where
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), &'static str> {
         let n = self.slots.len();
-        if self.index.len() != n || self.heap.slots() != n {
-            return Err("map, slot vector and heap positions differ in length");
+        if self.index.len() != n || self.heap.slots() != n || self.hashes.len() != n {
+            return Err("map, slot vector, hashes and heap positions differ in length");
         }
         if self.extra.len() != n.saturating_mul(self.stride()) {
             return Err("custom deadlines do not match the slots and the registry");
@@ -941,6 +976,9 @@ where
             return Err("probe state does not match the slots");
         }
         for (i, slot) in self.slots.iter().enumerate() {
+            if self.hashes.get(i) != Some(&self.hasher.hash_one(&slot.key)) {
+                return Err("a slot's stored hash is not its key's");
+            }
             let Some(entry) = self.find(&slot.key) else {
                 return Err("a slot's key is not in the map");
             };

@@ -204,12 +204,11 @@ fn gate_inputs_and_queries_survive_a_panic_at_each_key_call() {
     }
 }
 
-/// A finding in the core `WriteGate`, not in the handle: `handle_leader` hashes the key a
-/// second time (`set_leader_unknown`) after it has changed the bucket (dropped its leader-scoped
-/// deadlines, or cleaned them), so a `Hash` that panics there leaves the map inconsistent
-/// ("an idle bucket was not evicted"; bucket 1 going unknown and bucket 2 going known).
+/// Found here, fixed in the core `WriteGate`: `handle_leader` used to hash the key a second time
+/// (`set_leader_unknown`) after it had changed the bucket (dropped its leader-scoped deadlines,
+/// or cleaned them), so a `Hash` that panicked there left the map inconsistent ("an idle bucket
+/// was not evicted"). The gate now stores each slot's hash and runs key code only first.
 #[test]
-#[ignore = "FINDING (issue 12, write-gate core): handle_leader hashes the key again after it changed the bucket"]
 fn leader_changes_survive_a_panic_at_each_key_call() {
     let t = Instant::ZERO;
     for bucket in [1, 2, 3] {
