@@ -133,3 +133,24 @@ fn signal_notify_racing_a_waker_change_loses_no_wakeup() {
         assert_eq!(signal.listeners(), 0);
     });
 }
+
+/// `ManualClock::advance_to` on one thread races a sleeper's first poll on another: the
+/// sleeper is ready at once (it read the new time) or is woken by the advance (it registered
+/// first), never asleep past its deadline; and it leaves no registration behind.
+#[test]
+fn manual_clock_advance_racing_a_first_poll_loses_no_wakeup() {
+    super::model(|| {
+        let rt = TestRuntime::new();
+        let clock = rt.clock.clone();
+        let t1 = thread::spawn(move || clock.advance_to(Instant::from_millis(10)));
+        let (waker, wakes) = CountingWaker::new();
+        let mut sleep = rt.clock.sleep_until(Instant::from_millis(10));
+        let first = poll_once(&mut sleep, &waker);
+        join(t1);
+        if first.is_pending() {
+            assert_eq!(wakes.wakes(), 1, "lost wake-up: asleep past the deadline");
+            assert!(poll_once(&mut sleep, &waker).is_ready());
+        }
+        assert_eq!(rt.clock.sleepers(), 0, "a sleeper was left registered");
+    });
+}
