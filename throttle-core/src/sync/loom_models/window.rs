@@ -176,13 +176,13 @@ fn release_racing_a_newcomer_serves_the_older_waiter_first() {
         join(t1);
 
         assert!(b_first.is_pending(), "the newcomer barged past the waiter");
-        assert_eq!(a_wakes.wakes(), 1);
+        assert_eq!(a_wakes.wakes(), 1, "the older waiter was not woken");
         let Poll::Ready(Ok(pa)) = poll_once(&mut a, &wa) else {
             panic!("the older waiter was not served");
         };
         assert!(poll_once(&mut b, &wb).is_pending());
         assert_eq!(pa.complete(), Released::HandedOn);
-        assert_eq!(b_wakes.wakes(), 1);
+        assert_eq!(b_wakes.wakes(), 1, "the newcomer was not woken");
         assert!(matches!(poll_once(&mut b, &wb), Poll::Ready(Ok(_))));
         assert_settled(&h, &[0]);
     });
