@@ -3,9 +3,7 @@
 //! Works under loom too: the counters are the shim's atomics, so a wake from another loom
 //! thread is a tracked access.
 
-#[cfg(not(loom))]
 use alloc::boxed::Box;
-#[cfg(not(loom))]
 use alloc::vec::Vec;
 use core::future::Future;
 use core::pin::Pin;
@@ -70,8 +68,8 @@ pub(crate) fn repoll_while_woken<F: Future>(
     }
 }
 
-#[cfg(not(loom))]
-type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// A task handed to [`Runtime::spawn`](super::Runtime::spawn).
+pub(crate) type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Runs tasks on the calling thread, polling only those woken since their last poll.
 #[cfg(not(loom))]
@@ -146,12 +144,18 @@ impl Spawner {
 }
 
 /// A [`Runtime`](super::Runtime) on a [`ManualClock`](super::ManualClock); spawned tasks go to
-/// an [`Executor`] (or are dropped under loom, where the models spawn nothing).
+/// an [`Executor`] (dropped without one), or under loom to a queue the model empties with
+/// [`take_spawned`](Self::take_spawned) and polls by hand, on whichever model thread it likes.
 #[derive(Clone)]
 pub(crate) struct TestRuntime {
     pub(crate) clock: super::ManualClock,
     #[cfg(not(loom))]
     pub(crate) spawner: Option<Spawner>,
+    /// A std lock, not loom's: it is test plumbing, and no loom operation runs while it is
+    /// held (a task is boxed before and dropped after), so loom's scheduler cannot block on
+    /// it, and it adds no interleavings to the models.
+    #[cfg(loom)]
+    spawned: StdArc<std::sync::Mutex<Vec<Task>>>,
 }
 
 impl TestRuntime {
@@ -160,6 +164,17 @@ impl TestRuntime {
             clock: super::ManualClock::new(),
             #[cfg(not(loom))]
             spawner: None,
+            #[cfg(loom)]
+            spawned: StdArc::default(),
+        }
+    }
+
+    /// The tasks spawned since the last call, oldest first.
+    #[cfg(loom)]
+    pub(crate) fn take_spawned(&self) -> Vec<Task> {
+        match self.spawned.lock() {
+            Ok(mut q) => core::mem::take(&mut *q),
+            Err(_) => Vec::new(),
         }
     }
 }
@@ -183,6 +198,14 @@ impl super::Runtime for TestRuntime {
             s.spawn(future);
             return;
         }
+        #[cfg(not(loom))]
         drop(future);
+        #[cfg(loom)]
+        {
+            let task: Task = Box::pin(future);
+            if let Ok(mut q) = self.spawned.lock() {
+                q.push(task);
+            }
+        }
     }
 }

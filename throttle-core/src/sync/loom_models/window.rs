@@ -1,0 +1,458 @@
+//! The window handle: permits, waiters, close, and two shards under the one lock.
+
+use core::hash::{BuildHasher, Hasher};
+use core::task::Poll;
+
+use loom::thread;
+
+use super::{Hand, boxed, join};
+use crate::dispatch_window::WindowConfig;
+use crate::sync::test_support::{CountingWaker, poll_once};
+use crate::sync::{Closed, OwnedPermit, Released, TryAcquireError, WindowHandle};
+use crate::test_hasher::TestHasher;
+
+type Handle<S = TestHasher> = WindowHandle<u32, S>;
+
+fn window<S: BuildHasher + Clone + Default>(cap: u32) -> Handle<S> {
+    match Handle::with_hasher(
+        WindowConfig::default().with_max_in_flight(cap),
+        S::default(),
+    ) {
+        Ok(h) => h,
+        Err(e) => panic!("valid config refused: {e}"),
+    }
+}
+
+fn permit<S>(h: &Handle<S>, shard: u32) -> OwnedPermit<u32, S>
+where
+    S: BuildHasher + 'static,
+{
+    match h.try_acquire_owned(shard) {
+        Ok(p) => p,
+        Err(e) => panic!("expected free credit: {e}"),
+    }
+}
+
+/// The end state every window model reaches once its permits are gone: no credit live, the
+/// shard's credits all available again, none released twice, never more than the capacity
+/// in flight, and `closed()` ready if the handle was closed.
+fn assert_settled<S: BuildHasher>(h: &Handle<S>, shards: &[u32]) {
+    let stats = h.stats();
+    assert_eq!(stats.refused_releases, 0, "a credit was released twice");
+    assert!(
+        stats.peak_in_flight <= h.capacity(),
+        "over capacity: {} in flight",
+        stats.peak_in_flight
+    );
+    assert_eq!(h.live_credits(), 0, "a credit was lost");
+    for shard in shards {
+        assert_eq!(h.in_flight(shard), 0, "shard {shard} still counts a credit");
+        assert_eq!(
+            h.available(shard),
+            h.capacity(),
+            "shard {shard} lost credit"
+        );
+        assert_eq!(h.waiting(shard), 0, "shard {shard} still has a line");
+    }
+    if h.is_closed() {
+        let mut closed = Hand::new(boxed(h.closed()));
+        assert!(
+            closed.poll().is_ready(),
+            "closed() pending with nothing live"
+        );
+    }
+}
+
+/// Completion, drop and close race on the permits of one shard while a waiter waits: every
+/// credit is released exactly once (the window refuses none), the shard never exceeds its
+/// capacity, and the waiter resolves (a permit or `Closed`) after being woken.
+#[test]
+fn permit_complete_drop_and_close_release_every_credit_once() {
+    super::model(|| {
+        let h = window::<TestHasher>(2);
+        let (p1, p2) = (permit(&h, 0), permit(&h, 0));
+        let (waker, wakes) = CountingWaker::new();
+        let mut waiter = h.acquire_owned(0);
+        assert!(poll_once(&mut waiter, &waker).is_pending());
+
+        let t1 = thread::spawn(move || {
+            let _ = p1.complete();
+        });
+        let t2 = thread::spawn(move || drop(p2));
+        let early = poll_once(&mut waiter, &waker);
+        h.close();
+        join(t1);
+        join(t2);
+
+        let outcome = match early {
+            Poll::Pending => poll_once(&mut waiter, &waker),
+            ready => ready,
+        };
+        match outcome {
+            Poll::Ready(Ok(p)) => drop(p),
+            Poll::Ready(Err(Closed)) => {}
+            Poll::Pending => panic!("waiter left pending after close"),
+        }
+        assert!(wakes.wakes() >= 1, "the waiter was woken");
+        assert_settled(&h, &[0]);
+    });
+}
+
+/// A waiter is cancelled while the release hands it the credit: the credit reaches the next
+/// waiter, exactly once.
+#[test]
+fn cancelled_waiter_racing_the_handoff_passes_the_credit_on() {
+    super::model(|| {
+        let h = window::<TestHasher>(1);
+        let p = permit(&h, 0);
+        let (wa, _) = CountingWaker::new();
+        let (wb, b_wakes) = CountingWaker::new();
+        let mut a = h.acquire_owned(0);
+        let mut b = h.acquire_owned(0);
+        assert!(poll_once(&mut a, &wa).is_pending());
+        assert!(poll_once(&mut b, &wb).is_pending());
+
+        let t1 = thread::spawn(move || {
+            let _ = p.complete();
+        });
+        let t2 = thread::spawn(move || drop(a));
+        join(t1);
+        join(t2);
+
+        assert_eq!(b_wakes.wakes(), 1, "b woken exactly once");
+        let Poll::Ready(Ok(pb)) = poll_once(&mut b, &wb) else {
+            panic!("the credit did not reach b");
+        };
+        assert_eq!(h.in_flight(&0), 1);
+        assert_eq!(h.stats().peak_in_flight, 1, "the credit was duplicated");
+        assert_eq!(pb.complete(), Released::Freed);
+        assert_settled(&h, &[0]);
+    });
+}
+
+/// A release races the first poll of a new acquire: whichever wins, the acquirer ends with the
+/// credit (at once, or woken by the hand-off): no lost wake-up.
+#[test]
+fn release_racing_a_first_poll_loses_no_wakeup() {
+    super::model(|| {
+        let h = window::<TestHasher>(1);
+        let p = permit(&h, 0);
+        let t1 = thread::spawn(move || {
+            let _ = p.complete();
+        });
+        let (waker, wakes) = CountingWaker::new();
+        let mut w = h.acquire_owned(0);
+        let first = poll_once(&mut w, &waker);
+        join(t1);
+        let permit = match first {
+            Poll::Ready(Ok(p)) => p,
+            Poll::Ready(Err(e)) => panic!("{e}"),
+            Poll::Pending => {
+                assert_eq!(wakes.wakes(), 1, "lost wake-up");
+                match poll_once(&mut w, &waker) {
+                    Poll::Ready(Ok(p)) => p,
+                    _ => panic!("woken but no credit"),
+                }
+            }
+        };
+        drop(permit);
+        assert_settled(&h, &[0]);
+    });
+}
+
+/// A release races a newcomer while an older waiter waits: the older waiter gets the credit,
+/// the newcomer waits behind it (FIFO), and is served by the next release.
+#[test]
+fn release_racing_a_newcomer_serves_the_older_waiter_first() {
+    super::model(|| {
+        let h = window::<TestHasher>(1);
+        let p = permit(&h, 0);
+        let (wa, a_wakes) = CountingWaker::new();
+        let mut a = h.acquire_owned(0);
+        assert!(poll_once(&mut a, &wa).is_pending());
+        let t1 = thread::spawn(move || {
+            let _ = p.complete();
+        });
+        let (wb, b_wakes) = CountingWaker::new();
+        let mut b = h.acquire_owned(0);
+        let b_first = poll_once(&mut b, &wb);
+        join(t1);
+
+        assert!(b_first.is_pending(), "the newcomer barged past the waiter");
+        assert_eq!(a_wakes.wakes(), 1, "the older waiter was not woken");
+        let Poll::Ready(Ok(pa)) = poll_once(&mut a, &wa) else {
+            panic!("the older waiter was not served");
+        };
+        assert!(poll_once(&mut b, &wb).is_pending());
+        assert_eq!(pa.complete(), Released::HandedOn);
+        assert_eq!(b_wakes.wakes(), 1, "the newcomer was not woken");
+        assert!(matches!(poll_once(&mut b, &wb), Poll::Ready(Ok(_))));
+        assert_settled(&h, &[0]);
+    });
+}
+
+/// `close` on one thread races the last permit's release on another while a `closed()`
+/// waiter polls (and a second `closed()` is first polled): neither resolves before both have
+/// happened, and once both have the waiter is woken (or was ready already), so a graceful
+/// shutdown neither ends early nor hangs.
+#[test]
+fn window_closed_resolves_after_close_and_the_last_release_and_not_before() {
+    super::model(|| {
+        let h = window::<TestHasher>(1);
+        let p = permit(&h, 0);
+        let (waker, wakes) = CountingWaker::new();
+        let mut closed = boxed({
+            let h = h.clone();
+            async move { h.closed().await }
+        });
+        assert!(poll_once(&mut closed, &waker).is_pending());
+
+        let h1 = h.clone();
+        let t1 = thread::spawn(move || h1.close());
+        let t2 = thread::spawn(move || {
+            let _ = p.complete();
+        });
+        let early = poll_once(&mut closed, &waker);
+        // A `closed()` first polled now reads the state itself.
+        let fresh = Hand::new(boxed(h.closed())).poll();
+        if early.is_ready() || fresh.is_ready() {
+            assert!(
+                h.is_closed() && h.live_credits() == 0,
+                "closed() resolved before the close and the last release"
+            );
+        }
+        join(t1);
+        join(t2);
+
+        if early.is_pending() {
+            assert!(
+                wakes.wakes() >= 1,
+                "lost wake-up: the waiter was never woken"
+            );
+            assert!(poll_once(&mut closed, &waker).is_ready());
+        }
+        assert_settled(&h, &[0]);
+    });
+}
+
+/// `close` races a waiter's cancellation while a release may hand that waiter the credit
+/// (`close` ∥ a cancelled wait ∥ the hand-off, three threads): the credit is given back once,
+/// by whichever of the close and the cancelled future saw it last, never by both; the other
+/// waiter is woken and resolves to `Closed`; `closed()` resolves.
+#[test]
+fn window_close_racing_a_cancelled_wait_releases_its_credit_once() {
+    super::model(|| {
+        let h = window::<TestHasher>(1);
+        let p = permit(&h, 0);
+        let (wa, _) = CountingWaker::new();
+        let (wb, b_wakes) = CountingWaker::new();
+        let mut a = h.acquire_owned(0);
+        let mut b = h.acquire_owned(0);
+        assert!(poll_once(&mut a, &wa).is_pending());
+        assert!(poll_once(&mut b, &wb).is_pending());
+
+        let h1 = h.clone();
+        let t1 = thread::spawn(move || h1.close());
+        let t2 = thread::spawn(move || drop(a));
+        let _ = p.complete();
+        join(t1);
+        join(t2);
+
+        assert!(b_wakes.wakes() >= 1, "b left unwoken");
+        assert!(
+            matches!(poll_once(&mut b, &wb), Poll::Ready(Err(Closed))),
+            "b must resolve to Closed: nothing is handed out after close"
+        );
+        assert_settled(&h, &[0]);
+    });
+}
+
+/// `try_acquire` on one thread races a release on another. With a waiter in line
+/// (`queued`), the freed credit is the waiter's: `try_acquire` is refused whatever the order,
+/// and the waiter is woken and served. With nobody waiting, it gets the credit only after the
+/// release, never beside the held one; if it lost the race the credit is free afterwards.
+#[test]
+fn try_acquire_racing_a_release_never_barges_nor_exceeds_the_capacity() {
+    for queued in [true, false] {
+        super::model(move || {
+            let h = window::<TestHasher>(1);
+            let p = permit(&h, 0);
+            let mut a = Hand::new(h.acquire_owned(0));
+            if queued {
+                assert!(a.poll().is_pending());
+            }
+            let h2 = h.clone();
+            let t1 = thread::spawn(move || p.complete());
+            let t2 = thread::spawn(move || h2.try_acquire_owned(0));
+            let released = join(t1);
+            let tried = join(t2);
+
+            if queued {
+                assert_eq!(released, Released::HandedOn);
+                assert!(
+                    matches!(tried, Err(TryAcquireError::NoCredit)),
+                    "try_acquire barged past a waiter"
+                );
+                assert_eq!(a.wakes(), 1, "the waiter was not woken");
+            }
+            match tried {
+                Ok(p) => {
+                    assert_eq!(h.in_flight(&0), 1);
+                    drop(p);
+                }
+                Err(TryAcquireError::NoCredit) if !queued => {
+                    assert_eq!(h.available(&0), 1, "the released credit is not free");
+                }
+                Err(TryAcquireError::NoCredit) => {}
+                Err(e) => panic!("{e}"),
+            }
+            match a.poll() {
+                Poll::Ready(Ok(p)) => drop(p),
+                other => panic!("the waiter was not served: {:?}", other.map(|r| r.is_ok())),
+            }
+            assert_settled(&h, &[0]);
+        });
+    }
+}
+
+/// Two waiters cancelled on two threads race the release that would hand one of them the
+/// credit: the credit skips both (a cancelled waiter's grant is passed on) and reaches the
+/// third waiter, woken exactly once.
+#[test]
+fn two_cancellations_racing_one_release_hand_the_credit_to_the_third_waiter() {
+    super::model(|| {
+        let h = window::<TestHasher>(1);
+        let p = permit(&h, 0);
+        let (wa, _) = CountingWaker::new();
+        let (wb, _) = CountingWaker::new();
+        let (wc, c_wakes) = CountingWaker::new();
+        let (mut a, mut b, mut c) = (h.acquire_owned(0), h.acquire_owned(0), h.acquire_owned(0));
+        assert!(poll_once(&mut a, &wa).is_pending());
+        assert!(poll_once(&mut b, &wb).is_pending());
+        assert!(poll_once(&mut c, &wc).is_pending());
+
+        let t1 = thread::spawn(move || drop(a));
+        let t2 = thread::spawn(move || drop(b));
+        let _ = p.complete();
+        join(t1);
+        join(t2);
+
+        assert_eq!(c_wakes.wakes(), 1, "c woken exactly once");
+        let Poll::Ready(Ok(pc)) = poll_once(&mut c, &wc) else {
+            panic!("the credit did not reach c");
+        };
+        assert_eq!((h.in_flight(&0), h.live_credits()), (1, 1));
+        drop(pc);
+        assert_settled(&h, &[0]);
+    });
+}
+
+/// A waiter re-polled from another task (a new waker) races the release that hands it the
+/// credit: it is ready at once, or its new waker is woken (never only the old one).
+#[test]
+fn waker_replaced_racing_a_handoff_wakes_the_new_waker() {
+    super::model(|| {
+        let h = window::<TestHasher>(1);
+        let p = permit(&h, 0);
+        let (old, _) = CountingWaker::new();
+        let (new, new_wakes) = CountingWaker::new();
+        let mut a = h.acquire_owned(0);
+        assert!(poll_once(&mut a, &old).is_pending());
+
+        let t1 = thread::spawn(move || p.complete());
+        let moved = poll_once(&mut a, &new);
+        assert_eq!(join(t1), Released::HandedOn);
+
+        let pa = match moved {
+            Poll::Ready(Ok(pa)) => pa,
+            Poll::Ready(Err(e)) => panic!("{e}"),
+            Poll::Pending => {
+                assert_eq!(
+                    new_wakes.wakes(),
+                    1,
+                    "lost wake-up: only the old waker was woken"
+                );
+                match poll_once(&mut a, &new) {
+                    Poll::Ready(Ok(pa)) => pa,
+                    _ => panic!("woken but no credit"),
+                }
+            }
+        };
+        drop(pa);
+        assert_settled(&h, &[0]);
+    });
+}
+
+/// A hasher that sends every key to one bucket: shards are told apart only by the entry id
+/// their credits and tickets remember.
+#[derive(Clone, Copy, Default)]
+struct Colliding;
+
+struct Constant;
+
+impl Hasher for Constant {
+    fn finish(&self) -> u64 {
+        7
+    }
+    fn write(&mut self, _: &[u8]) {}
+}
+
+impl BuildHasher for Colliding {
+    type Hasher = Constant;
+    fn build_hasher(&self) -> Constant {
+        Constant
+    }
+}
+
+/// Two shards share the handle's one lock: releases of shard 0 and shard 1 on two threads,
+/// each with a waiter: each credit goes to its own shard's waiter, each waiter is woken once,
+/// neither shard exceeds its capacity, and the counts come back to zero. Run with a plain
+/// hasher and with one under which the two shards collide.
+fn two_shards_under_one_lock<S>()
+where
+    S: BuildHasher + Clone + Default + Send + Sync + 'static,
+{
+    super::model(|| {
+        let h = window::<S>(1);
+        let (p0, p1) = (permit(&h, 0), permit(&h, 1));
+        let mut a0 = Hand::new(h.acquire_owned(0));
+        let mut a1 = Hand::new(h.acquire_owned(1));
+        assert!(a0.poll().is_pending());
+        assert!(a1.poll().is_pending());
+
+        let t1 = thread::spawn(move || p0.complete());
+        let t2 = thread::spawn(move || p1.complete());
+        assert_eq!(
+            join(t1),
+            Released::HandedOn,
+            "shard 0's waiter not handed on"
+        );
+        assert_eq!(
+            join(t2),
+            Released::HandedOn,
+            "shard 1's waiter not handed on"
+        );
+
+        assert_eq!((a0.wakes(), a1.wakes()), (1, 1), "each waiter woken once");
+        let (Poll::Ready(Ok(q0)), Poll::Ready(Ok(q1))) = (a0.poll(), a1.poll()) else {
+            panic!("a shard's waiter was not served");
+        };
+        assert_eq!(
+            (*q0.shard(), *q1.shard()),
+            (0, 1),
+            "a credit crossed shards"
+        );
+        assert_eq!(
+            (h.in_flight(&0), h.in_flight(&1), h.live_credits()),
+            (1, 1, 2)
+        );
+        drop((q0, q1));
+        assert_settled(&h, &[0, 1]);
+    });
+}
+
+#[test]
+fn two_shards_under_one_lock_each_serve_their_own_waiter() {
+    two_shards_under_one_lock::<TestHasher>();
+    two_shards_under_one_lock::<Colliding>();
+}
