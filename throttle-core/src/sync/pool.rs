@@ -87,13 +87,26 @@ struct PoolState<U, H, S, T> {
     leased: usize,
     /// Connect tasks not yet reported back.
     connecting: usize,
+    /// Batches of connection handles taken out under the lock and not yet dropped (they are
+    /// dropped after unlock, so a connection's `Drop` never runs under the lock).
+    dropping: usize,
 }
 
 impl<U, H, S, T> PoolState<U, H, S, T> {
-    /// Closed, no lease out and no connect running: what [`ConnPool::closed`] waits for.
-    /// (The pool's own handles to connections went at the close, so no connection is open.)
+    /// Closed, no lease out, no connect running and no handle being dropped: what
+    /// [`ConnPool::closed`] waits for. (The pool's own handles to connections went at the
+    /// close and a lease drops its handle before it ends, so no connection is open.)
     fn is_drained(&self) -> bool {
-        self.closed && self.leased == 0 && self.connecting == 0
+        self.closed && self.leased == 0 && self.connecting == 0 && self.dropping == 0
+    }
+
+    /// Counts handles just taken out of the state (`any`: there are some) as being dropped;
+    /// pass the answer to [`PoolShared::drop_taken`].
+    fn taking(&mut self, any: bool) -> bool {
+        if any {
+            self.dropping += 1;
+        }
+        any
     }
 }
 
@@ -196,6 +209,7 @@ where
                     closed: false,
                     leased: 0,
                     connecting: 0,
+                    dropping: 0,
                 }),
                 connected: WakeSignal::new(),
                 timer: WakeSignal::new(),
@@ -262,10 +276,12 @@ where
                 Step::Leased(id, conn) => {
                     return Ok(Lease {
                         conn,
-                        id,
-                        pool: self.clone(),
-                        finish: PoolShared::<R, C, U, H, S>::finish_lease,
-                        live: true,
+                        end: LeaseEnd {
+                            id,
+                            pool: self.clone(),
+                            finish: PoolShared::<R, C, U, H, S>::finish_lease,
+                            broken: false,
+                        },
                     });
                 }
                 Step::AwaitConnect => self.shared.connected.changed(epoch).await,
@@ -324,14 +340,16 @@ where
     /// Refuses later leases and drops the pool's handles to every connection (leased ones stay
     /// open until their leases end). Idempotent.
     pub fn close(&self) {
-        let (conns, drained) = {
+        let (conns, counted, drained) = {
             let mut st = lock(&self.shared.state);
             st.closed = true;
-            (core::mem::take(&mut st.conns), st.is_drained())
+            let conns = core::mem::take(&mut st.conns);
+            let counted = st.taking(!conns.is_empty());
+            (conns, counted, st.is_drained())
         };
-        drop(conns);
         self.shared.connected.notify();
         self.shared.drained.notify_if(drained);
+        self.shared.drop_taken(conns, counted);
     }
 
     /// Resolves once the pool is closed and nothing it started is still running: no lease
@@ -383,12 +401,35 @@ where
     /// are dropped after unlock) and re-arms the timer loop if its deadline moved earlier.
     fn update<T>(&self, input: impl FnOnce(&mut PoolState<U, H, S, C::Conn>, Instant) -> T) -> T {
         let mut closed = Vec::new();
+        let mut counted = false;
         let input = |st: &mut PoolState<U, H, S, C::Conn>| input(st, self.rt.now());
         let out = drive(&self.state, &self.timer, input, |st, action| match action {
-            ConnAction::Close(id) => closed.extend(st.conns.remove(&id)),
+            ConnAction::Close(id) => {
+                if let Some(conn) = st.conns.remove(&id) {
+                    if !counted {
+                        counted = st.taking(true);
+                    }
+                    closed.push(conn);
+                }
+            }
         });
-        drop(closed);
+        self.drop_taken(closed, counted);
         out
+    }
+
+    /// Drops connection handles taken out of the state under the lock (`counted`: they were
+    /// counted in `dropping` by [`PoolState::taking`]), then ends that count, so
+    /// [`ConnPool::closed`] resolves only once they are gone.
+    fn drop_taken<X>(&self, taken: X, counted: bool) {
+        drop(taken);
+        if counted {
+            let drained = {
+                let mut st = lock(&self.state);
+                st.dropping = st.dropping.saturating_sub(1);
+                st.is_drained()
+            };
+            self.drained.notify_if(drained);
+        }
     }
 
     /// Reports a connect's end to the table; returns the error for the leaser that opened it.
@@ -397,7 +438,7 @@ where
         id: ConnId,
         ended: ConnectEnd<C::Conn, C::Error>,
     ) -> Option<PoolError<C::Error>> {
-        let (failed, stale, drained) = self.update(|st, now| {
+        let (failed, stale, counted, drained) = self.update(|st, now| {
             st.connecting = st.connecting.saturating_sub(1);
             let (failed, stale) = match ended {
                 ConnectEnd::Connected(conn) => {
@@ -424,11 +465,12 @@ where
                     (Some(PoolError::Closed), None)
                 }
             };
-            (failed, stale, st.is_drained())
+            let counted = st.taking(stale.is_some());
+            (failed, stale, counted, st.is_drained())
         });
-        drop(stale);
         self.connected.notify();
         self.drained.notify_if(drained);
+        self.drop_taken(stale, counted);
         failed
     }
 
@@ -438,7 +480,7 @@ where
     }
 
     fn finish(&self, id: ConnId, broken: bool) {
-        let (dropped, drained) = self.update(|st, now| {
+        let (dropped, counted, drained) = self.update(|st, now| {
             st.leased = st.leased.saturating_sub(1);
             let dropped = if broken {
                 st.table.handle_closed(now, id);
@@ -447,10 +489,11 @@ where
                 let _ = st.table.handle_finished(now, id);
                 None
             };
-            (dropped, st.is_drained())
+            let counted = st.taking(dropped.is_some());
+            (dropped, counted, st.is_drained())
         });
-        drop(dropped);
         self.drained.notify_if(drained);
+        self.drop_taken(dropped, counted);
     }
 }
 
@@ -538,13 +581,26 @@ where
 /// until dropped. `Send` (and `Sync`) for `Send + Sync` connections; not `Clone`.
 #[must_use = "a lease holds its connection busy until dropped"]
 pub struct Lease<R, C: Connector<H>, U, H, S = std::hash::RandomState> {
+    /// Declared before `end`, so it is dropped first: the lease's handle to the connection is
+    /// gone before the pool hears the lease ended (and `closed()` may resolve).
     conn: Arc<C::Conn>,
+    end: LeaseEnd<R, C, U, H, S>,
+}
+
+/// A lease's obligation: tell the pool it ended, exactly once, when dropped.
+struct LeaseEnd<R, C: Connector<H>, U, H, S> {
     id: ConnId,
     pool: ConnPool<R, C, U, H, S>,
-    /// `PoolShared::finish` for this pool's types, taken where their bounds hold, so the
-    /// lease's `Drop` needs none.
+    /// `PoolShared::finish` for this pool's types, taken where their bounds hold, so `Drop`
+    /// needs none.
     finish: FinishFn<R, C, U, H, S>,
-    live: bool,
+    broken: bool,
+}
+
+impl<R, C: Connector<H>, U, H, S> Drop for LeaseEnd<R, C, U, H, S> {
+    fn drop(&mut self) {
+        (self.finish)(&self.pool, self.id, self.broken);
+    }
 }
 
 type FinishFn<R, C, U, H, S> = fn(&ConnPool<R, C, U, H, S>, ConnId, bool);
@@ -552,14 +608,13 @@ type FinishFn<R, C, U, H, S> = fn(&ConnPool<R, C, U, H, S>, ConnId, bool);
 impl<R, C: Connector<H>, U, H, S> Lease<R, C, U, H, S> {
     /// The connection's id in the pool's table.
     pub fn id(&self) -> ConnId {
-        self.id
+        self.end.id
     }
 
     /// Reports the connection dead (an I/O error): the pool forgets it, and the next lease of
     /// its endpoint reconnects at once.
     pub fn broken(mut self) {
-        self.live = false;
-        (self.finish)(&self.pool, self.id, true);
+        self.end.broken = true;
     }
 }
 
@@ -570,18 +625,10 @@ impl<R, C: Connector<H>, U, H, S> Deref for Lease<R, C, U, H, S> {
     }
 }
 
-impl<R, C: Connector<H>, U, H, S> Drop for Lease<R, C, U, H, S> {
-    fn drop(&mut self) {
-        if core::mem::replace(&mut self.live, false) {
-            (self.finish)(&self.pool, self.id, false);
-        }
-    }
-}
-
 impl<R, C: Connector<H>, U, H, S> fmt::Debug for Lease<R, C, U, H, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
-            .field("id", &self.id)
+            .field("id", &self.end.id)
             .finish_non_exhaustive()
     }
 }

@@ -207,7 +207,6 @@ fn pool_connect_racing_close_leaves_no_connection_and_drains() {
 /// the one a connect that ended after the close refused, is dropped after the lock, and a
 /// `closed()` polled in between already sees the pool drained.
 #[test]
-#[ignore = "fails today: ConnPool::closed() can resolve before a dropped connection is gone (pool.rs)"]
 fn pool_closed_first_polled_during_the_close_waits_for_the_connection_drop() {
     pool_connect_racing_close(true);
 }
