@@ -155,6 +155,46 @@ pub(crate) fn sweep<F>(
     points
 }
 
+/// [`sweep`] for the drivers, which catch their user code's panics themselves (the operation
+/// fails with `Panicked`): `op` runs with the trap set at the `n`-th user call and must return
+/// normally; a panic on cue that escapes it is a failure. `check` gets where the trap sprang
+/// (`None` for the one run that completes without reaching it, the last). Returns the points
+/// `op` reaches, in call order.
+pub(crate) fn sweep_caught<F>(
+    mut setup: impl FnMut() -> F,
+    mut op: impl FnMut(&mut F),
+    mut check: impl FnMut(&mut F, Option<Point>),
+) -> Vec<Point> {
+    let mut points = Vec::new();
+    for n in 0.. {
+        let mut fixture = setup();
+        arm(n);
+        let outcome = catch_unwind(AssertUnwindSafe(|| op(&mut fixture)));
+        let sprung = disarm();
+        if let Err(payload) = outcome {
+            let cue = payload
+                .downcast_ref::<String>()
+                .is_some_and(|m| m.ends_with(CUE));
+            if !cue {
+                resume_unwind(payload);
+            }
+            panic!(
+                "{sprung:?} at user call {n} panicked through the driver (calls before: {points:?})"
+            );
+        }
+        check(&mut fixture, sprung);
+        match sprung {
+            None => break,
+            Some(point) => points.push(point),
+        }
+        assert!(
+            n < 64,
+            "an operation that keeps calling user code: {points:?}"
+        );
+    }
+    points
+}
+
 /// A waker that counts its wakes and then panics in every one of them.
 pub(crate) struct PanickingWaker {
     counting: Waker,
