@@ -1,7 +1,7 @@
-//! User code that panics on cue, for the handles' panic-safety tests (issue 12, item 2): a
-//! key whose `Hash`, `Eq` and `Clone` can panic at any one call, a waker whose `wake` panics,
-//! and [`sweep`], which runs an operation once per user call it makes, panicking at each call
-//! in turn.
+//! User code that panics on cue, for the handles' and drivers' panic-safety tests (issue 12):
+//! a key whose `Hash`, `Eq` and `Clone` can panic at any one call, a waker whose `wake`
+//! panics, and [`sweep`], which runs an operation once per user call it makes, panicking at
+//! each call in turn ([`sweep_caught`] for the drivers, which catch the panic themselves).
 //!
 //! The trap is per thread (each test runs on its own), so tests running side by side do not
 //! spring each other's.
@@ -107,6 +107,13 @@ impl Clone for TrapKey {
     }
 }
 
+/// Whether a panic's payload is the trap's.
+fn is_cue(payload: &(dyn core::any::Any + Send)) -> bool {
+    payload
+        .downcast_ref::<String>()
+        .is_some_and(|m| m.ends_with(CUE))
+}
+
 /// Runs `run` with the trap set to spring at the `n`-th user call: `Ok` if `run` returned
 /// without reaching it, `Err(point)` if it panicked there. Any other panic is resumed.
 pub(crate) fn trapped<T>(n: usize, run: impl FnOnce() -> T) -> Result<T, Point> {
@@ -116,10 +123,7 @@ pub(crate) fn trapped<T>(n: usize, run: impl FnOnce() -> T) -> Result<T, Point> 
     match (outcome, sprung) {
         (Ok(value), None) => Ok(value),
         (Err(payload), Some(point)) => {
-            let cue = payload
-                .downcast_ref::<String>()
-                .is_some_and(|m| m.ends_with(CUE));
-            if !cue {
+            if !is_cue(&*payload) {
                 resume_unwind(payload);
             }
             Err(point)
@@ -172,10 +176,7 @@ pub(crate) fn sweep_caught<F>(
         let outcome = catch_unwind(AssertUnwindSafe(|| op(&mut fixture)));
         let sprung = disarm();
         if let Err(payload) = outcome {
-            let cue = payload
-                .downcast_ref::<String>()
-                .is_some_and(|m| m.ends_with(CUE));
-            if !cue {
+            if !is_cue(&*payload) {
                 resume_unwind(payload);
             }
             panic!(
