@@ -8,10 +8,13 @@
 //! end back to the batcher (which releases the credit exactly once and may send the next
 //! batch). Results are handed to submitters through one-shot slots, after the lock is dropped.
 //!
-//! User code that panics (`op_bytes`, `send`, or the future `send` returns) fails the
-//! operations it was working on with [`OpError::Panicked`] and gives their credit back: the
-//! panic is caught where the driver calls that code, and each send task also owns its credit
-//! in a guard, so a task the runtime drops unfinished releases it too.
+//! User code that panics (`op_bytes`, the shard key's `Hash`, `Eq` or `Clone`, `send`, or the
+//! future `send` returns) fails the operations it was working on with [`OpError::Panicked`]
+//! and gives their credit back: the panic is caught where the driver calls that code, and each
+//! send task also owns its credit in a guard, so a task the runtime drops unfinished releases
+//! it too. Shard keys are user code only in `submit`: it stores each key once and names it by
+//! a plain id from then on, so the driver task, the batcher and its window never run a key's
+//! code (see [`Shards`]).
 
 use alloc::collections::VecDeque;
 use alloc::sync::Arc as ErrArc;
@@ -21,6 +24,8 @@ use core::future::Future;
 use core::hash::{BuildHasher, Hash};
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
+
+use hashbrown::HashTable;
 
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Receiver, Sender};
@@ -80,8 +85,9 @@ pub enum OpError<E> {
     /// The driver closed before the operation was sent.
     #[error("driver closed")]
     Closed,
-    /// User code it depended on panicked: [`Transport::op_bytes`] for this operation, or
-    /// [`Transport::send`] (or its future) for its batch. The batch's credit was released.
+    /// User code it depended on panicked: [`Transport::op_bytes`] or the shard key's `Hash`,
+    /// `Eq` or `Clone` in `submit` for this operation (nothing was queued), or
+    /// [`Transport::send`] (or its future) for its batch (the batch's credit was released).
     #[error(transparent)]
     Panicked(#[from] Panicked),
 }
@@ -97,12 +103,134 @@ type OpResult<T, Shard, Op> =
 
 struct OpSlot<T: Transport<Shard, Op>, Shard, Op> {
     op: Option<Op>,
+    /// The key the submitter passed, kept until the operation's batch is sent: the batch's
+    /// first operation gives the key its `send` is called with, so no key is cloned for a
+    /// send.
+    key: Option<Shard>,
+    /// The key's id in [`Shards`] (counted there until the slot is freed).
+    shard: ShardId,
     tx: Sender<OpResult<T, Shard, Op>>,
 }
 
+/// A shard key as the batcher and its window see it: an index into [`Shards`]. Its `Hash`,
+/// `Eq` and `Clone` are the derived ones of a `usize`, so they cannot panic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct ShardId(usize);
+
+/// The shard keys of the operations in the driver, each stored once and named by a
+/// [`ShardId`] everywhere else. `submit` is the only input that runs a key's code: it hashes
+/// the key once, compares it with the stored keys of that hash and, for a shard not yet
+/// stored, clones it, all before it changes anything; a panic there fails that submit alone
+/// and leaves the table as it was. Entries are placed by the hash stored in them, so the table
+/// grows and shrinks without user code, and an entry is removed (by its id, without user
+/// code) when the last operation slot naming it is freed.
+struct Shards<Shard, S> {
+    hasher: S,
+    /// Entry ids, each placed by its entry's stored hash.
+    index: HashTable<usize>,
+    entries: Vec<Option<Interned<Shard>>>,
+    free: Vec<usize>,
+}
+
+struct Interned<Shard> {
+    key: Shard,
+    hash: u64,
+    /// Operation slots naming this entry.
+    ops: usize,
+}
+
+impl<Shard: Hash + Eq + Clone, S: BuildHasher> Shards<Shard, S> {
+    fn new(hasher: S) -> Self {
+        Shards {
+            hasher,
+            index: HashTable::new(),
+            entries: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    /// The id of `shard` if it is stored (user code: its `Hash`, then `Eq`; nothing changes).
+    fn find(&self, shard: &Shard) -> Option<ShardId> {
+        self.find_hashed(self.hasher.hash_one(shard), shard)
+    }
+
+    fn find_hashed(&self, hash: u64, shard: &Shard) -> Option<ShardId> {
+        let entries = &self.entries;
+        self.index
+            .find(hash, |&id| {
+                entries
+                    .get(id)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|e| e.key == *shard)
+            })
+            .map(|&id| ShardId(id))
+    }
+
+    /// The id of `shard`, counted for one more operation slot; a shard not yet stored is
+    /// stored (a clone of the key). Every call of the key's code comes first.
+    fn intern(&mut self, shard: &Shard) -> ShardId {
+        let hash = self.hasher.hash_one(shard);
+        if let Some(id) = self.find_hashed(hash, shard) {
+            if let Some(Some(e)) = self.entries.get_mut(id.0) {
+                e.ops = e.ops.saturating_add(1);
+            }
+            return id;
+        }
+        let key = shard.clone();
+        // No user code from here on.
+        let entry = Interned { key, hash, ops: 1 };
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.entries.push(None);
+                self.entries.len() - 1
+            }
+        };
+        if let Some(e) = self.entries.get_mut(id) {
+            *e = Some(entry);
+        }
+        let entries = &self.entries;
+        self.index.insert_unique(hash, id, |&id| {
+            entries
+                .get(id)
+                .and_then(Option::as_ref)
+                .map_or(0, |e| e.hash)
+        });
+        ShardId(id)
+    }
+}
+
+impl<Shard, S> Shards<Shard, S> {
+    /// An operation slot naming `id` was freed; the last one removes the entry. No user code
+    /// (the key's `Drop` aside).
+    fn release(&mut self, id: ShardId) {
+        let Some(Some(e)) = self.entries.get_mut(id.0) else {
+            return;
+        };
+        e.ops = e.ops.saturating_sub(1);
+        if e.ops > 0 {
+            return;
+        }
+        if let Ok(found) = self.index.find_entry(e.hash, |&i| i == id.0) {
+            found.remove();
+        }
+        if let Some(e) = self.entries.get_mut(id.0) {
+            *e = None;
+        }
+        self.free.push(id.0);
+    }
+
+    /// Shards stored (with an operation in the driver).
+    #[cfg(all(test, not(loom)))]
+    fn len(&self) -> usize {
+        self.index.len()
+    }
+}
+
 struct DriverState<T: Transport<Shard, Op>, Shard, Op, S> {
-    batcher: Batcher<Shard, usize, S>,
-    inbox: VecDeque<(Shard, usize, u64)>,
+    batcher: Batcher<ShardId, usize, S>,
+    shards: Shards<Shard, S>,
+    inbox: VecDeque<(ShardId, usize, u64)>,
     /// Submitted operations by slot (the batcher's handle `H` is the slot index).
     slots: Vec<Option<OpSlot<T, Shard, Op>>>,
     free: Vec<usize>,
@@ -120,7 +248,6 @@ struct DriverShared<R, T: Transport<Shard, Op>, Shard, Op, S> {
 
 impl<T: Transport<Shard, Op>, Shard, Op, S> DriverState<T, Shard, Op, S>
 where
-    Shard: Hash + Eq + Clone,
     S: BuildHasher + Clone,
 {
     /// Closed, and no batch in the transport (no live window credit).
@@ -131,7 +258,8 @@ where
 
 /// What a critical section decided, carried out after the lock is dropped.
 struct Effects<T: Transport<Shard, Op>, Shard, Op> {
-    sends: Vec<(Shard, CreditId, Vec<Op>)>,
+    /// Each batch to send, with the key of its first operation (always there: see `drain`).
+    sends: Vec<(Option<Shard>, CreditId, Vec<Op>)>,
     done: Vec<Done<T, Shard, Op>>,
 }
 
@@ -171,6 +299,10 @@ enum Ending<O, E> {
 ///   concerned with [`OpError::Panicked`]; the batch's credit is released and later submits to
 ///   the shard proceed. A send task the runtime drops unfinished releases its credit too
 ///   (its operations fail with [`OpError::NoResponse`]).
+/// - The shard key's `Hash`, `Eq` and `Clone` run only in `submit` (and in the queries
+///   [`in_flight`](Self::in_flight) and [`open_ops`](Self::open_ops)), before it queues
+///   anything: a panic there fails that submit alone with [`OpError::Panicked`]. The driver
+///   task, the batches' ends and `close` run no key code. (The key's `Drop` is not covered.)
 ///
 /// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
 /// [`new`](BatchDriver::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
@@ -261,7 +393,8 @@ where
                 rt,
                 transport,
                 state: Mutex::new(DriverState {
-                    batcher: Batcher::with_hasher(cfg, hasher)?,
+                    batcher: Batcher::with_hasher(cfg, hasher.clone())?,
+                    shards: Shards::new(hasher),
                     inbox: VecDeque::new(),
                     slots: Vec::new(),
                     free: Vec::new(),
@@ -277,6 +410,10 @@ where
     }
 
     /// Queues `op` for `shard`; the future resolves with its result (see the contract).
+    ///
+    /// The only call that runs the key's `Hash`, `Eq` and `Clone` (a shard new to the driver
+    /// is cloned once); a panic in one of them, or in [`Transport::op_bytes`], fails this
+    /// submit with [`OpError::Panicked`] and queues nothing.
     pub fn submit(&self, shard: Shard, op: Op) -> Submit<T::Output, T::Error> {
         let (tx, rx) = oneshot::channel();
         // User code, before anything is queued: a panic fails this operation alone.
@@ -285,13 +422,26 @@ where
             return Submit { rx };
         };
         let waker = {
-            let mut st = lock(&self.shared.state);
+            let mut guard = lock(&self.shared.state);
+            let st = &mut *guard;
             if st.closed {
-                drop(st);
+                drop(guard);
                 tx.send(Err(OpError::Closed));
                 return Submit { rx };
             }
-            let slot = OpSlot { op: Some(op), tx };
+            // The key's code, caught under the lock: `intern` runs all of it before it changes
+            // anything, so a panic leaves the state as it was (and the lock unpoisoned).
+            let Ok(id) = unwind::call(|| st.shards.intern(&shard)) else {
+                drop(guard);
+                tx.send(Err(OpError::Panicked(Panicked)));
+                return Submit { rx };
+            };
+            let slot = OpSlot {
+                op: Some(op),
+                key: Some(shard),
+                shard: id,
+                tx,
+            };
             let index = match st.free.pop() {
                 Some(i) => {
                     if let Some(s) = st.slots.get_mut(i) {
@@ -304,7 +454,7 @@ where
                     st.slots.len() - 1
                 }
             };
-            st.inbox.push_back((shard, index, bytes));
+            st.inbox.push_back((id, index, bytes));
             st.driver.take()
         };
         if let Some(w) = waker {
@@ -353,13 +503,24 @@ where
     }
 
     /// Batches of `shard` in the transport now (at most the window's capacity).
+    ///
+    /// Runs the key's `Hash` and `Eq`; a panic there propagates to the caller and changes
+    /// nothing (as for the handles' queries).
     pub fn in_flight(&self, shard: &Shard) -> u32 {
-        lock(&self.shared.state).batcher.window().in_flight(shard)
+        let st = lock(&self.shared.state);
+        // A shard with no operation in the driver is not stored, and has nothing in flight.
+        st.shards
+            .find(shard)
+            .map_or(0, |id| st.batcher.window().in_flight(&id))
     }
 
-    /// Operations of `shard` waiting in its open (or parked) batch.
+    /// Operations of `shard` waiting in its open (or parked) batch. Runs the key's `Hash` and
+    /// `Eq`, as [`in_flight`](Self::in_flight) does.
     pub fn open_ops(&self, shard: &Shard) -> usize {
-        lock(&self.shared.state).batcher.open_ops(shard)
+        let st = lock(&self.shared.state);
+        st.shards
+            .find(shard)
+            .map_or(0, |id| st.batcher.open_ops(&id))
     }
 
     /// Operations submitted and not yet sent, queued for the driver task.
@@ -416,19 +577,25 @@ where
             for (tx, result) in effects.done.drain(..) {
                 tx.send(result);
             }
-            let mut panicked = Vec::new();
+            let mut unsent = Vec::new();
             for (shard, credit, ops) in effects.sends.drain(..) {
+                let Some(shard) = shard else {
+                    // Unreachable: each operation keeps its key until its batch is sent.
+                    debug_assert!(false, "a batch to send without a key");
+                    unsent.push((credit, Ending::Abandoned));
+                    continue;
+                };
                 match unwind::call(|| self.shared.transport.send(&shard, ops)) {
                     Ok(sending) => self.spawn_send(credit, sending),
-                    Err(Panicked) => panicked.push(credit),
+                    Err(Panicked) => unsent.push((credit, Ending::Panicked)),
                 }
             }
-            if panicked.is_empty() {
+            if unsent.is_empty() {
                 return;
             }
             let mut drained = false;
-            for credit in panicked {
-                let (more, now_drained) = self.end_batch(credit, Ending::Panicked);
+            for (credit, ending) in unsent {
+                let (more, now_drained) = self.end_batch(credit, ending);
                 effects.extend(more);
                 drained |= now_drained;
             }
@@ -577,6 +744,7 @@ where
 {
     let slot = st.slots.get_mut(index)?.take()?;
     st.free.push(index);
+    st.shards.release(slot.shard);
     Some(slot)
 }
 
@@ -592,17 +760,27 @@ fn drain<T, Shard, Op, S>(
 {
     while let Some(action) = st.batcher.poll_action() {
         match action {
-            BatchAction::Send { shard, credit } => {
+            BatchAction::Send { shard: _, credit } => {
                 let handles: Vec<usize> = st
                     .batcher
                     .batch(credit)
                     .map(|b| b.ops().to_vec())
                     .unwrap_or_default();
+                // The first operation's key is the batch's (they share the shard id); the
+                // others' copies are dropped here.
+                let mut key = None;
                 let ops = handles
                     .into_iter()
-                    .filter_map(|h| st.slots.get_mut(h)?.as_mut()?.op.take())
+                    .filter_map(|h| {
+                        let slot = st.slots.get_mut(h)?.as_mut()?;
+                        let own = slot.key.take();
+                        if key.is_none() {
+                            key = own;
+                        }
+                        slot.op.take()
+                    })
                     .collect();
-                effects.sends.push((shard, credit, ops));
+                effects.sends.push((key, credit, ops));
             }
             BatchAction::Deliver { handle, position } => {
                 let result = match ending {
@@ -637,7 +815,9 @@ fn drain<T, Shard, Op, S>(
 mod tests {
     use super::*;
     use crate::WindowConfig;
+    use crate::sync::panic_support::{Point, TrapKey};
     use crate::sync::test_support::{Executor, TestRuntime};
+    use crate::test_hasher::TestHasher;
     use std::hash::RandomState;
     use std::sync::Mutex as StdMutex;
 
@@ -655,7 +835,24 @@ mod tests {
     /// A batch reply on which the send future panics instead of returning it.
     const FUTURE_PANIC: &str = "the send future panics";
 
-    impl Transport<u8, u32> for Held {
+    /// A shard key the test transport can name without calling the key's code.
+    trait Numbered {
+        fn number(&self) -> u8;
+    }
+
+    impl Numbered for u8 {
+        fn number(&self) -> u8 {
+            *self
+        }
+    }
+
+    impl Numbered for TrapKey {
+        fn number(&self) -> u8 {
+            u8::try_from(self.0).unwrap_or(u8::MAX)
+        }
+    }
+
+    impl<K: Numbered> Transport<K, u32> for Held {
         type Output = u32;
         type Error = &'static str;
         fn op_bytes(&self, op: &u32) -> u64 {
@@ -664,12 +861,12 @@ mod tests {
         }
         fn send(
             &self,
-            shard: &u8,
+            shard: &K,
             ops: Vec<u32>,
         ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
             assert!(!ops.contains(&SEND_PANIC), "send panics");
             let (tx, rx) = oneshot::channel();
-            self.0.lock().unwrap().push((*shard, ops, tx));
+            self.0.lock().unwrap().push((shard.number(), ops, tx));
             async move {
                 let reply = rx.await.unwrap_or(Err("dropped"));
                 assert_ne!(reply, Err(FUTURE_PANIC), "the send future panics");
@@ -842,10 +1039,33 @@ mod tests {
         shard: u8,
         pending: usize,
     ) {
+        assert_books_of(driver, &[shard], pending);
+    }
+
+    /// [`assert_books`] over several shards, for any key: each shard's credits are conserved,
+    /// no credit is live beyond theirs, exactly `pending` operation slots are in use (every
+    /// other one free), and no shard key is stored once nothing is pending.
+    fn assert_books_of<R: Runtime, K, S>(
+        driver: &BatchDriver<R, Held, K, u32, S>,
+        shards: &[K],
+        pending: usize,
+    ) where
+        Held: Transport<K, u32>,
+        K: Hash + Eq + Clone,
+        S: BuildHasher + Clone,
+    {
         let st = lock(&driver.shared.state);
         let w = st.batcher.window();
-        assert_eq!(w.in_flight(&shard) + w.available(&shard), w.capacity());
-        assert_eq!(w.live_credits(), w.in_flight(&shard) as usize);
+        let mut in_flight = 0;
+        for shard in shards {
+            let (busy, free) = match st.shards.find(shard) {
+                Some(id) => (w.in_flight(&id), w.available(&id)),
+                None => (0, w.capacity()),
+            };
+            assert_eq!(busy + free, w.capacity(), "credits conserved");
+            in_flight += busy as usize;
+        }
+        assert_eq!(w.live_credits(), in_flight, "no other credit live");
         let used = st.slots.iter().flatten().count();
         assert_eq!(used, pending, "operation slots in use");
         assert_eq!(
@@ -853,6 +1073,10 @@ mod tests {
             st.slots.len(),
             "every slot used or free"
         );
+        if pending == 0 {
+            assert_eq!(st.shards.len(), 0, "no shard key left stored");
+            assert_eq!(st.batcher.open_batches(), 0);
+        }
     }
 
     fn results(out: &Results) -> Vec<(u32, Result<u32, OpError<&'static str>>)> {
@@ -1041,5 +1265,347 @@ mod tests {
             2,
             "each batch was handed to the transport"
         );
+    }
+
+    // A shard key whose `Hash`, `Eq` or `Clone` panics (issue 12): the driver runs a key's code
+    // in `submit` alone, so the submit it panicked in fails with `Panicked` and nothing else
+    // does. Before, the driver task ran it (`Batcher::handle_op`, `flush`, the window's hand-on,
+    // `close`): a panic there killed the task with a batch on its way between the batcher and
+    // the window.
+
+    type TrapDriver = BatchDriver<TestRuntime, Held, TrapKey, u32, TestHasher>;
+
+    const A: u32 = 1;
+    const B: u32 = 2;
+    /// A shard first seen after the sweep's operation.
+    const C: u32 = 3;
+
+    /// A driver over keys that panic on cue, with a window of one batch per shard.
+    struct Fixture {
+        exec: Executor,
+        driver: TrapDriver,
+        held: Held,
+        out: Results,
+        /// Every operation submitted, in order.
+        submitted: Vec<u32>,
+        /// Operations whose `Submit` was ready at once, before the driver task ran.
+        at_once: Vec<u32>,
+        /// Every batch the test answered: `(shard, ops)`, in order.
+        answered: Vec<(u8, Vec<u32>)>,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let exec = Executor::default();
+            let mut rt = TestRuntime::new();
+            rt.spawner = Some(exec.spawner());
+            let held = Held::default();
+            let cfg =
+                BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+            let driver =
+                BatchDriver::with_hasher(rt, held.clone(), cfg, TestHasher::default()).unwrap();
+            Fixture {
+                exec,
+                driver,
+                held,
+                out: Arc::default(),
+                submitted: Vec::new(),
+                at_once: Vec::new(),
+                answered: Vec::new(),
+            }
+        }
+
+        /// Submits `op` to `shard`; its result goes to `out` (at once if it is ready at once).
+        fn submit(&mut self, shard: u32, op: u32) {
+            use crate::sync::test_support::{CountingWaker, poll_once};
+            self.submitted.push(op);
+            let mut result = self.driver.submit(TrapKey(shard), op);
+            let (w, _) = CountingWaker::new();
+            if let Poll::Ready(r) = poll_once(&mut result, &w) {
+                self.at_once.push(op);
+                self.out.lock().unwrap().push((op, r));
+                return;
+            }
+            let out = Arc::clone(&self.out);
+            self.exec.spawn(async move {
+                let r = result.await;
+                out.lock().unwrap().push((op, r));
+            });
+        }
+
+        fn run(&mut self) {
+            self.exec.run_until_stalled();
+        }
+
+        /// Answers the batches of `shard` in the transport (`None`: every shard), each
+        /// operation `x` with `10 * x`, and runs the tasks.
+        fn answer(&mut self, shard: Option<u32>) {
+            let (mine, others): (Sent, Sent) = self
+                .held
+                .take()
+                .into_iter()
+                .partition(|s| shard.is_none_or(|n| u32::from(s.0) == n));
+            self.held.0.lock().unwrap().extend(others);
+            for (to, ops, reply) in mine {
+                self.answered.push((to, ops.clone()));
+                reply.send(Ok(ops.iter().map(|x| Ok(10 * x)).collect()));
+            }
+            self.run();
+        }
+
+        /// Answers every batch until none is left in the transport.
+        fn answer_all(&mut self) {
+            while !self.held.0.lock().unwrap().is_empty() {
+                self.answer(None);
+            }
+        }
+
+        /// Every submit resolved exactly once: `Ok(10 * op)`, or one of `allowed` errors, or
+        /// `Panicked` for exactly one submit, failed at once, if the trap `sprung`. Returns the
+        /// operations that failed with `Closed`.
+        fn assert_every_submit_resolved(&self, sprung: Option<Point>) -> Vec<u32> {
+            let got = results(&self.out);
+            let mut ops: Vec<u32> = got.iter().map(|(op, _)| *op).collect();
+            let mut submitted = self.submitted.clone();
+            submitted.sort_unstable();
+            ops.dedup();
+            assert_eq!(ops, submitted, "{sprung:?}: each submit resolved once");
+            let mut panicked = Vec::new();
+            let mut closed = Vec::new();
+            for (op, r) in &got {
+                match r {
+                    Ok(v) => assert_eq!(*v, 10 * op, "{sprung:?}: op {op}"),
+                    Err(OpError::Panicked(Panicked)) => panicked.push(*op),
+                    Err(OpError::Closed) => closed.push(*op),
+                    Err(e) => panic!("{sprung:?}: op {op} failed with {e:?}"),
+                }
+            }
+            match sprung {
+                None => assert!(panicked.is_empty(), "{panicked:?} panicked unprovoked"),
+                Some(point) => {
+                    assert_eq!(
+                        panicked.len(),
+                        1,
+                        "{point:?}: one submit fails: {panicked:?}"
+                    );
+                    assert!(
+                        self.at_once.contains(&panicked[0]),
+                        "{point:?}: the submit whose key panicked fails at once"
+                    );
+                }
+            }
+            closed
+        }
+    }
+
+    /// Two shards behind a window of one: batches go out, the next ones park (and grow), and
+    /// each end hands the credit to the parked batch. Ends with A's `[3, 5]` and B's `[4, 6]`
+    /// in the transport and A's `[7]` parked.
+    fn two_shards_parking_and_handing_on(f: &mut Fixture) {
+        f.submit(A, 1);
+        f.submit(B, 2);
+        f.run();
+        f.submit(A, 3);
+        f.submit(B, 4);
+        f.submit(A, 5);
+        f.run();
+        f.answer(Some(A)); // [1] ends: A's parked [3, 5] goes out
+        f.submit(B, 6); // joins B's parked [4]
+        f.run();
+        f.answer(Some(B)); // [2] ends: B's parked [4, 6] goes out
+        f.submit(A, 7); // parked behind [3, 5]
+        f.run();
+    }
+
+    /// The key calls of the scenario, all in `submit`: a new shard is hashed and cloned once, a
+    /// stored one hashed and compared once. None in the driver task, the ends or `close`.
+    const SCENARIO_CALLS: [Point; 14] = {
+        use Point::{Clone, Eq, Hash};
+        [
+            Hash, Clone, Hash, Clone, Hash, Eq, Hash, Eq, Hash, Eq, Hash, Eq, Hash, Eq,
+        ]
+    };
+
+    #[test]
+    fn a_key_panicking_at_any_call_fails_only_its_own_submit_and_the_driver_keeps_serving() {
+        let points = crate::sync::panic_support::sweep_caught(
+            Fixture::new,
+            two_shards_parking_and_handing_on,
+            |f, sprung| {
+                if sprung.is_none() {
+                    assert_eq!(
+                        f.answered,
+                        [(1, alloc::vec![1]), (2, alloc::vec![2])],
+                        "the first batches ended; the parked ones are in the transport"
+                    );
+                    assert_eq!(f.driver.open_ops(&TrapKey(A)), 1, "[7] parked");
+                }
+                // Later submits, the key behaving now: to the same shards and a new one.
+                f.submit(A, 8);
+                f.submit(B, 9);
+                f.submit(C, 10);
+                f.run();
+                f.answer_all();
+                if sprung.is_none() {
+                    assert_eq!(
+                        f.answered[2..4],
+                        [(1, alloc::vec![3, 5]), (2, alloc::vec![4, 6])],
+                        "the parked batches grew and were handed on"
+                    );
+                }
+                let closed = f.assert_every_submit_resolved(sprung);
+                assert!(closed.is_empty(), "{sprung:?}: {closed:?} closed");
+                assert_books_of(&f.driver, &[TrapKey(A), TrapKey(B), TrapKey(C)], 0);
+                assert_eq!(f.exec.run_until_stalled(), 1, "the driver task lives on");
+                f.driver.close();
+                assert_eq!(f.exec.run_until_stalled(), 0, "and ends at close");
+            },
+        );
+        assert_eq!(points, SCENARIO_CALLS);
+    }
+
+    #[test]
+    fn a_key_panicking_at_any_call_before_close_strands_nothing_the_close_fails() {
+        let points = crate::sync::panic_support::sweep_caught(
+            Fixture::new,
+            |f| {
+                two_shards_parking_and_handing_on(f);
+                f.submit(B, 8); // parked behind [4, 6]
+                f.run();
+                f.submit(A, 9); // still queued for the driver task
+                f.driver.close();
+                f.answer_all(); // the batches in the transport end normally
+            },
+            |f, sprung| {
+                f.answer_all();
+                let closed = f.assert_every_submit_resolved(sprung);
+                if sprung.is_none() {
+                    assert_eq!(closed, [7, 8, 9], "the parked and queued operations");
+                }
+                assert_books_of(&f.driver, &[TrapKey(A), TrapKey(B)], 0);
+                assert_eq!(f.exec.run_until_stalled(), 0, "the driver task ended");
+                f.submit(A, 10);
+                assert_eq!(f.at_once.last(), Some(&10), "refused at once");
+                assert!(matches!(results(&f.out)[..], [(10, Err(OpError::Closed))]));
+            },
+        );
+        use Point::{Eq, Hash};
+        assert_eq!(
+            points[..],
+            [&SCENARIO_CALLS[..], &[Hash, Eq, Hash, Eq]].concat(),
+            "the scenario's calls and the two submits after it: close runs none"
+        );
+    }
+
+    /// A shard key whose `Hash`, `Eq` or `Clone` (the one named) panics at every call.
+    #[derive(Debug)]
+    struct Sour {
+        n: u8,
+        sour: Option<Point>,
+    }
+
+    impl Hash for Sour {
+        fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+            assert_ne!(self.sour, Some(Point::Hash), "a sour Hash");
+            self.n.hash(state);
+        }
+    }
+
+    impl PartialEq for Sour {
+        fn eq(&self, other: &Self) -> bool {
+            let sour = Some(Point::Eq);
+            assert!(self.sour != sour && other.sour != sour, "a sour Eq");
+            self.n == other.n
+        }
+    }
+
+    impl Eq for Sour {}
+
+    impl Clone for Sour {
+        fn clone(&self) -> Self {
+            assert_ne!(self.sour, Some(Point::Clone), "a sour Clone");
+            Sour {
+                n: self.n,
+                sour: self.sour,
+            }
+        }
+    }
+
+    impl Numbered for Sour {
+        fn number(&self) -> u8 {
+            self.n
+        }
+    }
+
+    #[test]
+    fn a_key_that_always_panics_fails_each_of_its_submits_and_every_other_shard_is_served() {
+        use crate::sync::test_support::{CountingWaker, poll_once};
+        for point in [Point::Hash, Point::Eq, Point::Clone] {
+            let exec = Executor::default();
+            let mut rt = TestRuntime::new();
+            rt.spawner = Some(exec.spawner());
+            let held = Held::default();
+            let cfg =
+                BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+            let driver: BatchDriver<_, _, Sour, u32, TestHasher> =
+                BatchDriver::with_hasher(rt, held.clone(), cfg, TestHasher::default()).unwrap();
+            let (mut exec, out) = (exec, Results::default());
+            let submit = |exec: &Executor, n: u8, op: u32| {
+                let (fut, out) = (driver.submit(Sour { n, sour: None }, op), Arc::clone(&out));
+                exec.spawn(async move {
+                    let r = fut.await;
+                    out.lock().unwrap().push((op, r));
+                });
+            };
+            submit(&exec, 1, 1);
+            exec.run_until_stalled(); // shard 1 stored, [1] in the transport
+            // `Eq` is reached through the stored shard 1; `Hash` and `Clone` through a new one.
+            let n = if point == Point::Eq { 1 } else { 2 };
+            let (w, _) = CountingWaker::new();
+            for op in [2, 3, 4] {
+                let mut refused = driver.submit(
+                    Sour {
+                        n,
+                        sour: Some(point),
+                    },
+                    op,
+                );
+                assert!(
+                    matches!(
+                        poll_once(&mut refused, &w),
+                        Poll::Ready(Err(OpError::Panicked(Panicked)))
+                    ),
+                    "{point:?}: op {op} fails at once"
+                );
+                exec.run_until_stalled();
+            }
+            submit(&exec, 1, 5); // parked behind [1]
+            submit(&exec, 2, 6);
+            submit(&exec, 3, 7);
+            exec.run_until_stalled();
+            while !held.0.lock().unwrap().is_empty() {
+                for (_, ops, reply) in held.take() {
+                    reply.send(Ok(ops.iter().map(|x| Ok(10 * x)).collect()));
+                }
+                exec.run_until_stalled();
+            }
+            let got: Vec<_> = results(&out)
+                .into_iter()
+                .map(|(op, r)| (op, r.ok()))
+                .collect();
+            assert_eq!(
+                got,
+                [(1, Some(10)), (5, Some(50)), (6, Some(60)), (7, Some(70))],
+                "{point:?}"
+            );
+            let shards = [1, 2, 3].map(|n| Sour { n, sour: None });
+            assert_books_of(&driver, &shards, 0);
+            assert_eq!(
+                exec.run_until_stalled(),
+                1,
+                "{point:?}: the driver task lives on"
+            );
+            driver.close();
+        }
     }
 }

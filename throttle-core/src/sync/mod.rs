@@ -93,8 +93,10 @@ pub struct Closed;
 /// `Hash`, `Eq` or `Clone`, a classifier, a size callback): the operation failed, and
 /// everything it held was given back. The handle keeps serving other and later callers.
 ///
-/// For user code run away from its caller (in a spawned task). User code that a handle calls
-/// in the caller's own call (a key passed to `WindowHandle::acquire`, the closure of
+/// The drivers' error: for user code run away from its caller (in a spawned task), and for
+/// the user code of a driver's own input (`op_bytes` and the shard key in
+/// [`BatchDriver::submit`], the key in [`ConnPool::lease`]). User code that a handle calls in
+/// the caller's own call (a key passed to `WindowHandle::acquire`, the closure of
 /// [`GateHandle::update`]) panics out to that caller instead, with nothing stranded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[error("user code panicked")]

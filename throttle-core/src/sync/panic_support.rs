@@ -1,7 +1,7 @@
-//! User code that panics on cue, for the handles' panic-safety tests (issue 12, item 2): a
-//! key whose `Hash`, `Eq` and `Clone` can panic at any one call, a waker whose `wake` panics,
-//! and [`sweep`], which runs an operation once per user call it makes, panicking at each call
-//! in turn.
+//! User code that panics on cue, for the handles' and drivers' panic-safety tests (issue 12):
+//! a key whose `Hash`, `Eq` and `Clone` can panic at any one call, a waker whose `wake`
+//! panics, and [`sweep`], which runs an operation once per user call it makes, panicking at
+//! each call in turn ([`sweep_caught`] for the drivers, which catch the panic themselves).
 //!
 //! The trap is per thread (each test runs on its own), so tests running side by side do not
 //! spring each other's.
@@ -107,6 +107,13 @@ impl Clone for TrapKey {
     }
 }
 
+/// Whether a panic's payload is the trap's.
+fn is_cue(payload: &(dyn core::any::Any + Send)) -> bool {
+    payload
+        .downcast_ref::<String>()
+        .is_some_and(|m| m.ends_with(CUE))
+}
+
 /// Runs `run` with the trap set to spring at the `n`-th user call: `Ok` if `run` returned
 /// without reaching it, `Err(point)` if it panicked there. Any other panic is resumed.
 pub(crate) fn trapped<T>(n: usize, run: impl FnOnce() -> T) -> Result<T, Point> {
@@ -116,10 +123,7 @@ pub(crate) fn trapped<T>(n: usize, run: impl FnOnce() -> T) -> Result<T, Point> 
     match (outcome, sprung) {
         (Ok(value), None) => Ok(value),
         (Err(payload), Some(point)) => {
-            let cue = payload
-                .downcast_ref::<String>()
-                .is_some_and(|m| m.ends_with(CUE));
-            if !cue {
+            if !is_cue(&*payload) {
                 resume_unwind(payload);
             }
             Err(point)
@@ -146,6 +150,43 @@ pub(crate) fn sweep<F>(
         match outcome {
             Ok(()) => break,
             Err(point) => points.push(point),
+        }
+        assert!(
+            n < 64,
+            "an operation that keeps calling user code: {points:?}"
+        );
+    }
+    points
+}
+
+/// [`sweep`] for the drivers, which catch their user code's panics themselves (the operation
+/// fails with `Panicked`): `op` runs with the trap set at the `n`-th user call and must return
+/// normally; a panic on cue that escapes it is a failure. `check` gets where the trap sprang
+/// (`None` for the one run that completes without reaching it, the last). Returns the points
+/// `op` reaches, in call order.
+pub(crate) fn sweep_caught<F>(
+    mut setup: impl FnMut() -> F,
+    mut op: impl FnMut(&mut F),
+    mut check: impl FnMut(&mut F, Option<Point>),
+) -> Vec<Point> {
+    let mut points = Vec::new();
+    for n in 0.. {
+        let mut fixture = setup();
+        arm(n);
+        let outcome = catch_unwind(AssertUnwindSafe(|| op(&mut fixture)));
+        let sprung = disarm();
+        if let Err(payload) = outcome {
+            if !is_cue(&*payload) {
+                resume_unwind(payload);
+            }
+            panic!(
+                "{sprung:?} at user call {n} panicked through the driver (calls before: {points:?})"
+            );
+        }
+        check(&mut fixture, sprung);
+        match sprung {
+            None => break,
+            Some(point) => points.push(point),
         }
         assert!(
             n < 64,
