@@ -31,6 +31,7 @@ use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Receiver, Sender};
 use super::signal::{WakeSignal, wait_for};
 use super::unwind;
+use super::waiters::wake_one;
 use super::{Closed, Panicked, Runtime};
 use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason};
 use crate::dispatch_window::CreditId;
@@ -236,6 +237,9 @@ struct DriverState<T: Transport<Shard, Op>, Shard, Op, S> {
     free: Vec<usize>,
     driver: Option<Waker>,
     closed: bool,
+    /// Critical sections whose results are still being handed to their submitters after
+    /// unlock (a batch's end, `close`): [`BatchDriver::closed`] waits for them too.
+    delivering: usize,
 }
 
 struct DriverShared<R, T: Transport<Shard, Op>, Shard, Op, S> {
@@ -250,9 +254,10 @@ impl<T: Transport<Shard, Op>, Shard, Op, S> DriverState<T, Shard, Op, S>
 where
     S: BuildHasher + Clone,
 {
-    /// Closed, and no batch in the transport (no live window credit).
+    /// Closed, no batch in the transport (no live window credit), and every result decided
+    /// already handed to its submitter.
     fn is_drained(&self) -> bool {
-        self.closed && self.batcher.window().live_credits() == 0
+        self.closed && self.batcher.window().live_credits() == 0 && self.delivering == 0
     }
 }
 
@@ -400,6 +405,7 @@ where
                     free: Vec::new(),
                     driver: None,
                     closed: false,
+                    delivering: 0,
                 }),
                 drained: WakeSignal::new(),
             }),
@@ -458,7 +464,7 @@ where
             st.driver.take()
         };
         if let Some(w) = waker {
-            w.wake();
+            wake_one(w);
         }
         Submit { rx }
     }
@@ -478,13 +484,15 @@ where
             }
             st.batcher.close();
             drain(st, &mut effects, &mut Ending::Nothing);
+            st.delivering += 1;
             (effects, st.driver.take(), st.is_drained())
         };
+        debug_assert!(!drained, "a delivery is in progress");
         self.apply(effects);
         if let Some(w) = waker {
-            w.wake();
+            wake_one(w);
         }
-        self.shared.drained.notify_if(drained);
+        self.delivered(1);
     }
 
     /// Resolves once the driver is closed and no batch is in the transport (every batch sent
@@ -573,6 +581,7 @@ where
     /// ends its batch as [`Ending::Panicked`] here, and whatever that release decides is
     /// carried out in the same loop (no recursion).
     fn apply(&self, mut effects: Effects<T, Shard, Op>) {
+        let mut ended = 0;
         loop {
             for (tx, result) in effects.done.drain(..) {
                 tx.send(result);
@@ -591,16 +600,29 @@ where
                 }
             }
             if unsent.is_empty() {
+                self.delivered(ended);
                 return;
             }
-            let mut drained = false;
             for (credit, ending) in unsent {
-                let (more, now_drained) = self.end_batch(credit, ending);
-                effects.extend(more);
-                drained |= now_drained;
+                effects.extend(self.end_batch(credit, ending));
+                ended += 1;
             }
-            self.shared.drained.notify_if(drained);
         }
+    }
+
+    /// Ends `n` deliveries counted by [`end_batch`](Self::end_batch) or `close` (their
+    /// results are with the submitters now) and notifies `closed()` if that drained the
+    /// driver.
+    fn delivered(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let drained = {
+            let mut st = lock(&self.shared.state);
+            st.delivering = st.delivering.saturating_sub(n);
+            st.is_drained()
+        };
+        self.shared.drained.notify_if(drained);
     }
 
     /// Spawns the task that awaits one batch's `send` future and reports its end. The task owns
@@ -633,19 +655,20 @@ where
 
     /// Reports a batch's end and carries out what the release decides.
     fn finish(&self, credit: CreditId, ending: Ending<T::Output, T::Error>) {
-        let (effects, drained) = self.end_batch(credit, ending);
+        let effects = self.end_batch(credit, ending);
         self.apply(effects);
-        self.shared.drained.notify_if(drained);
+        self.delivered(1);
     }
 
     /// Under the lock: the batch under `credit` ended as `ending`. Releases the credit (once:
-    /// the batcher refuses a second release) and collects the results and the next sends;
-    /// also says whether the closed driver is now drained.
+    /// the batcher refuses a second release) and collects the results and the next sends.
+    /// Counts one delivery in progress: end it with [`delivered`](Self::delivered) once the
+    /// effects are carried out.
     fn end_batch(
         &self,
         credit: CreditId,
         mut ending: Ending<T::Output, T::Error>,
-    ) -> (Effects<T, Shard, Op>, bool) {
+    ) -> Effects<T, Shard, Op> {
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
         let now = self.shared.rt.now();
@@ -657,7 +680,8 @@ where
         // An unknown credit cannot come back here (each credit is reported once).
         let _ = released;
         drain(st, &mut effects, &mut ending);
-        (effects, st.is_drained())
+        st.delivering += 1;
+        effects
     }
 
     /// A dropped send task's end: releases the credit and fails the batch with
@@ -672,7 +696,7 @@ where
                 Ending::Abandoned
             }
         };
-        let (done, drained) = {
+        let done = {
             let mut guard = lock(&self.shared.state);
             let st = &mut *guard;
             let now = self.shared.rt.now();
@@ -683,12 +707,13 @@ where
                 drain(st, &mut effects, &mut ending());
                 credits.extend(effects.sends.drain(..).map(|(_, credit, _)| credit));
             }
-            (effects.done, st.is_drained())
+            st.delivering += 1;
+            effects.done
         };
         for (tx, result) in done {
             tx.send(result);
         }
-        self.shared.drained.notify_if(drained);
+        self.delivered(1);
     }
 }
 

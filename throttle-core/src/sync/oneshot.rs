@@ -12,6 +12,7 @@ use core::task::{Context, Poll, Waker};
 
 use super::Closed;
 use super::loom::{Arc, Mutex, lock};
+use super::waiters::wake_one;
 
 struct Slot<T> {
     value: Option<T>,
@@ -54,7 +55,7 @@ impl<T> Sender<T> {
             slot.waker.take()
         };
         if let Some(w) = waker {
-            w.wake();
+            wake_one(w);
         }
         // `Drop` sees `done` and does nothing more.
     }
@@ -71,7 +72,7 @@ impl<T> Drop for Sender<T> {
             slot.waker.take()
         };
         if let Some(w) = waker {
-            w.wake();
+            wake_one(w);
         }
     }
 }

@@ -207,6 +207,13 @@ pub(crate) fn wake_all<const N: usize>(wakeups: SmallVec<[Waker; N]>) {
     wake_each(wakeups);
 }
 
+/// Wakes one waker as [`wake_all`] does: a panic in its `wake` is caught and dropped, so the
+/// waking call (a one-shot's send, the batch driver's wake of its task) still completes.
+#[inline]
+pub(crate) fn wake_one(waker: Waker) {
+    wake_each([waker]);
+}
+
 fn wake_each(wakeups: impl IntoIterator<Item = Waker>) {
     for waker in wakeups {
         // Nothing of ours is borrowed by `wake`, so nothing is left half-updated by a panic.

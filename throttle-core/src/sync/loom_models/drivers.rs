@@ -67,7 +67,6 @@ fn batch_finish_racing_close_answers_every_operation_and_drains() {
 /// operation parked, as above, the end hands the credit to the parked batch, so the driver is
 /// not drained yet and the waiting `closed()` is safe.)
 #[test]
-#[ignore = "fails today: BatchDriver::closed() can resolve before the last batch delivers (batch.rs)"]
 fn batch_closed_resolves_only_after_the_last_batch_delivers() {
     batch_finish_racing_close(false, true);
 }
