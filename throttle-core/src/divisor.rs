@@ -140,7 +140,8 @@ mod tests {
             let p = 1u64 << s;
             divisors.extend([p, p + 1, p - 1, p | (p >> 1)]);
         }
-        for d in divisors {
+        // Under miri a fifth of them (every edge kind still appears), as it runs ~100x slower.
+        for d in divisors.into_iter().step_by(if cfg!(miri) { 5 } else { 1 }) {
             for n in edge_numerators(d) {
                 check(d, n);
             }

@@ -348,7 +348,7 @@ mod tests {
         let n = 200;
         let mut h = with_slots(n);
         let mut live = alloc::vec![false; n];
-        for _ in 0..if cfg!(miri) { 300 } else { 4000 } {
+        for _ in 0..if cfg!(miri) { 60 } else { 4000 } {
             let slot = (rng.next_u64() % live.len() as u64) as usize;
             let at = Instant::from_nanos(rng.next_u64() % 1000);
             match (live[slot], rng.next_u64() % 3) {
