@@ -71,3 +71,61 @@ pub(crate) fn panics(id: u32, call: Call, skip: u32, f: impl FnOnce()) -> bool {
     ARMED.with(|armed| armed.set(None));
     out.is_err()
 }
+
+std::thread_local! {
+    /// Calls of a [`Touchy`] key's `Hash`, `Eq` and `Clone` left before they panic (`None`:
+    /// never).
+    static BUDGET: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Lets `budget` calls of a touchy key's `Hash`, `Eq` and `Clone` pass, then panics at the
+/// next one (`None`: never panics).
+pub(crate) fn arm_budget(budget: Option<usize>) {
+    BUDGET.with(|b| b.set(budget));
+}
+
+fn spend() {
+    BUDGET.with(|b| match b.get() {
+        Some(0) => panic!("a key's Hash, Eq or Clone panics"),
+        Some(n) => b.set(Some(n - 1)),
+        None => {}
+    });
+}
+
+/// A key whose `Hash` and `Clone` (if `touchy`) and `Eq` (if also `eq_touchy`) panic once the
+/// budget set by [`arm_budget`] is spent: for sweeps that panic at the n-th key call.
+#[derive(Debug)]
+pub(crate) struct Touchy {
+    pub(crate) id: u32,
+    pub(crate) touchy: bool,
+    pub(crate) eq_touchy: bool,
+}
+
+impl Hash for Touchy {
+    fn hash<Hs: Hasher>(&self, h: &mut Hs) {
+        if self.touchy {
+            spend();
+        }
+        self.id.hash(h);
+    }
+}
+
+impl PartialEq for Touchy {
+    fn eq(&self, other: &Self) -> bool {
+        if (self.touchy && self.eq_touchy) || (other.touchy && other.eq_touchy) {
+            spend();
+        }
+        self.id == other.id
+    }
+}
+
+impl Eq for Touchy {}
+
+impl Clone for Touchy {
+    fn clone(&self) -> Self {
+        if self.touchy {
+            spend();
+        }
+        Touchy { ..*self }
+    }
+}

@@ -669,62 +669,13 @@ fn another_tables_connection_id_is_unknown_and_closes_nothing() {
     assert_eq!(one.handle_request(ms(2), &k), Route::Use(mine));
 }
 
-std::thread_local! {
-    /// Calls of a touchy key's `Hash`, `Eq` and `Clone` left before they panic (`None`: never).
-    static BUDGET: core::cell::Cell<Option<usize>> = const { core::cell::Cell::new(None) };
-}
-
-fn spend() {
-    BUDGET.with(|b| match b.get() {
-        Some(0) => panic!("a key's Hash, Eq or Clone panics"),
-        Some(n) => b.set(Some(n - 1)),
-        None => {}
-    });
-}
-
-/// A uid whose `Hash` and `Clone` (if `touchy`) and `Eq` (if also `eq_touchy`) panic once the
-/// budget is spent.
-#[derive(Debug)]
-struct Touchy {
-    id: u32,
-    touchy: bool,
-    eq_touchy: bool,
-}
+use crate::test_key::{Touchy, arm_budget};
 
 fn uid(id: u32, touchy: bool) -> Touchy {
     Touchy {
         id,
         touchy,
         eq_touchy: touchy,
-    }
-}
-
-impl Hash for Touchy {
-    fn hash<Hs: core::hash::Hasher>(&self, h: &mut Hs) {
-        if self.touchy {
-            spend();
-        }
-        self.id.hash(h);
-    }
-}
-
-impl PartialEq for Touchy {
-    fn eq(&self, other: &Self) -> bool {
-        if (self.touchy && self.eq_touchy) || (other.touchy && other.eq_touchy) {
-            spend();
-        }
-        self.id == other.id
-    }
-}
-
-impl Eq for Touchy {}
-
-impl Clone for Touchy {
-    fn clone(&self) -> Self {
-        if self.touchy {
-            spend();
-        }
-        Touchy { ..*self }
     }
 }
 
@@ -779,11 +730,11 @@ fn a_key_code_panic_while_routing_leaves_the_table_unchanged_and_it_routes_again
             };
             let now = ms(60_000); // past any first connect backoff
             let before = books(&t);
-            BUDGET.with(|b| b.set(Some(budget)));
+            arm_budget(Some(budget));
             let routed = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
                 t.handle_request(now, &key)
             }));
-            BUDGET.with(|b| b.set(None));
+            arm_budget(None);
             let id = match routed {
                 Err(_) => {
                     assert_eq!(books(&t), before, "budget {budget}, case {case}");
@@ -826,7 +777,7 @@ fn growing_shrinking_and_evicting_never_run_a_stored_key_s_code() {
     };
     let id = open_any(&mut t, ms(0), &ConnKey::new(stored, 1, 1));
     t.handle_connected(ms(0), id);
-    BUDGET.with(|b| b.set(Some(0)));
+    arm_budget(Some(0));
     let kept = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
         for n in 1..500 {
             let _ = t.handle_request(ms(1), &ConnKey::new(uid(n, false), 1, 1));
@@ -837,7 +788,7 @@ fn growing_shrinking_and_evicting_never_run_a_stored_key_s_code() {
         t.handle_timeout(ms(2) + IDLE);
         drain_any(&mut t);
     }));
-    BUDGET.with(|b| b.set(None));
+    arm_budget(None);
     assert!(kept.is_ok(), "a stored key's Hash or Clone ran");
     assert_eq!((t.len(), t.tracked_endpoints()), (1, 1));
     assert_eq!(t.connection(&ConnKey::new(uid(0, false), 1, 1)), Some(id));

@@ -942,61 +942,7 @@ mod tests {
         assert_books(&pool, 0);
     }
 
-    std::thread_local! {
-        /// Calls of a touchy key's `Hash`, `Eq` and `Clone` left before they panic (`None`:
-        /// never).
-        static BUDGET: core::cell::Cell<Option<usize>> = const { core::cell::Cell::new(None) };
-    }
-
-    fn arm(budget: Option<usize>) {
-        BUDGET.with(|b| b.set(budget));
-    }
-
-    fn spend() {
-        BUDGET.with(|b| match b.get() {
-            Some(0) => panic!("a key's Hash, Eq or Clone panics"),
-            Some(n) => b.set(Some(n - 1)),
-            None => {}
-        });
-    }
-
-    /// A uid whose `Hash` and `Clone` (if `touchy`) and `Eq` (if also `eq_touchy`) panic once
-    /// the budget is spent.
-    #[derive(Debug)]
-    struct Touchy {
-        id: u32,
-        touchy: bool,
-        eq_touchy: bool,
-    }
-
-    impl core::hash::Hash for Touchy {
-        fn hash<Hs: core::hash::Hasher>(&self, h: &mut Hs) {
-            if self.touchy {
-                spend();
-            }
-            self.id.hash(h);
-        }
-    }
-
-    impl PartialEq for Touchy {
-        fn eq(&self, other: &Self) -> bool {
-            if (self.touchy && self.eq_touchy) || (other.touchy && other.eq_touchy) {
-                spend();
-            }
-            self.id == other.id
-        }
-    }
-
-    impl Eq for Touchy {}
-
-    impl Clone for Touchy {
-        fn clone(&self) -> Self {
-            if self.touchy {
-                spend();
-            }
-            Touchy { ..*self }
-        }
-    }
+    use crate::test_key::{Touchy, arm_budget as arm};
 
     fn uid(id: u32, touchy: bool, eq_touchy: bool) -> Touchy {
         Touchy {
