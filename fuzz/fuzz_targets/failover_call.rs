@@ -2,7 +2,7 @@
 // One checker, two drivers: the same decoder and naive reference that proptest drives
 // (calls that share one refresh coalescer).
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    if let Err(divergence) = throttle_core::model::failover::check_call(data) {
+    if let Err(divergence) = throttle_sansio::model::failover::check_call(data) {
         panic!("{divergence}");
     }
 });

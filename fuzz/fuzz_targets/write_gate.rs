@@ -1,7 +1,7 @@
 #![no_main]
 // One checker, two drivers: the same decoder and naive reference that proptest drives.
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    if let Err(divergence) = throttle_core::model::write_gate::check(data) {
+    if let Err(divergence) = throttle_sansio::model::write_gate::check(data) {
         panic!("{divergence}");
     }
 });

@@ -1,7 +1,7 @@
-//! async-std 1.13 adapter for [`throttle_core`].
+//! async-std 1.13 adapter for [`throttle_sansio`].
 //!
 //! async-std is deprecated upstream (RUSTSEC-2025-0052); this crate stays a thin mirror of
-//! `runtime-tokio`, file for file, for clients that still run on it. It holds
+//! `throttle-tokio`, file for file, for clients that still run on it. It holds
 //! [`AsyncStdRuntime`], the core's [`Runtime`](sync::Runtime) on the system's monotonic clock
 //! (a `std::time::Instant` epoch), async-std's timer and `spawn`; and [`TcpConnector`], a
 //! [`Connector`](sync::Connector) over `async_std::net::TcpStream`. Everything else is the
@@ -14,8 +14,8 @@
 //! few short conformance cases also run on this crate's real clock and timer.
 //!
 //! ```
-//! use runtime_async_std::{AsyncStdRuntime, sync::Runtime};
-//! use throttle_core::Instant;
+//! use throttle_async_std::{AsyncStdRuntime, sync::Runtime};
+//! use throttle_sansio::Instant;
 //!
 //! let rt = AsyncStdRuntime::new();
 //! async_std::task::block_on(rt.sleep_until(Instant::ZERO)); // passed: at once
@@ -29,4 +29,4 @@ mod runtime;
 
 pub use net::TcpConnector;
 pub use runtime::AsyncStdRuntime;
-pub use throttle_core::*;
+pub use throttle_sansio::*;

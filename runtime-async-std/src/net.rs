@@ -5,7 +5,7 @@ use core::future::Future;
 use std::io;
 
 use async_std::net::TcpStream;
-use throttle_core::sync::{Connector, bare_host};
+use throttle_sansio::sync::{Connector, bare_host};
 
 /// Opens an `async_std::net::TcpStream` to `host:port` with `TCP_NODELAY` set, since pooled
 /// requests are small and latency-bound. The host is a name (resolved by async-std), an IPv4

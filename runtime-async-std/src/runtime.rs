@@ -2,8 +2,8 @@
 
 use core::future::Future;
 
-use throttle_core::Instant;
-use throttle_core::sync::Runtime;
+use throttle_sansio::Instant;
+use throttle_sansio::sync::Runtime;
 
 /// The core timeline on the system's monotonic clock (nanoseconds since the runtime value was
 /// made), async-std's timer and executor. Cheap to clone (`Copy`); clones share the epoch.

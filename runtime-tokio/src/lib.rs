@@ -1,4 +1,4 @@
-//! Tokio adapter for [`throttle_core`].
+//! Tokio adapter for [`throttle_sansio`].
 //!
 //! It holds only what is specific to tokio ([`docs/design.md` §5][design]): [`TokioRuntime`], the
 //! core's [`Runtime`](sync::Runtime) on tokio's clock (so `tokio::time::pause` drives the
@@ -11,8 +11,8 @@
 //! - [`sync::BatchDriver`], [`sync::ConnPool`], [`sync::FailoverExecutor`].
 //!
 //! ```
-//! use runtime_tokio::{TokioRuntime, sync::Runtime};
-//! use throttle_core::Instant;
+//! use throttle_tokio::{TokioRuntime, sync::Runtime};
+//! use throttle_sansio::Instant;
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
@@ -31,4 +31,4 @@ mod runtime;
 
 pub use net::TcpConnector;
 pub use runtime::TokioRuntime;
-pub use throttle_core::*;
+pub use throttle_sansio::*;

@@ -2,7 +2,7 @@
 
 use core::future::Future;
 
-use throttle_core::sync::{Connector, bare_host};
+use throttle_sansio::sync::{Connector, bare_host};
 use tokio::net::TcpStream;
 
 /// Opens a `tokio::net::TcpStream` to `host:port` with `TCP_NODELAY` set, since pooled

@@ -3,8 +3,8 @@
 use core::future::Future;
 use core::time::Duration;
 
-use throttle_core::Instant;
-use throttle_core::sync::Runtime;
+use throttle_sansio::Instant;
+use throttle_sansio::sync::Runtime;
 use tokio::runtime::Handle;
 
 /// The core timeline on tokio's clock (nanoseconds since the runtime value was made), tokio's

@@ -18,8 +18,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use counting_alloc::{Counting, count_allocs, live_bytes};
-use throttle_core::batcher::{Batcher, BatcherConfig};
-use throttle_core::time::Instant;
+use throttle_sansio::batcher::{Batcher, BatcherConfig};
+use throttle_sansio::time::Instant;
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -43,7 +43,7 @@ fn key(i: u64) -> u64 {
 }
 
 fn gate(results: &mut BTreeMap<String, f64>) {
-    use throttle_core::write_gate::{Reason, WriteGate, WriteGateConfig};
+    use throttle_sansio::write_gate::{Reason, WriteGate, WriteGateConfig};
 
     let now = Instant::from_millis(1_000);
     let before = live_bytes();

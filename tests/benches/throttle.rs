@@ -24,14 +24,14 @@ use cpu_time::ThreadCpuTime;
 use criterion::{
     BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
-use throttle_core::backoff::{Backoff, BackoffConfig};
-use throttle_core::backpressure::{PressureConfig, ServerPressure, Signal, ThrottleCurve};
-use throttle_core::batcher::{Batcher, BatcherConfig};
-use throttle_core::dispatch_window::{DispatchWindow, WindowConfig};
-use throttle_core::rng::{Rng, SplitMix64};
-use throttle_core::sync::WindowHandle;
-use throttle_core::time::Instant;
-use throttle_core::write_gate::{GateState, Reason, WriteGate, WriteGateConfig};
+use throttle_sansio::backoff::{Backoff, BackoffConfig};
+use throttle_sansio::backpressure::{PressureConfig, ServerPressure, Signal, ThrottleCurve};
+use throttle_sansio::batcher::{Batcher, BatcherConfig};
+use throttle_sansio::dispatch_window::{DispatchWindow, WindowConfig};
+use throttle_sansio::rng::{Rng, SplitMix64};
+use throttle_sansio::sync::WindowHandle;
+use throttle_sansio::time::Instant;
+use throttle_sansio::write_gate::{GateState, Reason, WriteGate, WriteGateConfig};
 use workloads::batcher_round;
 
 type C = Criterion<ThreadCpuTime>;
@@ -124,7 +124,7 @@ fn window_credit(c: &mut C) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Permit through the sync layer (ours lands with `throttle_core::sync`)
+// Permit through the sync layer (ours lands with `throttle_sansio::sync`)
 // ---------------------------------------------------------------------------------------------
 
 fn permit_sync(c: &mut C) {
@@ -365,7 +365,7 @@ fn backoff_jitter(c: &mut C) {
     let mut floor_rng = SplitMix64::new(0x5eed);
     g.bench_function("floor_draw", |b| {
         b.iter(|| {
-            let factor = 800_000 + throttle_core::rng::below(&mut floor_rng, black_box(400_000));
+            let factor = 800_000 + throttle_sansio::rng::below(&mut floor_rng, black_box(400_000));
             black_box(Duration::from_nanos(factor * 10_000))
         })
     });
@@ -384,7 +384,7 @@ fn bucket_keys(n: usize, seed: u64) -> Vec<u64> {
         .collect();
     // Fisher-Yates with our own generator.
     for i in (1..keys.len()).rev() {
-        let j = throttle_core::rng::below(&mut rng, i as u64 + 1) as usize;
+        let j = throttle_sansio::rng::below(&mut rng, i as u64 + 1) as usize;
         keys.swap(i, j);
     }
     keys

@@ -4,9 +4,9 @@
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
 
-use throttle_core::batcher::{BatchAction, Batcher};
-use throttle_core::dispatch_window::CreditId;
-use throttle_core::time::Instant;
+use throttle_sansio::batcher::{BatchAction, Batcher};
+use throttle_sansio::dispatch_window::CreditId;
+use throttle_sansio::time::Instant;
 
 /// `ops` operations of 100 bytes spread round-robin over `shards` shards, flushed, and every
 /// batch answered for all its positions until nothing is in flight. Returns the operations

@@ -29,22 +29,22 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use counting_alloc::{Counting, count_allocs};
-use throttle_core::backoff::{Backoff, BackoffConfig, Jitter};
-use throttle_core::backpressure::{PressureConfig, ServerPressure, Signal, ThrottleCurve};
-use throttle_core::batcher::{Batcher, BatcherConfig};
-use throttle_core::conn_key::{ConnConfig, ConnKey, ConnTable, Route};
-use throttle_core::dispatch_window::{CreditId, DispatchWindow, WindowConfig};
-use throttle_core::failover::{
+use throttle_sansio::backoff::{Backoff, BackoffConfig, Jitter};
+use throttle_sansio::backpressure::{PressureConfig, ServerPressure, Signal, ThrottleCurve};
+use throttle_sansio::batcher::{Batcher, BatcherConfig};
+use throttle_sansio::conn_key::{ConnConfig, ConnKey, ConnTable, Route};
+use throttle_sansio::dispatch_window::{CreditId, DispatchWindow, WindowConfig};
+use throttle_sansio::failover::{
     AdminWriteGateway, Call, CallAction, CallConfig, CoalesceAction, ErrorClassifier, ErrorKind,
     FinagleBudget, GrpcThrottle, ReadOnlyGateway, RefreshCoalescer, RetryBudget,
 };
-use throttle_core::pending_bytes::{
+use throttle_sansio::pending_bytes::{
     Enqueued, PendingBytesAction, PendingBytesConfig, PendingBytesLimiter,
 };
-use throttle_core::rng::SplitMix64;
-use throttle_core::sync::{Released, WindowHandle};
-use throttle_core::time::Instant;
-use throttle_core::write_gate::{
+use throttle_sansio::rng::SplitMix64;
+use throttle_sansio::sync::{Released, WindowHandle};
+use throttle_sansio::time::Instant;
+use throttle_sansio::write_gate::{
     GateState, Reason, ReasonSpec, UpdateRule, WriteGate, WriteGateConfig,
 };
 

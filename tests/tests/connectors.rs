@@ -9,7 +9,7 @@
 
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6, TcpListener};
 
-use throttle_core::sync::Connector;
+use throttle_sansio::sync::Connector;
 
 /// A listener on `at` and the host spellings a connector must reach it by, or `None` (printed)
 /// where `at` cannot be bound.
@@ -89,7 +89,7 @@ fn on_tokio(case: Option<(TcpListener, Vec<String>)>) {
         .build()
         .unwrap();
     reaches(
-        &runtime_tokio::TcpConnector,
+        &throttle_tokio::TcpConnector,
         |f| rt.block_on(f),
         |s| s.peer_addr().unwrap(),
         case,
@@ -99,7 +99,7 @@ fn on_tokio(case: Option<(TcpListener, Vec<String>)>) {
 fn on_async_std(case: Option<(TcpListener, Vec<String>)>) {
     let Some(case) = case else { return };
     reaches(
-        &runtime_async_std::TcpConnector,
+        &throttle_async_std::TcpConnector,
         async_std::task::block_on,
         |s| s.peer_addr().unwrap(),
         case,

@@ -6,7 +6,7 @@ use std::fs;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::PathBuf;
 
-use throttle_core::model::Divergence;
+use throttle_sansio::model::Divergence;
 
 type Checker = fn(&[u8]) -> Result<(), Divergence>;
 
@@ -83,14 +83,14 @@ fn every_fuzz_target_has_a_corpus_replay() {
 }
 
 corpus_replays! {
-    backoff_corpus_matches_reference => "backoff", throttle_core::model::backoff::check;
-    backpressure_corpus_matches_reference => "backpressure", throttle_core::model::backpressure::check;
-    write_gate_corpus_matches_reference => "write_gate", throttle_core::model::write_gate::check;
-    dispatch_window_corpus_matches_reference => "dispatch_window", throttle_core::model::dispatch_window::check;
-    batcher_corpus_matches_reference => "batcher", throttle_core::model::batcher::check;
-    pending_bytes_corpus_matches_reference => "pending_bytes", throttle_core::model::pending_bytes::check;
-    conn_key_corpus_matches_reference => "conn_key", throttle_core::model::conn_key::check;
-    failover_call_corpus_matches_reference => "failover_call", throttle_core::model::failover::check_call;
-    refresh_coalescer_corpus_matches_reference => "refresh_coalescer", throttle_core::model::failover::check_coalescer;
-    retry_budget_corpus_matches_reference => "retry_budget", throttle_core::model::failover::check_budget;
+    backoff_corpus_matches_reference => "backoff", throttle_sansio::model::backoff::check;
+    backpressure_corpus_matches_reference => "backpressure", throttle_sansio::model::backpressure::check;
+    write_gate_corpus_matches_reference => "write_gate", throttle_sansio::model::write_gate::check;
+    dispatch_window_corpus_matches_reference => "dispatch_window", throttle_sansio::model::dispatch_window::check;
+    batcher_corpus_matches_reference => "batcher", throttle_sansio::model::batcher::check;
+    pending_bytes_corpus_matches_reference => "pending_bytes", throttle_sansio::model::pending_bytes::check;
+    conn_key_corpus_matches_reference => "conn_key", throttle_sansio::model::conn_key::check;
+    failover_call_corpus_matches_reference => "failover_call", throttle_sansio::model::failover::check_call;
+    refresh_coalescer_corpus_matches_reference => "refresh_coalescer", throttle_sansio::model::failover::check_coalescer;
+    retry_budget_corpus_matches_reference => "retry_budget", throttle_sansio::model::failover::check_budget;
 }

@@ -9,14 +9,14 @@ use std::hash::RandomState;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use runtime_tokio::TokioRuntime;
-use throttle_core::conn_key::{ConnConfig, ConnKey};
-use throttle_core::failover::{AdminWriteGateway, CallConfig, ErrorKind, Unlimited};
-use throttle_core::sync::{
+use throttle_sansio::conn_key::{ConnConfig, ConnKey};
+use throttle_sansio::failover::{AdminWriteGateway, CallConfig, ErrorKind, Unlimited};
+use throttle_sansio::sync::{
     BatchDriver, BatchOutcome, CallError, ConnPool, Connector, FailoverExecutor, OpError, Panicked,
     PoolError, Transport,
 };
-use throttle_core::{BatcherConfig, WindowConfig};
+use throttle_sansio::{BatcherConfig, WindowConfig};
+use throttle_tokio::TokioRuntime;
 
 /// Answers each operation with itself, after a yield; the future panics on a batch holding
 /// operation 13, `send` itself on one holding 14.

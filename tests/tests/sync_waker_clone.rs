@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
-use throttle_core::WindowConfig;
-use throttle_core::pending_bytes::PendingBytesConfig;
-use throttle_core::sync::{PendingBytes, WindowHandle};
+use throttle_sansio::WindowConfig;
+use throttle_sansio::pending_bytes::PendingBytesConfig;
+use throttle_sansio::sync::{PendingBytes, WindowHandle};
 
 /// A waker's shared state: whether its `clone` panics, and the wakes it received.
 #[derive(Default)]

@@ -3,8 +3,8 @@
 
 use core::time::Duration;
 
-use runtime_tokio::sync::{GateHandle, WindowHandle};
-use runtime_tokio::{GateState, Instant, Signal, TokioRuntime, WindowConfig, WriteGateConfig};
+use throttle_tokio::sync::{GateHandle, WindowHandle};
+use throttle_tokio::{GateState, Instant, Signal, TokioRuntime, WindowConfig, WriteGateConfig};
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn gate_sleeper_auto_advances_to_the_exact_opening() {

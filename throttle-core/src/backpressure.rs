@@ -20,7 +20,7 @@
 //!
 //! ```
 //! use core::time::Duration;
-//! use throttle_core::backpressure::{PressureConfig, ServerPressure, Signal, ThrottleCurve};
+//! use throttle_sansio::backpressure::{PressureConfig, ServerPressure, Signal, ThrottleCurve};
 //!
 //! // Server: Fluss's landed trigger (Tf = 8) below RocksDB's slowdown trigger (Tr = 20).
 //! let mut server = ServerPressure::new(PressureConfig::fluss_landed());
@@ -78,7 +78,7 @@ impl Signal {
     ///   with [`ThrottleCurve::delay`], which gives 0 at 0 ppm and the ceiling at 10⁶ ppm.
     ///
     /// ```
-    /// use throttle_core::backpressure::Signal;
+    /// use throttle_sansio::backpressure::Signal;
     ///
     /// assert_eq!(Signal::from_f32(0.9), Signal::Pressure(900_000));
     /// assert_eq!(Signal::from_f32(f32::NAN), Signal::Clear);
@@ -566,7 +566,7 @@ fn ceil_div(n: u64, d: u64) -> u64 {
 ///
 /// ```
 /// use core::time::Duration;
-/// use throttle_core::backpressure::{Signal, ThrottleCurve};
+/// use throttle_sansio::backpressure::{Signal, ThrottleCurve};
 ///
 /// // Upstream's own example: 1000 ms ceiling, p = 0.9, quadratic → 810 ms.
 /// let curve = ThrottleCurve::builder()
@@ -575,7 +575,7 @@ fn ceil_div(n: u64, d: u64) -> u64 {
 ///     .build()?;
 /// assert_eq!(curve.delay(Signal::from_f32(0.9)), Duration::from_millis(810));
 /// assert_eq!(curve.delay(Signal::Full), Duration::from_millis(1000));
-/// # Ok::<(), throttle_core::ConfigError>(())
+/// # Ok::<(), throttle_sansio::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ThrottleCurve {

@@ -295,7 +295,7 @@ fn open_hash<Shard, H>(list: &[OpenShard<Shard, H>], i: u32) -> u64 {
 /// back within two runs.
 ///
 /// ```
-/// use throttle_core::{BatchAction, Batcher, BatcherConfig, FailReason, Instant};
+/// use throttle_sansio::{BatchAction, Batcher, BatcherConfig, FailReason, Instant};
 /// # use core::hash::BuildHasherDefault;
 /// # #[derive(Default)] struct H(u64);
 /// # impl core::hash::Hasher for H {

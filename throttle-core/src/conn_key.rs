@@ -276,8 +276,8 @@ struct Entry<U, H> {
 ///
 /// ```
 /// use std::hash::RandomState;
-/// use throttle_core::Instant;
-/// use throttle_core::conn_key::{ConnConfig, ConnKey, ConnTable, Route};
+/// use throttle_sansio::Instant;
+/// use throttle_sansio::conn_key::{ConnConfig, ConnKey, ConnTable, Route};
 ///
 /// let mut table: ConnTable<&str, &str, RandomState> =
 ///     ConnTable::new(ConnConfig::default()).unwrap();

@@ -299,7 +299,7 @@ pub(crate) enum Take {
 /// twice that peak, so an idle window returns its memory within two runs.
 ///
 /// ```
-/// use throttle_core::dispatch_window::{DispatchWindow, Submitted, WindowConfig};
+/// use throttle_sansio::dispatch_window::{DispatchWindow, Submitted, WindowConfig};
 /// # use core::hash::BuildHasherDefault;
 /// # #[derive(Default)] struct H(u64);
 /// # impl core::hash::Hasher for H {

@@ -9,7 +9,7 @@
 //!
 //! The limiter is sans-IO: it hands out [`Ticket`]s and [`Grant`]s as values, and a release that
 //! lets waiting tickets through queues one [`PendingBytesAction::Proceed`] per admitted ticket,
-//! drained with [`PendingBytesLimiter::poll_action`]. The async layer (`throttle_core::sync`)
+//! drained with [`PendingBytesLimiter::poll_action`]. The async layer (`throttle_sansio::sync`)
 //! wakes exactly those waiters. See `docs/pending-bytes.md` for the state diagram.
 
 use alloc::collections::VecDeque;
@@ -201,7 +201,7 @@ struct Slot {
 /// Time plays no part: the limiter counts bytes, not rates, so no input takes `now`.
 ///
 /// ```
-/// use throttle_core::pending_bytes::{
+/// use throttle_sansio::pending_bytes::{
 ///     Enqueued, PendingBytesAction, PendingBytesConfig, PendingBytesLimiter,
 /// };
 ///

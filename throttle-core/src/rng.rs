@@ -50,7 +50,7 @@ pub fn between_inclusive<R: Rng + ?Sized>(rng: &mut R, lo: u64, hi: u64) -> u64 
 /// SplitMix64 (Steele, Lea and Flood): a small, fast, seeded generator.
 ///
 /// ```
-/// use throttle_core::rng::{Rng, SplitMix64};
+/// use throttle_sansio::rng::{Rng, SplitMix64};
 /// let mut a = SplitMix64::new(7);
 /// let mut b = SplitMix64::new(7);
 /// assert_eq!(a.next_u64(), b.next_u64()); // same seed, same stream

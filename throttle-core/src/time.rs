@@ -12,7 +12,7 @@ use core::time::Duration;
 ///
 /// ```
 /// use core::time::Duration;
-/// use throttle_core::Instant;
+/// use throttle_sansio::Instant;
 ///
 /// let t = Instant::from_nanos(1_000);
 /// assert_eq!(t + Duration::from_nanos(500), Instant::from_nanos(1_500));
@@ -135,9 +135,9 @@ pub(crate) fn duration_to_nanos(d: Duration) -> u64 {
 ///
 /// ```
 /// use core::time::Duration;
-/// assert_eq!(throttle_core::time::ceil_millis(Duration::from_nanos(1)), 1);
-/// assert_eq!(throttle_core::time::ceil_millis(Duration::from_millis(7)), 7);
-/// assert_eq!(throttle_core::time::ceil_millis(Duration::ZERO), 0);
+/// assert_eq!(throttle_sansio::time::ceil_millis(Duration::from_nanos(1)), 1);
+/// assert_eq!(throttle_sansio::time::ceil_millis(Duration::from_millis(7)), 7);
+/// assert_eq!(throttle_sansio::time::ceil_millis(Duration::ZERO), 0);
 /// ```
 #[inline]
 pub fn ceil_millis(d: Duration) -> u64 {

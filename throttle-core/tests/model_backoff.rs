@@ -3,7 +3,7 @@
 mod common;
 
 use proptest::prelude::*;
-use throttle_core::model::backoff::check;
+use throttle_sansio::model::backoff::check;
 
 proptest! {
     #![proptest_config(common::config())]

@@ -1,10 +1,10 @@
 #![cfg(feature = "model")]
-//! proptest driver for the backpressure model check (`throttle_core::model::backpressure`).
+//! proptest driver for the backpressure model check (`throttle_sansio::model::backpressure`).
 
 mod common;
 
 use proptest::prelude::*;
-use throttle_core::model::backpressure::check;
+use throttle_sansio::model::backpressure::check;
 
 proptest! {
     #![proptest_config(common::config())]

@@ -4,7 +4,7 @@
 mod common;
 
 use proptest::prelude::*;
-use throttle_core::model::batcher::check;
+use throttle_sansio::model::batcher::check;
 
 proptest! {
     #![proptest_config(common::config())]

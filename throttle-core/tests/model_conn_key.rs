@@ -1,10 +1,10 @@
 #![cfg(feature = "model")]
-//! proptest driver for the connection-table model check (`throttle_core::model::conn_key`).
+//! proptest driver for the connection-table model check (`throttle_sansio::model::conn_key`).
 
 mod common;
 
 use proptest::prelude::*;
-use throttle_core::model::conn_key::check;
+use throttle_sansio::model::conn_key::check;
 
 proptest! {
     #![proptest_config(common::config())]

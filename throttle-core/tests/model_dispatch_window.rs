@@ -4,7 +4,7 @@
 mod common;
 
 use proptest::prelude::*;
-use throttle_core::model::dispatch_window::check;
+use throttle_sansio::model::dispatch_window::check;
 
 proptest! {
     #![proptest_config(common::config())]

@@ -4,7 +4,7 @@
 mod common;
 
 use proptest::prelude::*;
-use throttle_core::model::failover::{check, check_budget, check_call, check_coalescer};
+use throttle_sansio::model::failover::{check, check_budget, check_call, check_coalescer};
 
 proptest! {
     #![proptest_config(common::config())]

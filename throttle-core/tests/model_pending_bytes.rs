@@ -4,7 +4,7 @@
 mod common;
 
 use proptest::prelude::*;
-use throttle_core::model::pending_bytes::check;
+use throttle_sansio::model::pending_bytes::check;
 
 proptest! {
     #![proptest_config(common::config())]
@@ -24,7 +24,7 @@ proptest! {
 #[test]
 #[cfg_attr(miri, ignore)]
 fn long_deterministic_inputs_match_the_reference() {
-    use throttle_core::rng::{Rng, SplitMix64};
+    use throttle_sansio::rng::{Rng, SplitMix64};
     let mut rng = SplitMix64::new(0x5eed);
     for round in 0..4 {
         let data: Vec<u8> = (0..16 * 1024)

@@ -4,7 +4,7 @@
 mod common;
 
 use proptest::prelude::*;
-use throttle_core::model::write_gate::check;
+use throttle_sansio::model::write_gate::check;
 
 proptest! {
     #![proptest_config(common::config())]

@@ -13,7 +13,7 @@ use core::time::Duration;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use throttle_core::{
+use throttle_sansio::{
     BatchAction, Batcher, BatcherConfig, CreditId, DispatchWindow, Instant, WindowConfig,
 };
 

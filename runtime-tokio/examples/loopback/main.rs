@@ -2,7 +2,7 @@
 //! client and once with ours, and a table of what the servers received.
 //!
 //! ```text
-//! cargo run --release -p runtime-tokio --example loopback -- [--scenario S] [--scale X] [--seed N]
+//! cargo run --release -p throttle-tokio --example loopback -- [--scenario S] [--scale X] [--seed N]
 //! ```
 
 mod demo;

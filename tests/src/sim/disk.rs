@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
-use throttle_core::Instant;
-use throttle_core::backpressure::Signal;
+use throttle_sansio::Instant;
+use throttle_sansio::backpressure::Signal;
 
 use super::table::{Table, bytes, thousands};
 use super::writer::{

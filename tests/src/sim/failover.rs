@@ -23,13 +23,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use throttle_core::Instant;
-use throttle_core::conn_key::{ConnConfig, ConnId, ConnKey, ConnTable, Route};
-use throttle_core::failover::{
+use throttle_sansio::Instant;
+use throttle_sansio::conn_key::{ConnConfig, ConnId, ConnKey, ConnTable, Route};
+use throttle_sansio::failover::{
     AdminWriteGateway, Call, CallAction, CallConfig, CoalesceAction, ErrorClassifier, ErrorKind,
     Generation, ReadOnlyGateway, RefreshCoalescer, Unlimited,
 };
-use throttle_core::rng::SplitMix64;
+use throttle_sansio::rng::SplitMix64;
 
 use super::table::{Table, thousands};
 use super::{DetHasher, EventQueue, WorkerPool, at_secs};
@@ -270,7 +270,7 @@ impl World<'_> {
         }
     }
 
-    fn classify(&self, kind: ErrorKind) -> throttle_core::failover::ErrorClass {
+    fn classify(&self, kind: ErrorKind) -> throttle_sansio::failover::ErrorClass {
         match self.client {
             Client::Ours => AdminWriteGateway.classify(&kind),
             _ => ReadOnlyGateway.classify(&kind),

@@ -19,9 +19,9 @@
 
 use std::time::Duration;
 
-use throttle_core::Instant;
-use throttle_core::backpressure::{Decision, PressureConfig, ServerPressure};
-use throttle_core::rng::SplitMix64;
+use throttle_sansio::Instant;
+use throttle_sansio::backpressure::{Decision, PressureConfig, ServerPressure};
+use throttle_sansio::rng::SplitMix64;
 
 use super::table::{Table, bytes, thousands};
 use super::writer::{

@@ -11,9 +11,9 @@
 
 use std::time::Duration;
 
-use throttle_core::Instant;
-use throttle_core::backoff::{Backoff, BackoffConfig, Jitter};
-use throttle_core::rng::SplitMix64;
+use throttle_sansio::Instant;
+use throttle_sansio::backoff::{Backoff, BackoffConfig, Jitter};
+use throttle_sansio::rng::SplitMix64;
 
 use super::table::{Table, thousands};
 use super::{EventQueue, at_secs, scaled};

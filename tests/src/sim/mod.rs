@@ -1,4 +1,4 @@
-//! A deterministic discrete-event simulator for whole clients built on `throttle-core`.
+//! A deterministic discrete-event simulator for whole clients built on `throttle-sansio`.
 //!
 //! Everything runs on virtual time ([`Instant`]) popped from one event queue
 //! ([`EventQueue`]: a binary heap of `(instant, sequence, event)`), with randomness from seeded
@@ -6,8 +6,8 @@
 //! of its seed and parameters: the same command prints the same table.
 //!
 //! - [`writer`]: the reference writer (accumulator + sender on the
-//!   [`WriteGate`](throttle_core::WriteGate)), `docs/design.md` §6.
-//! - [`reader`]: the reference reader (the [`Batcher`](throttle_core::Batcher) and its window).
+//!   [`WriteGate`](throttle_sansio::WriteGate)), `docs/design.md` §6.
+//! - [`reader`]: the reference reader (the [`Batcher`](throttle_sansio::Batcher) and its window).
 //! - One module per scenario ([`disk`], [`kv`], [`reads`], [`lockstep`], [`failover`]), each
 //!   comparing the client upstream had before a change (the "naive" one) with ours.
 //!
@@ -30,8 +30,8 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
 use std::time::Duration;
 
-pub use throttle_core::Instant;
-pub use throttle_core::rng::SplitMix64;
+pub use throttle_sansio::Instant;
+pub use throttle_sansio::rng::SplitMix64;
 
 /// A hasher with a fixed key, so map iteration (and thus a run) is the same every time.
 pub type DetHasher = BuildHasherDefault<DefaultHasher>;
@@ -181,7 +181,7 @@ impl WorkerPool {
 pub fn uniform(rng: &mut SplitMix64, lo: Duration, hi: Duration) -> Duration {
     let lo_ns = u64::try_from(lo.as_nanos()).unwrap_or(u64::MAX);
     let hi_ns = u64::try_from(hi.as_nanos()).unwrap_or(u64::MAX);
-    Duration::from_nanos(throttle_core::rng::between_inclusive(rng, lo_ns, hi_ns))
+    Duration::from_nanos(throttle_sansio::rng::between_inclusive(rng, lo_ns, hi_ns))
 }
 
 /// The `q`-quantile (0..=1) of `values` by nearest rank; sorts in place. Zero when empty.

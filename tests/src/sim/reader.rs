@@ -10,9 +10,9 @@
 //! `max_in_flight = None` gives the client upstream had before Oxia PR #362: the same
 //! batcher with no in-flight limit, so a batch leaves the moment the input queue drains.
 
-use throttle_core::batcher::{BatchAction, Batcher, BatcherConfig};
-use throttle_core::dispatch_window::{CreditId, WindowConfig};
-use throttle_core::{ConfigError, Instant};
+use throttle_sansio::batcher::{BatchAction, Batcher, BatcherConfig};
+use throttle_sansio::dispatch_window::{CreditId, WindowConfig};
+use throttle_sansio::{ConfigError, Instant};
 
 use super::DetHasher;
 

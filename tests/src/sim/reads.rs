@@ -13,9 +13,9 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use throttle_core::Instant;
-use throttle_core::dispatch_window::CreditId;
-use throttle_core::rng::SplitMix64;
+use throttle_sansio::Instant;
+use throttle_sansio::dispatch_window::CreditId;
+use throttle_sansio::rng::SplitMix64;
 
 use super::reader::{ReadId, ReaderAction, RefReader};
 use super::table::{Table, thousands};

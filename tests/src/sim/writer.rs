@@ -23,10 +23,10 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
-use throttle_core::Instant;
-use throttle_core::backpressure::Signal;
-use throttle_core::rng::SplitMix64;
-use throttle_core::write_gate::{GateAction, GateState, WriteGate, WriteGateConfig};
+use throttle_sansio::Instant;
+use throttle_sansio::backpressure::Signal;
+use throttle_sansio::rng::SplitMix64;
+use throttle_sansio::write_gate::{GateAction, GateState, WriteGate, WriteGateConfig};
 
 use super::DetHasher;
 

@@ -3,8 +3,8 @@
 use core::future::Future;
 use core::time::Duration;
 
-use throttle_core::Instant;
-use throttle_core::sync::{ManualClock, Runtime};
+use throttle_sansio::Instant;
+use throttle_sansio::sync::{ManualClock, Runtime};
 
 /// A runtime under test plus control of its time.
 pub trait Harness {
@@ -31,16 +31,16 @@ pub async fn until<H: Harness>(h: &H, what: &str, mut cond: impl FnMut() -> bool
 }
 
 /// tokio with paused time (the test is `start_paused`): `TokioRuntime` as is.
-pub struct TokioPaused(runtime_tokio::TokioRuntime);
+pub struct TokioPaused(throttle_tokio::TokioRuntime);
 
 impl TokioPaused {
     pub fn new() -> Self {
-        TokioPaused(runtime_tokio::TokioRuntime::new())
+        TokioPaused(throttle_tokio::TokioRuntime::new())
     }
 }
 
 impl Harness for TokioPaused {
-    type Rt = runtime_tokio::TokioRuntime;
+    type Rt = throttle_tokio::TokioRuntime;
     fn rt(&self) -> Self::Rt {
         self.0.clone()
     }
@@ -75,7 +75,7 @@ impl Runtime for ManualAsyncStd {
         F: Future<Output = ()> + Send + 'static,
     {
         // The real adapter's spawn, so tasks run on async-std's executor.
-        runtime_async_std::AsyncStdRuntime::new().spawn(future);
+        throttle_async_std::AsyncStdRuntime::new().spawn(future);
     }
 }
 

@@ -51,7 +51,7 @@ macro_rules! real_clock {
             $(
                 #[tokio::test(flavor = "current_thread")]
                 async fn $name() {
-                    crate::real_clock::$name(&runtime_tokio::TokioRuntime::new()).await;
+                    crate::real_clock::$name(&throttle_tokio::TokioRuntime::new()).await;
                 }
             )*
         }
@@ -59,7 +59,7 @@ macro_rules! real_clock {
             $(
                 #[test]
                 fn $name() {
-                    let rt = runtime_async_std::AsyncStdRuntime::new();
+                    let rt = throttle_async_std::AsyncStdRuntime::new();
                     async_std::task::block_on(crate::real_clock::$name(&rt));
                 }
             )*

@@ -11,10 +11,10 @@ use core::future::Future;
 use core::time::Duration;
 use std::sync::{Arc, Mutex};
 
-use throttle_core::backpressure::Signal;
-use throttle_core::conn_key::{ConnConfig, ConnKey};
-use throttle_core::sync::{ConnPool, GateHandle, Runtime, WindowHandle};
-use throttle_core::{GateState, Instant, WindowConfig, WriteGateConfig};
+use throttle_sansio::backpressure::Signal;
+use throttle_sansio::conn_key::{ConnConfig, ConnKey};
+use throttle_sansio::sync::{ConnPool, GateHandle, Runtime, WindowHandle};
+use throttle_sansio::{GateState, Instant, WindowConfig, WriteGateConfig};
 
 use crate::scenarios::Memory;
 

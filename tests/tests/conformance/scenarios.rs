@@ -7,14 +7,14 @@ use core::time::Duration;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use throttle_core::backpressure::Signal;
-use throttle_core::conn_key::{ConnConfig, ConnKey};
-use throttle_core::failover::{AdminWriteGateway, CallConfig, ErrorKind, Unlimited};
-use throttle_core::sync::{
+use throttle_sansio::backpressure::Signal;
+use throttle_sansio::conn_key::{ConnConfig, ConnKey};
+use throttle_sansio::failover::{AdminWriteGateway, CallConfig, ErrorKind, Unlimited};
+use throttle_sansio::sync::{
     BatchDriver, BatchOutcome, Closed, ConnPool, Connector, FailoverExecutor, GateHandle, OpError,
     Runtime, Transport, WakeSignal, WindowHandle,
 };
-use throttle_core::{BatcherConfig, GateState, Instant, WindowConfig, WriteGateConfig};
+use throttle_sansio::{BatcherConfig, GateState, Instant, WindowConfig, WriteGateConfig};
 
 use crate::harness::{Harness, until};
 

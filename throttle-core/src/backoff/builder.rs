@@ -95,7 +95,7 @@ pub(super) const GOBBLIN: Rules = Rules {
 ///
 /// ```
 /// use core::time::Duration;
-/// use throttle_core::backoff::BackoffConfig;
+/// use throttle_sansio::backoff::BackoffConfig;
 ///
 /// let err = BackoffConfig::fluss_disk_write_locked()
 ///     .to_builder()

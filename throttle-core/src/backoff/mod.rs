@@ -35,8 +35,8 @@
 //!
 //! ```
 //! use core::time::Duration;
-//! use throttle_core::backoff::{Backoff, BackoffConfig, Jitter};
-//! use throttle_core::rng::SplitMix64;
+//! use throttle_sansio::backoff::{Backoff, BackoffConfig, Jitter};
+//! use throttle_sansio::rng::SplitMix64;
 //!
 //! let cfg = BackoffConfig::builder()
 //!     .initial(Duration::from_secs(1))
@@ -50,7 +50,7 @@
 //!     .map(|d| d.as_secs())
 //!     .collect();
 //! assert_eq!(secs, [1, 2, 4, 5, 5]); // capped exactly at 5 s
-//! # Ok::<(), throttle_core::ConfigError>(())
+//! # Ok::<(), throttle_sansio::ConfigError>(())
 //! ```
 
 mod arith;

@@ -53,7 +53,7 @@ impl ErrorClass {
 /// Closures `Fn(&E) -> ErrorClass` are classifiers too:
 ///
 /// ```
-/// use throttle_core::failover::{ErrorClass, ErrorClassifier};
+/// use throttle_sansio::failover::{ErrorClass, ErrorClassifier};
 /// let by_code = |code: &u16| if *code == 503 { ErrorClass::REFRESH_AND_RETRY } else { ErrorClass::SURFACE };
 /// assert_eq!(by_code.classify(&503), ErrorClass::REFRESH_AND_RETRY);
 /// ```

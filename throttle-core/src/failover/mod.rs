@@ -14,9 +14,9 @@
 //! Driving them together (one call, one failover):
 //!
 //! ```
-//! use throttle_core::failover::*;
-//! use throttle_core::rng::SplitMix64;
-//! use throttle_core::Instant;
+//! use throttle_sansio::failover::*;
+//! use throttle_sansio::rng::SplitMix64;
+//! use throttle_sansio::Instant;
 //!
 //! let (mut budget, mut rng) = (GrpcThrottle::default(), SplitMix64::new(1));
 //! let mut refresher: RefreshCoalescer<usize> = RefreshCoalescer::default();

@@ -366,7 +366,7 @@ where
     ///
     /// # Panics
     ///
-    /// If `rt`'s [`spawn`](Runtime::spawn) panics: `runtime_tokio::TokioRuntime` does when it
+    /// If `rt`'s [`spawn`](Runtime::spawn) panics: `throttle_tokio::TokioRuntime` does when it
     /// was made outside a tokio runtime and this is called outside one too (make it with
     /// `TokioRuntime::with_handle`, or inside the runtime). Nothing is left behind then.
     pub fn new(rt: R, transport: T, cfg: BatcherConfig) -> Result<Self, ConfigError> {

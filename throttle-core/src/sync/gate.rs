@@ -42,8 +42,8 @@ use crate::write_gate::{GateAction, GateState, WriteGate, WriteGateConfig};
 /// [`new`](GateHandle::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
 ///
 /// ```
-/// use throttle_core::{GateState, Instant, Signal, WriteGateConfig};
-/// use throttle_core::sync::GateHandle;
+/// use throttle_sansio::{GateState, Instant, Signal, WriteGateConfig};
+/// use throttle_sansio::sync::GateHandle;
 ///
 /// // No annotation: `new` builds a `GateHandle<u32, RandomState>`.
 /// let gate = GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");

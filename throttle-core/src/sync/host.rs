@@ -12,7 +12,7 @@
 /// back, which depends on how the resolver splits a string with many colons.
 ///
 /// ```
-/// use throttle_core::sync::bare_host;
+/// use throttle_sansio::sync::bare_host;
 ///
 /// assert_eq!(bare_host("[::1]"), "::1");
 /// assert_eq!(bare_host("::1"), "::1");

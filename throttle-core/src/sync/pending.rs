@@ -133,8 +133,8 @@ impl BytesState {
 ///   already held stay valid.
 ///
 /// ```
-/// use throttle_core::pending_bytes::PendingBytesConfig;
-/// use throttle_core::sync::PendingBytes;
+/// use throttle_sansio::pending_bytes::PendingBytesConfig;
+/// use throttle_sansio::sync::PendingBytes;
 ///
 /// let limiter = PendingBytes::new(PendingBytesConfig::default().with_max_pending_bytes(100));
 /// let held = limiter.try_acquire(80).unwrap();

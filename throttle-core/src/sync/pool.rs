@@ -234,7 +234,7 @@ where
     /// # Panics
     ///
     /// If the runtime's [`spawn`](Runtime::spawn) panics when this lease starts a connect
-    /// (`runtime_tokio::TokioRuntime` made and used outside a tokio runtime); the endpoint is
+    /// (`throttle_tokio::TokioRuntime` made and used outside a tokio runtime); the endpoint is
     /// not left connecting then either.
     pub async fn lease(
         &self,

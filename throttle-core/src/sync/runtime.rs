@@ -16,7 +16,7 @@ use crate::time::Instant;
 /// What the concurrent layer needs from an async runtime: a clock on the core's timeline,
 /// sleeping until an instant, and spawning a task. Nothing else (no I/O, no channels).
 ///
-/// Adapters implement it once (`runtime-tokio`, `runtime-async-std`); code that is generic over
+/// Adapters implement it once (`throttle-tokio`, `throttle-async-std`); code that is generic over
 /// `R: Runtime` (the gate handle's `wait_until_open`, the adapter conformance suite) then runs
 /// on any of them. An implementation is a cheap handle (`Clone`), typically a copy of the
 /// clock's epoch, about a hundred lines including its tests.
@@ -44,8 +44,8 @@ use crate::time::Instant;
 ///
 /// ```
 /// use core::future::Future;
-/// use throttle_core::Instant;
-/// use throttle_core::sync::{ManualClock, Runtime};
+/// use throttle_sansio::Instant;
+/// use throttle_sansio::sync::{ManualClock, Runtime};
 ///
 /// /// A runtime whose time is a manual clock and whose tasks go to a caller's queue.
 /// #[derive(Clone)]

@@ -33,7 +33,7 @@ struct SignalState {
 /// [`changed`](Self::changed) listener. `Clone + Send + Sync`; clones share one signal.
 ///
 /// ```
-/// use throttle_core::sync::WakeSignal;
+/// use throttle_sansio::sync::WakeSignal;
 ///
 /// let signal = WakeSignal::new();
 /// let seen = signal.epoch(); // 1. read the epoch, 2. then read the deadline

@@ -259,8 +259,8 @@ where
 /// [`new`](WindowHandle::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
 ///
 /// ```
-/// use throttle_core::WindowConfig;
-/// use throttle_core::sync::{Released, TryAcquireError, WindowHandle};
+/// use throttle_sansio::WindowConfig;
+/// use throttle_sansio::sync::{Released, TryAcquireError, WindowHandle};
 ///
 /// // No annotation: `new` builds a `WindowHandle<u32, RandomState>`.
 /// let window = WindowHandle::new(WindowConfig::default().with_max_in_flight(1)).unwrap();

@@ -223,7 +223,7 @@ pub(super) const INLINE_REASONS: usize = 4;
 /// reasons and no probe mode.
 ///
 /// ```
-/// use throttle_core::write_gate::{ReasonSpec, UpdateRule, WriteGateConfig};
+/// use throttle_sansio::write_gate::{ReasonSpec, UpdateRule, WriteGateConfig};
 /// let mut cfg = WriteGateConfig::default();
 /// let quota = cfg
 ///     .register(ReasonSpec::new("quota", UpdateRule::LatestWins).probe(Some(2)))

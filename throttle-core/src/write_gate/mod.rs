@@ -173,10 +173,10 @@ fn bit(index: usize) -> u64 {
 ///
 /// ```
 /// use core::time::Duration;
-/// use throttle_core::backpressure::Signal;
-/// use throttle_core::rng::SplitMix64;
-/// use throttle_core::write_gate::{GateAction, GateState, Reason, WriteGate, WriteGateConfig};
-/// use throttle_core::Instant;
+/// use throttle_sansio::backpressure::Signal;
+/// use throttle_sansio::rng::SplitMix64;
+/// use throttle_sansio::write_gate::{GateAction, GateState, Reason, WriteGate, WriteGateConfig};
+/// use throttle_sansio::Instant;
 /// # #[derive(Default, Clone)] struct H; impl core::hash::BuildHasher for H {
 /// #   type Hasher = F; fn build_hasher(&self) -> F { F(0) } }
 /// # struct F(u64); impl core::hash::Hasher for F { fn finish(&self) -> u64 { self.0 }
@@ -199,7 +199,7 @@ fn bit(index: usize) -> u64 {
 /// gate.handle_timeout(t0 + wait);
 /// assert_eq!(gate.check(t0 + wait, &7), GateState::Open);
 /// assert!(gate.is_empty());
-/// # Ok::<(), throttle_core::ConfigError>(())
+/// # Ok::<(), throttle_sansio::ConfigError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct WriteGate<K, S> {

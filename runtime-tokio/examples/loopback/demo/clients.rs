@@ -3,7 +3,7 @@
 //! - naive: re-sends a rejected request at once, has no gate, dispatches every request as its
 //!   own RPC with no bound on how many are in flight, keeps one connection per server uid at
 //!   the address it first learned, and never refreshes metadata.
-//! - ours: the core's drivers from `runtime_tokio::sync` on [`TokioRuntime`]: a
+//! - ours: the core's drivers from `throttle_tokio::sync` on [`TokioRuntime`]: a
 //!   [`BatchDriver`] over the demo protocol ([`DemoTransport`]), a [`GateHandle`] whose
 //!   `wait_until_open` paces each write, and for admin writes a [`FailoverExecutor`] over a
 //!   [`ConnPool`] keyed by (uid, host, port) whose connections come from [`TcpConnector`].
@@ -11,20 +11,20 @@
 use super::conn::{Conn, Disconnected};
 use super::proto::{Request, Status};
 use super::server::lock;
-use runtime_tokio::failover::{AdminWriteGateway, ErrorKind, Unlimited};
-use runtime_tokio::rng::SplitMix64;
-use runtime_tokio::sync::{
-    BatchDriver, BatchOutcome, CallError, ConnPool, Connector, FailoverExecutor, GateHandle,
-    OpError, Transport,
-};
-use runtime_tokio::{
-    BatcherConfig, CallConfig, ConnKey, GateState, Signal, TcpConnector, ThrottleCurve,
-    TokioRuntime, WindowConfig, WriteGateConfig,
-};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as StdInstant};
+use throttle_tokio::failover::{AdminWriteGateway, ErrorKind, Unlimited};
+use throttle_tokio::rng::SplitMix64;
+use throttle_tokio::sync::{
+    BatchDriver, BatchOutcome, CallError, ConnPool, Connector, FailoverExecutor, GateHandle,
+    OpError, Transport,
+};
+use throttle_tokio::{
+    BatcherConfig, CallConfig, ConnKey, GateState, Signal, TcpConnector, ThrottleCurve,
+    TokioRuntime, WindowConfig, WriteGateConfig,
+};
 use tokio::sync::mpsc;
 
 /// One operation: a write (`len` value bytes) or a read (`len` = 0) of id `id`.
@@ -359,7 +359,7 @@ async fn one_op(
     gate: &GateHandle<u32>,
     rt: &TokioRuntime,
     op: Op,
-    mut first: Option<runtime_tokio::sync::Submit<(), Refused>>,
+    mut first: Option<throttle_tokio::sync::Submit<(), Refused>>,
 ) -> bool {
     let mut disk_rejections = 0u32;
     for _ in 0..OURS_MAX_ATTEMPTS {

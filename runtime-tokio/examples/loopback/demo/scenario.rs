@@ -2,10 +2,10 @@
 
 use super::clients::{self, ClientStats, Op};
 use super::server::{Coordinators, Counters, Server, Service, Shard, Tablet, TabletConfig, lock};
-use runtime_tokio::PressureConfig;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant as StdInstant};
+use throttle_tokio::PressureConfig;
 use tokio::sync::mpsc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! permits, futures and driver tasks (the shim in `sync/loom.rs` swaps `std::sync` for loom's).
 //!
 //! Run (as `.ci/run` does): `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p
-//! throttle-core --features std --lib --release` (add the filter `loom_models` for these
+//! throttle-sansio --features std --lib --release` (add the filter `loom_models` for these
 //! alone; the gate's model lives at the bottom of `gate.rs`). `docs/sync.md` has the table of
 //! models, what each proves, and the guard whose removal makes it fail.
 //!
