@@ -14,7 +14,6 @@
 
 use core::fmt;
 use core::future::Future;
-use core::hash::{BuildHasher, Hasher};
 
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Sender};
@@ -121,13 +120,6 @@ impl<R, K, B> fmt::Debug for FailoverExecutor<R, K, B> {
     }
 }
 
-/// A seed that differs between processes, so clients do not share one jitter sequence.
-pub(crate) fn random_seed() -> u64 {
-    std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish()
-}
-
 impl<R, K, B> FailoverExecutor<R, K, B>
 where
     R: Runtime,
@@ -155,7 +147,7 @@ where
                 config,
                 state: Mutex::new(FailoverState {
                     budget,
-                    rng: SplitMix64::new(random_seed()),
+                    rng: super::seed::client_rng(super::seed::next_client_id()),
                     coalescer: RefreshCoalescer::new(coalescer)?,
                     refreshes_started: 0,
                 }),

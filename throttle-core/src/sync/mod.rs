@@ -58,6 +58,7 @@ mod oneshot;
 mod pending;
 mod pool;
 mod runtime;
+mod seed;
 mod signal;
 mod unwind;
 mod waiters;
@@ -81,6 +82,7 @@ pub use host::bare_host;
 pub use pending::{AcquireBytes, BytesPermit, PendingBytes};
 pub use pool::{ConnPool, Connector, Lease, PoolError};
 pub use runtime::{ManualClock, ManualSleep, Runtime};
+pub use seed::{client_rng, next_client_id, process_seed};
 pub use signal::{Changed, WakeSignal, wait_until};
 pub use window::{Acquire, OwnedPermit, Permit, Released, TryAcquireError, WindowHandle};
 

@@ -22,7 +22,6 @@ use core::hash::{BuildHasher, Hash};
 use core::ops::Deref;
 
 use super::drive::{Timed, drive, drive_timeouts};
-use super::failover::random_seed;
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot;
 use super::oneshot::Sender;
@@ -205,7 +204,7 @@ where
                 state: Mutex::new(PoolState {
                     table: ConnTable::with_hasher(cfg, hasher)?,
                     conns: BTreeMap::new(),
-                    rng: SplitMix64::new(random_seed()),
+                    rng: super::seed::client_rng(super::seed::next_client_id()),
                     closed: false,
                     leased: 0,
                     connecting: 0,
