@@ -7,6 +7,13 @@
 //! [`wait_until_open`](GateHandle::wait_until_open) read the signal's epoch before the gate
 //! (see [`wait_until`]), so they re-arm their timer at the new opening and never sleep on a
 //! stale one.
+//!
+//! A handle comes in two forms, told apart by its third type parameter: [`Unbound`] (the
+//! default), whose inputs take `now` and, where they draw, an RNG from the caller (for a
+//! custom runtime or a simulation), and bound to a [`Runtime`] `R`
+//! ([`GateHandle::with_runtime`], [`GateHandle::bind`]), whose inputs read `now` from `R` and
+//! draw from the handle's own per-client generator ([`client_rng`]). One macro declares
+//! every input once and generates both forms from it.
 
 use core::fmt;
 use core::hash::{BuildHasher, Hash};
@@ -14,21 +21,61 @@ use core::time::Duration;
 
 use super::drive::{Timed, drive, drive_timeouts};
 use super::loom::{Arc, Mutex, lock};
+use super::seed::{client_rng, next_client_id};
 use super::{Runtime, WakeSignal, wait_until};
 use crate::backpressure::Signal;
 use crate::error::ConfigError;
-use crate::rng::Rng;
+use crate::rng::{Rng, SplitMix64};
 use crate::time::Instant;
-use crate::write_gate::{GateAction, GateState, WriteGate, WriteGateConfig};
+use crate::write_gate::{GateAction, GateError, GateState, Reason, WriteGate, WriteGateConfig};
+
+/// The runtime slot of a handle that is not bound to a runtime: its inputs take `now` (and,
+/// where they draw, an RNG) from the caller, and its waits take the runtime as an argument.
+/// The default of [`GateHandle`]'s third type parameter; [`GateHandle::bind`] replaces it
+/// with a [`Runtime`].
+///
+/// ```
+/// use throttle_sansio::sync::{GateHandle, Unbound};
+/// use throttle_sansio::WriteGateConfig;
+///
+/// let raw: GateHandle<u32, std::hash::RandomState, Unbound> =
+///     GateHandle::new(WriteGateConfig::default()).unwrap();
+/// let same: GateHandle<u32> = raw; // `Unbound` is the default
+/// # drop(same);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Unbound;
 
 /// A cloneable handle to a [`WriteGate`] shared by a writer's tasks. `Clone + Send + Sync`
-/// (for `Send` bucket keys and hasher); clones share one gate and one wake signal.
+/// (for `Send` bucket keys and hasher); clones share one gate, one wake signal and, when
+/// bound, one runtime and one random stream.
+///
+/// # Two forms
+///
+/// - **Bound to a runtime** (`R: Runtime`, built by [`with_runtime`](Self::with_runtime) or
+///   [`bind`](Self::bind)): inputs read `now` from the runtime's clock and draw jitter from
+///   the handle's generator, seeded by [`client_rng`] with a fresh
+///   [`next_client_id`](super::next_client_id), so two handles in one process (and two
+///   processes) spread their retries differently. `handle_kv_signal(&bucket, signal)`,
+///   `handle_disk_write_locked(&bucket, attempts)`, `wait_until_open(&bucket)`,
+///   `check(&bucket)`. The adapters name it `throttle_tokio::GateHandle<K>` and
+///   `throttle_async_std::GateHandle<K>`.
+/// - **Unbound** (`R = `[`Unbound`], the default; [`new`](GateHandle::new),
+///   [`with_hasher`](Self::with_hasher), [`from_gate`](Self::from_gate)): the raw form for a
+///   custom runtime or a simulation. Inputs take `now` first and, where they draw,
+///   `rng: &mut impl Rng` last, as the machine's do; the waits take the runtime:
+///   `wait_until_open(&rt, &bucket)`.
+///
+/// Both forms run the same input through the same [`update`](Self::update); only where `now`
+/// and the RNG come from differs.
 ///
 /// # Contract
 ///
 /// - Inputs: the `handle_*` helpers, or [`update`](Self::update) for any other gate input.
 ///   Each runs under the lock, then every `GateAction::Wake` the gate emitted notifies
-///   [`signal`](Self::signal) after the lock is dropped.
+///   [`signal`](Self::signal) after the lock is dropped. A bound input reads the runtime's
+///   clock before it takes the lock (the gate clamps a `now` that runs behind the latest it
+///   saw, so two racing inputs keep the gate monotonic).
 /// - Waiting: [`wait_until_open`](Self::wait_until_open) resolves with the bucket's first state
 ///   that is not a timed closure: `Open`, `Probing` (wait for a success) or `UnknownLeader`
 ///   (refresh metadata, then wait again). It sleeps until the opening on the runtime's clock
@@ -39,77 +86,308 @@ use crate::write_gate::{GateAction, GateState, WriteGate, WriteGateConfig};
 /// - Queries: [`check`](Self::check), [`remaining`](Self::remaining).
 ///
 /// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
-/// [`new`](GateHandle::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
+/// [`new`](GateHandle::new) and [`with_runtime`](GateHandle::with_runtime) use;
+/// [`with_hasher`](Self::with_hasher) takes any other.
+///
+/// Unbound, with the caller's clock and generator:
 ///
 /// ```
 /// use throttle_sansio::{GateState, Instant, Signal, WriteGateConfig};
+/// use throttle_sansio::rng::SplitMix64;
 /// use throttle_sansio::sync::GateHandle;
 ///
-/// // No annotation: `new` builds a `GateHandle<u32, RandomState>`.
+/// // No annotation: `new` builds a `GateHandle<u32, RandomState, Unbound>`.
 /// let gate = GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
 /// let wait = gate.handle_kv_signal(Instant::ZERO, &7u32, Signal::Full);
 /// assert!(matches!(gate.check(Instant::ZERO, &7), GateState::Closed { .. }));
 /// assert_eq!(gate.check(Instant::ZERO + wait, &7), GateState::Open);
+/// let mut rng = SplitMix64::new(1);
+/// let backoff = gate.handle_disk_write_locked(Instant::ZERO, &8, 0, &mut rng);
+/// assert!(backoff > core::time::Duration::ZERO);
 /// ```
-pub struct GateHandle<K, S = std::hash::RandomState> {
-    shared: Arc<Mutex<WriteGate<K, S>>>,
+///
+/// Bound to a runtime (here a [`ManualClock`](super::ManualClock) one; with tokio,
+/// `throttle_tokio::GateHandle::with_runtime(TokioRuntime::new(), cfg)`):
+///
+/// ```
+/// # use core::future::Future;
+/// use core::time::Duration;
+/// use throttle_sansio::{GateState, Instant, Reason, Signal, WriteGateConfig};
+/// use throttle_sansio::sync::{GateHandle, ManualClock, Runtime};
+/// # #[derive(Clone)]
+/// # struct Manual(ManualClock);
+/// # impl Runtime for Manual {
+/// #     fn now(&self) -> Instant { self.0.now() }
+/// #     fn sleep_until(&self, at: Instant) -> impl Future<Output = ()> + Send + 'static {
+/// #         self.0.sleep_until(at)
+/// #     }
+/// #     fn spawn<F: Future<Output = ()> + Send + 'static>(&self, f: F) { drop(f) }
+/// # }
+///
+/// let clock = ManualClock::new();
+/// let gate = GateHandle::with_runtime(Manual(clock.clone()), WriteGateConfig::default())
+///     .expect("the default config is valid");
+/// clock.advance(Duration::from_millis(100));
+/// // No `now`, no RNG: the runtime's clock says it is 100 ms.
+/// let wait = gate.handle_kv_signal(&7u32, Signal::Full);
+/// assert_eq!(
+///     gate.check(&7),
+///     GateState::Closed { until: Instant::from_millis(100) + wait, reason: Reason::KV_BACKPRESSURE }
+/// );
+/// let _jittered = gate.handle_disk_write_locked(&8, 0); // the handle's own generator
+/// clock.advance(wait);
+/// assert_eq!(gate.check(&7), GateState::Open);
+/// ```
+pub struct GateHandle<K, S = std::hash::RandomState, R = Unbound> {
+    shared: Arc<Mutex<Shared<K, S>>>,
     /// Notified on every `GateAction::Wake`: sleepers re-check their bucket.
     signal: WakeSignal,
     /// Notified when an input moves `poll_timeout` earlier: the timeout driver re-arms.
     timer: WakeSignal,
+    /// The runtime a bound handle reads `now` from and sleeps on ([`Unbound`]: none).
+    rt: R,
 }
 
-impl<K, S> Clone for GateHandle<K, S> {
+/// What the lock protects: the gate, and the generator a bound handle's inputs draw from
+/// (an unbound handle's inputs draw from the caller's, and never touch it).
+struct Shared<K, S> {
+    gate: WriteGate<K, S>,
+    rng: SplitMix64,
+}
+
+impl<K, S, R: Clone> Clone for GateHandle<K, S, R> {
     fn clone(&self) -> Self {
         GateHandle {
             shared: Arc::clone(&self.shared),
             signal: self.signal.clone(),
             timer: self.timer.clone(),
+            rt: self.rt.clone(),
         }
     }
 }
 
-impl<K, S> fmt::Debug for GateHandle<K, S> {
+impl<K, S, R> fmt::Debug for GateHandle<K, S, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GateHandle").finish_non_exhaustive()
     }
 }
 
-/// The handle's inputs: each is the gate's input of the same name, run through
-/// [`GateHandle::update`] (one lock, then the `Wake` actions turned into a notify).
-macro_rules! through_update {
-    ($($(#[$doc:meta])* fn $name:ident [$($gen:tt)*] ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {$(
-        $(#[$doc])*
-        pub fn $name<$($gen)*>(&self, $($arg: $ty),*) $(-> $ret)? {
-            self.update(|g| g.$name($($arg),*))
+/// Declares the handle's inputs and queries once and generates both forms of each: the
+/// unbound one (the caller passes `now` first and, for a drawing input, `rng` last) and the
+/// bound one (`now` from the runtime, `rng` from the handle's generator). Every form runs the
+/// gate's method of the same name: inputs through [`GateHandle::update`] (one lock, then the
+/// `Wake` actions turned into a notify), queries under the lock alone.
+///
+/// Kinds: `draws` (an input that takes `now` and `rng`), `input` (takes `now`), `query` (takes
+/// `now`, changes nothing).
+macro_rules! gate_methods {
+    ($(
+        $(#[$doc:meta])*
+        $kind:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;
+    )*) => {
+        impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S, Unbound> {
+            $( gate_methods!(@unbound $kind $(#[$doc])* $name($($arg: $ty),*) $(-> $ret)?); )*
         }
-    )*};
+
+        impl<K: Hash + Eq + Clone, S: BuildHasher, R: Runtime> GateHandle<K, S, R> {
+            $( gate_methods!(@bound $kind $(#[$doc])* $name($($arg: $ty),*) $(-> $ret)?); )*
+        }
+    };
+
+    (@unbound draws $(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
+        #[doc = concat!("[`WriteGate::", stringify!($name), "`] at the caller's `now`, drawing \
+            from the caller's `rng`, through [`update`](Self::update).")]
+        ///
+        $(#[$doc])*
+        pub fn $name<G: Rng + ?Sized>(&self, now: Instant, $($arg: $ty,)* rng: &mut G) $(-> $ret)? {
+            self.update(|g| g.$name(now, $($arg,)* rng))
+        }
+    };
+    (@unbound input $(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
+        #[doc = concat!("[`WriteGate::", stringify!($name), "`] at the caller's `now`, through \
+            [`update`](Self::update).")]
+        ///
+        $(#[$doc])*
+        pub fn $name(&self, now: Instant, $($arg: $ty),*) $(-> $ret)? {
+            self.update(|g| g.$name(now, $($arg),*))
+        }
+    };
+    (@unbound query $(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
+        #[doc = concat!("[`WriteGate::", stringify!($name), "`] at the caller's `now`.")]
+        ///
+        $(#[$doc])*
+        pub fn $name(&self, now: Instant, $($arg: $ty),*) $(-> $ret)? {
+            lock(&self.shared).gate.$name(now, $($arg),*)
+        }
+    };
+
+    (@bound draws $(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
+        #[doc = concat!("[`WriteGate::", stringify!($name), "`] at the runtime's `now`, drawing \
+            from the handle's generator, through [`update`](Self::update).")]
+        ///
+        $(#[$doc])*
+        pub fn $name(&self, $($arg: $ty),*) $(-> $ret)? {
+            let now = self.rt.now();
+            self.update_drawing(|g, rng| g.$name(now, $($arg,)* rng))
+        }
+    };
+    (@bound input $(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
+        #[doc = concat!("[`WriteGate::", stringify!($name), "`] at the runtime's `now`, through \
+            [`update`](Self::update).")]
+        ///
+        $(#[$doc])*
+        pub fn $name(&self, $($arg: $ty),*) $(-> $ret)? {
+            let now = self.rt.now();
+            self.update(|g| g.$name(now, $($arg),*))
+        }
+    };
+    (@bound query $(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
+        #[doc = concat!("[`WriteGate::", stringify!($name), "`] at the runtime's `now`.")]
+        ///
+        $(#[$doc])*
+        pub fn $name(&self, $($arg: $ty),*) $(-> $ret)? {
+            let now = self.rt.now();
+            lock(&self.shared).gate.$name(now, $($arg),*)
+        }
+    };
 }
 
-impl<K: Hash + Eq + Clone> GateHandle<K, std::hash::RandomState> {
-    /// A handle over a new gate, hashing bucket keys with a fresh std
+impl<K: Hash + Eq + Clone> GateHandle<K, std::hash::RandomState, Unbound> {
+    /// An unbound handle over a new gate, hashing bucket keys with a fresh std
     /// [`RandomState`](std::hash::RandomState) (as `HashMap::new` does); refuses an invalid
-    /// `cfg`. For another hasher, [`with_hasher`](Self::with_hasher).
+    /// `cfg`. For another hasher, [`with_hasher`](Self::with_hasher); for a handle bound to a
+    /// runtime, [`with_runtime`](GateHandle::with_runtime).
     pub fn new(cfg: WriteGateConfig) -> Result<Self, ConfigError> {
         WriteGate::new(cfg).map(Self::from_gate)
     }
 }
 
-impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S> {
-    /// A handle over a new gate, hashing bucket keys with `hasher`; refuses an invalid `cfg`.
+impl<K: Hash + Eq + Clone, R: Runtime> GateHandle<K, std::hash::RandomState, R> {
+    /// A handle bound to `rt` over a new gate, hashing bucket keys with a fresh std
+    /// [`RandomState`](std::hash::RandomState), drawing jitter from
+    /// [`client_rng`]`(`[`next_client_id`](super::next_client_id)`())`; refuses an invalid
+    /// `cfg`. Its inputs need no `now` and no RNG. For another hasher or a chosen seed,
+    /// `GateHandle::with_hasher(cfg, hasher)?.bind(rt)` or [`bind_with_rng`](Self::bind_with_rng).
+    pub fn with_runtime(rt: R, cfg: WriteGateConfig) -> Result<Self, ConfigError> {
+        GateHandle::new(cfg).map(|gate| gate.bind(rt))
+    }
+}
+
+impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S, Unbound> {
+    /// An unbound handle over a new gate, hashing bucket keys with `hasher`; refuses an
+    /// invalid `cfg`.
     pub fn with_hasher(cfg: WriteGateConfig, hasher: S) -> Result<Self, ConfigError> {
         WriteGate::with_hasher(cfg, hasher).map(Self::from_gate)
     }
 
-    /// A handle over an existing gate.
+    /// An unbound handle over an existing gate.
     pub fn from_gate(gate: WriteGate<K, S>) -> Self {
         GateHandle {
-            shared: Arc::new(Mutex::new(gate)),
+            shared: Arc::new(Mutex::new(Shared {
+                gate,
+                // Never drawn from while unbound; `bind` seeds it.
+                rng: SplitMix64::new(0),
+            })),
             signal: WakeSignal::new(),
             timer: WakeSignal::new(),
+            rt: Unbound,
         }
     }
 
+    /// This handle bound to `rt`, drawing from
+    /// [`client_rng`]`(`[`next_client_id`](super::next_client_id)`())`: the same gate (other
+    /// clones of it stay unbound and share it), with inputs that read `now` from `rt`. Every
+    /// `now` the gate sees must then be on `rt`'s timeline, including those passed to
+    /// [`update`](Self::update).
+    pub fn bind<R: Runtime>(self, rt: R) -> GateHandle<K, S, R> {
+        self.bind_with_rng(rt, client_rng(next_client_id()))
+    }
+
+    /// [`bind`](Self::bind) with a generator the caller seeded, e.g. `client_rng(id)` for a
+    /// client id of its own, or a fixed seed in a replayable simulation.
+    pub fn bind_with_rng<R: Runtime>(self, rt: R, rng: SplitMix64) -> GateHandle<K, S, R> {
+        lock(&self.shared).rng = rng;
+        GateHandle {
+            shared: self.shared,
+            signal: self.signal,
+            timer: self.timer,
+            rt,
+        }
+    }
+
+    /// Waits while `bucket` is closed with a deadline, on `rt`'s clock; resolves with the
+    /// first other state (`Open`, `Probing` or `UnknownLeader`). Wakes early, and re-arms its
+    /// timer, when an input moves the bucket's opening earlier. Cancel-safe.
+    pub async fn wait_until_open<Rt: Runtime>(&self, rt: &Rt, bucket: &K) -> GateState {
+        self.wait_open_on(rt, bucket).await
+    }
+
+    /// The gate's timer loop on `rt`: sleeps until `poll_timeout`, calls `handle_timeout`,
+    /// forever. An input that moves `poll_timeout` earlier re-arms it. Spawn it once per gate
+    /// (drop the task to stop it); without it, reads still treat expired gates as open, and
+    /// memory is freed at the next input's own eviction.
+    pub async fn drive_timeouts<Rt: Runtime>(&self, rt: &Rt) {
+        self.drive_timeouts_on(rt).await;
+    }
+}
+
+impl<K: Hash + Eq + Clone, S: BuildHasher, R: Runtime> GateHandle<K, S, R> {
+    /// The runtime the handle reads `now` from and sleeps on.
+    pub fn runtime(&self) -> &R {
+        &self.rt
+    }
+
+    /// Waits while `bucket` is closed with a deadline, on the handle's runtime; resolves with
+    /// the first other state (`Open`, `Probing` or `UnknownLeader`). Wakes early, and re-arms
+    /// its timer, when an input moves the bucket's opening earlier. Cancel-safe.
+    pub async fn wait_until_open(&self, bucket: &K) -> GateState {
+        self.wait_open_on(&self.rt, bucket).await
+    }
+
+    /// The gate's timer loop on the handle's runtime: sleeps until `poll_timeout`, calls
+    /// `handle_timeout`, forever. An input that moves `poll_timeout` earlier re-arms it. Spawn
+    /// it once per gate (drop the task to stop it); without it, reads still treat expired
+    /// gates as open, and memory is freed at the next input's own eviction.
+    pub async fn drive_timeouts(&self) {
+        self.drive_timeouts_on(&self.rt).await;
+    }
+
+    /// Runs `input` on the gate and the handle's generator under the lock, like
+    /// [`update`](Self::update) (same panic behaviour): for a drawing gate input the named
+    /// helpers do not cover.
+    pub fn update_drawing<T>(
+        &self,
+        input: impl FnOnce(&mut WriteGate<K, S>, &mut SplitMix64) -> T,
+    ) -> T {
+        self.drive_shared(|st| input(&mut st.gate, &mut st.rng))
+    }
+}
+
+gate_methods! {
+    /// The write was rejected with `DISK_WRITE_LOCKED`; `attempts` counts the rejections
+    /// before this one. Returns the bucket's remaining time.
+    draws fn handle_disk_write_locked(bucket: &K, attempts: u32) -> Duration;
+    /// The write failed with another retriable error. Returns the bucket's remaining time.
+    draws fn handle_retriable_write(bucket: &K, attempts: u32) -> Duration;
+    /// The leader piggybacked KV backpressure `signal` (latest-wins). Returns the bucket's
+    /// remaining time.
+    input fn handle_kv_signal(bucket: &K, signal: Signal) -> Duration;
+    /// Installs `delay` for a registered `reason`, exactly as given.
+    input fn handle_throttle(bucket: &K, reason: Reason, delay: Duration)
+        -> Result<Duration, GateError>;
+    /// The bucket's leader became unknown (`known == false`) or known again.
+    input fn handle_leader(bucket: &K, known: bool);
+    /// A batch was sent to the bucket (counted while probing).
+    input fn handle_send(bucket: &K);
+    /// A write to the bucket succeeded: probe mode ends for it.
+    input fn handle_success(bucket: &K);
+    /// The bucket's state: `Open`, `Closed { until, reason }`, `Probing` or `UnknownLeader`.
+    query fn check(bucket: &K) -> GateState;
+    /// The time until the bucket opens (zero if open).
+    query fn remaining(bucket: &K) -> Duration;
+}
+
+impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
     /// The signal notified on every `GateAction::Wake`.
     pub fn signal(&self) -> &WakeSignal {
         &self.signal
@@ -117,6 +395,8 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S> {
 
     /// Runs `input` on the gate under the lock, then turns the gate's `Wake` actions into a
     /// notify of [`signal`](Self::signal) (after the lock is dropped). Do not block in `input`.
+    /// The `now` passed to the gate's inputs in `input` must be on the timeline of the rest
+    /// (the bound runtime's, for a bound handle).
     ///
     /// If `input` panics, the panic propagates to this caller, after what `input` did to the
     /// gate before the panic is followed through: the `Wake`s it made the gate emit notify the
@@ -124,6 +404,11 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S> {
     /// [`drive_timeouts`](Self::drive_timeouts). What it did stays done (the handle rolls
     /// nothing back), and the handle serves every later call.
     pub fn update<T>(&self, input: impl FnOnce(&mut WriteGate<K, S>) -> T) -> T {
+        self.drive_shared(|st| input(&mut st.gate))
+    }
+
+    /// The one drive step behind every input of both forms.
+    fn drive_shared<T>(&self, input: impl FnOnce(&mut Shared<K, S>) -> T) -> T {
         let mut wake = NotifyOnDrop {
             signal: &self.signal,
             due: false,
@@ -135,40 +420,11 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S> {
         // unwinds out of `drive`.
     }
 
-    through_update! {
-        /// [`WriteGate::handle_disk_write_locked`] through [`update`](Self::update).
-        fn handle_disk_write_locked[R: Rng + ?Sized](
-            now: Instant, bucket: &K, attempts: u32, rng: &mut R
-        ) -> Duration;
-        /// [`WriteGate::handle_retriable_write`] through [`update`](Self::update).
-        fn handle_retriable_write[R: Rng + ?Sized](
-            now: Instant, bucket: &K, attempts: u32, rng: &mut R
-        ) -> Duration;
-        /// [`WriteGate::handle_kv_signal`] through [`update`](Self::update).
-        fn handle_kv_signal[](now: Instant, bucket: &K, signal: Signal) -> Duration;
-        /// [`WriteGate::handle_leader`] through [`update`](Self::update).
-        fn handle_leader[](now: Instant, bucket: &K, known: bool);
-        /// [`WriteGate::handle_success`] through [`update`](Self::update).
-        fn handle_success[](now: Instant, bucket: &K);
-    }
-
-    /// [`WriteGate::check`].
-    pub fn check(&self, now: Instant, bucket: &K) -> GateState {
-        lock(&self.shared).check(now, bucket)
-    }
-
-    /// [`WriteGate::remaining`].
-    pub fn remaining(&self, now: Instant, bucket: &K) -> Duration {
-        lock(&self.shared).remaining(now, bucket)
-    }
-
-    /// Waits while `bucket` is closed with a deadline; resolves with the first other state
-    /// (`Open`, `Probing` or `UnknownLeader`). Wakes early, and re-arms its timer, when an
-    /// input moves the bucket's opening earlier. Cancel-safe.
-    pub async fn wait_until_open<R: Runtime>(&self, rt: &R, bucket: &K) -> GateState {
+    /// The wait of both forms' `wait_until_open`, on `rt`'s clock.
+    async fn wait_open_on<Rt: Runtime>(&self, rt: &Rt, bucket: &K) -> GateState {
         let mut state = GateState::Open;
         wait_until(rt, &self.signal, |now| {
-            state = lock(&self.shared).check(now, bucket);
+            state = lock(&self.shared).gate.check(now, bucket);
             match state {
                 GateState::Closed { until, .. } => Some(until),
                 _ => None,
@@ -178,11 +434,8 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S> {
         state
     }
 
-    /// The gate's timer loop: sleeps until `poll_timeout`, calls `handle_timeout`, forever.
-    /// An input that moves `poll_timeout` earlier re-arms it. Spawn it once per gate (drop the
-    /// task to stop it); without it, reads still treat expired gates as open, and memory is
-    /// freed at the next input's own eviction.
-    pub async fn drive_timeouts<R: Runtime>(&self, rt: &R) {
+    /// The timer loop of both forms' `drive_timeouts`, on `rt`'s clock.
+    async fn drive_timeouts_on<Rt: Runtime>(&self, rt: &Rt) {
         drive_timeouts(rt, &self.shared, &self.timer, || {
             let now = rt.now();
             self.update(|g| g.handle_timeout(now));
@@ -204,7 +457,7 @@ impl Drop for NotifyOnDrop<'_> {
     }
 }
 
-impl<K, S> Timed for WriteGate<K, S>
+impl<K, S> Timed for Shared<K, S>
 where
     K: Hash + Eq + Clone,
     S: BuildHasher,
@@ -212,11 +465,11 @@ where
     type Action = GateAction;
 
     fn poll_timeout(&self) -> Option<Instant> {
-        WriteGate::poll_timeout(self)
+        self.gate.poll_timeout()
     }
 
     fn poll_action(&mut self) -> Option<GateAction> {
-        WriteGate::poll_action(self)
+        self.gate.poll_action()
     }
 }
 
@@ -347,6 +600,160 @@ mod tests {
         rt.clock.advance_to(Instant::from_millis(5000));
         assert_eq!(ex.run_until_stalled(), 1);
         assert!(gate.update(|g| g.is_empty()), "every expired gate evicted");
+    }
+}
+
+/// The bound form: inputs, queries and waits on the runtime's clock, jitter from the handle's
+/// own generator.
+#[cfg(all(test, not(loom)))]
+mod bound_tests {
+    use super::*;
+    use crate::backoff::BackoffConfig;
+    use crate::sync::test_support::{Executor, TestRuntime};
+    use crate::test_hasher::TestHasher;
+    use alloc::vec::Vec;
+    use std::sync::Mutex as StdMutex;
+
+    type Bound = GateHandle<u32, TestHasher, TestRuntime>;
+
+    /// The disk backoff is jittered (±20 %), so draws tell generators apart.
+    fn cfg() -> WriteGateConfig {
+        WriteGateConfig::default().with_disk_write_locked(BackoffConfig::fluss_disk_write_locked())
+    }
+
+    fn bound(rt: &TestRuntime) -> Bound {
+        match GateHandle::with_hasher(cfg(), TestHasher::default()) {
+            Ok(g) => g.bind(rt.clone()),
+            Err(e) => panic!("the config is valid: {e}"),
+        }
+    }
+
+    /// Eight disk-locked rejections on fresh buckets: eight draws of the handle's generator.
+    fn draws(gate: &Bound, first_bucket: u32) -> Vec<Duration> {
+        (first_bucket..first_bucket + 8)
+            .map(|b| gate.handle_disk_write_locked(&b, 0))
+            .collect()
+    }
+
+    #[test]
+    fn a_bound_input_and_query_read_the_runtimes_clock() {
+        let rt = TestRuntime::new();
+        let gate = bound(&rt);
+        rt.clock.advance_to(Instant::from_millis(1_000));
+        let wait = gate.handle_kv_signal(&7, Signal::Full);
+        assert_eq!(wait, Duration::from_millis(5_000));
+        assert_eq!(
+            gate.check(&7),
+            GateState::Closed {
+                until: Instant::from_millis(6_000),
+                reason: Reason::KV_BACKPRESSURE
+            },
+            "installed at the runtime's 1000 ms, not at the epoch"
+        );
+        rt.clock.advance_to(Instant::from_millis(5_999));
+        assert_eq!(gate.remaining(&7), Duration::from_millis(1));
+        assert!(matches!(gate.check(&7), GateState::Closed { .. }));
+        rt.clock.advance_to(Instant::from_millis(6_000));
+        assert_eq!(
+            gate.check(&7),
+            GateState::Open,
+            "opens on the runtime's clock"
+        );
+        assert_eq!(gate.remaining(&7), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_bound_wait_sleeps_on_the_runtime_and_wakes_early_on_a_lower_pressure() {
+        let mut ex = Executor::default();
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(ex.spawner());
+        let gate = bound(&rt);
+        rt.clock.advance_to(Instant::from_millis(100));
+        gate.handle_kv_signal(&7, Signal::Full); // until 5100 ms
+        let result = std::sync::Arc::new(StdMutex::new(None));
+        {
+            let (gate, result) = (gate.clone(), std::sync::Arc::clone(&result));
+            let clock = rt.clock.clone();
+            rt.spawn(async move {
+                let state = gate.wait_until_open(&7).await;
+                if let Ok(mut r) = result.lock() {
+                    *r = Some((state, clock.now()));
+                }
+            });
+        }
+        assert_eq!(ex.run_until_stalled(), 1);
+        assert_eq!(rt.clock.next_deadline(), Some(Instant::from_millis(5_100)));
+        rt.clock.advance_to(Instant::from_millis(200));
+        // Half pressure at 200 ms: 625 ms from the runtime's now, a Wake.
+        gate.handle_kv_signal(&7, Signal::Pressure(500_000));
+        assert_eq!(ex.run_until_stalled(), 1);
+        assert_eq!(rt.clock.next_deadline(), Some(Instant::from_millis(825)));
+        rt.clock.advance_to(Instant::from_millis(825));
+        assert_eq!(ex.run_until_stalled(), 0);
+        let got = result.lock().ok().and_then(|r| *r);
+        assert_eq!(got, Some((GateState::Open, Instant::from_millis(825))));
+    }
+
+    #[test]
+    fn a_bound_timer_loop_evicts_on_the_runtimes_clock() {
+        let mut ex = Executor::default();
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(ex.spawner());
+        let gate = bound(&rt);
+        {
+            let gate = gate.clone();
+            rt.spawn(async move { gate.drive_timeouts().await });
+        }
+        assert_eq!(ex.run_until_stalled(), 1);
+        rt.clock.advance_to(Instant::from_millis(10));
+        gate.handle_kv_signal(&1, Signal::Full);
+        assert_eq!(ex.run_until_stalled(), 1);
+        assert_eq!(rt.clock.next_deadline(), Some(Instant::from_millis(5_010)));
+        rt.clock.advance_to(Instant::from_millis(5_010));
+        assert_eq!(ex.run_until_stalled(), 1);
+        assert!(
+            gate.update(|g| g.is_empty()),
+            "the expired gate was evicted"
+        );
+    }
+
+    #[test]
+    fn two_handles_bound_to_one_runtime_draw_different_jitter() {
+        let rt = TestRuntime::new();
+        let (a, b) = (bound(&rt), bound(&rt));
+        let (da, db) = (draws(&a, 0), draws(&b, 0));
+        assert!(
+            da.iter()
+                .all(|d| (800..=1_200).contains(&(d.as_millis() as u64))),
+            "1 s ± 20 %: {da:?}"
+        );
+        assert_ne!(da, db, "two clients drew the same jitter");
+        // A clone is the same client: it continues the stream instead of restarting it.
+        let a2 = a.clone();
+        let more = draws(&a2, 100);
+        assert_ne!(more, da, "a clone restarted the stream");
+    }
+
+    #[test]
+    fn a_handle_bound_with_a_chosen_generator_replays_and_the_raw_form_takes_the_callers() {
+        let rt = TestRuntime::new();
+        let seeded = |seed| match GateHandle::with_hasher(cfg(), TestHasher::default()) {
+            Ok(g) => g.bind_with_rng(rt.clone(), SplitMix64::new(seed)),
+            Err(e) => panic!("the config is valid: {e}"),
+        };
+        let (x, y) = (seeded(9), seeded(9));
+        assert_eq!(draws(&x, 0), draws(&y, 0), "same seed, same jitter");
+        // The raw form draws from the caller's generator, not the handle's.
+        let raw: GateHandle<u32, TestHasher> =
+            match GateHandle::with_hasher(cfg(), TestHasher::default()) {
+                Ok(g) => g,
+                Err(e) => panic!("the config is valid: {e}"),
+            };
+        let mut rng = SplitMix64::new(9);
+        let raw_draws: Vec<Duration> = (0..8)
+            .map(|b| raw.handle_disk_write_locked(Instant::ZERO, &b, 0, &mut rng))
+            .collect();
+        assert_eq!(raw_draws, draws(&seeded(9), 0));
     }
 }
 

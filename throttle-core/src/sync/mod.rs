@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | [`WindowHandle`] | [`DispatchWindow`](crate::DispatchWindow) | a shard's credit ([`Permit`]), FIFO per shard |
 //! | [`PendingBytes`] | [`PendingBytesLimiter`](crate::PendingBytesLimiter) | admission of `n` bytes ([`BytesPermit`]), FIFO |
-//! | [`GateHandle`] | [`WriteGate`](crate::WriteGate) + two [`WakeSignal`]s | a bucket's opening ([`wait_until_open`](GateHandle::wait_until_open)), re-armed on every `Wake` |
+//! | [`GateHandle`] | [`WriteGate`](crate::WriteGate) + two [`WakeSignal`]s (bound to a [`Runtime`] or [`Unbound`]) | a bucket's opening ([`wait_until_open`](GateHandle::wait_until_open)), re-armed on every `Wake` |
 //! | [`BatchDriver`] | [`Batcher`](crate::Batcher) + a user [`Transport`] | an operation's result ([`Submit`]), batched rate-adaptively |
 //! | [`ConnPool`] | [`ConnTable`](crate::ConnTable) + a [`Connector`] | a connection ([`Lease`]); idle ones close at the table's deadlines |
 //! | [`FailoverExecutor`] | [`Call`](crate::Call), [`RefreshCoalescer`](crate::RefreshCoalescer), a [`RetryBudget`](crate::RetryBudget) | a request's end, with one coalesced refresh for concurrent failures |
@@ -77,7 +77,7 @@ pub(crate) use waiters::wake_all;
 
 pub use batch::{BatchDriver, BatchOutcome, OpError, Submit, Transport};
 pub use failover::{CallError, FailoverExecutor, Surfaced};
-pub use gate::GateHandle;
+pub use gate::{GateHandle, Unbound};
 pub use host::bare_host;
 pub use pending::{AcquireBytes, BytesPermit, PendingBytes};
 pub use pool::{ConnPool, Connector, Lease, PoolError};
@@ -138,6 +138,11 @@ where
     let _gate = |gate: &GateHandle<Shard, S>, rt: &R, bucket: &Shard| {
         send_value(&gate.wait_until_open(rt, bucket));
         send_value(&gate.drive_timeouts(rt));
+    };
+    handle::<GateHandle<Shard, S, R>>();
+    let _bound = |gate: &GateHandle<Shard, S, R>, bucket: &Shard| {
+        send_value(&gate.wait_until_open(bucket));
+        send_value(&gate.drive_timeouts());
     };
     let _wait = |rt: &R, signal: &WakeSignal| {
         send_value(&wait_until(rt, signal, |_| None));
