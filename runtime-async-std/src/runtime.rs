@@ -4,19 +4,20 @@ use core::future::Future;
 
 use throttle_sansio::Instant;
 use throttle_sansio::sync::Runtime;
+use throttle_sansio::time::StdEpoch;
 
-/// The core timeline on the system's monotonic clock (nanoseconds since the runtime value was
-/// made), async-std's timer and executor. Cheap to clone (`Copy`); clones share the epoch.
+/// The core timeline on the system's monotonic clock (a [`StdEpoch`] at the moment the runtime
+/// value was made), async-std's timer and executor. Cheap to clone (`Copy`); clones share the epoch.
 #[derive(Debug, Clone, Copy)]
 pub struct AsyncStdRuntime {
-    epoch: std::time::Instant,
+    epoch: StdEpoch,
 }
 
 impl AsyncStdRuntime {
     /// A runtime whose epoch is now.
     pub fn new() -> Self {
         AsyncStdRuntime {
-            epoch: std::time::Instant::now(),
+            epoch: StdEpoch::new(),
         }
     }
 }
@@ -55,8 +56,7 @@ impl AsyncStdRuntime {
     /// The current instant on the core timeline ([`Runtime::now`], callable without the
     /// trait in scope).
     pub fn now(&self) -> Instant {
-        let elapsed = self.epoch.elapsed().as_nanos();
-        Instant::from_nanos(u64::try_from(elapsed).unwrap_or(u64::MAX))
+        self.epoch.now()
     }
 
     /// Resolves once [`now`](Self::now) reaches `deadline`, at once if it has passed

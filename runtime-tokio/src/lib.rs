@@ -4,21 +4,32 @@
 //! core's [`Runtime`](sync::Runtime) on tokio's clock (so `tokio::time::pause` drives the
 //! machines), timer and `spawn`; and [`TcpConnector`], a [`Connector`](sync::Connector) over
 //! `tokio::net::TcpStream`. Everything else — the handles, permits and drivers of [`sync`] — is the
-//! core's, re-exported here:
+//! core's, re-exported here, and named at the crate root with the runtime fixed to
+//! [`TokioRuntime`] and the hasher defaulting to std's `RandomState`:
 //!
-//! - [`sync::GateHandle::wait_until_open`] (wakes early on the gate's `Wake`),
-//! - [`sync::WindowHandle::acquire`] → [`sync::Permit`], [`sync::PendingBytes::acquire`],
-//! - [`sync::BatchDriver`], [`sync::ConnPool`], [`sync::FailoverExecutor`].
+//! | alias | is |
+//! |---|---|
+//! | [`GateHandle<K>`] | [`sync::GateHandle<K, RandomState, TokioRuntime>`]: inputs without `now` or RNG, `wait_until_open(&bucket)` |
+//! | [`WindowHandle<Shard>`] | [`sync::WindowHandle<Shard, RandomState>`]: `acquire(shard)` → [`sync::Permit`] |
+//! | [`BatchDriver<T, Shard, Op>`] | [`sync::BatchDriver<TokioRuntime, T, Shard, Op, RandomState>`] |
+//! | [`ConnPool<C, U, H>`], [`Lease<C, U, H>`] | [`sync::ConnPool<TokioRuntime, C, U, H, RandomState>`], its lease |
+//! | [`FailoverExecutor<K, B>`] | [`sync::FailoverExecutor<TokioRuntime, K, B>`] |
+//! | [`PendingBytes`], [`WakeSignal`] | the core's (they take no runtime) |
+//!
+//! The generic forms stay in [`sync`] (`throttle_tokio::sync::GateHandle<K, S, R>`), with the
+//! unbound gate whose inputs take `now` for custom loops.
 //!
 //! ```
-//! use throttle_tokio::{TokioRuntime, sync::Runtime};
-//! use throttle_sansio::Instant;
+//! use throttle_tokio::{GateHandle, GateState, Instant, Signal, TokioRuntime, WriteGateConfig};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
 //! let rt = TokioRuntime::new();
-//! rt.sleep_until(Instant::from_millis(250)).await; // paused time: returns at once
-//! assert_eq!(rt.now(), Instant::from_millis(250));
+//! let gate: GateHandle<u32> = GateHandle::with_runtime(rt.clone(), WriteGateConfig::default())
+//!     .expect("the default config is valid");
+//! let wait = gate.handle_kv_signal(&7, Signal::Pressure(500_000)); // no `now`, no RNG
+//! assert_eq!(gate.wait_until_open(&7).await, GateState::Open); // paused time: at once
+//! assert!(rt.now() >= Instant::ZERO + wait); // it slept until the opening
 //! # }
 //! ```
 //!
@@ -29,6 +40,131 @@
 mod net;
 mod runtime;
 
+use std::hash::RandomState;
+
 pub use net::TcpConnector;
 pub use runtime::TokioRuntime;
+pub use throttle_sansio::sync::{PendingBytes, WakeSignal};
 pub use throttle_sansio::*;
+
+/// The write gate handle on tokio: [`sync::GateHandle`] bound to [`TokioRuntime`]. Its inputs
+/// read `now` from tokio's clock and draw jitter from the handle's own per-client generator
+/// ([`sync::client_rng`]), so they take neither; build it with
+/// [`with_runtime`](sync::GateHandle::with_runtime).
+///
+/// ```
+/// use throttle_tokio::{GateHandle, GateState, TokioRuntime, WriteGateConfig};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let gate: GateHandle<u32> =
+///     GateHandle::with_runtime(TokioRuntime::new(), WriteGateConfig::default()).unwrap();
+/// tokio::spawn({
+///     let gate = gate.clone();
+///     async move { gate.drive_timeouts().await } // evicts expired gates
+/// });
+/// gate.handle_disk_write_locked(&3, 0); // jittered backoff from the handle's generator
+/// assert!(matches!(gate.check(&3), GateState::Closed { .. }));
+/// assert_eq!(gate.wait_until_open(&3).await, GateState::Open); // paused time jumps ahead
+/// # }
+/// ```
+pub type GateHandle<K, S = RandomState> = sync::GateHandle<K, S, TokioRuntime>;
+
+/// The dispatch window handle, with std's `RandomState` by default: [`sync::WindowHandle`]
+/// (it needs no runtime: a credit is not a deadline).
+///
+/// ```
+/// use throttle_tokio::{WindowConfig, WindowHandle};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let window: WindowHandle<u32> =
+///     WindowHandle::new(WindowConfig::default().with_max_in_flight(1)).unwrap();
+/// let first = window.acquire_owned(7).await.unwrap();
+/// let waiter = tokio::spawn({
+///     let window = window.clone();
+///     async move { window.acquire_owned(7).await.map(|p| p.credit()) }
+/// });
+/// tokio::task::yield_now().await; // the waiter joins the shard's line
+/// assert_eq!(window.waiting(&7), 1);
+/// drop(first); // the credit goes to the waiter
+/// assert!(waiter.await.unwrap().is_ok());
+/// # }
+/// ```
+pub type WindowHandle<Shard, S = RandomState> = sync::WindowHandle<Shard, S>;
+
+/// The batch driver on tokio: [`sync::BatchDriver`] with [`TokioRuntime`] and std's
+/// `RandomState` by default.
+///
+/// ```
+/// use throttle_tokio::{TokioRuntime, sync};
+///
+/// // The same type, two names.
+/// fn same<T: sync::Transport<u32, u64>>(
+///     d: throttle_tokio::BatchDriver<T, u32, u64>,
+/// ) -> sync::BatchDriver<TokioRuntime, T, u32, u64, std::hash::RandomState> {
+///     d
+/// }
+/// ```
+pub type BatchDriver<T, Shard, Op, S = RandomState> =
+    sync::BatchDriver<TokioRuntime, T, Shard, Op, S>;
+
+/// The connection pool on tokio: [`sync::ConnPool`] with [`TokioRuntime`] and std's
+/// `RandomState` by default (e.g. `ConnPool<TcpConnector, u32, String>`).
+///
+/// ```
+/// use throttle_tokio::{TcpConnector, TokioRuntime, sync};
+///
+/// fn same(
+///     p: throttle_tokio::ConnPool<TcpConnector, u32, String>,
+/// ) -> sync::ConnPool<TokioRuntime, TcpConnector, u32, String, std::hash::RandomState> {
+///     p
+/// }
+/// ```
+pub type ConnPool<C, U, H, S = RandomState> = sync::ConnPool<TokioRuntime, C, U, H, S>;
+
+/// A lease of a [`ConnPool`] on tokio: [`sync::Lease`] with [`TokioRuntime`].
+pub type Lease<C, U, H, S = RandomState> = sync::Lease<TokioRuntime, C, U, H, S>;
+
+/// The failover executor on tokio: [`sync::FailoverExecutor`] with [`TokioRuntime`].
+///
+/// ```
+/// use throttle_tokio::{TokioRuntime, sync};
+///
+/// fn same<K, B>(
+///     x: throttle_tokio::FailoverExecutor<K, B>,
+/// ) -> sync::FailoverExecutor<TokioRuntime, K, B> {
+///     x
+/// }
+/// ```
+pub type FailoverExecutor<K, B> = sync::FailoverExecutor<TokioRuntime, K, B>;
+
+/// The README's snippet, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tokio_gate_reads_tokios_clock_for_its_inputs_and_its_wait() {
+        let rt = TokioRuntime::new();
+        let gate: GateHandle<u32> =
+            GateHandle::with_runtime(rt.clone(), WriteGateConfig::default()).unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let wait = gate.handle_kv_signal(&7, Signal::Full);
+        let until = Instant::from_millis(1_000) + wait;
+        assert!(
+            matches!(gate.check(&7), GateState::Closed { until: u, .. } if u == until),
+            "installed at tokio's 1 s"
+        );
+        assert_eq!(gate.wait_until_open(&7).await, GateState::Open);
+        assert!(
+            rt.now() >= until,
+            "slept on tokio's timer until the opening"
+        );
+    }
+}

@@ -3,6 +3,10 @@
 //! The core never reads a clock. The adapter picks an epoch (process start, say) and hands
 //! every input `now` as nanoseconds since that epoch. All arithmetic saturates: `Instant::MAX`
 //! plus anything is `Instant::MAX`, and a span that would be negative is zero.
+//!
+//! With feature `std`, [`StdEpoch`] is such an epoch on `std::time::Instant`, converted with
+//! [`Instant::from_std`] and [`Instant::to_std`]: what a runtime without an async executor (a
+//! thread loop over `poll_timeout`) needs.
 
 use core::fmt;
 use core::ops::{Add, AddAssign, Sub};
@@ -125,6 +129,102 @@ impl Sub<Instant> for Instant {
     }
 }
 
+#[cfg(feature = "std")]
+#[cfg_attr(docsrs, doc(cfg(feature = "std")))]
+impl Instant {
+    /// The core instant of the std instant `at` on `epoch`'s timeline: the nanoseconds from
+    /// the epoch to `at`, saturating at [`Instant::ZERO`] for an `at` before the epoch and at
+    /// [`Instant::MAX`] past about 584 years. What a custom runtime on `std::time` hands every
+    /// input as `now`.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::Instant;
+    /// use throttle_sansio::time::StdEpoch;
+    ///
+    /// let epoch = StdEpoch::new();
+    /// let later = epoch.epoch() + Duration::from_millis(1500);
+    /// assert_eq!(Instant::from_std(epoch, later), Instant::from_millis(1500));
+    /// assert_eq!(Instant::from_std(epoch, epoch.epoch()), Instant::ZERO);
+    /// ```
+    pub fn from_std(epoch: StdEpoch, at: std::time::Instant) -> Instant {
+        let since = at.saturating_duration_since(epoch.epoch);
+        Instant(duration_to_nanos(since))
+    }
+
+    /// The std instant of `self` on `epoch`'s timeline (for a deadline: `recv_timeout`,
+    /// `thread::sleep`), or `None` if `std::time::Instant` cannot represent it on this
+    /// platform. [`Instant::MAX`] may map to an instant centuries away rather than `None`:
+    /// treat it as "never" before converting if that matters.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::Instant;
+    /// use throttle_sansio::time::StdEpoch;
+    ///
+    /// let epoch = StdEpoch::new();
+    /// let deadline = Instant::from_millis(20);
+    /// assert_eq!(deadline.to_std(epoch), Some(epoch.epoch() + Duration::from_millis(20)));
+    /// ```
+    pub fn to_std(self, epoch: StdEpoch) -> Option<std::time::Instant> {
+        epoch.epoch.checked_add(Duration::from_nanos(self.0))
+    }
+}
+
+/// The epoch of a core timeline on `std::time::Instant`: the std instant that is
+/// [`Instant::ZERO`]. A runtime without an async executor (a thread loop, a test harness)
+/// keeps one and converts with [`Instant::from_std`] / [`Instant::to_std`], or reads the
+/// current core instant with [`now`](Self::now). `Copy`; every instant the machines see must
+/// come from one epoch.
+///
+/// ```
+/// use throttle_sansio::Instant;
+/// use throttle_sansio::time::StdEpoch;
+///
+/// let epoch = StdEpoch::new();
+/// let t0 = epoch.now();
+/// let t1 = epoch.now();
+/// assert!(t1 >= t0); // monotonic, as `std::time::Instant` is
+/// assert_eq!(Instant::from_std(epoch, epoch.epoch()), Instant::ZERO);
+/// ```
+#[cfg(feature = "std")]
+#[cfg_attr(docsrs, doc(cfg(feature = "std")))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StdEpoch {
+    epoch: std::time::Instant,
+}
+
+#[cfg(feature = "std")]
+impl StdEpoch {
+    /// An epoch at the current moment: its [`now`](Self::now) starts at [`Instant::ZERO`].
+    pub fn new() -> Self {
+        Self::at(std::time::Instant::now())
+    }
+
+    /// An epoch at the std instant `epoch`.
+    pub const fn at(epoch: std::time::Instant) -> Self {
+        StdEpoch { epoch }
+    }
+
+    /// The std instant that is [`Instant::ZERO`].
+    pub const fn epoch(&self) -> std::time::Instant {
+        self.epoch
+    }
+
+    /// The current core instant: [`Instant::from_std`] of `std::time::Instant::now()`.
+    pub fn now(&self) -> Instant {
+        Instant::from_std(*self, std::time::Instant::now())
+    }
+}
+
+#[cfg(feature = "std")]
+impl Default for StdEpoch {
+    /// [`StdEpoch::new`]: an epoch at the current moment.
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// A span in whole nanoseconds, saturating at `u64::MAX` (about 584 years).
 #[inline]
 pub(crate) fn duration_to_nanos(d: Duration) -> u64 {
@@ -209,6 +309,40 @@ mod tests {
         assert_eq!(ceil_millis(Duration::from_nanos(1_000_001)), 2);
         assert_eq!(ceil_millis(Duration::from_nanos(999_999)), 1);
         assert_eq!(ceil_millis(Duration::MAX), u64::MAX);
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn std_instants_map_to_exact_nanoseconds_since_the_epoch_and_back() {
+        let epoch = StdEpoch::new();
+        let e = epoch.epoch();
+        let span = Duration::new(3, 123_456_789);
+        assert_eq!(
+            Instant::from_std(epoch, e + span),
+            Instant::from_nanos(3_123_456_789)
+        );
+        assert_eq!(
+            Instant::from_nanos(3_123_456_789).to_std(epoch),
+            Some(e + span)
+        );
+        assert_eq!(Instant::from_std(epoch, e), Instant::ZERO);
+        assert_eq!(Instant::ZERO.to_std(epoch), Some(e));
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn a_std_instant_before_the_epoch_saturates_at_zero_and_now_is_monotonic() {
+        let early = std::time::Instant::now();
+        let epoch = StdEpoch::at(early + Duration::from_secs(60));
+        assert_eq!(Instant::from_std(epoch, early), Instant::ZERO);
+        let fresh = StdEpoch::new();
+        let (a, b) = (fresh.now(), fresh.now());
+        assert!(b >= a);
+        assert!(
+            fresh.now() < Instant::from_millis(60_000),
+            "an epoch of now starts near zero"
+        );
+        assert_eq!(StdEpoch::at(early).epoch(), early);
     }
 
     #[test]
