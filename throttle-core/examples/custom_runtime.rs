@@ -73,7 +73,9 @@ fn main() -> ExitCode {
     let cfg = WriteGateConfig::default()
         .with_disk_write_locked(disk)
         .with_kv_curve(curve);
-    let mut gate: WriteGate<u32, std::hash::RandomState> = WriteGate::new(cfg).expect("valid");
+    let Ok(mut gate) = WriteGate::<u32, std::hash::RandomState>::new(cfg) else {
+        return ExitCode::FAILURE;
+    };
     let (mut rng, epoch) = (client_rng(next_client_id()), StdEpoch::new());
 
     let ((req_tx, req_rx), (resp_tx, resp_rx)) = (channel(), channel());

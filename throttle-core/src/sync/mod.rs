@@ -33,6 +33,11 @@
 //!   its `new` is defined for that hasher only (as `HashMap::new`), so
 //!   `GateHandle::new(cfg)` needs no annotation; `with_hasher` takes any `S`. The machines
 //!   under the handles keep `S` without a default.
+//! - Time and randomness: a handle whose machine takes `now` or an RNG (the gate) is bound to
+//!   a [`Runtime`] or [`Unbound`] (its type parameter `R`). Bound, its inputs read `now` from
+//!   the runtime and draw from a per-client generator ([`client_rng`]); unbound (the default,
+//!   for custom runtimes), they take both from the caller. The drivers take the runtime in
+//!   `new`. `docs/architecture.md` ("API grammar") has the rule.
 //! - User code that panics (a key's `Hash`, `Eq` or `Clone`, a waker's `clone`, the closure
 //!   of [`GateHandle::update`]) panics out to the caller that supplied it, and the handle
 //!   keeps serving: the window, bytes and signal handles make those calls before they change
