@@ -281,6 +281,7 @@ fn the_verdict_gives_the_ratios_and_says_why_ours_finished_later() {
         disk_lock: Duration::from_secs(2),
         first_accept: Some(Duration::from_millis(first_ms)),
         last_bucket_first_accept: Some(Duration::from_millis(last_ms)),
+        pressure_from: 8,
         slowdown_trigger: 20,
         flush_bytes: 64 << 10,
         peak_l0: peak,
@@ -332,6 +333,17 @@ fn the_verdict_gives_the_ratios_and_says_why_ours_finished_later() {
     );
     assert!(v.contains("flushed 2 L0 file(s) at once"), "{v}");
     assert!(v.contains("14 of ours' accepted RPCs"), "{v}");
+    // Higher than naive's but below the trigger: ours was faster than compaction.
+    let mut quick = ours.clone();
+    quick.elapsed = Duration::from_millis(160);
+    quick.tablet = Some(tablet(0, 0, 1, 4));
+    naive.elapsed = Duration::from_millis(320);
+    naive.tablet = Some(tablet(0, 0, 1, 1));
+    let v = report::peak_note(&naive, &quick).expect("a tablet scenario");
+    assert!(v.contains("Peak L0 1 → 4"), "{v}");
+    assert!(v.contains("in 0.16s against naive's 0.32s"), "{v}");
+    assert!(v.contains("no pressure below L0 8"), "{v}");
+    assert!(!v.contains("Ours reached"), "{v}");
     // The pair must be naive then ours, of one scenario.
     assert!(report::verdict(&ours, &naive).is_none());
     let other = row(Scenario::L0, Client::Ours);

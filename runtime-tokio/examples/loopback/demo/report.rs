@@ -340,34 +340,49 @@ pub fn verdict(naive: &Row, ours: &Row) -> Option<String> {
     Some(out)
 }
 
-/// What ours' peak L0 says: for a tablet scenario, the two peaks; when ours' is at or above
-/// naive's, or above the slowdown trigger, why, from the server's record of the accepted RPC
-/// that set it. `None` for the other scenarios.
+/// What ours' peak L0 says, for a tablet scenario (`None` otherwise): the two peaks, and when
+/// ours' is above naive's or reaches the slowdown trigger, why, from the server's records.
 pub fn peak_note(naive: &Row, ours: &Row) -> Option<String> {
     let (n, o) = (naive.tablet?, ours.tablet?);
     let (np, op, trigger) = (n.peak_l0, o.peak_l0, u64::from(o.slowdown_trigger));
     let mut out = format!("Peak L0 {np} → {op} (slowdown trigger {trigger}).");
-    if op <= np && op < trigger {
-        return Some(out);
-    }
     let rpc = o.peak_rpc;
-    let _ = write!(
-        out,
-        " Ours reached {op}{}: the server admitted an RPC of {} writes ({} bytes) at L0 {}, \
-         below the trigger, and its bytes flushed {} L0 file(s) at once (memtable: {} bytes). \
-         Admission is per RPC, so a batch bigger than a memtable can step over the trigger, \
-         which a one-write RPC cannot; {} of ours' accepted RPCs flushed two or more files.",
-        if op > trigger {
-            ", above the trigger"
-        } else {
-            ""
-        },
-        rpc.ops,
-        rpc.bytes,
-        rpc.l0_before,
-        rpc.files_added,
-        o.flush_bytes,
-        o.multi_file_rpcs
-    );
+    if op >= trigger {
+        let _ = write!(
+            out,
+            " Ours reached {op}{}: the server admitted an RPC of {} writes ({} bytes) at L0 \
+             {}, below the trigger, and its bytes flushed {} L0 file(s) at once (memtable: {} \
+             bytes). Admission is per RPC, so a batch bigger than a memtable can step over the \
+             trigger, which a one-write RPC cannot; {} of ours' accepted RPCs flushed two or \
+             more files.",
+            if op > trigger {
+                ", above the trigger"
+            } else {
+                ", the trigger"
+            },
+            rpc.ops,
+            rpc.bytes,
+            rpc.l0_before,
+            rpc.files_added,
+            o.flush_bytes,
+            o.multi_file_rpcs
+        );
+    } else if op > np {
+        let _ = write!(
+            out,
+            " Ours peaked higher, below the trigger: it delivered its writes in {} against \
+             naive's {}, faster than compaction drained them{}.",
+            secs(ours.elapsed, 2),
+            secs(naive.elapsed, 2),
+            if op < u64::from(o.pressure_from) {
+                format!(
+                    ", and the server reports no pressure below L0 {}, so nothing slowed it",
+                    o.pressure_from
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
     Some(out)
 }

@@ -96,7 +96,9 @@ pub struct TabletReport {
     /// write accepted got its first one.
     pub first_accept: Option<Duration>,
     pub last_bucket_first_accept: Option<Duration>,
-    /// Its slowdown trigger (L0 files from which it rejects) and memtable size.
+    /// The L0 file count from which it reports pressure (`Tf`), its slowdown trigger (from
+    /// which it rejects) and its memtable size.
+    pub pressure_from: u32,
     pub slowdown_trigger: u32,
     pub flush_bytes: u64,
     /// Highest L0 file count reached, and the accepted RPC that raised L0 to it.
@@ -270,6 +272,7 @@ impl Tablet {
             disk_lock: self.cfg.protect,
             first_accept: st.first_accept.values().min().copied(),
             last_bucket_first_accept: st.first_accept.values().max().copied(),
+            pressure_from: self.cfg.pressure.l0_trigger(),
             slowdown_trigger: self.cfg.pressure.l0_slowdown_writes_trigger(),
             flush_bytes: self.cfg.flush_bytes,
             peak_l0: self.max_l0.load(Ordering::Relaxed),
