@@ -7,6 +7,7 @@
 
 mod demo;
 
+use demo::report;
 use demo::scenario::{self, Client, Params};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -23,21 +24,17 @@ async fn main() {
         }
     };
     println!(
-        "loopback demo: scale {}, seed {}; servers on 127.0.0.1, one fresh server per run\n",
+        "loopback demo: scale {}, seed {}; servers on 127.0.0.1, one fresh server per run",
         opts.scale, opts.seed
     );
-    println!("{}", scenario::header());
-    let mut notes = Vec::new();
+    println!("command: {}\n", scenario::command_line(&opts));
+    let mut rows = Vec::new();
     for sc in &opts.scenarios {
         let params = Params::new(*sc, opts.scale, opts.seed);
         for client in [Client::Naive, Client::Ours] {
+            eprintln!("running {} / {} …", sc.name(), client.name());
             match scenario::run(&params, client).await {
-                Ok(row) => {
-                    println!("{}", scenario::format_row(&row));
-                    if let Some(l0) = row.max_l0 {
-                        notes.push(format!("{}/{}: {l0}", sc.name(), client.name()));
-                    }
-                }
+                Ok(row) => rows.push(row),
                 Err(e) => {
                     eprintln!("error: {} / {}: {e}", sc.name(), client.name());
                     std::process::exit(1);
@@ -45,11 +42,14 @@ async fn main() {
             }
         }
     }
-    println!(
-        "\nhighest L0 file count on the tablet server: {}",
-        notes.join(", ")
-    );
-    println!(
-        "failed = errors surfaced to the user (a timed-out write: outcome unknown) + unfinished"
-    );
+    println!("{}\n", report::table(&rows));
+    println!("{}", report::legend());
+    println!("Verdict, per scenario (what the servers saw, naive → ours):");
+    for pair in rows.chunks(2) {
+        if let [naive, ours] = pair
+            && let Some(v) = report::verdict(naive, ours)
+        {
+            println!("{v}");
+        }
+    }
 }

@@ -5,5 +5,6 @@
 pub mod clients;
 pub mod conn;
 pub mod proto;
+pub mod report;
 pub mod scenario;
 pub mod server;

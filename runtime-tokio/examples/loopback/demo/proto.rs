@@ -97,6 +97,10 @@ impl Request {
         v.push(kind);
         Request(v)
     }
+    /// The request's payload: what follows the length prefix, request id and kind.
+    pub fn payload(&self) -> &[u8] {
+        self.0.get(HEADER + 1..).unwrap_or(&[])
+    }
     pub fn write(bucket: u32, writes: &[(u64, u32)]) -> Self {
         let payload: usize = writes.iter().map(|&(_, len)| 12 + len as usize).sum();
         let mut r = Request::new(WRITE, 8 + payload);

@@ -1,7 +1,9 @@
 //! Scenarios, their parameters, the command line and the printed table.
 
 use super::clients::{self, ClientStats, Op};
-use super::server::{Coordinators, Counters, Server, Service, Shard, Tablet, TabletConfig, lock};
+use super::server::{
+    Coordinators, Counters, Server, Service, Shard, Tablet, TabletConfig, TabletReport, lock,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant as StdInstant};
@@ -138,6 +140,12 @@ pub struct Row {
     pub rpcs: u64,
     pub bytes: u64,
     pub ops_received: u64,
+    /// RPCs the server(s) answered with a refusal (disk locked, backpressure, not leader).
+    pub refused: u64,
+    /// Time the server(s) spent serving requests.
+    pub busy: Duration,
+    /// What the tablet server measured (tablet scenarios): overloaded time, peak L0, …
+    pub tablet: Option<TabletReport>,
     pub elapsed: Duration,
     pub completed: usize,
     /// Errors surfaced to the user (for a write: outcome unknown).
@@ -148,8 +156,6 @@ pub struct Row {
     /// Writes executed exactly once / more than once (`None` for reads).
     pub once: Option<usize>,
     pub twice: Option<usize>,
-    /// Highest L0 file count the tablet server reached (tablet scenarios).
-    pub max_l0: Option<u64>,
 }
 
 /// Feeds `p.ops` operations at `p.per_ms` per millisecond.
@@ -190,7 +196,7 @@ fn feed(p: &Params) -> mpsc::UnboundedReceiver<Op> {
 pub async fn run(p: &Params, client: Client) -> std::io::Result<Row> {
     let start = StdInstant::now();
     let deadline = start + p.deadline;
-    let mut max_l0 = None;
+    let mut tablet_report = None;
     let (stats, counters): (ClientStats, Arc<Counters>) = match p.scenario {
         Scenario::Disk | Scenario::L0 => {
             let pressure = if p.scenario == Scenario::L0 {
@@ -214,7 +220,7 @@ pub async fn run(p: &Params, client: Client) -> std::io::Result<Row> {
                 Client::Ours => clients::ours_data(server.addr, true, ops, deadline, p.seed).await,
             };
             server.stop();
-            max_l0 = Some(tablet.max_l0.load(Ordering::Relaxed));
+            tablet_report = Some(tablet.report(StdInstant::now()));
             (stats, tablet.counters.clone())
         }
         Scenario::Reads => {
@@ -283,6 +289,9 @@ pub async fn run(p: &Params, client: Client) -> std::io::Result<Row> {
         rpcs: counters.rpcs.load(Ordering::Relaxed),
         bytes: counters.bytes.load(Ordering::Relaxed),
         ops_received: counters.ops.load(Ordering::Relaxed),
+        refused: counters.refused.load(Ordering::Relaxed),
+        busy: counters.busy(),
+        tablet: tablet_report,
         elapsed,
         completed: lat.len(),
         failed: stats.failed,
@@ -290,46 +299,7 @@ pub async fn run(p: &Params, client: Client) -> std::io::Result<Row> {
         p99,
         once: writes.then_some(once),
         twice: writes.then_some(twice),
-        max_l0,
     })
-}
-
-pub fn header() -> String {
-    format!(
-        "| {:<8} | {:<6} | {:>10} | {:>13} | {:>8} | {:>7} | {:>9} | {:>11} | {:>6} | {:>7} |",
-        "scenario",
-        "client",
-        "RPCs recv",
-        "bytes recv",
-        "time",
-        "ops/RPC",
-        "p99",
-        "done/ops",
-        "failed",
-        "exec 2x"
-    )
-}
-
-pub fn format_row(r: &Row) -> String {
-    let per_rpc = if r.rpcs == 0 {
-        0.0
-    } else {
-        r.ops_received as f64 / r.rpcs as f64
-    };
-    let twice = r.twice.map_or("-".to_string(), |t| t.to_string());
-    format!(
-        "| {:<8} | {:<6} | {:>10} | {:>13} | {:>7.2}s | {:>7.1} | {:>7.1}ms | {:>11} | {:>6} | {:>7} |",
-        r.scenario.name(),
-        r.client.name(),
-        r.rpcs,
-        r.bytes,
-        r.elapsed.as_secs_f64(),
-        per_rpc,
-        r.p99.as_secs_f64() * 1e3,
-        format!("{}/{}", r.completed, r.ops),
-        r.failed + r.abandoned,
-        twice
-    )
 }
 
 pub const USAGE: &str = "\
@@ -338,9 +308,27 @@ usage: loopback [--scenario all|disk|l0|reads|failover] [--scale X] [--seed N]
   --scenario S   which scenario to run (default: all)
   --scale X      multiply every scenario's operation count by X, 0 < X <= 100 (default: 1)
   --seed N       seed of our client's jitter (default: 1)
-  -h, --help     print this help";
+  -h, --help     print this help
 
-/// Parsed command line; `Ok(None)` means help was asked for.
+Runs each scenario against fresh servers on 127.0.0.1, once with a naive client and once with
+ours, then prints a Markdown table of what the servers counted, its legend, and one verdict
+line per scenario (naive -> ours). See docs/demo.md.";
+
+/// The command that reproduces a run with `opts` (every option spelled out).
+pub fn command_line(opts: &Options) -> String {
+    let scenario = if opts.scenarios == Scenario::ALL {
+        "all"
+    } else {
+        opts.scenarios.first().map_or("all", |s| s.name())
+    };
+    format!(
+        "cargo run --release -p throttle-tokio --example loopback -- --scenario {scenario} \
+         --scale {} --seed {}",
+        opts.scale, opts.seed
+    )
+}
+
+/// Parsed command line; `Ok(None)` means help was asked for (`-h` or `--help` anywhere).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
     pub scenarios: Vec<Scenario>,
@@ -354,6 +342,11 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Option<Opti
         scale: 1.0,
         seed: 1,
     };
+    let args: Vec<String> = args.into_iter().collect();
+    // Help wins wherever it stands, as in the `sim` binary.
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        return Ok(None);
+    }
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         let (name, inline) = match flag.split_once('=') {
@@ -361,7 +354,6 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Option<Opti
             _ => (flag.clone(), None),
         };
         match name.as_str() {
-            "-h" | "--help" => return Ok(None),
             "--scenario" | "--scale" | "--seed" => {
                 let Some(value) = inline.or_else(|| it.next()) else {
                     return Err(format!("{name} needs a value"));

@@ -1,11 +1,12 @@
 //! The loopback servers: a tablet server, a shard server and a pair of coordinators. Each
-//! counts what it receives; the table is printed from these counters.
+//! counts what it receives and how long it spent serving it; the tablet server also measures
+//! how long it was overloaded. The table is printed from these counters.
 
 use super::proto::{self, Reader, Status};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use throttle_sansio::{Decision, PressureConfig, ServerPressure};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -17,6 +18,11 @@ pub struct Counters {
     pub rpcs: AtomicU64,
     pub bytes: AtomicU64,
     pub ops: AtomicU64,
+    /// RPCs answered with a refusal (disk locked, storage backpressure, not leader).
+    pub refused: AtomicU64,
+    /// Time spent serving requests, summed over connections: from a request's frame read to
+    /// its response flushed (or dropped), in nanoseconds.
+    pub busy_ns: AtomicU64,
     executed: Mutex<Vec<u32>>,
 }
 
@@ -26,6 +32,8 @@ impl Counters {
             rpcs: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             ops: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            busy_ns: AtomicU64::new(0),
             executed: Mutex::new(vec![0; ids]),
         })
     }
@@ -34,6 +42,20 @@ impl Counters {
         self.bytes
             .fetch_add(frame_bytes as u64 + 4, Ordering::Relaxed);
         self.ops.fetch_add(ops, Ordering::Relaxed);
+    }
+    /// The time spent serving requests.
+    pub fn busy(&self) -> Duration {
+        Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed))
+    }
+    fn served(&self, status: Option<Status>, took: Duration) {
+        if matches!(
+            status,
+            Some(Status::DiskWriteLocked | Status::StorageBackpressure | Status::NotLeader)
+        ) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.busy_ns.fetch_add(ns, Ordering::Relaxed);
     }
     fn execute(&self, id: u64) {
         let mut ex = lock(&self.executed);
@@ -62,18 +84,64 @@ pub struct TabletConfig {
     pub pressure: PressureConfig,
 }
 
+/// What the tablet server measured about its own state during a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TabletReport {
+    /// Time it refused writes to protect itself: disk locked, or L0 at or above the slowdown
+    /// trigger (see [`Tablet::report`]).
+    pub overloaded: Duration,
+    /// Its disk-protection window (writes refused for this long after start).
+    pub disk_lock: Duration,
+    /// When it accepted its first write, after its start, and when the last bucket to get a
+    /// write accepted got its first one.
+    pub first_accept: Option<Duration>,
+    pub last_bucket_first_accept: Option<Duration>,
+    /// The L0 file count from which it reports pressure (`Tf`), its slowdown trigger (from
+    /// which it rejects) and its memtable size.
+    pub pressure_from: u32,
+    pub slowdown_trigger: u32,
+    pub flush_bytes: u64,
+    /// Highest L0 file count reached, and the accepted RPC that raised L0 to it.
+    pub peak_l0: u64,
+    pub peak_rpc: PeakRpc,
+    /// Accepted RPCs whose bytes flushed two or more L0 files at once.
+    pub multi_file_rpcs: u64,
+}
+
+/// The accepted write RPC that raised L0 to its highest count, as the tablet server saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeakRpc {
+    /// L0 files when the RPC was admitted (always below the slowdown trigger: admission
+    /// rejects from the trigger on).
+    pub l0_before: u64,
+    /// L0 files the RPC's bytes flushed at once.
+    pub files_added: u64,
+    /// Writes and value-plus-header bytes the RPC carried.
+    pub ops: u64,
+    pub bytes: u64,
+}
+
 #[derive(Debug)]
 struct TabletState {
     pressure: ServerPressure,
     memtable: u64,
     l0: u64,
-    compacted_at: std::time::Instant,
+    compacted_at: Instant,
+    /// Time L0 spent at or above the slowdown trigger in finished episodes.
+    overloaded: Duration,
+    /// The episode under way: (start, end). No write is admitted during an episode, and
+    /// compaction drains L0 at a fixed rate, so its end is known when it starts.
+    episode: Option<(Instant, Instant)>,
+    peak: PeakRpc,
+    /// When each bucket got its first write accepted, after the start.
+    first_accept: std::collections::BTreeMap<u32, Duration>,
+    multi_file_rpcs: u64,
 }
 
 #[derive(Debug)]
 pub struct Tablet {
     cfg: TabletConfig,
-    started: std::time::Instant,
+    started: Instant,
     state: Mutex<TabletState>,
     pub counters: Arc<Counters>,
     pub max_l0: AtomicU64,
@@ -81,13 +149,18 @@ pub struct Tablet {
 
 impl Tablet {
     pub fn new(cfg: TabletConfig, ids: usize) -> Arc<Self> {
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         Arc::new(Tablet {
             state: Mutex::new(TabletState {
                 pressure: ServerPressure::new(cfg.pressure),
                 memtable: 0,
                 l0: 0,
                 compacted_at: now,
+                overloaded: Duration::ZERO,
+                episode: None,
+                peak: PeakRpc::default(),
+                first_accept: Default::default(),
+                multi_file_rpcs: 0,
             }),
             cfg,
             started: now,
@@ -98,21 +171,29 @@ impl Tablet {
 
     fn handle(&self, body: &[u8]) -> (Status, Vec<u8>) {
         let mut r = Reader::new(body);
-        let (Some(_bucket), Some(n)) = (r.u32(), r.u32()) else {
+        let (Some(bucket), Some(n)) = (r.u32(), r.u32()) else {
             return (Status::BadRequest, Vec::new());
         };
         self.counters.received(body.len() + 9, u64::from(n));
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         if now.duration_since(self.started) < self.cfg.protect {
             return (Status::DiskWriteLocked, Vec::new());
         }
         let mut st = lock(&self.state);
-        // Compaction runs in the background at a fixed rate; catch up on it lazily.
+        // Compaction runs in the background at a fixed rate; catch up on it lazily, keeping
+        // the part of an interval already elapsed.
         let every = self.cfg.compact_every.max(Duration::from_micros(1));
         let due = now.duration_since(st.compacted_at).as_nanos() / every.as_nanos();
         if due > 0 {
-            st.l0 = st.l0.saturating_sub(u64::try_from(due).unwrap_or(u64::MAX));
-            st.compacted_at = now;
+            let due = u32::try_from(due).unwrap_or(u32::MAX);
+            st.l0 = st.l0.saturating_sub(u64::from(due));
+            st.compacted_at += every.saturating_mul(due);
+        }
+        if let Some((start, end)) = st.episode
+            && end <= now
+        {
+            st.overloaded += end.saturating_duration_since(start);
+            st.episode = None;
         }
         let l0 = st.l0;
         st.pressure.handle_l0(l0);
@@ -120,6 +201,7 @@ impl Tablet {
             return (Status::StorageBackpressure, Vec::new());
         }
         let mut ids = Vec::with_capacity(n as usize);
+        let memtable_before = st.memtable;
         for _ in 0..n {
             let (Some(id), Some(len)) = (r.u64(), r.u32()) else {
                 return (Status::BadRequest, Vec::new());
@@ -134,17 +216,74 @@ impl Tablet {
             self.counters.execute(id);
         }
         let flush = self.cfg.flush_bytes.max(1);
-        st.l0 = st.l0.saturating_add(st.memtable / flush);
+        let files = st.memtable / flush;
+        st.l0 = st.l0.saturating_add(files);
+        st.multi_file_rpcs += u64::from(files >= 2);
+        st.first_accept
+            .entry(bucket)
+            .or_insert_with(|| now.duration_since(self.started));
         st.memtable %= flush;
-        self.max_l0.fetch_max(st.l0, Ordering::Relaxed);
+        if st.l0 > self.max_l0.fetch_max(st.l0, Ordering::Relaxed) {
+            st.peak = PeakRpc {
+                l0_before: l0,
+                files_added: files,
+                ops: u64::from(n),
+                bytes: st.memtable + files * flush - memtable_before,
+            };
+        }
         let l0 = st.l0;
         st.pressure.handle_l0(l0);
+        if files > 0 && st.episode.is_none() {
+            // Overloaded while the core's admission rejects: find when compaction brings L0
+            // back to a count it accepts (the lazy catch-up above runs from `compacted_at`).
+            let mut probe = st.pressure.clone();
+            let mut k = 0u32;
+            while matches!(probe.decide(), Decision::Reject { .. }) && u64::from(k) < l0 {
+                k += 1;
+                probe.handle_l0(l0 - u64::from(k));
+            }
+            if k > 0 {
+                st.episode = Some((now, st.compacted_at + every.saturating_mul(k)));
+            }
+        }
         // The signal piggybacked on the response: the pressure after this write.
         let ppm = match st.pressure.decide() {
             Decision::Accept { pressure_ppm } => pressure_ppm,
             _ => 999_999,
         };
         (Status::Ok, ppm.to_be_bytes().to_vec())
+    }
+}
+
+impl Tablet {
+    /// What the server measured between its start and `until`. Its overloaded time is the
+    /// disk-protection window (as far as `until`) plus every stretch with L0 at or above the
+    /// slowdown trigger, from the write that raised L0 there to the compaction that brought it
+    /// back to a count the core's `ServerPressure` admits.
+    pub fn report(&self, until: Instant) -> TabletReport {
+        let ran = until.saturating_duration_since(self.started);
+        let locked = self.cfg.protect.min(ran);
+        let st = lock(&self.state);
+        let current = st.episode.map_or(Duration::ZERO, |(start, end)| {
+            end.min(until).saturating_duration_since(start)
+        });
+        TabletReport {
+            overloaded: locked + st.overloaded + current,
+            disk_lock: self.cfg.protect,
+            first_accept: st.first_accept.values().min().copied(),
+            last_bucket_first_accept: st.first_accept.values().max().copied(),
+            pressure_from: self.cfg.pressure.l0_trigger(),
+            slowdown_trigger: self.cfg.pressure.l0_slowdown_writes_trigger(),
+            flush_bytes: self.cfg.flush_bytes,
+            peak_l0: self.max_l0.load(Ordering::Relaxed),
+            peak_rpc: st.peak,
+            multi_file_rpcs: st.multi_file_rpcs,
+        }
+    }
+
+    /// Serves one WRITE request's payload (`bucket n n×(id len value)`), as a connection does.
+    pub fn serve_write(&self, payload: &[u8]) -> (Status, Vec<u8>) {
+        self.handle(payload)
     }
 }
 
@@ -273,7 +412,13 @@ impl Drop for Server {
 async fn serve_conn(stream: tokio::net::TcpStream, service: Service) {
     let (mut rd, wr) = stream.into_split();
     let mut wr = tokio::io::BufWriter::new(wr);
+    let counters = match &service {
+        Service::Tablet(t) => t.counters.clone(),
+        Service::Shard(s) => s.counters.clone(),
+        Service::Coordinator(c, _) => c.counters.clone(),
+    };
     while let Ok(Some(body)) = proto::read_frame(&mut rd).await {
+        let begun = Instant::now();
         let mut r = Reader::new(&body);
         let (Some(id), Some(kind)) = (r.u64(), r.u8()) else {
             return;
@@ -288,17 +433,16 @@ async fn serve_conn(stream: tokio::net::TcpStream, service: Service) {
             _ => Some((Status::BadRequest, Vec::new())),
         };
         let Some((status, out)) = answer else {
+            counters.served(None, begun.elapsed());
             continue; // the response is lost
         };
-        if wr
+        let sent = wr
             .write_all(&proto::response(id, status, &out))
             .await
-            .is_err()
-        {
-            return;
-        }
-        // Batch responses while more requests are already buffered? Keep it simple: flush.
-        if wr.flush().await.is_err() {
+            .is_ok()
+            && wr.flush().await.is_ok();
+        counters.served(Some(status), begun.elapsed());
+        if !sent {
             return;
         }
     }
