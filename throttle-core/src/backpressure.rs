@@ -38,6 +38,7 @@
 use core::time::Duration;
 
 use crate::error::ConfigError;
+use crate::options::{ConfigOption, curve as curve_opt, pressure as opt};
 
 /// One whole in parts per million: the pressure of a full (rejecting) server.
 const PPM_ONE: u32 = 1_000_000;
@@ -216,11 +217,6 @@ pub struct FlushBudget {
     pub max_write_buffers: u32,
 }
 
-const OPT_L0_TRIGGER: &str = "kv.backpressure.l0-slowdown-trigger";
-const OPT_SLOWDOWN_TRIGGER: &str = "kv.rocksdb.level0-slowdown-writes-trigger";
-const OPT_WRITE_BUFFER_SIZE: &str = "kv.rocksdb.writebuffer.size";
-const OPT_WRITE_BUFFER_COUNT: &str = "kv.rocksdb.writebuffer.count";
-
 /// The largest L0 trigger accepted: RocksDB's triggers are C `int`s.
 const MAX_TRIGGER: u32 = i32::MAX as u32;
 
@@ -327,13 +323,13 @@ impl PressureConfigBuilder {
     /// The configuration, or the first option out of range.
     pub fn build(self) -> Result<PressureConfig, ConfigError> {
         let mut cfg = self.cfg;
-        trigger_in_range(OPT_L0_TRIGGER, cfg.l0_trigger)?;
-        trigger_in_range(OPT_SLOWDOWN_TRIGGER, cfg.slowdown_trigger)?;
+        trigger_in_range(&opt::L0_TRIGGER, cfg.l0_trigger)?;
+        trigger_in_range(&opt::SLOWDOWN_TRIGGER, cfg.slowdown_trigger)?;
         // Upstream only logs a warning for Tr ≤ Tf and then reports pressure 0; we refuse it.
         if cfg.l0_trigger >= cfg.slowdown_trigger {
             return Err(ConfigError::Invalid {
-                option: OPT_L0_TRIGGER,
-                reason: "must be below `kv.rocksdb.level0-slowdown-writes-trigger`",
+                option: &opt::L0_TRIGGER,
+                reason: "must be below `l0_slowdown_writes_trigger`",
             });
         }
         cfg.flush_budget = match self.flush_budget {
@@ -341,19 +337,19 @@ impl PressureConfigBuilder {
             Some((write_buffer_size, max_write_buffers)) => {
                 if write_buffer_size == 0 {
                     return Err(ConfigError::OutOfRange {
-                        option: OPT_WRITE_BUFFER_SIZE,
+                        option: &opt::WRITE_BUFFER_SIZE,
                         got: 0,
                         min: 1,
                         max: u64::MAX,
                         unit: "bytes",
                     });
                 }
-                trigger_in_range(OPT_WRITE_BUFFER_COUNT, max_write_buffers)?;
+                trigger_in_range(&opt::MAX_WRITE_BUFFERS, max_write_buffers)?;
                 // With the headroom alone at Tr, every write would be refused forever.
                 if max_write_buffers >= cfg.slowdown_trigger {
                     return Err(ConfigError::Invalid {
-                        option: OPT_WRITE_BUFFER_COUNT,
-                        reason: "must be below `kv.rocksdb.level0-slowdown-writes-trigger`",
+                        option: &opt::MAX_WRITE_BUFFERS,
+                        reason: "must be below `l0_slowdown_writes_trigger`",
                     });
                 }
                 Some(FlushBudget {
@@ -366,7 +362,7 @@ impl PressureConfigBuilder {
     }
 }
 
-fn trigger_in_range(option: &'static str, got: u32) -> Result<(), ConfigError> {
+fn trigger_in_range(option: &'static ConfigOption, got: u32) -> Result<(), ConfigError> {
     if (1..=MAX_TRIGGER).contains(&got) {
         Ok(())
     } else {
@@ -583,10 +579,6 @@ pub struct ThrottleCurve {
     max_throttle_ms: u32,
 }
 
-/// The option names [`ThrottleCurve`] validation reports.
-const OPT_MAX_THROTTLE: &str = "client.writer.kv-backpressure.max-throttle-ms";
-const OPT_EXPONENT: &str = "client.writer.kv-backpressure.exponent";
-
 impl Default for ThrottleCurve {
     fn default() -> Self {
         ThrottleCurve {
@@ -694,7 +686,7 @@ impl ThrottleCurveBuilder {
         let mut curve = self.curve;
         if !(ThrottleCurve::MIN_EXPONENT..=ThrottleCurve::MAX_EXPONENT).contains(&curve.exponent) {
             return Err(ConfigError::OutOfRange {
-                option: OPT_EXPONENT,
+                option: &curve_opt::EXPONENT,
                 got: u64::from(curve.exponent),
                 min: u64::from(ThrottleCurve::MIN_EXPONENT),
                 max: u64::from(ThrottleCurve::MAX_EXPONENT),
@@ -705,7 +697,7 @@ impl ThrottleCurveBuilder {
             let ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
             let Ok(ms32) = u32::try_from(ms) else {
                 return Err(ConfigError::OutOfRange {
-                    option: OPT_MAX_THROTTLE,
+                    option: &curve_opt::MAX_THROTTLE,
                     got: ms,
                     min: 0,
                     max: u64::from(u32::MAX),
@@ -716,7 +708,7 @@ impl ThrottleCurveBuilder {
             // silently truncate a finer ceiling.
             if max.subsec_nanos() % 1_000_000 != 0 {
                 return Err(ConfigError::Invalid {
-                    option: OPT_MAX_THROTTLE,
+                    option: &curve_opt::MAX_THROTTLE,
                     reason: "must be a whole number of milliseconds",
                 });
             }
@@ -978,7 +970,7 @@ mod tests {
     #[test]
     fn curve_validation_bounds_on_both_sides() {
         let exponent = |got| ConfigError::OutOfRange {
-            option: "client.writer.kv-backpressure.exponent",
+            option: &curve_opt::EXPONENT,
             got,
             min: 1,
             max: 4,
@@ -1000,7 +992,7 @@ mod tests {
         assert_eq!(curve(4, 5_000).exponent(), 4);
 
         let max = |got| ConfigError::OutOfRange {
-            option: "client.writer.kv-backpressure.max-throttle-ms",
+            option: &curve_opt::MAX_THROTTLE,
             got,
             min: 0,
             max: u64::from(u32::MAX),
@@ -1022,7 +1014,7 @@ mod tests {
             Err(max(u64::MAX))
         );
         let fractional = ConfigError::Invalid {
-            option: "client.writer.kv-backpressure.max-throttle-ms",
+            option: &curve_opt::MAX_THROTTLE,
             reason: "must be a whole number of milliseconds",
         };
         for d in [Duration::from_nanos(999_999), Duration::from_micros(1_500)] {
@@ -1180,11 +1172,11 @@ mod tests {
                 .build()
         };
         let not_below = ConfigError::Invalid {
-            option: "kv.backpressure.l0-slowdown-trigger",
-            reason: "must be below `kv.rocksdb.level0-slowdown-writes-trigger`",
+            option: &opt::L0_TRIGGER,
+            reason: "must be below `l0_slowdown_writes_trigger`",
         };
-        let tf = "kv.backpressure.l0-slowdown-trigger";
-        let tr = "kv.rocksdb.level0-slowdown-writes-trigger";
+        let tf = &opt::L0_TRIGGER;
+        let tr = &opt::SLOWDOWN_TRIGGER;
         assert_eq!(build(0, 20), Err(out(tf, 0)));
         assert_eq!(build(1, 20).map(|c| c.l0_trigger()), Ok(1));
         assert_eq!(build(19, 20).map(|c| c.l0_trigger()), Ok(19));
@@ -1212,7 +1204,7 @@ mod tests {
         assert_eq!(
             with(0, 2),
             Err(ConfigError::OutOfRange {
-                option: "kv.rocksdb.writebuffer.size",
+                option: &opt::WRITE_BUFFER_SIZE,
                 got: 0,
                 min: 1,
                 max: u64::MAX,
@@ -1228,7 +1220,7 @@ mod tests {
         assert_eq!(with(1, 2), ok(1, 2));
         assert_eq!(with(u64::MAX, 2), ok(u64::MAX, 2));
         let count = |got| ConfigError::OutOfRange {
-            option: "kv.rocksdb.writebuffer.count",
+            option: &opt::MAX_WRITE_BUFFERS,
             got,
             min: 1,
             max: u64::from(MAX_TRIGGER),
@@ -1238,8 +1230,8 @@ mod tests {
         assert_eq!(with(64 << 20, 1), ok(64 << 20, 1));
         assert_eq!(with(64 << 20, 19), ok(64 << 20, 19)); // Tr − 1
         let not_below = Err(ConfigError::Invalid {
-            option: "kv.rocksdb.writebuffer.count",
-            reason: "must be below `kv.rocksdb.level0-slowdown-writes-trigger`",
+            option: &opt::MAX_WRITE_BUFFERS,
+            reason: "must be below `l0_slowdown_writes_trigger`",
         });
         assert_eq!(with(64 << 20, 20), not_below); // Tr: every write would be refused
         assert_eq!(with(64 << 20, MAX_TRIGGER + 1), Err(count(1 << 31)));

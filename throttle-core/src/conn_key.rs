@@ -223,7 +223,7 @@ impl ConnConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_idle.is_zero() {
             return Err(ConfigError::OutOfRange {
-                option: "netty.connection.max-idle-time",
+                option: &crate::options::conn::MAX_IDLE,
                 got: 0,
                 min: 1,
                 max: u64::MAX,

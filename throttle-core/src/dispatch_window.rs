@@ -28,9 +28,6 @@ pub use crate::slab::{Exhausted, Ticket};
 use crate::slab::{Key, Slab};
 use crate::time::{Clock, Instant};
 
-/// Option name used in configuration errors.
-const MAX_IN_FLIGHT_OPTION: &str = "client.dispatch.max-batches-in-flight";
-
 /// Configuration of a [`DispatchWindow`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -63,7 +60,7 @@ impl WindowConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_in_flight == 0 {
             return Err(ConfigError::OutOfRange {
-                option: MAX_IN_FLIGHT_OPTION,
+                option: &crate::options::window::MAX_IN_FLIGHT,
                 got: 0,
                 min: 1,
                 max: u64::from(u32::MAX),

@@ -50,7 +50,7 @@ fn zero_max_idle_is_refused_with_the_option_name() {
     assert!(matches!(
         err,
         ConfigError::OutOfRange {
-            option: "netty.connection.max-idle-time",
+            option: &crate::options::conn::MAX_IDLE,
             got: 0,
             min: 1,
             ..

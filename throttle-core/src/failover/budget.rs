@@ -96,7 +96,7 @@ impl GrpcThrottleConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !(1..=1_000).contains(&self.max_tokens) {
             return Err(ConfigError::OutOfRange {
-                option: "retryThrottling.maxTokens",
+                option: &crate::options::failover::MAX_TOKENS,
                 got: u64::from(self.max_tokens),
                 min: 1,
                 max: 1_000,
@@ -105,7 +105,7 @@ impl GrpcThrottleConfig {
         }
         if self.milli_token_ratio == 0 {
             return Err(ConfigError::OutOfRange {
-                option: "retryThrottling.tokenRatio",
+                option: &crate::options::failover::MILLI_TOKEN_RATIO,
                 got: 0,
                 min: 1,
                 max: u64::from(u32::MAX),
@@ -252,7 +252,7 @@ impl FinagleBudgetConfig {
     /// Refuses a TTL that is not a whole number of seconds in `1..=60`, and a percentage
     /// above 1000 (`1_000_000_000` ppm).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        const TTL: &str = "retry-budget.ttl";
+        const TTL: &crate::options::ConfigOption = &crate::options::failover::TTL;
         let ttl = self.ttl;
         if ttl.subsec_nanos() != 0 {
             return Err(ConfigError::Invalid {
@@ -272,7 +272,7 @@ impl FinagleBudgetConfig {
         }
         if self.percent_can_retry_ppm > 1_000_000_000 {
             return Err(ConfigError::OutOfRange {
-                option: "retry-budget.percent-can-retry",
+                option: &crate::options::failover::PERCENT_CAN_RETRY,
                 got: u64::from(self.percent_can_retry_ppm),
                 min: 0,
                 max: 1_000_000_000,

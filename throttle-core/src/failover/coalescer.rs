@@ -50,7 +50,7 @@ impl CoalescerConfig {
         const MAX: usize = 1 << 20;
         if !(1..=MAX).contains(&self.max_waiters) {
             return Err(ConfigError::OutOfRange {
-                option: "failover.refresh.max-waiters",
+                option: &crate::options::failover::MAX_WAITERS,
                 got: u64::try_from(self.max_waiters).unwrap_or(u64::MAX),
                 min: 1,
                 max: MAX as u64,

@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 use crate::backoff::BackoffConfig;
 use crate::backpressure::ThrottleCurve;
 use crate::error::ConfigError;
+use crate::options::{ConfigOption, write_gate as opt};
 
 /// Why a bucket is gated: an index into the gate's reason registry.
 ///
@@ -188,9 +189,14 @@ impl ReasonSpec {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        self.check_probe(&opt::PROBE_SENDS)
+    }
+
+    /// Refuses a zero probe allowance, reported as `option` (the method that set it).
+    fn check_probe(&self, option: &'static ConfigOption) -> Result<(), ConfigError> {
         if self.probe_sends == Some(0) {
             return Err(ConfigError::OutOfRange {
-                option: PROBE_OPTION,
+                option,
                 got: 0,
                 min: 1,
                 max: u32::MAX as u64,
@@ -206,9 +212,6 @@ impl ReasonSpec {
 /// backoff caps at 10 s) yet short enough that buckets rejected once and then abandoned
 /// (moved, dropped table) do not accumulate.
 pub const DEFAULT_PROBE_TTL: Duration = Duration::from_secs(600);
-
-const PROBE_OPTION: &str = "client.writer.throttle.probe-sends";
-const REASONS_OPTION: &str = "client.writer.throttle.reasons";
 
 /// The most reasons one gate can hold (each bucket keeps one armed-probe bit per reason).
 pub const MAX_REASONS: usize = 64;
@@ -312,12 +315,12 @@ impl WriteGateConfig {
     pub fn set_probe(&mut self, reason: Reason, sends: Option<u32>) -> Result<(), ConfigError> {
         let Some(spec) = self.reasons.get_mut(reason.index()) else {
             return Err(ConfigError::Invalid {
-                option: PROBE_OPTION,
+                option: &opt::SET_PROBE,
                 reason: "the reason is not registered",
             });
         };
         let updated = spec.probe(sends);
-        updated.validate()?;
+        updated.check_probe(&opt::SET_PROBE)?;
         *spec = updated;
         Ok(())
     }
@@ -326,7 +329,7 @@ impl WriteGateConfig {
     pub fn set_probe_ttl(&mut self, reason: Reason, ttl: Duration) -> Result<(), ConfigError> {
         let Some(spec) = self.reasons.get_mut(reason.index()) else {
             return Err(ConfigError::Invalid {
-                option: PROBE_OPTION,
+                option: &opt::SET_PROBE_TTL,
                 reason: "the reason is not registered",
             });
         };
@@ -355,7 +358,7 @@ impl WriteGateConfig {
 
     fn too_many(&self) -> ConfigError {
         ConfigError::OutOfRange {
-            option: REASONS_OPTION,
+            option: &opt::REASONS,
             got: self.reasons.len().saturating_add(1) as u64,
             min: Builtin::ALL.len() as u64,
             max: MAX_REASONS as u64,
