@@ -222,7 +222,10 @@ const MAX_TRIGGER: u32 = i32::MAX as u32;
 
 /// Configuration of the server half: the two L0 triggers and the optional flush budget.
 ///
-/// Default: `Tf = 12`, `Tr = 20` (RocksDB's default), no flush budget.
+/// `Default` is Fluss's server as landed by PR #3463: `Tf = 8` (`kv.backpressure.l0-slowdown-trigger`),
+/// `Tr = 20` (RocksDB's default `level0_slowdown_writes_trigger`), no flush budget; the same as
+/// [`PressureConfig::fluss_landed`]. Its client half is [`ThrottleCurve::default`]. The
+/// proposal of Fluss issue #3454 (`Tf = 12`) is the preset [`PressureConfig::fluss_issue_3454`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PressureConfig {
     l0_trigger: u32,
@@ -231,22 +234,29 @@ pub struct PressureConfig {
 }
 
 impl Default for PressureConfig {
+    /// Fluss as landed (PR #3463): [`PressureConfig::fluss_landed`].
     fn default() -> Self {
-        PressureConfig {
-            l0_trigger: 12,
-            slowdown_trigger: 20,
-            flush_budget: None,
-        }
+        Self::fluss_landed()
     }
 }
 
 impl PressureConfig {
-    /// The trigger Fluss landed, `Tf = 8` (with `Tr = 20`, no flush budget). Pair it with
-    /// [`ThrottleCurve::fluss_landed`] on the client. The landed flush budget stays opt-in:
-    /// add it with [`PressureConfigBuilder::flush_budget`].
+    /// The trigger Fluss landed (PR #3463), `Tf = 8` (with `Tr = 20`, no flush budget): the
+    /// default. Pair it with [`ThrottleCurve::fluss_landed`] on the client. The landed flush
+    /// budget stays opt-in: add it with [`PressureConfigBuilder::flush_budget`].
     pub const fn fluss_landed() -> Self {
         PressureConfig {
             l0_trigger: 8,
+            slowdown_trigger: 20,
+            flush_budget: None,
+        }
+    }
+
+    /// The proposal of Fluss issue #3454: `Tf = 12`, `Tr = 20`, no flush budget. Pair it with
+    /// [`ThrottleCurve::fluss_issue_3454`] on the client.
+    pub const fn fluss_issue_3454() -> Self {
+        PressureConfig {
+            l0_trigger: 12,
             slowdown_trigger: 20,
             flush_budget: None,
         }
@@ -557,8 +567,10 @@ fn ceil_div(n: u64, d: u64) -> u64 {
 /// `max_throttle`, so a rejection continues the ramp. The delay is monotone in the pressure and
 /// never above `max_throttle`.
 ///
-/// Default: the cubic ramp of Fluss issue #3454, `k = 3`, `max_throttle = 5000 ms`
-/// (`client.writer.kv-backpressure.max-throttle-ms · p³`).
+/// `Default` is the Fluss client as landed by PR #3463: `k = 2`, `max_throttle = 3000 ms`
+/// (`client.writer.kv-backpressure.max-throttle · p²`), the same as
+/// [`ThrottleCurve::fluss_landed`]; its server half is [`PressureConfig::default`]. The cubic
+/// 5000 ms ramp proposed in Fluss issue #3454 is the preset [`ThrottleCurve::fluss_issue_3454`].
 ///
 /// ```
 /// use core::time::Duration;
@@ -580,11 +592,9 @@ pub struct ThrottleCurve {
 }
 
 impl Default for ThrottleCurve {
+    /// Fluss as landed (PR #3463): [`ThrottleCurve::fluss_landed`].
     fn default() -> Self {
-        ThrottleCurve {
-            exponent: 3,
-            max_throttle_ms: 5_000,
-        }
+        Self::fluss_landed()
     }
 }
 
@@ -594,12 +604,21 @@ impl ThrottleCurve {
     /// The largest exponent `k` accepted (keeps the exact product within `u128`).
     pub const MAX_EXPONENT: u32 = 4;
 
-    /// The curve Fluss landed: quadratic (`k = 2`), 3000 ms ceiling. Pair it with
-    /// [`PressureConfig::fluss_landed`] on the server.
+    /// The curve Fluss landed (PR #3463): quadratic (`k = 2`), 3000 ms ceiling; the default.
+    /// Pair it with [`PressureConfig::fluss_landed`] on the server.
     pub const fn fluss_landed() -> Self {
         ThrottleCurve {
             exponent: 2,
             max_throttle_ms: 3_000,
+        }
+    }
+
+    /// The curve proposed in Fluss issue #3454: cubic (`k = 3`), 5000 ms ceiling. Pair it with
+    /// [`PressureConfig::fluss_issue_3454`] on the server.
+    pub const fn fluss_issue_3454() -> Self {
+        ThrottleCurve {
+            exponent: 3,
+            max_throttle_ms: 5_000,
         }
     }
 
@@ -749,7 +768,8 @@ mod tests {
     }
 
     fn budget(tr: u32, write_buffer_size: u64, max_write_buffers: u32) -> PressureConfig {
-        match PressureConfig::builder()
+        match PressureConfig::fluss_issue_3454()
+            .to_builder()
             .l0_slowdown_writes_trigger(tr)
             .flush_budget(write_buffer_size, max_write_buffers)
             .build()
@@ -910,9 +930,14 @@ mod tests {
 
     #[test]
     fn presets_match_the_proposal_and_the_landed_curve() {
-        let default = ThrottleCurve::default();
-        assert_eq!((default.exponent(), default.max_throttle()), (3, ms(5_000)));
-        assert_eq!(default.delay(Signal::Pressure(500_000)), ms(625)); // 5000 · 0.5³
+        let proposal = ThrottleCurve::fluss_issue_3454();
+        assert_eq!(
+            (proposal.exponent(), proposal.max_throttle()),
+            (3, ms(5_000))
+        );
+        assert_eq!(proposal.delay(Signal::Pressure(500_000)), ms(625)); // 5000 · 0.5³
+        // The default is the landed curve, not the proposal.
+        assert_eq!(ThrottleCurve::default(), ThrottleCurve::fluss_landed());
         let landed = ThrottleCurve::fluss_landed();
         assert_eq!((landed.exponent(), landed.max_throttle()), (2, ms(3_000)));
         assert_eq!(landed.delay(Signal::Pressure(500_000)), ms(750)); // 3000 · 0.5²
@@ -943,7 +968,7 @@ mod tests {
             ms(4_294)
         );
         assert_eq!(
-            ThrottleCurve::default().delay(Signal::Pressure(999_999)),
+            ThrottleCurve::fluss_issue_3454().delay(Signal::Pressure(999_999)),
             ms(4_999)
         );
         assert_eq!(curve(1, 5_000).delay(Signal::Pressure(999_999)), ms(4_999));
@@ -1036,7 +1061,7 @@ mod tests {
     // ---- server half --------------------------------------------------------------------
 
     #[test]
-    fn default_preset_ramp_at_every_l0_through_tr_plus_2() {
+    fn issue_3454_preset_ramp_at_every_l0_through_tr_plus_2() {
         // Tf = 12, Tr = 20: p = (L0 − 12)/8; client 5000 ms · p³ (Fluss issue #3454's cubic ramp).
         let table: [(u64, Decision, u64); 23] = [
             (0, ACCEPT_CLEAR, 0),
@@ -1063,9 +1088,9 @@ mod tests {
             (21, REJECT_TR, 5_000),
             (22, REJECT_TR, 5_000),
         ];
-        let client = ThrottleCurve::default();
+        let client = ThrottleCurve::fluss_issue_3454();
         for (l0, decision, delay_ms) in table {
-            let got = decide_at(PressureConfig::default(), l0);
+            let got = decide_at(PressureConfig::fluss_issue_3454(), l0);
             assert_eq!(got, decision, "L0 {l0}");
             assert_eq!(client.delay(got.signal()), ms(delay_ms), "L0 {l0}");
         }
@@ -1147,7 +1172,7 @@ mod tests {
     #[test]
     fn huge_l0_counts_are_rejected_without_overflow() {
         for l0 in [u64::from(u32::MAX), u64::MAX - 1, u64::MAX] {
-            assert_eq!(decide_at(PressureConfig::default(), l0), REJECT_TR);
+            assert_eq!(decide_at(PressureConfig::fluss_issue_3454(), l0), REJECT_TR);
             let mut server = ServerPressure::new(budget(20, 1, 2));
             server.handle_l0(l0);
             server.handle_pending_bytes(u64::MAX);
@@ -1284,7 +1309,7 @@ mod tests {
 
     #[test]
     fn flush_budget_is_off_by_default_and_never_raises_the_gauge() {
-        let mut server = ServerPressure::new(PressureConfig::default());
+        let mut server = ServerPressure::new(PressureConfig::fluss_issue_3454());
         server.handle_l0(19);
         server.handle_pending_bytes(u64::MAX);
         assert_eq!(server.decide(), accept(875_000));
@@ -1302,7 +1327,7 @@ mod tests {
         let latched = Decision::Reject {
             reason: RejectReason::Latched,
         };
-        let mut server = ServerPressure::new(PressureConfig::default());
+        let mut server = ServerPressure::new(PressureConfig::fluss_issue_3454());
         server.handle_l0(3);
         assert_eq!(server.decide(), ACCEPT_CLEAR);
         assert_eq!(server.pressure(), Signal::Clear);
@@ -1352,11 +1377,18 @@ mod tests {
         assert!(!server.is_latched());
         assert_eq!(server.decide(), ACCEPT_CLEAR);
         assert!(!server.decide().is_reject());
+        // The default is Fluss as landed (Tf = 8); issue #3454 proposed Tf = 12.
         let defaults = PressureConfig::default();
+        assert_eq!(defaults, PressureConfig::fluss_landed());
         assert_eq!(
             (defaults.l0_trigger(), defaults.l0_slowdown_writes_trigger()),
+            (8, 20)
+        );
+        let proposal = PressureConfig::fluss_issue_3454();
+        assert_eq!(
+            (proposal.l0_trigger(), proposal.l0_slowdown_writes_trigger()),
             (12, 20)
         );
-        assert_eq!(PressureConfig::fluss_landed().l0_trigger(), 8);
+        assert_eq!(proposal.flush_budget(), None);
     }
 }

@@ -181,8 +181,11 @@ pub struct ConnConfig {
 }
 
 impl Default for ConnConfig {
-    /// The Fluss client's `netty.connection.max-idle-time` (10 min), and gRPC's connection
-    /// backoff between failed connects (1 s, ×1.6, ±20 %, 120 s).
+    /// The Fluss client's connection settings (PR #4263's `NettyClient`):
+    /// `netty.connection.max-idle-time` = 10 min. Fluss sets no pace for reconnects (it
+    /// reconnects at once, a departure `docs/design.md` §7 lists), so the one setting it lacks is
+    /// filled with gRPC's connection backoff, [`BackoffConfig::grpc_connection`] (1 s, ×1.6,
+    /// ±20 %, 120 s), the only upstream that specifies one.
     fn default() -> Self {
         ConnConfig {
             max_idle: Duration::from_secs(600),

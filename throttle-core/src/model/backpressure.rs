@@ -278,7 +278,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     };
     let mut server = ServerPressure::new(cfg);
     let (rtf, rtr, rbudget) = if bad.iter().any(Option::is_some) {
-        (12, 20, None)
+        (8, 20, None) // the default: Fluss as landed
     } else {
         (tf, tr, budget)
     };
@@ -311,7 +311,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let (rk, rmax) = if curve_ok {
         (k, u64::try_from(max.as_millis()).unwrap_or(u64::MAX))
     } else {
-        (3, 5_000)
+        (2, 3_000) // the default: Fluss as landed
     };
     if curve.exponent() != rk || curve.max_throttle() != Duration::from_millis(rmax) {
         return Err(format!("curve {curve:?}, expected k {rk} max {rmax} ms"));

@@ -239,7 +239,7 @@ mod tests {
         let mut ex = Executor::default();
         let mut rt = TestRuntime::new();
         rt.spawner = Some(ex.spawner());
-        let gate = Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
+        let gate = Gate::with_hasher(WriteGateConfig::fluss_issue_3454(), TestHasher::default())
             .expect("the default config is valid");
         let t0 = Instant::ZERO;
         // Full pressure: the default curve's ceiling, 5000 ms.
@@ -326,7 +326,7 @@ mod tests {
         let mut ex = Executor::default();
         let mut rt = TestRuntime::new();
         rt.spawner = Some(ex.spawner());
-        let gate = Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
+        let gate = Gate::with_hasher(WriteGateConfig::fluss_issue_3454(), TestHasher::default())
             .expect("the default config is valid");
         {
             let (gate, rt2) = (gate.clone(), rt.clone());
@@ -368,7 +368,7 @@ mod loom_models {
         loom::model(|| {
             let rt = TestRuntime::new();
             let gate: GateHandle<u32, TestHasher> =
-                GateHandle::with_hasher(WriteGateConfig::default(), TestHasher::default())
+                GateHandle::with_hasher(WriteGateConfig::fluss_issue_3454(), TestHasher::default())
                     .expect("the default config is valid");
             let _ = gate.handle_kv_signal(Instant::ZERO, &7, Signal::Full); // 5000 ms
 

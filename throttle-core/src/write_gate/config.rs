@@ -221,9 +221,23 @@ pub(super) const INLINE_REASONS: usize = 4;
 
 /// Configuration of a [`WriteGate`](super::WriteGate).
 ///
-/// `Default` is the Fluss client: disk-write-locked backoff 1 s → 10 s (×2, ±20 %), retriable
-/// write backoff 100 ms → 1 s, the cubic pressure curve of Fluss issue #3454 (5000 ms), no custom
-/// reasons and no probe mode.
+/// `Default` is one upstream configuration, the Fluss Java client with PR #4293 (whose
+/// `WriteThrottleController` this gate is) on top of the landed KV backpressure of PR #3463:
+///
+/// - `DISK_WRITE_LOCKED`: [`BackoffConfig::fluss_disk_write_locked`], 1 s → 10 s, ×2, ±20 %
+///   (`client.writer.disk-write-locked.backoff` / `-backoff-max`);
+/// - `KV_BACKPRESSURE`: [`ThrottleCurve::default`], the landed `max_throttle · p²` with
+///   `client.writer.kv-backpressure.max-throttle` = 3000 ms, which pairs with the landed server,
+///   [`PressureConfig::default`](crate::backpressure::PressureConfig::default) (`Tf = 8`);
+/// - `RETRIABLE_WRITE`: [`BackoffConfig::fluss_retriable_write`], 100 ms → 1 s. Fluss has no
+///   option here (it re-sends at once); this is the Kafka producer's `retry.backoff.ms` /
+///   `retry.backoff.max.ms` that Fluss's writer descends from, so a retriable error is paced
+///   rather than resent in a loop;
+/// - no custom reasons and no probe mode (probe mode is not in PR #4293).
+///
+/// The proposal of Fluss issue #3454 (cubic, 5000 ms) is the preset
+/// [`WriteGateConfig::fluss_issue_3454`]; `docs/write-gate.md` says why the default is the
+/// landed client.
 ///
 /// ```
 /// use throttle_sansio::write_gate::{ReasonSpec, UpdateRule, WriteGateConfig};
@@ -244,7 +258,7 @@ pub struct WriteGateConfig {
 }
 
 impl Default for WriteGateConfig {
-    /// The Fluss client's defaults (see the type's docs).
+    /// The Fluss Java client with PR #4293 over the landed PR #3463 (see the type's docs).
     fn default() -> Self {
         let reasons = Builtin::ALL.iter().map(|b| b.spec()).collect();
         WriteGateConfig {
@@ -257,6 +271,27 @@ impl Default for WriteGateConfig {
 }
 
 impl WriteGateConfig {
+    /// The default backoffs with the KV curve proposed in Fluss issue #3454,
+    /// [`ThrottleCurve::fluss_issue_3454`] (`k = 3`, 5000 ms); pair it with
+    /// [`PressureConfig::fluss_issue_3454`](crate::backpressure::PressureConfig::fluss_issue_3454)
+    /// (`Tf = 12`) on the server.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::backpressure::{Signal, ThrottleCurve};
+    /// use throttle_sansio::write_gate::WriteGateConfig;
+    ///
+    /// let proposal = WriteGateConfig::fluss_issue_3454();
+    /// assert_eq!(proposal.kv_curve().delay(Signal::Pressure(500_000)), Duration::from_millis(625));
+    /// // The default is the landed curve: 3000 ms · 0.5² = 750 ms.
+    /// let landed = WriteGateConfig::default();
+    /// assert_eq!(landed.kv_curve(), &ThrottleCurve::fluss_landed());
+    /// assert_eq!(landed.kv_curve().delay(Signal::Pressure(500_000)), Duration::from_millis(750));
+    /// ```
+    pub fn fluss_issue_3454() -> Self {
+        Self::default().with_kv_curve(ThrottleCurve::fluss_issue_3454())
+    }
+
     /// Backoff for `DISK_WRITE_LOCKED` rejections (`client.writer.disk-write-locked.backoff`).
     #[must_use]
     pub fn with_disk_write_locked(mut self, backoff: BackoffConfig) -> Self {

@@ -23,7 +23,8 @@ fn at(n: u64) -> Instant {
 }
 
 fn gate() -> Gate {
-    let cfg = WriteGateConfig::default().with_kv_curve(ThrottleCurve::fluss_landed());
+    let cfg = WriteGateConfig::default();
+    assert_eq!(cfg.kv_curve(), &ThrottleCurve::fluss_landed());
     Gate::new(cfg).expect("a valid config")
 }
 
@@ -473,11 +474,11 @@ fn kv_pressure_does_not_reopen_a_used_disk_probe_allowance() {
     install(&mut g, at(0), 1, DISK, ms(100));
     g.handle_send(at(100), &1);
     assert_eq!(g.check(at(100), &1), GateState::Probing { reason: DISK });
-    // Default curve: 5000 ms · 0.1³ = 5 ms. The signal rides on an accepted write: no
-    // rejection, no success, so the disk allowance stays used.
+    // Default (landed) curve: 3000 ms · 0.1² = 30 ms. The signal rides on an accepted write:
+    // no rejection, no success, so the disk allowance stays used.
     assert_eq!(
         g.handle_kv_signal(at(100), &1, Signal::Pressure(100_000)),
-        ms(5)
+        ms(30)
     );
     assert_eq!(g.check(at(200), &1), GateState::Probing { reason: DISK });
     g.handle_send(at(200), &1);
@@ -787,9 +788,9 @@ fn inputs_and_poll_timeout_touch_a_bounded_number_of_keys_among_100k() {
         g.handle_kv_signal(at(1), &key(n + 1), Signal::Full);
     });
     measure("kv shorten to the top", &mut |g| {
-        // Default curve: 5000 ms · 0.1³ = 5 ms, earlier than every other bucket.
+        // Default (landed) curve: 3000 ms · 0.1² = 30 ms, earlier than every other bucket.
         g.handle_kv_signal(at(1), &key(n + 1), Signal::Pressure(100_000));
-        assert_eq!(g.poll_timeout(), Some(at(6)));
+        assert_eq!(g.poll_timeout(), Some(at(31)));
     });
     measure("kv clear (evicts)", &mut |g| {
         g.handle_kv_signal(at(1), &key(n + 1), Signal::Clear);
