@@ -226,6 +226,22 @@ const MAX_TRIGGER: u32 = i32::MAX as u32;
 /// `Tr = 20` (RocksDB's default `level0_slowdown_writes_trigger`), no flush budget; the same as
 /// [`PressureConfig::fluss_landed`]. Its client half is [`ThrottleCurve::default`]. The
 /// proposal of Fluss issue #3454 (`Tf = 12`) is the preset [`PressureConfig::fluss_issue_3454`].
+///
+/// ```
+/// use throttle_sansio::backpressure::PressureConfig;
+///
+/// let landed = PressureConfig::default();
+/// assert_eq!((landed.l0_trigger(), landed.l0_slowdown_writes_trigger()), (8, 20));
+/// assert_eq!(PressureConfig::fluss_issue_3454().l0_trigger(), 12);
+/// // With the flush budget: 64 MiB memtables, 2 of them counted as headroom.
+/// let budgeted = PressureConfig::builder().flush_budget(64 << 20, 2).build()?;
+/// assert_eq!(budgeted.flush_budget().map(|b| b.max_write_buffers), Some(2));
+/// // Tf must stay below Tr; the error names the builder method and Fluss's key.
+/// let err = PressureConfig::builder().l0_trigger(20).build().unwrap_err();
+/// assert!(err.to_string().contains("`PressureConfigBuilder::l0_trigger`"));
+/// assert!(err.to_string().contains("Fluss `kv.backpressure.l0-slowdown-trigger`"));
+/// # Ok::<(), throttle_sansio::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PressureConfig {
     l0_trigger: u32,
@@ -424,6 +440,25 @@ fn trigger_in_range(option: &'static ConfigOption, got: u32) -> Result<(), Confi
 /// Rounding to nearest makes the direct path (`decide().signal()`) agree with upstream's wire
 /// path (the same ratio as an `f32`, decoded by [`Signal::from_f32`]) for both presets; for
 /// spans of hundreds of files the `f32` itself is rounded and may differ by 1 ppm.
+///
+/// ```
+/// use throttle_sansio::backpressure::{Decision, PressureConfig, RejectReason, ServerPressure};
+///
+/// // The landed default: Tf = 8, Tr = 20.
+/// let mut server = ServerPressure::new(PressureConfig::default());
+/// server.handle_l0(7);
+/// assert_eq!(server.decide(), Decision::Accept { pressure_ppm: 0 });
+/// server.handle_l0(11); // (11 − 8) / 12 = 0.25
+/// assert_eq!(server.decide(), Decision::Accept { pressure_ppm: 250_000 });
+/// // RocksDB refused a `no_slowdown` write: rejected until a flush completes.
+/// server.handle_write_rejected();
+/// assert_eq!(server.decide(), Decision::Reject { reason: RejectReason::Latched });
+/// assert_eq!(server.pressure().ppm(), 800_000);
+/// server.handle_flush_completed();
+/// assert!(!server.decide().is_reject());
+/// server.handle_l0(20); // Tr: rejected without entering RocksDB's own stall
+/// assert_eq!(server.decide(), Decision::Reject { reason: RejectReason::SlowdownTrigger });
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServerPressure {
     cfg: PressureConfig,

@@ -24,6 +24,14 @@
 use core::fmt;
 
 /// A key of an upstream client or server whose behaviour an option reproduces.
+///
+/// ```
+/// use throttle_sansio::options;
+///
+/// let [key] = options::curve::MAX_THROTTLE.upstream() else { panic!("one key") };
+/// assert_eq!((key.system(), key.key()), ("Fluss", "client.writer.kv-backpressure.max-throttle"));
+/// assert_eq!(key.to_string(), "Fluss `client.writer.kv-backpressure.max-throttle`");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Upstream {
     system: &'static str,
@@ -57,6 +65,16 @@ impl fmt::Display for Upstream {
 /// `Display` shows the builder method and the upstream keys, e.g. ``
 /// `WindowConfig::with_max_in_flight`; Oxia `maxReadBatchesInFlight`, Oxia
 /// `maxWriteBatchesInFlight` ``, or `` `CoalescerConfig::with_max_waiters`; no upstream key ``.
+///
+/// ```
+/// use throttle_sansio::options;
+///
+/// let option = &options::failover::MAX_WAITERS;
+/// assert_eq!((option.config(), option.name()), ("CoalescerConfig", "max_waiters"));
+/// assert!(option.upstream().is_empty());
+/// assert_eq!(option.to_string(), "`CoalescerConfig::with_max_waiters`; no upstream key");
+/// assert!(options::ALL.contains(&option));
+/// ```
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct ConfigOption {
     config: &'static str,
