@@ -401,6 +401,12 @@ where
     /// Only the exact endpoint is ever used: a uid at a new address gets its own connection,
     /// and the connection at the old address keeps serving requests routed by old metadata
     /// until it has been idle for `max_idle`. Routing to a connection counts as activity.
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the key's `Hash`, `Eq` or `Clone`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the table is as it was, and
+    /// serves the next call.
     pub fn handle_request(&mut self, now: Instant, node: &ConnKey<U, H>) -> Route<U, H> {
         // User code (`Hash`, `Eq`, `Clone` of the key) runs first, all of it, so that a panic
         // in it leaves the table as it was.
@@ -557,6 +563,11 @@ where
     ///
     /// When the backoff's budget refuses a delay, the delay of its current attempt is used:
     /// connecting never gives up by itself; the caller decides when to stop routing.
+    ///
+    /// # Panics
+    ///
+    /// Only if the `Rng` panics. The panic reaches the caller having changed nothing but the
+    /// table's latest `now`: the connect is still `Connecting` and can be reported again.
     pub fn handle_connect_failed<R: Rng + ?Sized>(
         &mut self,
         now: Instant,
@@ -634,6 +645,12 @@ where
     /// Closes every connection of server `uid`, at any address (e.g. the server left the
     /// cluster): queues one [`ConnAction::Close`] per connection and returns how many.
     /// Connect backoff of the uid's endpoints is kept (see the eviction rule).
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the uid's `Hash` or `Eq`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the table is as it was, and
+    /// serves the next call.
     pub fn disconnect(&mut self, now: Instant, uid: &U) -> usize {
         // The lookup (user `Hash`, `Eq`) runs before anything changes; closing runs none.
         let hash = self.hasher.hash_one(uid);
@@ -699,6 +716,10 @@ where
     // ----- queries -----
 
     /// The live connection of endpoint `key`, if any.
+    ///
+    /// # Panics
+    ///
+    /// Only if the key's `Hash` or `Eq`, or the hasher, panics; the table is unchanged.
     pub fn connection(&self, key: &ConnKey<U, H>) -> Option<ConnId> {
         let slot = self.lookup(key).1?;
         Some(self.entry(slot)?.conn.as_ref()?.id)
@@ -730,6 +751,10 @@ where
 
     /// Until when `key` is in connect backoff as of `now`, or `None` if a route would not
     /// wait.
+    ///
+    /// # Panics
+    ///
+    /// Only if the key's `Hash` or `Eq`, or the hasher, panics; the table is unchanged.
     pub fn backoff_until(&self, now: Instant, key: &ConnKey<U, H>) -> Option<Instant> {
         let now = self.clock.peek(now);
         let e = self.entry(self.lookup(key).1?)?;
@@ -737,6 +762,10 @@ where
     }
 
     /// Failed connects to `key` since its last successful one (0 when it has no backoff).
+    ///
+    /// # Panics
+    ///
+    /// Only if the key's `Hash` or `Eq`, or the hasher, panics; the table is unchanged.
     pub fn connect_failures(&self, key: &ConnKey<U, H>) -> u32 {
         self.lookup(key)
             .1
