@@ -897,7 +897,7 @@ mod panicking_keys {
                 for call in [Call::Hash, Call::Eq, Call::Clone] {
                     for skip in 0..3 {
                         let mut g = base.clone();
-                        let before = format!("{g:?}");
+                        let before = std::format!("{g:?}");
                         if panics(k, call, skip, || input(&mut g, k)) {
                             fired += 1;
                             let what = format!("{name} on {k}, {call:?} #{skip}");
@@ -918,4 +918,44 @@ mod panicking_keys {
         }
         assert!(fired > 20, "only {fired} armed calls fired");
     }
+}
+
+/// An `Rng` that panics on every draw, standing in for a user generator that fails.
+struct PanickingRng;
+
+impl rand_core::TryRng for PanickingRng {
+    type Error = core::convert::Infallible;
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        panic!("the user's generator panics")
+    }
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        panic!("the user's generator panics")
+    }
+    fn try_fill_bytes(&mut self, _dst: &mut [u8]) -> Result<(), Self::Error> {
+        panic!("the user's generator panics")
+    }
+}
+
+/// The `# Panics` contract of the drawing inputs: a panicking `Rng` reaches the caller and the
+/// input did not happen, for a new bucket and for one already gated, and the gate serves on.
+#[test]
+fn a_panicking_rng_leaves_the_gate_as_it_was() {
+    let mut g = gate();
+    let mut rng = SplitMix64::new(3);
+    g.handle_disk_write_locked(at(0), &1, 0, &mut rng);
+    for bucket in [1, 2] {
+        let before = std::format!("{g:?}");
+        let disk = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            g.handle_disk_write_locked(at(50), &bucket, 3, &mut PanickingRng)
+        }));
+        assert!(disk.is_err());
+        let retry = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            g.handle_retriable_write(at(60), &bucket, 3, &mut PanickingRng)
+        }));
+        assert!(retry.is_err());
+        assert_eq!(std::format!("{g:?}"), before, "bucket {bucket}");
+        assert_eq!(g.check_invariants(), Ok(()));
+    }
+    assert!(g.handle_disk_write_locked(at(70), &2, 0, &mut rng) > Duration::ZERO);
+    assert!(matches!(g.check(at(70), &2), GateState::Closed { .. }));
 }
