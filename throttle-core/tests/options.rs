@@ -4,13 +4,18 @@
 use core::time::Duration;
 
 use throttle_sansio::ConfigError;
-use throttle_sansio::backoff::{BackoffConfig, Jitter};
-use throttle_sansio::backpressure::{PressureConfig, ThrottleCurve};
+use throttle_sansio::backoff::{BackoffConfig, BackoffConfigBuilder, Jitter};
+use throttle_sansio::backpressure::{
+    PressureConfig, PressureConfigBuilder, ThrottleCurve, ThrottleCurveBuilder,
+};
 use throttle_sansio::batcher::BatcherConfig;
 use throttle_sansio::conn_key::ConnConfig;
 use throttle_sansio::dispatch_window::WindowConfig;
-use throttle_sansio::failover::{CoalescerConfig, FinagleBudgetConfig, GrpcThrottleConfig};
+use throttle_sansio::failover::{
+    CallConfig, CoalescerConfig, FinagleBudgetConfig, GrpcThrottleConfig,
+};
 use throttle_sansio::options::{self, ConfigOption};
+use throttle_sansio::pending_bytes::PendingBytesConfig;
 use throttle_sansio::write_gate::{Reason, ReasonSpec, UpdateRule, WriteGateConfig};
 
 const DOC: &str = include_str!("../../docs/options.md");
@@ -368,5 +373,84 @@ fn every_refusal_reports_the_option_that_sets_the_bad_value() {
             "case {i}: {e} reports an option missing from options::ALL"
         );
         assert_message_names(&e, expected);
+    }
+}
+
+/// `(option, Type::method)`: the method must exist (the compiler checks the path) and be the
+/// one the table names.
+macro_rules! methods {
+    ($($option:expr => $ty:ident :: $method:ident),* $(,)?) => {
+        [$({
+            let _exists = $ty::$method;
+            ($option, concat!(stringify!($ty), "::", stringify!($method)))
+        }),*]
+    };
+}
+
+/// Every method the table names is a real method of this crate, so a renamed builder method
+/// fails to compile here until the table follows it.
+#[test]
+fn every_method_in_the_table_exists() {
+    use options::*;
+    let checked: &[(&ConfigOption, &str)] = &methods![
+        &backoff::INITIAL => BackoffConfigBuilder::initial,
+        &backoff::MAX => BackoffConfigBuilder::max,
+        &backoff::MULTIPLIER => BackoffConfigBuilder::multiplier,
+        &backoff::JITTER => BackoffConfigBuilder::jitter,
+        &backoff::FLOOR => BackoffConfigBuilder::floor,
+        &backoff::RESOLUTION => BackoffConfigBuilder::resolution,
+        &backoff::TOTAL_BUDGET => BackoffConfigBuilder::total_budget,
+        &backoff::FLUSS_DISK_INITIAL => BackoffConfigBuilder::initial,
+        &backoff::FLUSS_DISK_MAX => BackoffConfigBuilder::max,
+        &backoff::FLUSS_RETRY_INITIAL => BackoffConfigBuilder::initial,
+        &backoff::FLUSS_RETRY_MAX => BackoffConfigBuilder::max,
+        &backoff::KAFKA_INITIAL => BackoffConfigBuilder::initial,
+        &backoff::KAFKA_MAX => BackoffConfigBuilder::max,
+        &backoff::GRPC_INITIAL => BackoffConfigBuilder::initial,
+        &backoff::GRPC_MAX => BackoffConfigBuilder::max,
+        &backoff::GRPC_MULTIPLIER => BackoffConfigBuilder::multiplier,
+        &backoff::GRPC_JITTER => BackoffConfigBuilder::jitter,
+        &backoff::GOBBLIN_INITIAL => BackoffConfigBuilder::initial,
+        &backoff::GOBBLIN_MAX => BackoffConfigBuilder::max,
+        &backoff::GOBBLIN_MULTIPLIER => BackoffConfigBuilder::multiplier,
+        &pressure::L0_TRIGGER => PressureConfigBuilder::l0_trigger,
+        &pressure::SLOWDOWN_TRIGGER => PressureConfigBuilder::l0_slowdown_writes_trigger,
+        &pressure::WRITE_BUFFER_SIZE => PressureConfigBuilder::flush_budget,
+        &pressure::MAX_WRITE_BUFFERS => PressureConfigBuilder::flush_budget,
+        &pressure::WITHOUT_FLUSH_BUDGET => PressureConfigBuilder::without_flush_budget,
+        &curve::EXPONENT => ThrottleCurveBuilder::exponent,
+        &curve::MAX_THROTTLE => ThrottleCurveBuilder::max_throttle,
+        &write_gate::DISK_WRITE_LOCKED => WriteGateConfig::with_disk_write_locked,
+        &write_gate::RETRIABLE_WRITE => WriteGateConfig::with_retriable_write,
+        &write_gate::KV_CURVE => WriteGateConfig::with_kv_curve,
+        &write_gate::REASONS => WriteGateConfig::register,
+        &write_gate::PROBE_SENDS => ReasonSpec::probe,
+        &write_gate::SET_PROBE => WriteGateConfig::set_probe,
+        &write_gate::PROBE_TTL => ReasonSpec::probe_ttl,
+        &write_gate::SET_PROBE_TTL => WriteGateConfig::set_probe_ttl,
+        &window::MAX_IN_FLIGHT => WindowConfig::with_max_in_flight,
+        &batcher::MAX_REQUESTS_PER_BATCH => BatcherConfig::with_max_requests_per_batch,
+        &batcher::MAX_BATCH_BYTES => BatcherConfig::with_max_batch_bytes,
+        &batcher::WINDOW => BatcherConfig::with_window,
+        &pending_bytes::MAX_PENDING_BYTES => PendingBytesConfig::with_max_pending_bytes,
+        &conn::MAX_IDLE => ConnConfig::with_max_idle,
+        &conn::CONNECT_BACKOFF => ConnConfig::with_connect_backoff,
+        &failover::MAX_AUTO_RETRIES => CallConfig::with_max_auto_retries,
+        &failover::CALL_BACKOFF => CallConfig::with_backoff,
+        &failover::MAX_WAITERS => CoalescerConfig::with_max_waiters,
+        &failover::MAX_TOKENS => GrpcThrottleConfig::with_max_tokens,
+        &failover::MILLI_TOKEN_RATIO => GrpcThrottleConfig::with_milli_token_ratio,
+        &failover::TTL => FinagleBudgetConfig::with_ttl,
+        &failover::MIN_RETRIES_PER_SEC => FinagleBudgetConfig::with_min_retries_per_sec,
+        &failover::PERCENT_CAN_RETRY => FinagleBudgetConfig::with_percent_can_retry_ppm,
+    ];
+    assert_eq!(
+        checked.len(),
+        ALL.len(),
+        "every option of the table is checked here"
+    );
+    for ((option, path), listed) in checked.iter().zip(ALL) {
+        assert_eq!(option, listed, "same order as options::ALL");
+        assert_eq!(option.method(), *path, "{option:?}");
     }
 }
