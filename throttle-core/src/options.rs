@@ -509,21 +509,30 @@ pub mod failover {
         "FinagleBudgetConfig",
         "ttl",
         "FinagleBudgetConfig::with_ttl",
-        &[Upstream::new("Finagle", "RetryBudget.ttl")],
+        &[
+            Upstream::new("Finagle", "RetryBudget.ttl"),
+            Upstream::new("tower", "TpsBudget::new(ttl)"),
+        ],
     );
     /// A Finagle budget's reserve rate.
     pub const MIN_RETRIES_PER_SEC: ConfigOption = ConfigOption::new(
         "FinagleBudgetConfig",
         "min_retries_per_sec",
         "FinagleBudgetConfig::with_min_retries_per_sec",
-        &[Upstream::new("Finagle", "RetryBudget.minRetriesPerSec")],
+        &[
+            Upstream::new("Finagle", "RetryBudget.minRetriesPerSec"),
+            Upstream::new("tower", "TpsBudget::new(min_per_sec)"),
+        ],
     );
     /// A Finagle budget's retries per request, in ppm.
     pub const PERCENT_CAN_RETRY: ConfigOption = ConfigOption::new(
         "FinagleBudgetConfig",
         "percent_can_retry_ppm",
         "FinagleBudgetConfig::with_percent_can_retry_ppm",
-        &[Upstream::new("Finagle", "RetryBudget.percentCanRetry")],
+        &[
+            Upstream::new("Finagle", "RetryBudget.percentCanRetry"),
+            Upstream::new("tower", "TpsBudget::new(retry_percent)"),
+        ],
     );
 }
 
