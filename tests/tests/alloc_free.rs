@@ -329,7 +329,7 @@ fn pressure_mapping_allocates_nothing() {
         .build()
         .expect("valid config");
     let mut server = ServerPressure::new(cfg);
-    let curves = [ThrottleCurve::default(), ThrottleCurve::fluss_landed()];
+    let curves = [ThrottleCurve::default(), ThrottleCurve::fluss_issue_3454()];
     assert_no_alloc_after_warmup("pressure mapping", || {
         for l0 in 0..30u64 {
             server.handle_l0(l0);

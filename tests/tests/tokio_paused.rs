@@ -10,7 +10,7 @@ use throttle_tokio::{GateState, Instant, Signal, TokioRuntime, WindowConfig, Wri
 async fn gate_sleeper_auto_advances_to_the_exact_opening() {
     let rt = TokioRuntime::new();
     let gate: GateHandle<u32> =
-        GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
+        GateHandle::new(WriteGateConfig::fluss_issue_3454()).expect("the config is valid");
     gate.handle_kv_signal(rt.now(), &1, Signal::Pressure(500_000)); // 625 ms
     let state = gate.wait_until_open(&rt, &1).await;
     assert_eq!(
@@ -23,7 +23,7 @@ async fn gate_sleeper_auto_advances_to_the_exact_opening() {
 async fn gate_sleeper_wakes_on_the_earlier_opening_set_by_another_task() {
     let rt = TokioRuntime::new();
     let gate: GateHandle<u32> =
-        GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
+        GateHandle::new(WriteGateConfig::fluss_issue_3454()).expect("the config is valid");
     gate.handle_kv_signal(rt.now(), &1, Signal::Full); // 5000 ms
     let (g, rt2) = (gate.clone(), rt.clone());
     tokio::spawn(async move {

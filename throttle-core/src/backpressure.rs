@@ -38,6 +38,7 @@
 use core::time::Duration;
 
 use crate::error::ConfigError;
+use crate::options::{ConfigOption, curve as curve_opt, pressure as opt};
 
 /// One whole in parts per million: the pressure of a full (rejecting) server.
 const PPM_ONE: u32 = 1_000_000;
@@ -216,17 +217,31 @@ pub struct FlushBudget {
     pub max_write_buffers: u32,
 }
 
-const OPT_L0_TRIGGER: &str = "kv.backpressure.l0-slowdown-trigger";
-const OPT_SLOWDOWN_TRIGGER: &str = "kv.rocksdb.level0-slowdown-writes-trigger";
-const OPT_WRITE_BUFFER_SIZE: &str = "kv.rocksdb.writebuffer.size";
-const OPT_WRITE_BUFFER_COUNT: &str = "kv.rocksdb.writebuffer.count";
-
 /// The largest L0 trigger accepted: RocksDB's triggers are C `int`s.
 const MAX_TRIGGER: u32 = i32::MAX as u32;
 
 /// Configuration of the server half: the two L0 triggers and the optional flush budget.
 ///
-/// Default: `Tf = 12`, `Tr = 20` (RocksDB's default), no flush budget.
+/// `Default` is Fluss's server as landed by PR #3463: `Tf = 8` (`kv.backpressure.l0-slowdown-trigger`),
+/// `Tr = 20` (RocksDB's default `level0_slowdown_writes_trigger`), no flush budget; the same as
+/// [`PressureConfig::fluss_landed`]. Its client half is [`ThrottleCurve::default`]. The
+/// proposal of Fluss issue #3454 (`Tf = 12`) is the preset [`PressureConfig::fluss_issue_3454`].
+///
+/// ```
+/// use throttle_sansio::backpressure::PressureConfig;
+///
+/// let landed = PressureConfig::default();
+/// assert_eq!((landed.l0_trigger(), landed.l0_slowdown_writes_trigger()), (8, 20));
+/// assert_eq!(PressureConfig::fluss_issue_3454().l0_trigger(), 12);
+/// // With the flush budget: 64 MiB memtables, 2 of them counted as headroom.
+/// let budgeted = PressureConfig::builder().flush_budget(64 << 20, 2).build()?;
+/// assert_eq!(budgeted.flush_budget().map(|b| b.max_write_buffers), Some(2));
+/// // Tf must stay below Tr; the error names the builder method and Fluss's key.
+/// let err = PressureConfig::builder().l0_trigger(20).build().unwrap_err();
+/// assert!(err.to_string().contains("`PressureConfigBuilder::l0_trigger`"));
+/// assert!(err.to_string().contains("Fluss `kv.backpressure.l0-slowdown-trigger`"));
+/// # Ok::<(), throttle_sansio::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PressureConfig {
     l0_trigger: u32,
@@ -235,22 +250,29 @@ pub struct PressureConfig {
 }
 
 impl Default for PressureConfig {
+    /// Fluss as landed (PR #3463): [`PressureConfig::fluss_landed`].
     fn default() -> Self {
-        PressureConfig {
-            l0_trigger: 12,
-            slowdown_trigger: 20,
-            flush_budget: None,
-        }
+        Self::fluss_landed()
     }
 }
 
 impl PressureConfig {
-    /// The trigger Fluss landed, `Tf = 8` (with `Tr = 20`, no flush budget). Pair it with
-    /// [`ThrottleCurve::fluss_landed`] on the client. The landed flush budget stays opt-in:
-    /// add it with [`PressureConfigBuilder::flush_budget`].
+    /// The trigger Fluss landed (PR #3463), `Tf = 8` (with `Tr = 20`, no flush budget): the
+    /// default. Pair it with [`ThrottleCurve::fluss_landed`] on the client. The landed flush
+    /// budget stays opt-in: add it with [`PressureConfigBuilder::flush_budget`].
     pub const fn fluss_landed() -> Self {
         PressureConfig {
             l0_trigger: 8,
+            slowdown_trigger: 20,
+            flush_budget: None,
+        }
+    }
+
+    /// The proposal of Fluss issue #3454: `Tf = 12`, `Tr = 20`, no flush budget. Pair it with
+    /// [`ThrottleCurve::fluss_issue_3454`] on the client.
+    pub const fn fluss_issue_3454() -> Self {
+        PressureConfig {
+            l0_trigger: 12,
             slowdown_trigger: 20,
             flush_budget: None,
         }
@@ -327,13 +349,13 @@ impl PressureConfigBuilder {
     /// The configuration, or the first option out of range.
     pub fn build(self) -> Result<PressureConfig, ConfigError> {
         let mut cfg = self.cfg;
-        trigger_in_range(OPT_L0_TRIGGER, cfg.l0_trigger)?;
-        trigger_in_range(OPT_SLOWDOWN_TRIGGER, cfg.slowdown_trigger)?;
+        trigger_in_range(&opt::L0_TRIGGER, cfg.l0_trigger)?;
+        trigger_in_range(&opt::SLOWDOWN_TRIGGER, cfg.slowdown_trigger)?;
         // Upstream only logs a warning for Tr ≤ Tf and then reports pressure 0; we refuse it.
         if cfg.l0_trigger >= cfg.slowdown_trigger {
             return Err(ConfigError::Invalid {
-                option: OPT_L0_TRIGGER,
-                reason: "must be below `kv.rocksdb.level0-slowdown-writes-trigger`",
+                option: &opt::L0_TRIGGER,
+                reason: "must be below `l0_slowdown_writes_trigger`",
             });
         }
         cfg.flush_budget = match self.flush_budget {
@@ -341,19 +363,19 @@ impl PressureConfigBuilder {
             Some((write_buffer_size, max_write_buffers)) => {
                 if write_buffer_size == 0 {
                     return Err(ConfigError::OutOfRange {
-                        option: OPT_WRITE_BUFFER_SIZE,
+                        option: &opt::WRITE_BUFFER_SIZE,
                         got: 0,
                         min: 1,
                         max: u64::MAX,
                         unit: "bytes",
                     });
                 }
-                trigger_in_range(OPT_WRITE_BUFFER_COUNT, max_write_buffers)?;
+                trigger_in_range(&opt::MAX_WRITE_BUFFERS, max_write_buffers)?;
                 // With the headroom alone at Tr, every write would be refused forever.
                 if max_write_buffers >= cfg.slowdown_trigger {
                     return Err(ConfigError::Invalid {
-                        option: OPT_WRITE_BUFFER_COUNT,
-                        reason: "must be below `kv.rocksdb.level0-slowdown-writes-trigger`",
+                        option: &opt::MAX_WRITE_BUFFERS,
+                        reason: "must be below `l0_slowdown_writes_trigger`",
                     });
                 }
                 Some(FlushBudget {
@@ -366,7 +388,7 @@ impl PressureConfigBuilder {
     }
 }
 
-fn trigger_in_range(option: &'static str, got: u32) -> Result<(), ConfigError> {
+fn trigger_in_range(option: &'static ConfigOption, got: u32) -> Result<(), ConfigError> {
     if (1..=MAX_TRIGGER).contains(&got) {
         Ok(())
     } else {
@@ -418,6 +440,25 @@ fn trigger_in_range(option: &'static str, got: u32) -> Result<(), ConfigError> {
 /// Rounding to nearest makes the direct path (`decide().signal()`) agree with upstream's wire
 /// path (the same ratio as an `f32`, decoded by [`Signal::from_f32`]) for both presets; for
 /// spans of hundreds of files the `f32` itself is rounded and may differ by 1 ppm.
+///
+/// ```
+/// use throttle_sansio::backpressure::{Decision, PressureConfig, RejectReason, ServerPressure};
+///
+/// // The landed default: Tf = 8, Tr = 20.
+/// let mut server = ServerPressure::new(PressureConfig::default());
+/// server.handle_l0(7);
+/// assert_eq!(server.decide(), Decision::Accept { pressure_ppm: 0 });
+/// server.handle_l0(11); // (11 − 8) / 12 = 0.25
+/// assert_eq!(server.decide(), Decision::Accept { pressure_ppm: 250_000 });
+/// // RocksDB refused a `no_slowdown` write: rejected until a flush completes.
+/// server.handle_write_rejected();
+/// assert_eq!(server.decide(), Decision::Reject { reason: RejectReason::Latched });
+/// assert_eq!(server.pressure().ppm(), 800_000);
+/// server.handle_flush_completed();
+/// assert!(!server.decide().is_reject());
+/// server.handle_l0(20); // Tr: rejected without entering RocksDB's own stall
+/// assert_eq!(server.decide(), Decision::Reject { reason: RejectReason::SlowdownTrigger });
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServerPressure {
     cfg: PressureConfig,
@@ -561,8 +602,10 @@ fn ceil_div(n: u64, d: u64) -> u64 {
 /// `max_throttle`, so a rejection continues the ramp. The delay is monotone in the pressure and
 /// never above `max_throttle`.
 ///
-/// Default: the cubic ramp of Fluss issue #3454, `k = 3`, `max_throttle = 5000 ms`
-/// (`client.writer.kv-backpressure.max-throttle-ms · p³`).
+/// `Default` is the Fluss client as landed by PR #3463: `k = 2`, `max_throttle = 3000 ms`
+/// (`client.writer.kv-backpressure.max-throttle · p²`), the same as
+/// [`ThrottleCurve::fluss_landed`]; its server half is [`PressureConfig::default`]. The cubic
+/// 5000 ms ramp proposed in Fluss issue #3454 is the preset [`ThrottleCurve::fluss_issue_3454`].
 ///
 /// ```
 /// use core::time::Duration;
@@ -583,16 +626,10 @@ pub struct ThrottleCurve {
     max_throttle_ms: u32,
 }
 
-/// The option names [`ThrottleCurve`] validation reports.
-const OPT_MAX_THROTTLE: &str = "client.writer.kv-backpressure.max-throttle-ms";
-const OPT_EXPONENT: &str = "client.writer.kv-backpressure.exponent";
-
 impl Default for ThrottleCurve {
+    /// Fluss as landed (PR #3463): [`ThrottleCurve::fluss_landed`].
     fn default() -> Self {
-        ThrottleCurve {
-            exponent: 3,
-            max_throttle_ms: 5_000,
-        }
+        Self::fluss_landed()
     }
 }
 
@@ -602,12 +639,21 @@ impl ThrottleCurve {
     /// The largest exponent `k` accepted (keeps the exact product within `u128`).
     pub const MAX_EXPONENT: u32 = 4;
 
-    /// The curve Fluss landed: quadratic (`k = 2`), 3000 ms ceiling. Pair it with
-    /// [`PressureConfig::fluss_landed`] on the server.
+    /// The curve Fluss landed (PR #3463): quadratic (`k = 2`), 3000 ms ceiling; the default.
+    /// Pair it with [`PressureConfig::fluss_landed`] on the server.
     pub const fn fluss_landed() -> Self {
         ThrottleCurve {
             exponent: 2,
             max_throttle_ms: 3_000,
+        }
+    }
+
+    /// The curve proposed in Fluss issue #3454: cubic (`k = 3`), 5000 ms ceiling. Pair it with
+    /// [`PressureConfig::fluss_issue_3454`] on the server.
+    pub const fn fluss_issue_3454() -> Self {
+        ThrottleCurve {
+            exponent: 3,
+            max_throttle_ms: 5_000,
         }
     }
 
@@ -694,7 +740,7 @@ impl ThrottleCurveBuilder {
         let mut curve = self.curve;
         if !(ThrottleCurve::MIN_EXPONENT..=ThrottleCurve::MAX_EXPONENT).contains(&curve.exponent) {
             return Err(ConfigError::OutOfRange {
-                option: OPT_EXPONENT,
+                option: &curve_opt::EXPONENT,
                 got: u64::from(curve.exponent),
                 min: u64::from(ThrottleCurve::MIN_EXPONENT),
                 max: u64::from(ThrottleCurve::MAX_EXPONENT),
@@ -705,7 +751,7 @@ impl ThrottleCurveBuilder {
             let ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
             let Ok(ms32) = u32::try_from(ms) else {
                 return Err(ConfigError::OutOfRange {
-                    option: OPT_MAX_THROTTLE,
+                    option: &curve_opt::MAX_THROTTLE,
                     got: ms,
                     min: 0,
                     max: u64::from(u32::MAX),
@@ -716,7 +762,7 @@ impl ThrottleCurveBuilder {
             // silently truncate a finer ceiling.
             if max.subsec_nanos() % 1_000_000 != 0 {
                 return Err(ConfigError::Invalid {
-                    option: OPT_MAX_THROTTLE,
+                    option: &curve_opt::MAX_THROTTLE,
                     reason: "must be a whole number of milliseconds",
                 });
             }
@@ -757,7 +803,8 @@ mod tests {
     }
 
     fn budget(tr: u32, write_buffer_size: u64, max_write_buffers: u32) -> PressureConfig {
-        match PressureConfig::builder()
+        match PressureConfig::fluss_issue_3454()
+            .to_builder()
             .l0_slowdown_writes_trigger(tr)
             .flush_budget(write_buffer_size, max_write_buffers)
             .build()
@@ -918,9 +965,14 @@ mod tests {
 
     #[test]
     fn presets_match_the_proposal_and_the_landed_curve() {
-        let default = ThrottleCurve::default();
-        assert_eq!((default.exponent(), default.max_throttle()), (3, ms(5_000)));
-        assert_eq!(default.delay(Signal::Pressure(500_000)), ms(625)); // 5000 · 0.5³
+        let proposal = ThrottleCurve::fluss_issue_3454();
+        assert_eq!(
+            (proposal.exponent(), proposal.max_throttle()),
+            (3, ms(5_000))
+        );
+        assert_eq!(proposal.delay(Signal::Pressure(500_000)), ms(625)); // 5000 · 0.5³
+        // The default is the landed curve, not the proposal.
+        assert_eq!(ThrottleCurve::default(), ThrottleCurve::fluss_landed());
         let landed = ThrottleCurve::fluss_landed();
         assert_eq!((landed.exponent(), landed.max_throttle()), (2, ms(3_000)));
         assert_eq!(landed.delay(Signal::Pressure(500_000)), ms(750)); // 3000 · 0.5²
@@ -951,7 +1003,7 @@ mod tests {
             ms(4_294)
         );
         assert_eq!(
-            ThrottleCurve::default().delay(Signal::Pressure(999_999)),
+            ThrottleCurve::fluss_issue_3454().delay(Signal::Pressure(999_999)),
             ms(4_999)
         );
         assert_eq!(curve(1, 5_000).delay(Signal::Pressure(999_999)), ms(4_999));
@@ -978,7 +1030,7 @@ mod tests {
     #[test]
     fn curve_validation_bounds_on_both_sides() {
         let exponent = |got| ConfigError::OutOfRange {
-            option: "client.writer.kv-backpressure.exponent",
+            option: &curve_opt::EXPONENT,
             got,
             min: 1,
             max: 4,
@@ -1000,7 +1052,7 @@ mod tests {
         assert_eq!(curve(4, 5_000).exponent(), 4);
 
         let max = |got| ConfigError::OutOfRange {
-            option: "client.writer.kv-backpressure.max-throttle-ms",
+            option: &curve_opt::MAX_THROTTLE,
             got,
             min: 0,
             max: u64::from(u32::MAX),
@@ -1022,7 +1074,7 @@ mod tests {
             Err(max(u64::MAX))
         );
         let fractional = ConfigError::Invalid {
-            option: "client.writer.kv-backpressure.max-throttle-ms",
+            option: &curve_opt::MAX_THROTTLE,
             reason: "must be a whole number of milliseconds",
         };
         for d in [Duration::from_nanos(999_999), Duration::from_micros(1_500)] {
@@ -1044,7 +1096,7 @@ mod tests {
     // ---- server half --------------------------------------------------------------------
 
     #[test]
-    fn default_preset_ramp_at_every_l0_through_tr_plus_2() {
+    fn issue_3454_preset_ramp_at_every_l0_through_tr_plus_2() {
         // Tf = 12, Tr = 20: p = (L0 − 12)/8; client 5000 ms · p³ (Fluss issue #3454's cubic ramp).
         let table: [(u64, Decision, u64); 23] = [
             (0, ACCEPT_CLEAR, 0),
@@ -1071,9 +1123,9 @@ mod tests {
             (21, REJECT_TR, 5_000),
             (22, REJECT_TR, 5_000),
         ];
-        let client = ThrottleCurve::default();
+        let client = ThrottleCurve::fluss_issue_3454();
         for (l0, decision, delay_ms) in table {
-            let got = decide_at(PressureConfig::default(), l0);
+            let got = decide_at(PressureConfig::fluss_issue_3454(), l0);
             assert_eq!(got, decision, "L0 {l0}");
             assert_eq!(client.delay(got.signal()), ms(delay_ms), "L0 {l0}");
         }
@@ -1155,7 +1207,7 @@ mod tests {
     #[test]
     fn huge_l0_counts_are_rejected_without_overflow() {
         for l0 in [u64::from(u32::MAX), u64::MAX - 1, u64::MAX] {
-            assert_eq!(decide_at(PressureConfig::default(), l0), REJECT_TR);
+            assert_eq!(decide_at(PressureConfig::fluss_issue_3454(), l0), REJECT_TR);
             let mut server = ServerPressure::new(budget(20, 1, 2));
             server.handle_l0(l0);
             server.handle_pending_bytes(u64::MAX);
@@ -1180,11 +1232,11 @@ mod tests {
                 .build()
         };
         let not_below = ConfigError::Invalid {
-            option: "kv.backpressure.l0-slowdown-trigger",
-            reason: "must be below `kv.rocksdb.level0-slowdown-writes-trigger`",
+            option: &opt::L0_TRIGGER,
+            reason: "must be below `l0_slowdown_writes_trigger`",
         };
-        let tf = "kv.backpressure.l0-slowdown-trigger";
-        let tr = "kv.rocksdb.level0-slowdown-writes-trigger";
+        let tf = &opt::L0_TRIGGER;
+        let tr = &opt::SLOWDOWN_TRIGGER;
         assert_eq!(build(0, 20), Err(out(tf, 0)));
         assert_eq!(build(1, 20).map(|c| c.l0_trigger()), Ok(1));
         assert_eq!(build(19, 20).map(|c| c.l0_trigger()), Ok(19));
@@ -1212,7 +1264,7 @@ mod tests {
         assert_eq!(
             with(0, 2),
             Err(ConfigError::OutOfRange {
-                option: "kv.rocksdb.writebuffer.size",
+                option: &opt::WRITE_BUFFER_SIZE,
                 got: 0,
                 min: 1,
                 max: u64::MAX,
@@ -1228,7 +1280,7 @@ mod tests {
         assert_eq!(with(1, 2), ok(1, 2));
         assert_eq!(with(u64::MAX, 2), ok(u64::MAX, 2));
         let count = |got| ConfigError::OutOfRange {
-            option: "kv.rocksdb.writebuffer.count",
+            option: &opt::MAX_WRITE_BUFFERS,
             got,
             min: 1,
             max: u64::from(MAX_TRIGGER),
@@ -1238,8 +1290,8 @@ mod tests {
         assert_eq!(with(64 << 20, 1), ok(64 << 20, 1));
         assert_eq!(with(64 << 20, 19), ok(64 << 20, 19)); // Tr − 1
         let not_below = Err(ConfigError::Invalid {
-            option: "kv.rocksdb.writebuffer.count",
-            reason: "must be below `kv.rocksdb.level0-slowdown-writes-trigger`",
+            option: &opt::MAX_WRITE_BUFFERS,
+            reason: "must be below `l0_slowdown_writes_trigger`",
         });
         assert_eq!(with(64 << 20, 20), not_below); // Tr: every write would be refused
         assert_eq!(with(64 << 20, MAX_TRIGGER + 1), Err(count(1 << 31)));
@@ -1292,7 +1344,7 @@ mod tests {
 
     #[test]
     fn flush_budget_is_off_by_default_and_never_raises_the_gauge() {
-        let mut server = ServerPressure::new(PressureConfig::default());
+        let mut server = ServerPressure::new(PressureConfig::fluss_issue_3454());
         server.handle_l0(19);
         server.handle_pending_bytes(u64::MAX);
         assert_eq!(server.decide(), accept(875_000));
@@ -1310,7 +1362,7 @@ mod tests {
         let latched = Decision::Reject {
             reason: RejectReason::Latched,
         };
-        let mut server = ServerPressure::new(PressureConfig::default());
+        let mut server = ServerPressure::new(PressureConfig::fluss_issue_3454());
         server.handle_l0(3);
         assert_eq!(server.decide(), ACCEPT_CLEAR);
         assert_eq!(server.pressure(), Signal::Clear);
@@ -1360,11 +1412,18 @@ mod tests {
         assert!(!server.is_latched());
         assert_eq!(server.decide(), ACCEPT_CLEAR);
         assert!(!server.decide().is_reject());
+        // The default is Fluss as landed (Tf = 8); issue #3454 proposed Tf = 12.
         let defaults = PressureConfig::default();
+        assert_eq!(defaults, PressureConfig::fluss_landed());
         assert_eq!(
             (defaults.l0_trigger(), defaults.l0_slowdown_writes_trigger()),
+            (8, 20)
+        );
+        let proposal = PressureConfig::fluss_issue_3454();
+        assert_eq!(
+            (proposal.l0_trigger(), proposal.l0_slowdown_writes_trigger()),
             (12, 20)
         );
-        assert_eq!(PressureConfig::fluss_landed().l0_trigger(), 8);
+        assert_eq!(proposal.flush_budget(), None);
     }
 }

@@ -29,8 +29,9 @@ use crate::error::{ConfigError, ReleaseError};
 use crate::maintenance::{Maintenance, Peak};
 use crate::time::{Clock, Instant};
 
-const MAX_REQUESTS_OPTION: &str = "client.batch.max-requests-per-batch";
-const MAX_BYTES_OPTION: &str = "client.batch.max-batch-bytes";
+use crate::options::batcher::{
+    MAX_BATCH_BYTES as MAX_BYTES_OPTION, MAX_REQUESTS_PER_BATCH as MAX_REQUESTS_OPTION,
+};
 
 /// Which limits a batcher applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -124,7 +125,7 @@ impl BatcherConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_requests_per_batch == 0 {
             return Err(ConfigError::OutOfRange {
-                option: MAX_REQUESTS_OPTION,
+                option: &MAX_REQUESTS_OPTION,
                 got: 0,
                 min: 1,
                 max: u64::from(u32::MAX),
@@ -133,7 +134,7 @@ impl BatcherConfig {
         }
         if self.max_batch_bytes == 0 {
             return Err(ConfigError::OutOfRange {
-                option: MAX_BYTES_OPTION,
+                option: &MAX_BYTES_OPTION,
                 got: 0,
                 min: 1,
                 max: u64::MAX,

@@ -181,8 +181,11 @@ pub struct ConnConfig {
 }
 
 impl Default for ConnConfig {
-    /// The Fluss client's `netty.connection.max-idle-time` (10 min), and gRPC's connection
-    /// backoff between failed connects (1 s, ×1.6, ±20 %, 120 s).
+    /// The Fluss client's connection settings (PR #4263's `NettyClient`):
+    /// `netty.connection.max-idle-time` = 10 min. Fluss sets no pace for reconnects (it
+    /// reconnects at once, a departure `docs/design.md` §7 lists), so the one setting it lacks is
+    /// filled with gRPC's connection backoff, [`BackoffConfig::grpc_connection`] (1 s, ×1.6,
+    /// ±20 %, 120 s), the only upstream that specifies one.
     fn default() -> Self {
         ConnConfig {
             max_idle: Duration::from_secs(600),
@@ -223,7 +226,7 @@ impl ConnConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_idle.is_zero() {
             return Err(ConfigError::OutOfRange {
-                option: "netty.connection.max-idle-time",
+                option: &crate::options::conn::MAX_IDLE,
                 got: 0,
                 min: 1,
                 max: u64::MAX,
@@ -398,6 +401,12 @@ where
     /// Only the exact endpoint is ever used: a uid at a new address gets its own connection,
     /// and the connection at the old address keeps serving requests routed by old metadata
     /// until it has been idle for `max_idle`. Routing to a connection counts as activity.
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the key's `Hash`, `Eq` or `Clone`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the table is as it was, and
+    /// serves the next call.
     pub fn handle_request(&mut self, now: Instant, node: &ConnKey<U, H>) -> Route<U, H> {
         // User code (`Hash`, `Eq`, `Clone` of the key) runs first, all of it, so that a panic
         // in it leaves the table as it was.
@@ -554,6 +563,11 @@ where
     ///
     /// When the backoff's budget refuses a delay, the delay of its current attempt is used:
     /// connecting never gives up by itself; the caller decides when to stop routing.
+    ///
+    /// # Panics
+    ///
+    /// Only if the `Rng` panics. The panic reaches the caller having changed nothing but the
+    /// table's latest `now`: the connect is still `Connecting` and can be reported again.
     pub fn handle_connect_failed<R: Rng + ?Sized>(
         &mut self,
         now: Instant,
@@ -631,6 +645,12 @@ where
     /// Closes every connection of server `uid`, at any address (e.g. the server left the
     /// cluster): queues one [`ConnAction::Close`] per connection and returns how many.
     /// Connect backoff of the uid's endpoints is kept (see the eviction rule).
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the uid's `Hash` or `Eq`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the table is as it was, and
+    /// serves the next call.
     pub fn disconnect(&mut self, now: Instant, uid: &U) -> usize {
         // The lookup (user `Hash`, `Eq`) runs before anything changes; closing runs none.
         let hash = self.hasher.hash_one(uid);
@@ -696,6 +716,10 @@ where
     // ----- queries -----
 
     /// The live connection of endpoint `key`, if any.
+    ///
+    /// # Panics
+    ///
+    /// Only if the key's `Hash` or `Eq`, or the hasher, panics; the table is unchanged.
     pub fn connection(&self, key: &ConnKey<U, H>) -> Option<ConnId> {
         let slot = self.lookup(key).1?;
         Some(self.entry(slot)?.conn.as_ref()?.id)
@@ -727,6 +751,10 @@ where
 
     /// Until when `key` is in connect backoff as of `now`, or `None` if a route would not
     /// wait.
+    ///
+    /// # Panics
+    ///
+    /// Only if the key's `Hash` or `Eq`, or the hasher, panics; the table is unchanged.
     pub fn backoff_until(&self, now: Instant, key: &ConnKey<U, H>) -> Option<Instant> {
         let now = self.clock.peek(now);
         let e = self.entry(self.lookup(key).1?)?;
@@ -734,6 +762,10 @@ where
     }
 
     /// Failed connects to `key` since its last successful one (0 when it has no backoff).
+    ///
+    /// # Panics
+    ///
+    /// Only if the key's `Hash` or `Eq`, or the hasher, panics; the table is unchanged.
     pub fn connect_failures(&self, key: &ConnKey<U, H>) -> u32 {
         self.lookup(key)
             .1

@@ -28,9 +28,6 @@ pub use crate::slab::{Exhausted, Ticket};
 use crate::slab::{Key, Slab};
 use crate::time::{Clock, Instant};
 
-/// Option name used in configuration errors.
-const MAX_IN_FLIGHT_OPTION: &str = "client.dispatch.max-batches-in-flight";
-
 /// Configuration of a [`DispatchWindow`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -63,7 +60,7 @@ impl WindowConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_in_flight == 0 {
             return Err(ConfigError::OutOfRange {
-                option: MAX_IN_FLIGHT_OPTION,
+                option: &crate::options::window::MAX_IN_FLIGHT,
                 got: 0,
                 min: 1,
                 max: u64::from(u32::MAX),
@@ -411,6 +408,12 @@ where
 
     /// Sends a full batch at once if the shard has credit, else queues it behind the shard's
     /// older held-back batches (FIFO). `Ok(None)` means queued.
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the shard's `Hash`, `Eq` or `Clone`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the window is as it was, and
+    /// serves the next call.
     #[inline]
     pub fn submit(
         &mut self,
@@ -423,6 +426,12 @@ where
 
     /// As [`submit`](Self::submit), and a queued batch's [`Ticket`] is returned, so that it
     /// can be withdrawn with [`cancel`](Self::cancel).
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the shard's `Hash`, `Eq` or `Clone`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the window is as it was, and
+    /// serves the next call.
     #[inline]
     pub fn enqueue(
         &mut self,
@@ -438,6 +447,12 @@ where
     ///
     /// A shard has at most one parked batch: a second one is refused with
     /// [`SubmitError::AlreadyParked`].
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the shard's `Hash`, `Eq` or `Clone`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the window is as it was, and
+    /// serves the next call.
     pub fn submit_or_park(
         &mut self,
         shard: Shard,
@@ -541,6 +556,12 @@ where
     }
 
     /// Takes the shard's parked batch back (to add operations to it), if there is one.
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the shard's `Hash`, `Eq` or `Clone`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the window is as it was, and
+    /// serves the next call.
     pub fn reclaim(&mut self, shard: &Shard) -> Option<B> {
         let hash = self.hasher.hash_one(shard);
         let place = self.place_of(shard, hash)?;
@@ -718,6 +739,12 @@ where
     /// [`close`](Self::close) a live credit is still released (`Ok(None)`): its slot
     /// frees and nothing is sent. Once the window can issue no new credit id, the next batch
     /// stays held back (collect it with `close`).
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the shard's `Hash`, `Eq` or `Clone`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the window is as it was, and
+    /// serves the next call.
     #[inline]
     pub fn complete(
         &mut self,
@@ -900,16 +927,28 @@ where
     }
 
     /// Batches of `shard` in flight (holding a credit).
+    ///
+    /// # Panics
+    ///
+    /// Only if the shard's `Hash` or `Eq`, or the hasher, panics; the window is unchanged.
     pub fn in_flight(&self, shard: &Shard) -> u32 {
         self.window(shard).map_or(0, |w| w.in_flight)
     }
 
     /// Credits of `shard` not in use: `capacity() - in_flight(shard)`.
+    ///
+    /// # Panics
+    ///
+    /// Only if the shard's `Hash` or `Eq`, or the hasher, panics; the window is unchanged.
     pub fn available(&self, shard: &Shard) -> u32 {
         self.cfg.max_in_flight.saturating_sub(self.in_flight(shard))
     }
 
     /// Full batches of `shard` waiting for credit (cancelled ones not counted).
+    ///
+    /// # Panics
+    ///
+    /// Only if the shard's `Hash` or `Eq`, or the hasher, panics; the window is unchanged.
     pub fn queued(&self, shard: &Shard) -> usize {
         self.window(shard).map_or(0, |w| w.queued)
     }
@@ -920,11 +959,19 @@ where
     }
 
     /// Whether `shard` has a parked open batch.
+    ///
+    /// # Panics
+    ///
+    /// Only if the shard's `Hash` or `Eq`, or the hasher, panics; the window is unchanged.
     pub fn is_parked(&self, shard: &Shard) -> bool {
         self.parked(shard).is_some()
     }
 
     /// `shard`'s parked open batch, if any.
+    ///
+    /// # Panics
+    ///
+    /// Only if the shard's `Hash` or `Eq`, or the hasher, panics; the window is unchanged.
     pub fn parked(&self, shard: &Shard) -> Option<&B> {
         self.window(shard).and_then(|w| w.parked.as_ref())
     }

@@ -21,6 +21,7 @@ mod divisor;
 pub mod error;
 pub mod failover;
 mod maintenance;
+pub mod options;
 pub mod pending_bytes;
 pub mod rng;
 mod slab;

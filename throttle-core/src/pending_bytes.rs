@@ -29,10 +29,10 @@ pub struct PendingBytesConfig {
 }
 
 impl PendingBytesConfig {
-    /// The default bound: 64 MiB, i.e. 512 full write batches of the batcher's default 128 KiB.
-    // Oxia PR #362 leans on its existing `maxPendingBytes` limiter but states no default; this is
-    // our pick.
-    pub const DEFAULT_MAX_PENDING_BYTES: u64 = 64 * 1024 * 1024;
+    /// The default bound: 256 MiB, the Oxia Java client's `maxPendingBytes` default (PR #348,
+    /// the limiter PR #362 relies on), i.e. 2048 full write batches of the batcher's default
+    /// 128 KiB.
+    pub const DEFAULT_MAX_PENDING_BYTES: u64 = 256 * 1024 * 1024;
 
     /// Admit at most `max_pending_bytes` bytes at once; `0` disables the limiter.
     #[must_use]
@@ -62,8 +62,8 @@ impl PendingBytesConfig {
 }
 
 impl Default for PendingBytesConfig {
-    /// [`DEFAULT_MAX_PENDING_BYTES`](Self::DEFAULT_MAX_PENDING_BYTES), 64 MiB. Our pick, not
-    /// an upstream default: Oxia's `maxPendingBytes` limiter (PR #362) states none.
+    /// The Oxia Java client's default: `maxPendingBytes` = 256 MiB (PR #348),
+    /// [`DEFAULT_MAX_PENDING_BYTES`](Self::DEFAULT_MAX_PENDING_BYTES).
     fn default() -> Self {
         PendingBytesConfig {
             max_pending_bytes: Self::DEFAULT_MAX_PENDING_BYTES,

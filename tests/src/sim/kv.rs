@@ -163,7 +163,7 @@ pub fn run(p: &KvParams, policy: Policy, seed: u64) -> KvResult {
     );
     let mut buckets: Vec<Bucket> = (0..p.buckets)
         .map(|_| Bucket {
-            pressure: ServerPressure::new(PressureConfig::default()),
+            pressure: ServerPressure::new(PressureConfig::fluss_issue_3454()),
             l0: 0,
             memtable: 0,
             stalled_since: None,

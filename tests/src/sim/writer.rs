@@ -91,12 +91,13 @@ pub struct WriterConfig {
 
 impl Default for WriterConfig {
     /// 2 MB batches (`client.writer.batch-size`), unlimited retries (Fluss's default,
-    /// `Integer.MAX_VALUE`), the default gate, our policy.
+    /// `Integer.MAX_VALUE`), the gate with Fluss issue #3454's KV curve (the one the KV
+    /// scenario models), our policy.
     fn default() -> Self {
         WriterConfig {
             batch_bytes: 2 * 1024 * 1024,
             max_retries: i32::MAX as u32,
-            gate: WriteGateConfig::default(),
+            gate: WriteGateConfig::fluss_issue_3454(),
             policy: Policy::OURS,
         }
     }

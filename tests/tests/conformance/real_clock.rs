@@ -23,7 +23,7 @@ const SLACK: Duration = Duration::from_millis(1_000);
 
 const MS: Duration = Duration::from_millis(1);
 
-/// 5000 ms × 0.2³: the default curve's delay for this pressure.
+/// 5000 ms × 0.2³: Fluss issue #3454's curve's delay for this pressure.
 const PRESSURE_40_MS: Signal = Signal::Pressure(200_000);
 
 /// Std's monotonic clock, read independently of the runtime's.
@@ -102,7 +102,7 @@ pub async fn concurrent_sleeps_never_end_before_their_deadlines<R: Runtime>(rt: 
 }
 
 pub async fn gate_opens_no_sooner_than_its_opening<R: Runtime>(rt: &R) {
-    let gate = GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
+    let gate = GateHandle::new(WriteGateConfig::fluss_issue_3454()).expect("the config is valid");
     let wall = Wall::start();
     let t0 = rt.now();
     let wait = gate.handle_kv_signal(t0, &7u32, PRESSURE_40_MS);
@@ -115,13 +115,13 @@ pub async fn gate_opens_no_sooner_than_its_opening<R: Runtime>(rt: &R) {
 pub async fn gate_sleeper_rearms_on_the_real_timer_when_a_lower_pressure_arrives<R: Runtime>(
     rt: &R,
 ) {
-    let gate = GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
+    let gate = GateHandle::new(WriteGateConfig::fluss_issue_3454()).expect("the config is valid");
     let wall = Wall::start();
     let t0 = rt.now();
     assert_eq!(
         gate.handle_kv_signal(t0, &7u32, Signal::Full),
         5000 * MS,
-        "the default curve's ceiling"
+        "issue #3454's ceiling"
     );
     // 20 ms in, another task lowers the pressure: the bucket now opens 40 ms after that.
     let (g, rt2) = (gate.clone(), rt.clone());

@@ -215,8 +215,8 @@ pub async fn close_fails_waiters_and_held_batches_while_batches_in_flight_finish
 pub async fn gate_opens_early_when_a_lower_pressure_arrives<H: Harness>(h: &H) {
     let rt = h.rt();
     let gate: GateHandle<u32> =
-        GateHandle::new(WriteGateConfig::default()).expect("the default config is valid");
-    // Full pressure: the default curve's ceiling, 5000 ms.
+        GateHandle::new(WriteGateConfig::fluss_issue_3454()).expect("the config is valid");
+    // Full pressure: issue #3454's ceiling, 5000 ms.
     assert_eq!(gate.handle_kv_signal(rt.now(), &7, Signal::Full), 5000 * MS);
     let opened = Arc::new(Mutex::new(None));
     let (g, rt2, out) = (gate.clone(), rt.clone(), Arc::clone(&opened));

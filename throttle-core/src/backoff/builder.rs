@@ -7,21 +7,23 @@ use super::jitter::Spread;
 use super::{BackoffConfig, Jitter, MAX_RAMP_ATTEMPTS};
 use crate::divisor::Divisor;
 use crate::error::ConfigError;
+use crate::options::{ConfigOption, backoff as opt};
 use crate::time::duration_to_nanos;
 
 pub(super) const NS_PER_MS: u64 = 1_000_000;
 /// Fluss validates its backoff options as Java `int` milliseconds.
 pub(super) const FLUSS_MAX_NS: u64 = 2_147_483_647 * NS_PER_MS;
 
-/// Option names and preset-specific bounds a config is validated against.
+/// Options (from the table in [`crate::options`]) and preset-specific bounds a config is
+/// validated against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Rules {
-    pub(super) initial: &'static str,
-    pub(super) max: &'static str,
-    pub(super) multiplier: &'static str,
-    pub(super) jitter: &'static str,
-    pub(super) floor: &'static str,
-    pub(super) resolution: &'static str,
+    pub(super) initial: &'static ConfigOption,
+    pub(super) max: &'static ConfigOption,
+    pub(super) multiplier: &'static ConfigOption,
+    pub(super) jitter: &'static ConfigOption,
+    pub(super) floor: &'static ConfigOption,
+    pub(super) resolution: &'static ConfigOption,
     /// Smallest `initial` allowed, in ns.
     pub(super) initial_min: u64,
     /// Largest `max` allowed, in ns.
@@ -29,65 +31,50 @@ pub(super) struct Rules {
 }
 
 pub(super) const GENERAL: Rules = Rules {
-    initial: "backoff.initial",
-    max: "backoff.max",
-    multiplier: "backoff.multiplier",
-    jitter: "backoff.jitter",
-    floor: "backoff.floor",
-    resolution: "backoff.resolution",
+    initial: &opt::INITIAL,
+    max: &opt::MAX,
+    multiplier: &opt::MULTIPLIER,
+    jitter: &opt::JITTER,
+    floor: &opt::FLOOR,
+    resolution: &opt::RESOLUTION,
     initial_min: 0,
     max_max: u64::MAX,
 };
 
 pub(super) const FLUSS_DISK: Rules = Rules {
-    initial: "client.writer.disk-write-locked.backoff",
-    max: "client.writer.disk-write-locked.backoff-max",
-    multiplier: "client.writer.disk-write-locked.backoff.multiplier",
-    jitter: "client.writer.disk-write-locked.backoff.jitter",
-    floor: "client.writer.disk-write-locked.backoff.floor",
-    resolution: "client.writer.disk-write-locked.backoff.resolution",
+    initial: &opt::FLUSS_DISK_INITIAL,
+    max: &opt::FLUSS_DISK_MAX,
     initial_min: NS_PER_MS,
     max_max: FLUSS_MAX_NS,
+    ..GENERAL
 };
 
 pub(super) const FLUSS_RETRY: Rules = Rules {
-    initial: "client.writer.retry-backoff",
-    max: "client.writer.retry-backoff-max",
-    multiplier: "client.writer.retry-backoff.multiplier",
-    jitter: "client.writer.retry-backoff.jitter",
-    floor: "client.writer.retry-backoff.floor",
-    resolution: "client.writer.retry-backoff.resolution",
+    initial: &opt::FLUSS_RETRY_INITIAL,
+    max: &opt::FLUSS_RETRY_MAX,
     initial_min: 0,
     max_max: FLUSS_MAX_NS,
+    ..GENERAL
 };
 
 pub(super) const KAFKA: Rules = Rules {
-    initial: "retry.backoff.ms",
-    max: "retry.backoff.max.ms",
-    multiplier: "retry.backoff.multiplier",
-    jitter: "retry.backoff.jitter",
-    floor: "retry.backoff.floor",
-    resolution: "retry.backoff.resolution",
+    initial: &opt::KAFKA_INITIAL,
+    max: &opt::KAFKA_MAX,
     ..GENERAL
 };
 
 pub(super) const GRPC: Rules = Rules {
-    initial: "grpc.connection-backoff.initial",
-    max: "grpc.connection-backoff.max",
-    multiplier: "grpc.connection-backoff.multiplier",
-    jitter: "grpc.connection-backoff.jitter",
-    floor: "grpc.connection-backoff.floor",
-    resolution: "grpc.connection-backoff.resolution",
+    initial: &opt::GRPC_INITIAL,
+    max: &opt::GRPC_MAX,
+    multiplier: &opt::GRPC_MULTIPLIER,
+    jitter: &opt::GRPC_JITTER,
     ..GENERAL
 };
 
 pub(super) const GOBBLIN: Rules = Rules {
-    initial: "gobblin.throttling-client.retry.initial-delay",
-    max: "gobblin.throttling-client.retry.max-delay",
-    multiplier: "gobblin.throttling-client.retry.multiplier",
-    jitter: "gobblin.throttling-client.retry.initial-delay-range",
-    floor: "gobblin.throttling-client.retry.floor",
-    resolution: "gobblin.throttling-client.retry.resolution",
+    initial: &opt::GOBBLIN_INITIAL,
+    max: &opt::GOBBLIN_MAX,
+    multiplier: &opt::GOBBLIN_MULTIPLIER,
     ..GENERAL
 };
 
@@ -103,6 +90,7 @@ pub(super) const GOBBLIN: Rules = Rules {
 ///     .build()
 ///     .unwrap_err();
 /// assert!(err.to_string().contains("client.writer.disk-write-locked.backoff"));
+/// assert_eq!(err.option().method(), "BackoffConfigBuilder::initial");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]

@@ -6,6 +6,7 @@ use super::BackoffConfig;
 use super::arith::{mul_div, round_down};
 use crate::divisor::Divisor;
 use crate::error::ConfigError;
+use crate::options::ConfigOption;
 use crate::rng::{Rng, below, between_inclusive};
 use crate::time::duration_to_nanos;
 
@@ -86,7 +87,7 @@ impl Jitter {
     /// place among the other rules; `option` names the jitter option in errors.
     ///
     /// [`BackoffConfigBuilder::build`]: super::BackoffConfigBuilder::build
-    pub(super) fn validate(self, option: &'static str) -> Result<(), ConfigError> {
+    pub(super) fn validate(self, option: &'static ConfigOption) -> Result<(), ConfigError> {
         match self {
             Jitter::Proportional { ppm } if u64::from(ppm) > PPM => Err(ConfigError::OutOfRange {
                 option,

@@ -6,6 +6,7 @@ use super::config::TWENTY_PERCENT;
 use super::jitter::PPM;
 use super::*;
 use crate::error::ConfigError;
+use crate::options::backoff as opt;
 use crate::rng::{SplitMix64, below};
 use crate::time::duration_to_nanos;
 use alloc::vec::Vec;
@@ -441,7 +442,7 @@ fn additive_start_that_grows_too_slowly_is_refused() {
     assert_eq!(
         slow(14_097, 2),
         Err(ConfigError::Invalid {
-            option: "backoff.jitter",
+            option: &opt::JITTER,
             reason: "a jittered start grows too slowly: the delay must settle within \
                      4096 attempts",
         })
@@ -742,7 +743,7 @@ fn fluss_bounds_are_exact_in_nanoseconds() {
     assert_eq!(
         disk.clone().initial(Duration::from_nanos(999_999)).build(),
         Err(ConfigError::OutOfRange {
-            option: "client.writer.disk-write-locked.backoff",
+            option: &opt::FLUSS_DISK_INITIAL,
             got: 999_999,
             min: 1_000_000,
             max: FLUSS_MAX_NS,
@@ -760,7 +761,7 @@ fn fluss_bounds_are_exact_in_nanoseconds() {
     assert_eq!(
         disk.clone().max(top + Duration::from_nanos(1)).validate(),
         Err(ConfigError::OutOfRange {
-            option: "client.writer.disk-write-locked.backoff-max",
+            option: &opt::FLUSS_DISK_MAX,
             got: FLUSS_MAX_NS + 1,
             min: 1_000_000,
             max: FLUSS_MAX_NS,
@@ -788,22 +789,22 @@ fn general_validation_edges() {
     assert_eq!(
         b().initial(Duration::from_nanos(2_001)).build(),
         Err(ConfigError::Inverted {
-            option: "backoff.initial",
-            limit: "backoff.max"
+            option: &opt::INITIAL,
+            limit: &opt::MAX
         })
     );
     assert!(b().multiplier(7, 7).build().is_ok());
     assert!(matches!(
         b().multiplier(6, 7).build(),
         Err(ConfigError::Invalid {
-            option: "backoff.multiplier",
+            option: &opt::MULTIPLIER,
             ..
         })
     ));
     assert!(matches!(
         b().multiplier(0, 0).build(),
         Err(ConfigError::Invalid {
-            option: "backoff.multiplier",
+            option: &opt::MULTIPLIER,
             ..
         })
     ));
@@ -815,7 +816,7 @@ fn general_validation_edges() {
     assert_eq!(
         b().jitter(Jitter::Proportional { ppm: 1_000_001 }).build(),
         Err(ConfigError::OutOfRange {
-            option: "backoff.jitter",
+            option: &opt::JITTER,
             got: 1_000_001,
             min: 0,
             max: 1_000_000,
@@ -826,8 +827,8 @@ fn general_validation_edges() {
     assert_eq!(
         b().floor(Duration::from_nanos(2_001)).build(),
         Err(ConfigError::Inverted {
-            option: "backoff.floor",
-            limit: "backoff.max"
+            option: &opt::FLOOR,
+            limit: &opt::MAX
         })
     );
     let coarse = b().resolution(Duration::from_nanos(500));
@@ -841,7 +842,7 @@ fn general_validation_edges() {
     assert!(matches!(
         coarse.floor(Duration::from_nanos(1_501)).build(),
         Err(ConfigError::Invalid {
-            option: "backoff.floor",
+            option: &opt::FLOOR,
             ..
         })
     ));
@@ -849,7 +850,7 @@ fn general_validation_edges() {
     assert!(matches!(
         b().resolution(Duration::ZERO).build(),
         Err(ConfigError::OutOfRange {
-            option: "backoff.resolution",
+            option: &opt::RESOLUTION,
             got: 0,
             min: 1,
             ..
@@ -865,7 +866,7 @@ fn multiplier_that_settles_after_4096_attempts_is_refused() {
     assert_eq!(
         slow(14_097),
         Err(ConfigError::Invalid {
-            option: "backoff.multiplier",
+            option: &opt::MULTIPLIER,
             reason: "grows too slowly: the delay must settle within 4096 attempts",
         })
     );
@@ -879,20 +880,16 @@ fn multiplier_that_settles_after_4096_attempts_is_refused() {
 fn enabled_config_with_max_below_resolution_is_refused() {
     // 500 µs..900 µs on the 1 ms grid would truncate every delay to zero.
     for (b, option, limit) in [
-        (
-            BackoffConfig::builder(),
-            "backoff.resolution",
-            "backoff.max",
-        ),
+        (BackoffConfig::builder(), &opt::RESOLUTION, &opt::MAX),
         (
             BackoffConfig::fluss_retriable_write().to_builder(),
-            "client.writer.retry-backoff.resolution",
-            "client.writer.retry-backoff-max",
+            &opt::RESOLUTION,
+            &opt::FLUSS_RETRY_MAX,
         ),
         (
             BackoffConfig::kafka_retry().to_builder(),
-            "retry.backoff.resolution",
-            "retry.backoff.max.ms",
+            &opt::RESOLUTION,
+            &opt::KAFKA_MAX,
         ),
     ] {
         let sub = b.initial(Duration::from_micros(500));
@@ -960,7 +957,7 @@ fn validation_names_the_preset_option() {
         .unwrap_err();
     assert_eq!(
         alloc::string::ToString::to_string(&e),
-        "`grpc.connection-backoff.multiplier`: must be at least 1 (num >= den)"
+        "`multiplier`: must be at least 1 (num >= den) (`BackoffConfigBuilder::multiplier`; gRPC `MULTIPLIER`)"
     );
 }
 

@@ -50,7 +50,7 @@ fn zero_max_idle_is_refused_with_the_option_name() {
     assert!(matches!(
         err,
         ConfigError::OutOfRange {
-            option: "netty.connection.max-idle-time",
+            option: &crate::options::conn::MAX_IDLE,
             got: 0,
             min: 1,
             ..
@@ -923,4 +923,55 @@ mod panicking_keys {
         }
         assert!(fired > 20, "only {fired} armed calls fired");
     }
+}
+
+/// An `Rng` that panics on every draw, standing in for a user generator that fails.
+struct PanickingRng;
+
+impl rand_core::TryRng for PanickingRng {
+    type Error = core::convert::Infallible;
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        panic!("the user's generator panics")
+    }
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        panic!("the user's generator panics")
+    }
+    fn try_fill_bytes(&mut self, _dst: &mut [u8]) -> Result<(), Self::Error> {
+        panic!("the user's generator panics")
+    }
+}
+
+/// The `# Panics` contract of `handle_connect_failed`: a panicking `Rng` changes nothing but
+/// the clock, so the connect is still `Connecting` and its failure can be reported again.
+#[test]
+fn a_panicking_rng_leaves_the_connect_connecting() {
+    let mut t = table();
+    let k = key("cs-0", "10.0.0.1");
+    let Route::Open(id, _) = t.handle_request(ms(0), &k) else {
+        panic!("a new endpoint opens")
+    };
+    let before = (
+        t.state(id),
+        t.connect_failures(&k),
+        t.poll_timeout(),
+        t.len(),
+    );
+    let failed = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+        t.handle_connect_failed(ms(5), id, &mut PanickingRng)
+    }));
+    assert!(failed.is_err());
+    assert_eq!(
+        (
+            t.state(id),
+            t.connect_failures(&k),
+            t.poll_timeout(),
+            t.len()
+        ),
+        before
+    );
+    assert_eq!(t.state(id), Some(ConnState::Connecting));
+    assert_eq!(t.check_invariants(), Ok(()));
+    let until = t.handle_connect_failed(ms(5), id, &mut SplitMix64::new(1));
+    assert!(until.is_some_and(|u| u > ms(5)), "{until:?}");
+    assert_eq!(t.connect_failures(&k), 1);
 }

@@ -38,7 +38,7 @@ fn default_is_four_and_zero_is_refused() {
     assert!(matches!(
         err,
         Err(ConfigError::OutOfRange {
-            option: "client.dispatch.max-batches-in-flight",
+            option: &crate::options::window::MAX_IN_FLIGHT,
             got: 0,
             min: 1,
             ..

@@ -25,6 +25,27 @@ use crate::time::{Clock, Instant};
 /// Driving contract: the call reports each event as it happens; [`RetryBudget::try_withdraw`]
 /// is the one decision; [`RetryBudget::can_retry`] is a query that changes nothing. A budget is
 /// shared: pass the same one to every call of a client.
+///
+/// The trait is object safe, so the budget can be chosen at run time:
+///
+/// ```
+/// use throttle_sansio::failover::{GrpcThrottle, RetryBudget, Unlimited};
+/// use throttle_sansio::Instant;
+///
+/// let now = Instant::ZERO;
+/// let mut budgets: [Box<dyn RetryBudget>; 2] = [Box::new(Unlimited), Box::new(GrpcThrottle::default())];
+/// for budget in &mut budgets {
+///     budget.handle_request(now);
+///     budget.handle_failure(now);
+///     assert!(budget.try_withdraw(now), "a healthy client may retry once");
+/// }
+/// // Five more failures drain gRPC's default bucket (10 tokens) to its half: no more retries.
+/// for _ in 0..5 {
+///     budgets[1].handle_failure(now);
+/// }
+/// assert!(!budgets[1].can_retry(now));
+/// assert!(budgets[0].can_retry(now), "`Unlimited` never refuses");
+/// ```
 pub trait RetryBudget {
     /// A call sends its first attempt (retries are not requests: they never deposit).
     fn handle_request(&mut self, now: Instant);
@@ -40,6 +61,17 @@ pub trait RetryBudget {
 }
 
 /// A budget that never refuses a retry (the per-call `max_auto_retries` still applies).
+///
+/// ```
+/// use throttle_sansio::failover::{RetryBudget, Unlimited};
+/// use throttle_sansio::Instant;
+///
+/// let mut budget = Unlimited;
+/// for _ in 0..1_000 {
+///     budget.handle_failure(Instant::ZERO);
+/// }
+/// assert!(budget.try_withdraw(Instant::ZERO));
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Unlimited;
 
@@ -96,7 +128,7 @@ impl GrpcThrottleConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !(1..=1_000).contains(&self.max_tokens) {
             return Err(ConfigError::OutOfRange {
-                option: "retryThrottling.maxTokens",
+                option: &crate::options::failover::MAX_TOKENS,
                 got: u64::from(self.max_tokens),
                 min: 1,
                 max: 1_000,
@@ -105,7 +137,7 @@ impl GrpcThrottleConfig {
         }
         if self.milli_token_ratio == 0 {
             return Err(ConfigError::OutOfRange {
-                option: "retryThrottling.tokenRatio",
+                option: &crate::options::failover::MILLI_TOKEN_RATIO,
                 got: 0,
                 min: 1,
                 max: u64::from(u32::MAX),
@@ -136,6 +168,27 @@ impl GrpcThrottleConfig {
 ///
 /// Retries are allowed only while `tokens > max_tokens / 2` (integer halving of the
 /// milli-token ceiling, as gRPC does). Time plays no part.
+///
+/// ```
+/// use throttle_sansio::failover::{GrpcThrottle, GrpcThrottleConfig, RetryBudget};
+/// use throttle_sansio::Instant;
+///
+/// // maxTokens 4, tokenRatio 0.5: retries stop once the count falls to 2 tokens.
+/// let cfg = GrpcThrottleConfig::default().with_max_tokens(4).with_milli_token_ratio(500);
+/// let mut budget = GrpcThrottle::new(cfg)?;
+/// let now = Instant::ZERO;
+/// budget.handle_failure(now); // 3 tokens
+/// assert!(budget.try_withdraw(now));
+/// budget.handle_failure(now); // 2 tokens: at the threshold
+/// assert!(!budget.try_withdraw(now));
+/// budget.handle_success(now); // 2.5 tokens
+/// assert_eq!(budget.milli_tokens(), 2_500);
+/// assert!(budget.can_retry(now));
+/// // A config outside gRPC's range is refused, naming the builder method.
+/// let err = GrpcThrottle::new(GrpcThrottleConfig::default().with_max_tokens(0)).unwrap_err();
+/// assert!(err.to_string().contains("`GrpcThrottleConfig::with_max_tokens`"));
+/// # Ok::<(), throttle_sansio::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GrpcThrottle {
     config: GrpcThrottleConfig,
@@ -252,7 +305,7 @@ impl FinagleBudgetConfig {
     /// Refuses a TTL that is not a whole number of seconds in `1..=60`, and a percentage
     /// above 1000 (`1_000_000_000` ppm).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        const TTL: &str = "retry-budget.ttl";
+        const TTL: &crate::options::ConfigOption = &crate::options::failover::TTL;
         let ttl = self.ttl;
         if ttl.subsec_nanos() != 0 {
             return Err(ConfigError::Invalid {
@@ -272,7 +325,7 @@ impl FinagleBudgetConfig {
         }
         if self.percent_can_retry_ppm > 1_000_000_000 {
             return Err(ConfigError::OutOfRange {
-                option: "retry-budget.percent-can-retry",
+                option: &crate::options::failover::PERCENT_CAN_RETRY,
                 got: u64::from(self.percent_can_retry_ppm),
                 min: 0,
                 max: 1_000_000_000,
@@ -324,6 +377,32 @@ struct Slot {
 /// `now_sec < s + ttl`); a retry is allowed when the balance is at least one retry. The window
 /// is a fixed ring of one-second slots (Finagle slices its TTL into ten; at the default 10 s the
 /// two agree), so memory is constant and each decision scans at most 60 slots.
+///
+/// ```
+/// use core::time::Duration;
+/// use throttle_sansio::failover::{FinagleBudget, FinagleBudgetConfig, RetryBudget};
+/// use throttle_sansio::Instant;
+///
+/// // No reserve, and one retry per two requests (50 %), counted over 2 s.
+/// let cfg = FinagleBudgetConfig::default()
+///     .with_ttl(Duration::from_secs(2))
+///     .with_min_retries_per_sec(0)
+///     .with_percent_can_retry_ppm(500_000);
+/// let mut budget = FinagleBudget::new(cfg)?;
+/// let t0 = Instant::ZERO;
+/// budget.handle_request(t0);
+/// assert!(!budget.try_withdraw(t0), "half a retry is not a retry");
+/// budget.handle_request(t0);
+/// assert_eq!(budget.balance(t0), 1);
+/// assert!(budget.try_withdraw(t0));
+/// assert!(!budget.can_retry(t0));
+/// // Deposits expire after the TTL: two requests at t0 earn nothing at t0 + 2 s.
+/// budget.handle_request(t0);
+/// budget.handle_request(t0);
+/// assert!(budget.can_retry(t0));
+/// assert!(!budget.can_retry(t0 + Duration::from_secs(2)));
+/// # Ok::<(), throttle_sansio::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FinagleBudget {
     config: FinagleBudgetConfig,

@@ -50,7 +50,7 @@ impl CoalescerConfig {
         const MAX: usize = 1 << 20;
         if !(1..=MAX).contains(&self.max_waiters) {
             return Err(ConfigError::OutOfRange {
-                option: "failover.refresh.max-waiters",
+                option: &crate::options::failover::MAX_WAITERS,
                 got: u64::try_from(self.max_waiters).unwrap_or(u64::MAX),
                 min: 1,
                 max: MAX as u64,
@@ -127,6 +127,31 @@ pub enum GenerationError {
 ///
 /// Memory is bounded by `max_waiters`; the buffers are reused, so after warm-up nothing is
 /// allocated. The coalescer makes no decision from time, so its inputs take no `now`.
+///
+/// ```
+/// use throttle_sansio::failover::{CoalesceAction, CoalescerConfig, RefreshCoalescer};
+///
+/// let mut refresh = RefreshCoalescer::new(CoalescerConfig::default().with_max_waiters(2))?;
+/// // Three calls hit a stale leader at once: one refresh runs, the second call joins it,
+/// // and the third, past `max_waiters`, is handed back.
+/// let CoalesceAction::Start(generation) = refresh.handle_refresh_needed("call-a") else {
+///     panic!("the first need starts a refresh");
+/// };
+/// assert_eq!(refresh.handle_refresh_needed("call-b"), CoalesceAction::Join(generation));
+/// assert_eq!(refresh.handle_refresh_needed("call-c"), CoalesceAction::Full("call-c"));
+/// assert_eq!(refresh.in_flight(), Some(generation));
+///
+/// // The refresh succeeds: both held calls are released, oldest first, with its outcome.
+/// assert_eq!(refresh.handle_refreshed(generation, true), Ok(2));
+/// let released: Vec<_> = core::iter::from_fn(|| refresh.poll_action())
+///     .map(|r| (r.waiter, r.ok))
+///     .collect();
+/// assert_eq!(released, [("call-a", true), ("call-b", true)]);
+/// // Ending it twice is misuse and changes nothing.
+/// assert!(refresh.handle_refreshed(generation, true).is_err());
+/// assert_eq!((refresh.in_flight(), refresh.held()), (None, 0));
+/// # Ok::<(), throttle_sansio::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RefreshCoalescer<W> {
     max_waiters: usize,

@@ -15,7 +15,7 @@ use super::{Cursor, Divergence};
 use crate::backpressure::{
     Decision, PressureConfig, RejectReason, ServerPressure, Signal, ThrottleCurve,
 };
-use crate::error::ConfigError;
+use crate::options::{ConfigOption, pressure as opt};
 
 /// The reference's view of a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,32 +90,28 @@ impl RefServer {
 }
 
 /// Which options of a server configuration are wrong, from the documented bounds.
-fn bad_server_options(tf: u32, tr: u32, budget: Option<(u64, u32)>) -> [Option<&'static str>; 4] {
+fn bad_server_options(
+    tf: u32,
+    tr: u32,
+    budget: Option<(u64, u32)>,
+) -> [Option<&'static ConfigOption>; 4] {
     let int_max = 2_147_483_647u32;
     let mut bad = [None; 4];
     if tf == 0 || tf > int_max || tf >= tr {
-        bad[0] = Some("kv.backpressure.l0-slowdown-trigger");
+        bad[0] = Some(&opt::L0_TRIGGER);
     }
     if tr == 0 || tr > int_max {
-        bad[1] = Some("kv.rocksdb.level0-slowdown-writes-trigger");
+        bad[1] = Some(&opt::SLOWDOWN_TRIGGER);
     }
     if let Some((size, count)) = budget {
         if size == 0 {
-            bad[2] = Some("kv.rocksdb.writebuffer.size");
+            bad[2] = Some(&opt::WRITE_BUFFER_SIZE);
         }
         if count == 0 || count > int_max || count >= tr {
-            bad[3] = Some("kv.rocksdb.writebuffer.count");
+            bad[3] = Some(&opt::MAX_WRITE_BUFFERS);
         }
     }
     bad
-}
-
-fn option_of(e: &ConfigError) -> &'static str {
-    match *e {
-        ConfigError::OutOfRange { option, .. }
-        | ConfigError::Inverted { option, .. }
-        | ConfigError::Invalid { option, .. } => option,
-    }
 }
 
 /// The naive curve: the largest whole `d ≤ max` with `d · 10^(6k) ≤ max · ppm^k`.
@@ -273,7 +269,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let bad = bad_server_options(tf, tr, budget);
     let cfg = match (builder.build(), bad.iter().any(Option::is_some)) {
         (Ok(cfg), false) => cfg,
-        (Err(e), true) if bad.contains(&Some(option_of(&e))) => PressureConfig::default(),
+        (Err(e), true) if bad.contains(&Some(e.option())) => PressureConfig::default(),
         (got, _) => {
             return Err(format!(
                 "server config Tf {tf} Tr {tr} budget {budget:?}: got {got:?}, bad options {bad:?}"
@@ -282,7 +278,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     };
     let mut server = ServerPressure::new(cfg);
     let (rtf, rtr, rbudget) = if bad.iter().any(Option::is_some) {
-        (12, 20, None)
+        (8, 20, None) // the default: Fluss as landed
     } else {
         (tf, tr, budget)
     };
@@ -315,7 +311,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let (rk, rmax) = if curve_ok {
         (k, u64::try_from(max.as_millis()).unwrap_or(u64::MAX))
     } else {
-        (3, 5_000)
+        (2, 3_000) // the default: Fluss as landed
     };
     if curve.exponent() != rk || curve.max_throttle() != Duration::from_millis(rmax) {
         return Err(format!("curve {curve:?}, expected k {rk} max {rmax} ms"));

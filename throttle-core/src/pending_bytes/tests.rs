@@ -35,9 +35,9 @@ fn assert_conserved(l: &PendingBytesLimiter) {
 }
 
 #[test]
-fn default_bound_is_64_mib_and_validates() {
+fn default_bound_is_oxias_256_mib_and_validates() {
     let cfg = PendingBytesConfig::default();
-    assert_eq!(cfg.max_pending_bytes(), 64 << 20);
+    assert_eq!(cfg.max_pending_bytes(), 256 << 20);
     assert_eq!(cfg.validate(), Ok(()));
     assert_eq!(PendingBytesConfig::disabled().max_pending_bytes(), 0);
 }

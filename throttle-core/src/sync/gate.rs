@@ -492,7 +492,7 @@ mod tests {
         let mut ex = Executor::default();
         let mut rt = TestRuntime::new();
         rt.spawner = Some(ex.spawner());
-        let gate = Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
+        let gate = Gate::with_hasher(WriteGateConfig::fluss_issue_3454(), TestHasher::default())
             .expect("the default config is valid");
         let t0 = Instant::ZERO;
         // Full pressure: the default curve's ceiling, 5000 ms.
@@ -579,7 +579,7 @@ mod tests {
         let mut ex = Executor::default();
         let mut rt = TestRuntime::new();
         rt.spawner = Some(ex.spawner());
-        let gate = Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
+        let gate = Gate::with_hasher(WriteGateConfig::fluss_issue_3454(), TestHasher::default())
             .expect("the default config is valid");
         {
             let (gate, rt2) = (gate.clone(), rt.clone());
@@ -775,7 +775,7 @@ mod loom_models {
         loom::model(|| {
             let rt = TestRuntime::new();
             let gate: GateHandle<u32, TestHasher> =
-                GateHandle::with_hasher(WriteGateConfig::default(), TestHasher::default())
+                GateHandle::with_hasher(WriteGateConfig::fluss_issue_3454(), TestHasher::default())
                     .expect("the default config is valid");
             let _ = gate.handle_kv_signal(Instant::ZERO, &7, Signal::Full); // 5000 ms
 

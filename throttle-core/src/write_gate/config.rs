@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 use crate::backoff::BackoffConfig;
 use crate::backpressure::ThrottleCurve;
 use crate::error::ConfigError;
+use crate::options::{ConfigOption, write_gate as opt};
 
 /// Why a bucket is gated: an index into the gate's reason registry.
 ///
@@ -188,9 +189,14 @@ impl ReasonSpec {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        self.check_probe(&opt::PROBE_SENDS)
+    }
+
+    /// Refuses a zero probe allowance, reported as `option` (the method that set it).
+    fn check_probe(&self, option: &'static ConfigOption) -> Result<(), ConfigError> {
         if self.probe_sends == Some(0) {
             return Err(ConfigError::OutOfRange {
-                option: PROBE_OPTION,
+                option,
                 got: 0,
                 min: 1,
                 max: u32::MAX as u64,
@@ -207,9 +213,6 @@ impl ReasonSpec {
 /// (moved, dropped table) do not accumulate.
 pub const DEFAULT_PROBE_TTL: Duration = Duration::from_secs(600);
 
-const PROBE_OPTION: &str = "client.writer.throttle.probe-sends";
-const REASONS_OPTION: &str = "client.writer.throttle.reasons";
-
 /// The most reasons one gate can hold (each bucket keeps one armed-probe bit per reason).
 pub const MAX_REASONS: usize = 64;
 
@@ -218,9 +221,23 @@ pub(super) const INLINE_REASONS: usize = 4;
 
 /// Configuration of a [`WriteGate`](super::WriteGate).
 ///
-/// `Default` is the Fluss client: disk-write-locked backoff 1 s → 10 s (×2, ±20 %), retriable
-/// write backoff 100 ms → 1 s, the cubic pressure curve of Fluss issue #3454 (5000 ms), no custom
-/// reasons and no probe mode.
+/// `Default` is one upstream configuration, the Fluss Java client with PR #4293 (whose
+/// `WriteThrottleController` this gate is) on top of the landed KV backpressure of PR #3463:
+///
+/// - `DISK_WRITE_LOCKED`: [`BackoffConfig::fluss_disk_write_locked`], 1 s → 10 s, ×2, ±20 %
+///   (`client.writer.disk-write-locked.backoff` / `-backoff-max`);
+/// - `KV_BACKPRESSURE`: [`ThrottleCurve::default`], the landed `max_throttle · p²` with
+///   `client.writer.kv-backpressure.max-throttle` = 3000 ms, which pairs with the landed server,
+///   [`PressureConfig::default`](crate::backpressure::PressureConfig::default) (`Tf = 8`);
+/// - `RETRIABLE_WRITE`: [`BackoffConfig::fluss_retriable_write`], 100 ms → 1 s. Fluss has no
+///   option here (it re-sends at once); this is the Kafka producer's `retry.backoff.ms` /
+///   `retry.backoff.max.ms` that Fluss's writer descends from, so a retriable error is paced
+///   rather than resent in a loop;
+/// - no custom reasons and no probe mode (probe mode is not in PR #4293).
+///
+/// The proposal of Fluss issue #3454 (cubic, 5000 ms) is the preset
+/// [`WriteGateConfig::fluss_issue_3454`]; `docs/write-gate.md` says why the default is the
+/// landed client.
 ///
 /// ```
 /// use throttle_sansio::write_gate::{ReasonSpec, UpdateRule, WriteGateConfig};
@@ -241,7 +258,7 @@ pub struct WriteGateConfig {
 }
 
 impl Default for WriteGateConfig {
-    /// The Fluss client's defaults (see the type's docs).
+    /// The Fluss Java client with PR #4293 over the landed PR #3463 (see the type's docs).
     fn default() -> Self {
         let reasons = Builtin::ALL.iter().map(|b| b.spec()).collect();
         WriteGateConfig {
@@ -254,6 +271,27 @@ impl Default for WriteGateConfig {
 }
 
 impl WriteGateConfig {
+    /// The default backoffs with the KV curve proposed in Fluss issue #3454,
+    /// [`ThrottleCurve::fluss_issue_3454`] (`k = 3`, 5000 ms); pair it with
+    /// [`PressureConfig::fluss_issue_3454`](crate::backpressure::PressureConfig::fluss_issue_3454)
+    /// (`Tf = 12`) on the server.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::backpressure::{Signal, ThrottleCurve};
+    /// use throttle_sansio::write_gate::WriteGateConfig;
+    ///
+    /// let proposal = WriteGateConfig::fluss_issue_3454();
+    /// assert_eq!(proposal.kv_curve().delay(Signal::Pressure(500_000)), Duration::from_millis(625));
+    /// // The default is the landed curve: 3000 ms · 0.5² = 750 ms.
+    /// let landed = WriteGateConfig::default();
+    /// assert_eq!(landed.kv_curve(), &ThrottleCurve::fluss_landed());
+    /// assert_eq!(landed.kv_curve().delay(Signal::Pressure(500_000)), Duration::from_millis(750));
+    /// ```
+    pub fn fluss_issue_3454() -> Self {
+        Self::default().with_kv_curve(ThrottleCurve::fluss_issue_3454())
+    }
+
     /// Backoff for `DISK_WRITE_LOCKED` rejections (`client.writer.disk-write-locked.backoff`).
     #[must_use]
     pub fn with_disk_write_locked(mut self, backoff: BackoffConfig) -> Self {
@@ -312,12 +350,12 @@ impl WriteGateConfig {
     pub fn set_probe(&mut self, reason: Reason, sends: Option<u32>) -> Result<(), ConfigError> {
         let Some(spec) = self.reasons.get_mut(reason.index()) else {
             return Err(ConfigError::Invalid {
-                option: PROBE_OPTION,
+                option: &opt::SET_PROBE,
                 reason: "the reason is not registered",
             });
         };
         let updated = spec.probe(sends);
-        updated.validate()?;
+        updated.check_probe(&opt::SET_PROBE)?;
         *spec = updated;
         Ok(())
     }
@@ -326,7 +364,7 @@ impl WriteGateConfig {
     pub fn set_probe_ttl(&mut self, reason: Reason, ttl: Duration) -> Result<(), ConfigError> {
         let Some(spec) = self.reasons.get_mut(reason.index()) else {
             return Err(ConfigError::Invalid {
-                option: PROBE_OPTION,
+                option: &opt::SET_PROBE_TTL,
                 reason: "the reason is not registered",
             });
         };
@@ -355,7 +393,7 @@ impl WriteGateConfig {
 
     fn too_many(&self) -> ConfigError {
         ConfigError::OutOfRange {
-            option: REASONS_OPTION,
+            option: &opt::REASONS,
             got: self.reasons.len().saturating_add(1) as u64,
             min: Builtin::ALL.len() as u64,
             max: MAX_REASONS as u64,

@@ -278,6 +278,12 @@ where
     /// installed never-shorten. The gate does not count retries: the sender owns
     /// `max_retries` and installs nothing for a batch it fails. Draws from `rng` exactly once
     /// unless closed. Returns the bucket's remaining time (zero after [`Self::close`]).
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the bucket's `Hash`, `Eq` or `Clone`, the hasher, or the
+    /// `Rng`. The panic reaches the caller and the input did not happen: the gate is as it
+    /// was, and serves the next call.
     pub fn handle_disk_write_locked<R: Rng + ?Sized>(
         &mut self,
         now: Instant,
@@ -300,6 +306,12 @@ where
     /// A write to `bucket` failed with another retriable error: like
     /// [`Self::handle_disk_write_locked`] with the `retriable_write` backoff and no floor (a
     /// zero delay, e.g. `initial = 0`, installs nothing).
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the bucket's `Hash`, `Eq` or `Clone`, the hasher, or the
+    /// `Rng`. The panic reaches the caller and the input did not happen: the gate is as it
+    /// was, and serves the next call.
     pub fn handle_retriable_write<R: Rng + ?Sized>(
         &mut self,
         now: Instant,
@@ -319,6 +331,12 @@ where
     /// `kv_curve.delay(signal)` from `now`, latest-wins (it may shorten or, on `Clear`, lift
     /// the KV throttle). Ignored while the bucket's leader is unknown (it is the old
     /// leader's word). Returns the bucket's remaining time.
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the bucket's `Hash`, `Eq` or `Clone`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the gate is as it was, and
+    /// serves the next call.
     pub fn handle_kv_signal(&mut self, now: Instant, bucket: &K, signal: Signal) -> Duration {
         let delay = self.cfg.kv_curve.delay(signal);
         self.install(now, bucket, Reason::KV_BACKPRESSURE.index(), delay)
@@ -328,6 +346,12 @@ where
     /// update rule, exactly as given (no floor, no jitter). Returns the bucket's remaining
     /// time, or [`GateError::UnknownReason`] (nothing changes) for a reason this gate's
     /// configuration did not register.
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the bucket's `Hash`, `Eq` or `Clone`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the gate is as it was, and
+    /// serves the next call.
     pub fn handle_throttle(
         &mut self,
         now: Instant,
@@ -348,6 +372,12 @@ where
     /// is stored even for an ungated bucket (so `check` can report it) until the leader is
     /// known again, when the bucket rejoins the wake-up computation or, holding nothing
     /// else, is evicted.
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the bucket's `Hash`, `Eq` or `Clone`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the gate is as it was, and
+    /// serves the next call.
     pub fn handle_leader(&mut self, now: Instant, bucket: &K, known: bool) {
         // User code first (the key's `Hash`, `Eq`, `Clone`): nothing changes before it returns.
         let (hash, found) = self.lookup(bucket);
@@ -399,6 +429,12 @@ where
 
     /// A batch was sent to `bucket`. Counted only while probing: the bucket's deadlines have
     /// all passed and a probe-mode reason gated it since the last success.
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the bucket's `Hash`, `Eq` or `Clone`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the gate is as it was, and
+    /// serves the next call.
     pub fn handle_send(&mut self, now: Instant, bucket: &K) {
         // The lookup (user `Hash`, `Eq`) runs before anything changes.
         let found = self.find(bucket);
@@ -420,6 +456,12 @@ where
 
     /// A write to `bucket` succeeded: probe mode ends for the bucket (its allowance resets).
     /// Pending deadlines stay: the success may answer a batch sent before the rejection.
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the bucket's `Hash`, `Eq` or `Clone`, or the hasher. The
+    /// panic reaches the caller and the input did not happen: the gate is as it was, and
+    /// serves the next call.
     pub fn handle_success(&mut self, now: Instant, bucket: &K) {
         // The lookup (user `Hash`, `Eq`) runs before anything changes.
         let found = self.find(bucket);
@@ -494,6 +536,10 @@ where
     // ---------------------------------------------------------------------------- queries
 
     /// How long `bucket` stays closed: the maximum over its reasons (zero when open).
+    ///
+    /// # Panics
+    ///
+    /// Only if the bucket's `Hash` or `Eq`, or the hasher, panics; the gate is unchanged.
     pub fn remaining(&self, now: Instant, bucket: &K) -> Duration {
         let now = self.clock.peek(now);
         self.find(bucket)
@@ -502,11 +548,19 @@ where
 
     /// [`Self::remaining`] in whole milliseconds, rounded **up**: a closed bucket never
     /// reports 0 ms.
+    ///
+    /// # Panics
+    ///
+    /// Only if the bucket's `Hash` or `Eq`, or the hasher, panics; the gate is unchanged.
     pub fn remaining_ms(&self, now: Instant, bucket: &K) -> u64 {
         ceil_millis(self.remaining(now, bucket))
     }
 
     /// Whether `bucket` may send now; leader-first, then the dominant gate, then probing.
+    ///
+    /// # Panics
+    ///
+    /// Only if the bucket's `Hash` or `Eq`, or the hasher, panics; the gate is unchanged.
     pub fn check(&self, now: Instant, bucket: &K) -> GateState {
         let now = self.clock.peek(now);
         let Some(entry) = self.find(bucket) else {
@@ -533,12 +587,20 @@ where
     /// The dominant pending reason of `bucket` and its deadline (latest deadline; ties to
     /// the lower reason index), or `None` when no deadline is pending. Ignores the leader
     /// and probe state.
+    ///
+    /// # Panics
+    ///
+    /// Only if the bucket's `Hash` or `Eq`, or the hasher, panics; the gate is unchanged.
     pub fn explain(&self, now: Instant, bucket: &K) -> Option<(Reason, Instant)> {
         let now = self.clock.peek(now);
         self.dominant(slot_of(self.find(bucket)?), now)
     }
 
     /// Whether the gate holds `bucket`'s leader as known (the default for any bucket).
+    ///
+    /// # Panics
+    ///
+    /// Only if the bucket's `Hash` or `Eq`, or the hasher, panics; the gate is unchanged.
     pub fn is_leader_known(&self, bucket: &K) -> bool {
         self.find(bucket).is_none_or(|e| e & LEADER_UNKNOWN == 0)
     }

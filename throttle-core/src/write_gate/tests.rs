@@ -23,7 +23,8 @@ fn at(n: u64) -> Instant {
 }
 
 fn gate() -> Gate {
-    let cfg = WriteGateConfig::default().with_kv_curve(ThrottleCurve::fluss_landed());
+    let cfg = WriteGateConfig::default();
+    assert_eq!(cfg.kv_curve(), &ThrottleCurve::fluss_landed());
     Gate::new(cfg).expect("a valid config")
 }
 
@@ -473,11 +474,11 @@ fn kv_pressure_does_not_reopen_a_used_disk_probe_allowance() {
     install(&mut g, at(0), 1, DISK, ms(100));
     g.handle_send(at(100), &1);
     assert_eq!(g.check(at(100), &1), GateState::Probing { reason: DISK });
-    // Default curve: 5000 ms · 0.1³ = 5 ms. The signal rides on an accepted write: no
-    // rejection, no success, so the disk allowance stays used.
+    // Default (landed) curve: 3000 ms · 0.1² = 30 ms. The signal rides on an accepted write:
+    // no rejection, no success, so the disk allowance stays used.
     assert_eq!(
         g.handle_kv_signal(at(100), &1, Signal::Pressure(100_000)),
-        ms(5)
+        ms(30)
     );
     assert_eq!(g.check(at(200), &1), GateState::Probing { reason: DISK });
     g.handle_send(at(200), &1);
@@ -787,9 +788,9 @@ fn inputs_and_poll_timeout_touch_a_bounded_number_of_keys_among_100k() {
         g.handle_kv_signal(at(1), &key(n + 1), Signal::Full);
     });
     measure("kv shorten to the top", &mut |g| {
-        // Default curve: 5000 ms · 0.1³ = 5 ms, earlier than every other bucket.
+        // Default (landed) curve: 3000 ms · 0.1² = 30 ms, earlier than every other bucket.
         g.handle_kv_signal(at(1), &key(n + 1), Signal::Pressure(100_000));
-        assert_eq!(g.poll_timeout(), Some(at(6)));
+        assert_eq!(g.poll_timeout(), Some(at(31)));
     });
     measure("kv clear (evicts)", &mut |g| {
         g.handle_kv_signal(at(1), &key(n + 1), Signal::Clear);
@@ -896,7 +897,7 @@ mod panicking_keys {
                 for call in [Call::Hash, Call::Eq, Call::Clone] {
                     for skip in 0..3 {
                         let mut g = base.clone();
-                        let before = format!("{g:?}");
+                        let before = std::format!("{g:?}");
                         if panics(k, call, skip, || input(&mut g, k)) {
                             fired += 1;
                             let what = format!("{name} on {k}, {call:?} #{skip}");
@@ -917,4 +918,44 @@ mod panicking_keys {
         }
         assert!(fired > 20, "only {fired} armed calls fired");
     }
+}
+
+/// An `Rng` that panics on every draw, standing in for a user generator that fails.
+struct PanickingRng;
+
+impl rand_core::TryRng for PanickingRng {
+    type Error = core::convert::Infallible;
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        panic!("the user's generator panics")
+    }
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        panic!("the user's generator panics")
+    }
+    fn try_fill_bytes(&mut self, _dst: &mut [u8]) -> Result<(), Self::Error> {
+        panic!("the user's generator panics")
+    }
+}
+
+/// The `# Panics` contract of the drawing inputs: a panicking `Rng` reaches the caller and the
+/// input did not happen, for a new bucket and for one already gated, and the gate serves on.
+#[test]
+fn a_panicking_rng_leaves_the_gate_as_it_was() {
+    let mut g = gate();
+    let mut rng = SplitMix64::new(3);
+    g.handle_disk_write_locked(at(0), &1, 0, &mut rng);
+    for bucket in [1, 2] {
+        let before = std::format!("{g:?}");
+        let disk = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            g.handle_disk_write_locked(at(50), &bucket, 3, &mut PanickingRng)
+        }));
+        assert!(disk.is_err());
+        let retry = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            g.handle_retriable_write(at(60), &bucket, 3, &mut PanickingRng)
+        }));
+        assert!(retry.is_err());
+        assert_eq!(std::format!("{g:?}"), before, "bucket {bucket}");
+        assert_eq!(g.check_invariants(), Ok(()));
+    }
+    assert!(g.handle_disk_write_locked(at(70), &2, 0, &mut rng) > Duration::ZERO);
+    assert!(matches!(g.check(at(70), &2), GateState::Closed { .. }));
 }

@@ -202,7 +202,7 @@ pub async fn run(p: &Params, client: Client) -> std::io::Result<Row> {
             let pressure = if p.scenario == Scenario::L0 {
                 PressureConfig::fluss_landed()
             } else {
-                PressureConfig::default()
+                PressureConfig::fluss_issue_3454()
             };
             let tablet = Tablet::new(
                 TabletConfig {

@@ -18,7 +18,7 @@ type Gate = GateHandle<u32, TestHasher>;
 type TrapGate = GateHandle<TrapKey, TestHasher>;
 
 fn gate<K: Hash + Eq + Clone>() -> GateHandle<K, TestHasher> {
-    match GateHandle::with_hasher(WriteGateConfig::default(), TestHasher::default()) {
+    match GateHandle::with_hasher(WriteGateConfig::fluss_issue_3454(), TestHasher::default()) {
         Ok(g) => g,
         Err(e) => panic!("the default config is valid: {e}"),
     }

@@ -1,0 +1,591 @@
+//! Every configuration option of the crate in one table: its Rust name, the builder method that
+//! sets it, and the upstream key it reproduces.
+//!
+//! A [`ConfigError`](crate::ConfigError) carries the [`ConfigOption`] at fault, so its message
+//! names both the method to call and the key a user of the upstream client knows:
+//!
+//! ```
+//! use throttle_sansio::WindowConfig;
+//!
+//! let err = WindowConfig::default().with_max_in_flight(0).validate().unwrap_err();
+//! assert_eq!(
+//!     err.to_string(),
+//!     "`max_in_flight` = 0 batches is outside 1..=4294967295 batches \
+//!      (`WindowConfig::with_max_in_flight`; Oxia `maxReadBatchesInFlight`, \
+//!      Oxia `maxWriteBatchesInFlight`)"
+//! );
+//! assert_eq!(err.option().method(), "WindowConfig::with_max_in_flight");
+//! ```
+//!
+//! The constants are grouped by configuration, one module each; [`ALL`] lists every one of
+//! them, in the order of `docs/options.md`, whose table a test checks against this one. The
+//! [`name`](ConfigOption::name)s are the field names a serialised configuration will use.
+
+use core::fmt;
+
+/// A key of an upstream client or server whose behaviour an option reproduces.
+///
+/// ```
+/// use throttle_sansio::options;
+///
+/// let [key] = options::curve::MAX_THROTTLE.upstream() else { panic!("one key") };
+/// assert_eq!((key.system(), key.key()), ("Fluss", "client.writer.kv-backpressure.max-throttle"));
+/// assert_eq!(key.to_string(), "Fluss `client.writer.kv-backpressure.max-throttle`");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Upstream {
+    system: &'static str,
+    key: &'static str,
+}
+
+impl Upstream {
+    const fn new(system: &'static str, key: &'static str) -> Self {
+        Upstream { system, key }
+    }
+
+    /// The project whose client or server has the key (`Fluss`, `Oxia`, `gRPC`, …).
+    pub const fn system(&self) -> &'static str {
+        self.system
+    }
+
+    /// The key as that project spells it (`client.writer.kv-backpressure.max-throttle`, …).
+    pub const fn key(&self) -> &'static str {
+        self.key
+    }
+}
+
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} `{}`", self.system, self.key)
+    }
+}
+
+/// One configuration option: where it lives in Rust and which upstream key it reproduces.
+///
+/// `Display` shows the builder method and the upstream keys, e.g. ``
+/// `WindowConfig::with_max_in_flight`; Oxia `maxReadBatchesInFlight`, Oxia
+/// `maxWriteBatchesInFlight` ``, or `` `CoalescerConfig::with_max_waiters`; no upstream key ``.
+///
+/// ```
+/// use throttle_sansio::options;
+///
+/// let option = &options::failover::MAX_WAITERS;
+/// assert_eq!((option.config(), option.name()), ("CoalescerConfig", "max_waiters"));
+/// assert!(option.upstream().is_empty());
+/// assert_eq!(option.to_string(), "`CoalescerConfig::with_max_waiters`; no upstream key");
+/// assert!(options::ALL.contains(&option));
+/// ```
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct ConfigOption {
+    config: &'static str,
+    name: &'static str,
+    method: &'static str,
+    upstream: &'static [Upstream],
+}
+
+impl ConfigOption {
+    const fn new(
+        config: &'static str,
+        name: &'static str,
+        method: &'static str,
+        upstream: &'static [Upstream],
+    ) -> Self {
+        ConfigOption {
+            config,
+            name,
+            method,
+            upstream,
+        }
+    }
+
+    /// The configuration (or preset) the option belongs to, e.g. `WindowConfig` or
+    /// `BackoffConfig::fluss_disk_write_locked()`.
+    pub const fn config(&self) -> &'static str {
+        self.config
+    }
+
+    /// The option's Rust name: the field (or argument) it sets, e.g. `max_in_flight`.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The method that sets it, with its type, e.g. `WindowConfig::with_max_in_flight`.
+    pub const fn method(&self) -> &'static str {
+        self.method
+    }
+
+    /// The upstream keys it reproduces; empty when no upstream client has one.
+    pub const fn upstream(&self) -> &'static [Upstream] {
+        self.upstream
+    }
+}
+
+impl fmt::Display for ConfigOption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}`", self.method)?;
+        if self.upstream.is_empty() {
+            return f.write_str("; no upstream key");
+        }
+        for (i, key) in self.upstream.iter().enumerate() {
+            f.write_str(if i == 0 { "; " } else { ", " })?;
+            fmt::Display::fmt(key, f)?;
+        }
+        Ok(())
+    }
+}
+
+const NONE: &[Upstream] = &[];
+
+/// [`BackoffConfig`](crate::BackoffConfig): the general rules, and the options each preset
+/// maps to an upstream key. A preset's builder ([`to_builder`](crate::BackoffConfig::to_builder))
+/// reports its own keys; options a preset does not map are reported as the general ones.
+pub mod backoff {
+    use super::{ConfigOption, NONE, Upstream};
+
+    const B: &str = "BackoffConfig";
+
+    /// The first base delay (general rules).
+    pub const INITIAL: ConfigOption =
+        ConfigOption::new(B, "initial", "BackoffConfigBuilder::initial", NONE);
+    /// The largest delay, jitter included (general rules).
+    pub const MAX: ConfigOption = ConfigOption::new(B, "max", "BackoffConfigBuilder::max", NONE);
+    /// The growth factor `num/den`.
+    pub const MULTIPLIER: ConfigOption =
+        ConfigOption::new(B, "multiplier", "BackoffConfigBuilder::multiplier", NONE);
+    /// The jitter strategy.
+    pub const JITTER: ConfigOption =
+        ConfigOption::new(B, "jitter", "BackoffConfigBuilder::jitter", NONE);
+    /// The smallest delay.
+    pub const FLOOR: ConfigOption =
+        ConfigOption::new(B, "floor", "BackoffConfigBuilder::floor", NONE);
+    /// The truncation step.
+    pub const RESOLUTION: ConfigOption =
+        ConfigOption::new(B, "resolution", "BackoffConfigBuilder::resolution", NONE);
+    /// The hard total budget of one sequence (Gobblin's `maxWait` lets the crossing wait run,
+    /// so it is not that key).
+    pub const TOTAL_BUDGET: ConfigOption = ConfigOption::new(
+        B,
+        "total_budget",
+        "BackoffConfigBuilder::total_budget",
+        NONE,
+    );
+
+    const DISK: &str = "BackoffConfig::fluss_disk_write_locked()";
+    /// `initial` of the Fluss disk-write-locked preset (Fluss PR #4293).
+    pub const FLUSS_DISK_INITIAL: ConfigOption = ConfigOption::new(
+        DISK,
+        "initial",
+        "BackoffConfigBuilder::initial",
+        &[Upstream::new(
+            "Fluss",
+            "client.writer.disk-write-locked.backoff",
+        )],
+    );
+    /// `max` of the Fluss disk-write-locked preset (Fluss PR #4293).
+    pub const FLUSS_DISK_MAX: ConfigOption = ConfigOption::new(
+        DISK,
+        "max",
+        "BackoffConfigBuilder::max",
+        &[Upstream::new(
+            "Fluss",
+            "client.writer.disk-write-locked.backoff-max",
+        )],
+    );
+
+    const RETRY: &str = "BackoffConfig::fluss_retriable_write()";
+    /// `initial` of the Fluss retriable-write preset. Fluss has no key for it (its
+    /// accumulator retries at once); the numbers are the Kafka producer's.
+    pub const FLUSS_RETRY_INITIAL: ConfigOption = ConfigOption::new(
+        RETRY,
+        "initial",
+        "BackoffConfigBuilder::initial",
+        &[Upstream::new("Kafka", "retry.backoff.ms")],
+    );
+    /// `max` of the Fluss retriable-write preset (the Kafka producer's key; Fluss has none).
+    pub const FLUSS_RETRY_MAX: ConfigOption = ConfigOption::new(
+        RETRY,
+        "max",
+        "BackoffConfigBuilder::max",
+        &[Upstream::new("Kafka", "retry.backoff.max.ms")],
+    );
+
+    const KAFKA: &str = "BackoffConfig::kafka_retry()";
+    /// `initial` of the Kafka preset.
+    pub const KAFKA_INITIAL: ConfigOption = ConfigOption::new(
+        KAFKA,
+        "initial",
+        "BackoffConfigBuilder::initial",
+        &[Upstream::new("Kafka", "retry.backoff.ms")],
+    );
+    /// `max` of the Kafka preset.
+    pub const KAFKA_MAX: ConfigOption = ConfigOption::new(
+        KAFKA,
+        "max",
+        "BackoffConfigBuilder::max",
+        &[Upstream::new("Kafka", "retry.backoff.max.ms")],
+    );
+
+    const GRPC: &str = "BackoffConfig::grpc_connection()";
+    /// `initial` of the gRPC connection-backoff preset.
+    pub const GRPC_INITIAL: ConfigOption = ConfigOption::new(
+        GRPC,
+        "initial",
+        "BackoffConfigBuilder::initial",
+        &[Upstream::new("gRPC", "INITIAL_BACKOFF")],
+    );
+    /// `max` of the gRPC connection-backoff preset.
+    pub const GRPC_MAX: ConfigOption = ConfigOption::new(
+        GRPC,
+        "max",
+        "BackoffConfigBuilder::max",
+        &[Upstream::new("gRPC", "MAX_BACKOFF")],
+    );
+    /// `multiplier` of the gRPC connection-backoff preset.
+    pub const GRPC_MULTIPLIER: ConfigOption = ConfigOption::new(
+        GRPC,
+        "multiplier",
+        "BackoffConfigBuilder::multiplier",
+        &[Upstream::new("gRPC", "MULTIPLIER")],
+    );
+    /// `jitter` of the gRPC connection-backoff preset.
+    pub const GRPC_JITTER: ConfigOption = ConfigOption::new(
+        GRPC,
+        "jitter",
+        "BackoffConfigBuilder::jitter",
+        &[Upstream::new("gRPC", "JITTER")],
+    );
+
+    const GOBBLIN: &str = "BackoffConfig::gobblin_throttling_client()";
+    /// `initial` of the Gobblin preset.
+    pub const GOBBLIN_INITIAL: ConfigOption = ConfigOption::new(
+        GOBBLIN,
+        "initial",
+        "BackoffConfigBuilder::initial",
+        &[Upstream::new("Gobblin", "ExponentialBackoff.initialDelay")],
+    );
+    /// `max` of the Gobblin preset.
+    pub const GOBBLIN_MAX: ConfigOption = ConfigOption::new(
+        GOBBLIN,
+        "max",
+        "BackoffConfigBuilder::max",
+        &[Upstream::new("Gobblin", "ExponentialBackoff.maxDelay")],
+    );
+    /// `multiplier` of the Gobblin preset.
+    pub const GOBBLIN_MULTIPLIER: ConfigOption = ConfigOption::new(
+        GOBBLIN,
+        "multiplier",
+        "BackoffConfigBuilder::multiplier",
+        &[Upstream::new("Gobblin", "ExponentialBackoff.alpha")],
+    );
+}
+
+/// [`PressureConfig`](crate::PressureConfig), the server half of KV backpressure.
+pub mod pressure {
+    use super::{ConfigOption, NONE, Upstream};
+
+    const P: &str = "PressureConfig";
+
+    /// `Tf`: the L0 file count at which pressure starts.
+    pub const L0_TRIGGER: ConfigOption = ConfigOption::new(
+        P,
+        "l0_trigger",
+        "PressureConfigBuilder::l0_trigger",
+        &[Upstream::new(
+            "Fluss",
+            "kv.backpressure.l0-slowdown-trigger",
+        )],
+    );
+    /// `Tr`: the L0 file count at which writes are rejected.
+    pub const SLOWDOWN_TRIGGER: ConfigOption = ConfigOption::new(
+        P,
+        "l0_slowdown_writes_trigger",
+        "PressureConfigBuilder::l0_slowdown_writes_trigger",
+        &[Upstream::new("RocksDB", "level0_slowdown_writes_trigger")],
+    );
+    /// The flush budget's bytes per memtable.
+    pub const WRITE_BUFFER_SIZE: ConfigOption = ConfigOption::new(
+        P,
+        "write_buffer_size",
+        "PressureConfigBuilder::flush_budget",
+        &[
+            Upstream::new("Fluss", "kv.rocksdb.writebuffer.size"),
+            Upstream::new("RocksDB", "write_buffer_size"),
+        ],
+    );
+    /// The flush budget's memtables counted as headroom.
+    pub const MAX_WRITE_BUFFERS: ConfigOption = ConfigOption::new(
+        P,
+        "max_write_buffers",
+        "PressureConfigBuilder::flush_budget",
+        &[
+            Upstream::new("Fluss", "kv.rocksdb.writebuffer.count"),
+            Upstream::new("RocksDB", "max_write_buffer_number"),
+        ],
+    );
+    /// Turning the flush budget off (never refused; listed for completeness).
+    pub const WITHOUT_FLUSH_BUDGET: ConfigOption = ConfigOption::new(
+        P,
+        "flush_budget",
+        "PressureConfigBuilder::without_flush_budget",
+        NONE,
+    );
+}
+
+/// [`ThrottleCurve`](crate::ThrottleCurve), the client half of KV backpressure.
+pub mod curve {
+    use super::{ConfigOption, NONE, Upstream};
+
+    const C: &str = "ThrottleCurve";
+
+    /// The exponent `k` (Fluss fixes it: 2 as landed, 3 in issue #3454).
+    pub const EXPONENT: ConfigOption =
+        ConfigOption::new(C, "exponent", "ThrottleCurveBuilder::exponent", NONE);
+    /// The ceiling, the delay of a full signal.
+    pub const MAX_THROTTLE: ConfigOption = ConfigOption::new(
+        C,
+        "max_throttle",
+        "ThrottleCurveBuilder::max_throttle",
+        &[Upstream::new(
+            "Fluss",
+            "client.writer.kv-backpressure.max-throttle",
+        )],
+    );
+}
+
+/// [`WriteGateConfig`](crate::WriteGateConfig) and its reason registry.
+pub mod write_gate {
+    use super::{ConfigOption, NONE};
+
+    const G: &str = "WriteGateConfig";
+
+    /// The backoff of `DISK_WRITE_LOCKED` rejections (a [`BackoffConfig`](crate::BackoffConfig),
+    /// whose own options carry the upstream keys).
+    pub const DISK_WRITE_LOCKED: ConfigOption = ConfigOption::new(
+        G,
+        "disk_write_locked",
+        "WriteGateConfig::with_disk_write_locked",
+        NONE,
+    );
+    /// The backoff of other retriable write errors.
+    pub const RETRIABLE_WRITE: ConfigOption = ConfigOption::new(
+        G,
+        "retriable_write",
+        "WriteGateConfig::with_retriable_write",
+        NONE,
+    );
+    /// The pressure-to-delay curve (a [`ThrottleCurve`](crate::ThrottleCurve)).
+    pub const KV_CURVE: ConfigOption =
+        ConfigOption::new(G, "kv_curve", "WriteGateConfig::with_kv_curve", NONE);
+    /// The custom reasons (at most [`MAX_REASONS`](crate::write_gate::MAX_REASONS) in all).
+    pub const REASONS: ConfigOption =
+        ConfigOption::new(G, "reasons", "WriteGateConfig::register", NONE);
+    /// A reason's probe allowance, given at registration (suggested in review of Fluss PR
+    /// #4293, no upstream key).
+    pub const PROBE_SENDS: ConfigOption =
+        ConfigOption::new("ReasonSpec", "probe_sends", "ReasonSpec::probe", NONE);
+    /// A registered reason's probe allowance.
+    pub const SET_PROBE: ConfigOption =
+        ConfigOption::new(G, "probe_sends", "WriteGateConfig::set_probe", NONE);
+    /// A reason's probe time to live, given at registration.
+    pub const PROBE_TTL: ConfigOption =
+        ConfigOption::new("ReasonSpec", "probe_ttl", "ReasonSpec::probe_ttl", NONE);
+    /// A registered reason's probe time to live.
+    pub const SET_PROBE_TTL: ConfigOption =
+        ConfigOption::new(G, "probe_ttl", "WriteGateConfig::set_probe_ttl", NONE);
+}
+
+/// [`WindowConfig`](crate::WindowConfig).
+pub mod window {
+    use super::{ConfigOption, Upstream};
+
+    /// Batches allowed outstanding per shard.
+    pub const MAX_IN_FLIGHT: ConfigOption = ConfigOption::new(
+        "WindowConfig",
+        "max_in_flight",
+        "WindowConfig::with_max_in_flight",
+        &[
+            Upstream::new("Oxia", "maxReadBatchesInFlight"),
+            Upstream::new("Oxia", "maxWriteBatchesInFlight"),
+        ],
+    );
+}
+
+/// [`BatcherConfig`](crate::BatcherConfig).
+pub mod batcher {
+    use super::{ConfigOption, NONE, Upstream};
+
+    const B: &str = "BatcherConfig";
+
+    /// Operations per batch at most.
+    pub const MAX_REQUESTS_PER_BATCH: ConfigOption = ConfigOption::new(
+        B,
+        "max_requests_per_batch",
+        "BatcherConfig::with_max_requests_per_batch",
+        &[Upstream::new("Oxia", "maxRequestsPerBatch")],
+    );
+    /// Bytes per write batch at most.
+    pub const MAX_BATCH_BYTES: ConfigOption = ConfigOption::new(
+        B,
+        "max_batch_bytes",
+        "BatcherConfig::with_max_batch_bytes",
+        &[Upstream::new("Oxia", "maxBatchSize")],
+    );
+    /// The per-shard dispatch window (a [`WindowConfig`](crate::WindowConfig)).
+    pub const WINDOW: ConfigOption =
+        ConfigOption::new(B, "window", "BatcherConfig::with_window", NONE);
+}
+
+/// [`PendingBytesConfig`](crate::PendingBytesConfig).
+pub mod pending_bytes {
+    use super::{ConfigOption, Upstream};
+
+    /// The bound in bytes (0 disables the limiter).
+    pub const MAX_PENDING_BYTES: ConfigOption = ConfigOption::new(
+        "PendingBytesConfig",
+        "max_pending_bytes",
+        "PendingBytesConfig::with_max_pending_bytes",
+        &[Upstream::new("Oxia", "maxPendingBytes")],
+    );
+}
+
+/// [`ConnConfig`](crate::ConnConfig).
+pub mod conn {
+    use super::{ConfigOption, NONE, Upstream};
+
+    /// How long a connection with nothing in flight stays open.
+    pub const MAX_IDLE: ConfigOption = ConfigOption::new(
+        "ConnConfig",
+        "max_idle",
+        "ConnConfig::with_max_idle",
+        &[Upstream::new("Fluss", "netty.connection.max-idle-time")],
+    );
+    /// The backoff between failed connects (a [`BackoffConfig`](crate::BackoffConfig)).
+    pub const CONNECT_BACKOFF: ConfigOption = ConfigOption::new(
+        "ConnConfig",
+        "connect_backoff",
+        "ConnConfig::with_connect_backoff",
+        NONE,
+    );
+}
+
+/// The failover configurations: [`CallConfig`](crate::CallConfig), the coalescer and the
+/// retry budgets.
+pub mod failover {
+    use super::{ConfigOption, NONE, Upstream};
+
+    /// Automatic retries per call (Fluss's proxy retries once, without a key).
+    pub const MAX_AUTO_RETRIES: ConfigOption = ConfigOption::new(
+        "CallConfig",
+        "max_auto_retries",
+        "CallConfig::with_max_auto_retries",
+        NONE,
+    );
+    /// The backoff before each automatic retry.
+    pub const CALL_BACKOFF: ConfigOption =
+        ConfigOption::new("CallConfig", "backoff", "CallConfig::with_backoff", NONE);
+    /// Calls held by the refresh coalescer at once.
+    pub const MAX_WAITERS: ConfigOption = ConfigOption::new(
+        "CoalescerConfig",
+        "max_waiters",
+        "CoalescerConfig::with_max_waiters",
+        NONE,
+    );
+    /// gRPC retry throttling's token count.
+    pub const MAX_TOKENS: ConfigOption = ConfigOption::new(
+        "GrpcThrottleConfig",
+        "max_tokens",
+        "GrpcThrottleConfig::with_max_tokens",
+        &[Upstream::new("gRPC", "retryThrottling.maxTokens")],
+    );
+    /// gRPC retry throttling's refill per success, in milli-tokens.
+    pub const MILLI_TOKEN_RATIO: ConfigOption = ConfigOption::new(
+        "GrpcThrottleConfig",
+        "milli_token_ratio",
+        "GrpcThrottleConfig::with_milli_token_ratio",
+        &[Upstream::new("gRPC", "retryThrottling.tokenRatio")],
+    );
+    /// How long a Finagle budget's deposits and withdrawals count.
+    pub const TTL: ConfigOption = ConfigOption::new(
+        "FinagleBudgetConfig",
+        "ttl",
+        "FinagleBudgetConfig::with_ttl",
+        &[
+            Upstream::new("Finagle", "RetryBudget.ttl"),
+            Upstream::new("tower", "TpsBudget::new(ttl)"),
+        ],
+    );
+    /// A Finagle budget's reserve rate.
+    pub const MIN_RETRIES_PER_SEC: ConfigOption = ConfigOption::new(
+        "FinagleBudgetConfig",
+        "min_retries_per_sec",
+        "FinagleBudgetConfig::with_min_retries_per_sec",
+        &[
+            Upstream::new("Finagle", "RetryBudget.minRetriesPerSec"),
+            Upstream::new("tower", "TpsBudget::new(min_per_sec)"),
+        ],
+    );
+    /// A Finagle budget's retries per request, in ppm.
+    pub const PERCENT_CAN_RETRY: ConfigOption = ConfigOption::new(
+        "FinagleBudgetConfig",
+        "percent_can_retry_ppm",
+        "FinagleBudgetConfig::with_percent_can_retry_ppm",
+        &[
+            Upstream::new("Finagle", "RetryBudget.percentCanRetry"),
+            Upstream::new("tower", "TpsBudget::new(retry_percent)"),
+        ],
+    );
+}
+
+/// Every option above, in the order of the table in `docs/options.md`.
+pub const ALL: &[&ConfigOption] = &[
+    &backoff::INITIAL,
+    &backoff::MAX,
+    &backoff::MULTIPLIER,
+    &backoff::JITTER,
+    &backoff::FLOOR,
+    &backoff::RESOLUTION,
+    &backoff::TOTAL_BUDGET,
+    &backoff::FLUSS_DISK_INITIAL,
+    &backoff::FLUSS_DISK_MAX,
+    &backoff::FLUSS_RETRY_INITIAL,
+    &backoff::FLUSS_RETRY_MAX,
+    &backoff::KAFKA_INITIAL,
+    &backoff::KAFKA_MAX,
+    &backoff::GRPC_INITIAL,
+    &backoff::GRPC_MAX,
+    &backoff::GRPC_MULTIPLIER,
+    &backoff::GRPC_JITTER,
+    &backoff::GOBBLIN_INITIAL,
+    &backoff::GOBBLIN_MAX,
+    &backoff::GOBBLIN_MULTIPLIER,
+    &pressure::L0_TRIGGER,
+    &pressure::SLOWDOWN_TRIGGER,
+    &pressure::WRITE_BUFFER_SIZE,
+    &pressure::MAX_WRITE_BUFFERS,
+    &pressure::WITHOUT_FLUSH_BUDGET,
+    &curve::EXPONENT,
+    &curve::MAX_THROTTLE,
+    &write_gate::DISK_WRITE_LOCKED,
+    &write_gate::RETRIABLE_WRITE,
+    &write_gate::KV_CURVE,
+    &write_gate::REASONS,
+    &write_gate::PROBE_SENDS,
+    &write_gate::SET_PROBE,
+    &write_gate::PROBE_TTL,
+    &write_gate::SET_PROBE_TTL,
+    &window::MAX_IN_FLIGHT,
+    &batcher::MAX_REQUESTS_PER_BATCH,
+    &batcher::MAX_BATCH_BYTES,
+    &batcher::WINDOW,
+    &pending_bytes::MAX_PENDING_BYTES,
+    &conn::MAX_IDLE,
+    &conn::CONNECT_BACKOFF,
+    &failover::MAX_AUTO_RETRIES,
+    &failover::CALL_BACKOFF,
+    &failover::MAX_WAITERS,
+    &failover::MAX_TOKENS,
+    &failover::MILLI_TOKEN_RATIO,
+    &failover::TTL,
+    &failover::MIN_RETRIES_PER_SEC,
+    &failover::PERCENT_CAN_RETRY,
+];
