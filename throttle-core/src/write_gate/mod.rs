@@ -630,14 +630,15 @@ where
         self.lookup(bucket).1
     }
 
-    /// `bucket`'s hash and map entry: the only place the gate runs the key's `Hash` and `Eq`.
+    /// `bucket`'s hash and map entry (see [`Self::lookup_slot`]).
     #[inline]
     fn lookup(&self, bucket: &K) -> (u64, Option<u32>) {
         let (hash, found) = self.lookup_slot(bucket);
         (hash, found.map(|(entry, _)| entry))
     }
 
-    /// [`Self::lookup`], with the slot holding `bucket`.
+    /// `bucket`'s full hash, and its map entry with the slot holding it: the only place the gate
+    /// runs the key's `Hash` and `Eq` (the consistency check for the model aside).
     #[inline]
     fn lookup_slot(&self, bucket: &K) -> (u64, Option<(u32, &Slot<K>)>) {
         let hash = self.hasher.hash_one(bucket);
