@@ -283,6 +283,13 @@ impl IndexedHeap {
         ordered && placed == self.items.len()
     }
 
+    /// Bytes the heap has allocated (items and positions, by capacity), for the memory tests.
+    #[cfg(test)]
+    pub(super) fn allocation_size(&self) -> usize {
+        self.items.capacity() * core::mem::size_of::<Item>()
+            + self.pos.capacity() * core::mem::size_of::<u32>()
+    }
+
     /// Number of slots the heap tracks positions for (must equal the gate's slot count).
     #[cfg(any(test, feature = "model"))]
     pub(super) fn slots(&self) -> usize {

@@ -99,14 +99,56 @@ fn slot_of(entry: u32) -> usize {
     (entry & !LEADER_UNKNOWN) as usize
 }
 
-/// The stored hash of map entry `entry`'s slot, to rehash the map without running user code.
+/// The bits of a key's hash that place its map entry: the low 24.
+const STORED_MASK: u64 = (1 << 24) - 1;
+
+/// Odd multiplier that spreads the 24 stored bits over the whole 64-bit map hash (Fibonacci
+/// hashing: 2⁶⁴ / φ).
+const SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// Where the map places a key whose hash is `hash`: a function of its low 24 bits only, so a
+/// slot's [`StoredHash`] rebuilds it exactly. The multiplication is a bijection on the low
+/// bits (the map's bucket index comes from the hasher's low bits, as in any `hashbrown` map)
+/// and fills the top 7 bits (the map's control byte, which filters a probe before any key is
+/// compared) from all 24. So a lookup compares a key other than its own only when the two
+/// hashes agree in their low 24 bits: about `n / 2²⁴` extra comparisons per lookup among `n`
+/// buckets (0.06 at a million), still correct but linear in `n` far past 16 M buckets.
 #[inline]
-fn stored_hash(hashes: &[u64], entry: u32) -> u64 {
-    hashes.get(slot_of(entry)).copied().unwrap_or(0)
+fn map_hash(hash: u64) -> u64 {
+    (hash & STORED_MASK).wrapping_mul(SPREAD)
+}
+
+/// The low 24 bits of a key's hash, which each slot keeps (3 bytes, byte-aligned, so the array
+/// costs 3 bytes per slot) and from which [`map_hash`] is rebuilt: growing, shrinking and
+/// evicting find and place map entries by it, so no user `Hash` runs after an input's lookup.
+/// 24 bits and not 64 or 32 for memory: with 8 bytes a gated `u64` bucket cost 69.2 B at a
+/// million, with 4 bytes 65.0 B, with 3 bytes 63.96 B (`docs/write-gate.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StoredHash([u8; 3]);
+
+impl StoredHash {
+    #[inline]
+    fn of(hash: u64) -> Self {
+        let [a, b, c, ..] = hash.to_le_bytes();
+        StoredHash([a, b, c])
+    }
+
+    /// The map hash of the key this was taken from: `map_hash` of its full hash.
+    #[inline]
+    fn map_hash(self) -> u64 {
+        let [a, b, c] = self.0;
+        map_hash(u64::from(u32::from_le_bytes([a, b, c, 0])))
+    }
+}
+
+/// The map hash of map entry `entry`'s slot, to rehash the map without running user code.
+#[inline]
+fn stored_map_hash(hashes: &[StoredHash], entry: u32) -> u64 {
+    hashes.get(slot_of(entry)).map_or(0, |h| h.map_hash())
 }
 
 /// One bucket's key and built-in deadlines: 32 bytes for a `u64` key, so with the 4-byte map
-/// entry, the 8-byte stored hash and the heap's 16 bytes a gated bucket costs about 69 bytes at
+/// entry, the 3-byte stored hash and the heap's 16 bytes a gated bucket costs about 64 bytes at
 /// a million buckets (`docs/write-gate.md`), and a `check` reads one aligned 32-byte record
 /// after the map. A slot exists while the bucket holds a stored deadline, an unknown leader or
 /// an armed probe; it is evicted as soon as it holds none of them.
@@ -210,11 +252,11 @@ pub struct WriteGate<K, S> {
     index: HashTable<u32>,
     /// Dense: evicting swaps the last slot in.
     slots: Vec<Slot<K>>,
-    /// Each slot's key hash, taken once when the bucket was stored: moving, evicting and
-    /// rehashing entries read it, so only the lookup at the start of an input runs the key's
-    /// `Hash` (a panic there leaves the gate as it was). Apart from the slots, so `check`'s
-    /// record stays 32 bytes.
-    hashes: Vec<u64>,
+    /// Each slot's [`StoredHash`] (the low 24 bits of its key's hash), taken once when the
+    /// bucket was stored: moving, evicting and rehashing entries read it, so only the lookup at
+    /// the start of an input runs the key's `Hash` (a panic there leaves the gate as it was).
+    /// Apart from the slots, so `check`'s record stays 32 bytes.
+    hashes: Vec<StoredHash>,
     /// Deadlines of custom reasons (index ≥ 3), `reasons - 3` per slot; empty without them.
     extra: Vec<Instant>,
     /// One per slot when some reason has probe mode; empty otherwise (the default).
@@ -386,7 +428,7 @@ where
         let entry = match (found, fresh) {
             (Some(e), _) => e,
             (None, None) => return,
-            (None, Some(key)) => match self.insert(key, hash, LEADER_UNKNOWN) {
+            (None, Some(key)) => match self.insert(key, StoredHash::of(hash), LEADER_UNKNOWN) {
                 Some(e) => e,
                 None => return,
             },
@@ -563,14 +605,15 @@ where
     /// Only if the bucket's `Hash` or `Eq`, or the hasher, panics; the gate is unchanged.
     pub fn check(&self, now: Instant, bucket: &K) -> GateState {
         let now = self.clock.peek(now);
-        let Some(entry) = self.find(bucket) else {
+        // The slot the lookup compared the key with: read once, no second bounds check.
+        let Some((entry, slot)) = self.lookup_slot(bucket).1 else {
             return GateState::Open;
         };
         if entry & LEADER_UNKNOWN != 0 {
             return GateState::UnknownLeader;
         }
         let i = slot_of(entry);
-        if let Some((reason, until)) = self.dominant(i, now) {
+        if let Some((reason, until)) = self.dominant_in(&slot.deadlines, i, now) {
             return GateState::Closed { until, reason };
         }
         // A lapsed probe state reads as open before handle_timeout evicts it.
@@ -649,18 +692,29 @@ where
         self.lookup(bucket).1
     }
 
-    /// `bucket`'s hash and map entry: the only place the gate runs the key's `Hash` and `Eq`.
+    /// `bucket`'s hash and map entry (see [`Self::lookup_slot`]).
     #[inline]
     fn lookup(&self, bucket: &K) -> (u64, Option<u32>) {
+        let (hash, found) = self.lookup_slot(bucket);
+        (hash, found.map(|(entry, _)| entry))
+    }
+
+    /// `bucket`'s full hash, and its map entry with the slot holding it: the only place the gate
+    /// runs the key's `Hash` and `Eq` (the consistency check for the model aside).
+    #[inline]
+    fn lookup_slot(&self, bucket: &K) -> (u64, Option<(u32, &Slot<K>)>) {
         let hash = self.hasher.hash_one(bucket);
         let slots = &self.slots;
-        let entry = self
-            .index
-            .find(hash, |&e| {
-                slots.get(slot_of(e)).is_some_and(|s| s.key == *bucket)
-            })
-            .copied();
-        (hash, entry)
+        let mut found = None;
+        self.index
+            .find(map_hash(hash), |&e| match slots.get(slot_of(e)) {
+                Some(s) if s.key == *bucket => {
+                    found = Some((e, s));
+                    true
+                }
+                _ => false,
+            });
+        (hash, found)
     }
 
     /// Deadlines per slot kept in `extra` (the custom reasons).
@@ -713,28 +767,36 @@ where
     /// The pending reason with the latest deadline; ties go to the lower index.
     #[inline]
     fn dominant(&self, i: usize, now: Instant) -> Option<(Reason, Instant)> {
+        let none = [Instant::ZERO; BUILTIN];
+        let builtin = self.slots.get(i).map_or(&none, |s| &s.deadlines);
+        self.dominant_in(builtin, i, now)
+    }
+
+    /// [`Self::dominant`] of slot `i`, whose built-in deadlines are `builtin`.
+    #[inline]
+    fn dominant_in(
+        &self,
+        builtin: &[Instant; BUILTIN],
+        i: usize,
+        now: Instant,
+    ) -> Option<(Reason, Instant)> {
         // The built-in reasons first, unrolled over the fixed-size array (the common gate has
         // no custom reason, and `check` is its hot path); ties keep the lower index.
-        let (mut best_r, mut best) = (0, Instant::ZERO);
-        if let Some(s) = self.slots.get(i) {
-            for (r, &d) in s.deadlines.iter().enumerate() {
-                if d > best {
-                    (best_r, best) = (r, d);
-                }
+        // Reason indices are below `MAX_REASONS` (64), so they count in `u8` as `Reason` does.
+        let (mut best_r, mut best) = (0u8, Instant::ZERO);
+        for (r, &d) in (0u8..).zip(builtin) {
+            if d > best {
+                (best_r, best) = (r, d);
             }
         }
-        for (r, &d) in self.extra_of(i).iter().enumerate() {
+        for (r, &d) in (BUILTIN as u8..).zip(self.extra_of(i)) {
             if d > best {
-                (best_r, best) = (BUILTIN + r, d);
+                (best_r, best) = (r, d);
             }
         }
         // The latest deadline is pending iff any is: a pending reason's deadline exceeds
         // `now`, so the maximum does too.
-        if best > now {
-            Some((reason_at(best_r)?, best))
-        } else {
-            None
-        }
+        (best > now).then(|| (config::reason_from_u8(best_r), best))
     }
 
     /// Forget slot `i`'s deadlines that have passed (so stored deadlines were all pending at
@@ -783,7 +845,7 @@ where
     /// entry. `None` (nothing stored) once [`heap::MAX_SLOTS`]` - 1` buckets are stored: slot
     /// indices must fit in 31 bits. Runs no user code: a growing map rehashes by the stored
     /// hashes.
-    fn insert(&mut self, key: K, hash: u64, flag: u32) -> Option<u32> {
+    fn insert(&mut self, key: K, hash: StoredHash, flag: u32) -> Option<u32> {
         let i = self.slots.len();
         if i >= heap::MAX_SLOTS - 1 {
             return None;
@@ -803,13 +865,13 @@ where
         self.heap.add_slot();
         let hashes = &self.hashes;
         self.index
-            .insert_unique(hash, entry, |&e| stored_hash(hashes, e));
+            .insert_unique(hash.map_hash(), entry, |&e| stored_map_hash(hashes, e));
         Some(entry)
     }
 
     /// Set or clear the leader-unknown flag of slot `i`.
     fn set_leader_unknown(&mut self, i: usize, unknown: bool) {
-        let hash = self.hashes.get(i).copied().unwrap_or(0);
+        let hash = self.hashes.get(i).map_or(0, |h| h.map_hash());
         if let Some(e) = self.index.find_mut(hash, |&e| slot_of(e) == i) {
             *e = if unknown {
                 *e | LEADER_UNKNOWN
@@ -845,7 +907,7 @@ where
         };
         let entry = match (found, fresh) {
             (Some(e), _) => e,
-            (None, Some(key)) => match self.insert(key, hash, 0) {
+            (None, Some(key)) => match self.insert(key, StoredHash::of(hash), 0) {
                 Some(e) => e,
                 None => return Duration::ZERO,
             },
@@ -957,7 +1019,7 @@ where
         let Some(last) = self.slots.len().checked_sub(1) else {
             return;
         };
-        let Some(&hash) = self.hashes.get(i) else {
+        let Some(hash) = self.hashes.get(i).map(|h| h.map_hash()) else {
             return;
         };
         // Entries are found by stored hash and slot index: no user code runs.
@@ -965,7 +1027,7 @@ where
             e.remove();
         }
         if i != last
-            && let Some(&moved) = self.hashes.get(last)
+            && let Some(moved) = self.hashes.get(last).map(|h| h.map_hash())
             && let Some(e) = self.index.find_mut(moved, |&e| slot_of(e) == last)
         {
             *e = (*e & LEADER_UNKNOWN) | i as u32;
@@ -1002,7 +1064,8 @@ where
         let target = len.saturating_mul(2).max(MIN_CAPACITY);
         if len < self.index.capacity() / 4 {
             let hashes = &self.hashes;
-            self.index.shrink_to(target, |&e| stored_hash(hashes, e));
+            self.index
+                .shrink_to(target, |&e| stored_map_hash(hashes, e));
         }
         let mut slots_target = None;
         if len < self.slots.capacity() / 4 {
@@ -1038,7 +1101,7 @@ where
             return Err("probe state does not match the slots");
         }
         for (i, slot) in self.slots.iter().enumerate() {
-            if self.hashes.get(i) != Some(&self.hasher.hash_one(&slot.key)) {
+            if self.hashes.get(i) != Some(&StoredHash::of(self.hasher.hash_one(&slot.key))) {
                 return Err("a slot's stored hash is not its key's");
             }
             let Some(entry) = self.find(&slot.key) else {

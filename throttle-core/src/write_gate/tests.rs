@@ -959,3 +959,119 @@ fn a_panicking_rng_leaves_the_gate_as_it_was() {
     assert!(g.handle_disk_write_locked(at(70), &2, 0, &mut rng) > Duration::ZERO);
     assert!(matches!(g.check(at(70), &2), GateState::Closed { .. }));
 }
+
+// ------------------------------------------------------------------ the stored hash and memory
+
+mod stored_hash {
+    use super::*;
+    use core::hash::BuildHasherDefault;
+    use core::mem::size_of;
+
+    /// A hasher whose output has its low 24 bits zero: every key lands on the same map hash,
+    /// so only the key comparison (and, for moves, the slot index) tells entries apart.
+    #[derive(Default)]
+    struct HighBitsOnly(u64);
+
+    impl core::hash::Hasher for HighBitsOnly {
+        fn finish(&self) -> u64 {
+            self.0 << 24
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for &b in bytes {
+                self.0 = self.0.rotate_left(8) ^ u64::from(b);
+            }
+        }
+    }
+
+    #[test]
+    fn the_map_hash_is_rebuilt_exactly_from_the_three_stored_bytes() {
+        let mut rng = SplitMix64::new(24);
+        for _ in 0..if cfg!(miri) { 100 } else { 10_000 } {
+            let h = rng.next_u64();
+            let stored = StoredHash::of(h);
+            assert_eq!(stored.map_hash(), map_hash(h), "rebuilt from {stored:?}");
+            // Only the low 24 bits count: the rest of the hash never reaches the map.
+            assert_eq!(map_hash(h ^ (rng.next_u64() << 24)), map_hash(h));
+        }
+        // The control byte (the map hash's top 7 bits) comes from every stored bit, not only
+        // from bits that neighbouring buckets share.
+        let tops: std::collections::BTreeSet<u64> =
+            (0..24).map(|b| map_hash(1 << b) >> 57).collect();
+        assert!(
+            tops.len() > 12,
+            "control bytes of single-bit hashes: {tops:?}"
+        );
+    }
+
+    #[test]
+    fn keys_whose_hashes_agree_in_the_stored_bits_stay_apart() {
+        type Colliding = WriteGate<u64, BuildHasherDefault<HighBitsOnly>>;
+        let mut g = Colliding::new(WriteGateConfig::default()).expect("a valid config");
+        let n = if cfg!(miri) { 40 } else { 300 };
+        // Growing the map several times, every entry with the same map hash.
+        for k in 0..n {
+            let _ = g.handle_throttle(at(0), &k, RETRY, ms(10 + k % 2 * 10));
+        }
+        g.handle_leader(at(0), &8, false);
+        assert_eq!(g.check_invariants(), Ok(()));
+        assert_eq!(g.len(), n as usize);
+        for k in 0..n {
+            let want = at(10 + k % 2 * 10);
+            match g.check(at(0), &k) {
+                GateState::UnknownLeader => assert_eq!(k, 8),
+                GateState::Closed { until, .. } => assert_eq!(until, want, "bucket {k}"),
+                other => panic!("bucket {k}: {other:?}"),
+            }
+        }
+        // Evicting half moves the last slots into the holes: each move must find its own
+        // entry among the identical map hashes, by slot index.
+        g.handle_timeout(at(10));
+        assert_eq!(g.check_invariants(), Ok(()));
+        assert_eq!(g.len(), n as usize / 2 + 1, "the odd buckets and bucket 8");
+        for k in (1..n).step_by(2) {
+            assert_eq!(g.remaining(at(10), &k), ms(10), "bucket {k}");
+        }
+        g.handle_leader(at(10), &8, true);
+        g.handle_timeout(at(20));
+        assert!(g.is_empty());
+        assert_eq!(g.check_invariants(), Ok(()));
+    }
+
+    /// Every byte the gate has allocated, by capacity (what the memory bench counts).
+    fn allocated<K, S>(g: &WriteGate<K, S>) -> usize {
+        g.index.allocation_size()
+            + g.slots.capacity() * size_of::<Slot<K>>()
+            + g.hashes.capacity() * size_of::<StoredHash>()
+            + g.extra.capacity() * size_of::<Instant>()
+            + g.probes.capacity() * size_of::<Probe>()
+            + g.heap.allocation_size()
+    }
+
+    /// The memory target (`docs/write-gate.md`, `BENCHMARKS.md`: at most 64 bytes per gated
+    /// `u64` bucket at a million) at an eighth of the bench's size, where every array sits at
+    /// the same fill of its power of two (1 M / 2²⁰ = 125 000 / 2¹⁷), so the bytes per bucket
+    /// are the bench's to within the map's 16 trailing control bytes.
+    #[test]
+    #[cfg_attr(miri, ignore)] // 125 000 installs
+    fn a_gated_u64_bucket_costs_at_most_64_bytes_at_the_memory_benchs_fill() {
+        assert_eq!(size_of::<Slot<u64>>(), 32, "check's record");
+        assert_eq!(size_of::<StoredHash>(), 3);
+        let n: u64 = 125_000;
+        let mut g: WriteGate<u64, RandomState> =
+            WriteGate::new(WriteGateConfig::default()).expect("a valid config");
+        for k in 0..n {
+            let _ = g.handle_throttle(at(0), &k, KV, ms(1 + k % 1000));
+        }
+        assert_eq!(g.gated_len(), n as usize);
+        let bytes = allocated(&g);
+        let per = bytes as f64 / n as f64;
+        assert!(
+            per <= 64.0,
+            "{per:.2} bytes per gated bucket ({bytes} for {n})"
+        );
+        // Expiry gives it back (down to the floor capacity).
+        g.handle_timeout(at(2_000));
+        assert!(g.is_empty());
+        assert!(allocated(&g) < 2_048, "{} bytes left", allocated(&g));
+    }
+}
