@@ -43,7 +43,7 @@ mod runtime;
 use std::hash::RandomState;
 
 pub use net::TcpConnector;
-pub use runtime::TokioRuntime;
+pub use runtime::{NoRuntime, TokioRuntime};
 pub use throttle_sansio::sync::{PendingBytes, WakeSignal};
 pub use throttle_sansio::*;
 
