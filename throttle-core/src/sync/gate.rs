@@ -618,7 +618,8 @@ mod bound_tests {
 
     /// The disk backoff is jittered (±20 %), so draws tell generators apart.
     fn cfg() -> WriteGateConfig {
-        WriteGateConfig::default().with_disk_write_locked(BackoffConfig::fluss_disk_write_locked())
+        WriteGateConfig::fluss_issue_3454()
+            .with_disk_write_locked(BackoffConfig::fluss_disk_write_locked())
     }
 
     fn bound(rt: &TestRuntime) -> Bound {
