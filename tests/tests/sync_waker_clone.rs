@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
-use throttle_sansio::{Instant, WindowConfig};
 use throttle_sansio::pending_bytes::PendingBytesConfig;
 use throttle_sansio::sync::{ManualClock, PendingBytes, WakeSignal, WindowHandle};
+use throttle_sansio::{Instant, WindowConfig};
 
 /// A waker's shared state: whether its `clone` panics, and the wakes it received.
 #[derive(Default)]
