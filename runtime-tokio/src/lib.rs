@@ -2,7 +2,8 @@
 //!
 //! It holds only what is specific to tokio ([`docs/design.md` §5][design]): [`TokioRuntime`], the
 //! core's [`Runtime`](sync::Runtime) on tokio's clock (so `tokio::time::pause` drives the
-//! machines), timer and `spawn`; and [`TcpConnector`], a [`Connector`](sync::Connector) over
+//! machines), timer and `spawn` ([`TokioRuntime::try_current`] builds one, or says
+//! [`NoRuntime`] outside a tokio runtime); and [`TcpConnector`], a [`Connector`](sync::Connector) over
 //! `tokio::net::TcpStream`. Everything else — the handles, permits and drivers of [`sync`] — is the
 //! core's, re-exported here, and named at the crate root with the runtime fixed to
 //! [`TokioRuntime`] and the hasher defaulting to std's `RandomState`:
@@ -43,7 +44,7 @@ mod runtime;
 use std::hash::RandomState;
 
 pub use net::TcpConnector;
-pub use runtime::TokioRuntime;
+pub use runtime::{NoRuntime, TokioRuntime};
 pub use throttle_sansio::sync::{PendingBytes, WakeSignal};
 pub use throttle_sansio::*;
 

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
-use throttle_sansio::WindowConfig;
 use throttle_sansio::pending_bytes::PendingBytesConfig;
-use throttle_sansio::sync::{PendingBytes, WindowHandle};
+use throttle_sansio::sync::{ManualClock, PendingBytes, WakeSignal, WindowHandle};
+use throttle_sansio::{Instant, WindowConfig};
 
 /// A waker's shared state: whether its `clone` panics, and the wakes it received.
 #[derive(Default)]
@@ -154,4 +154,69 @@ fn a_window_waiter_whose_waker_clone_panics_leaves_no_waiter_behind() {
     );
     assert!(matches!(poll(&mut next, &good_waker), Poll::Ready(Ok(_))));
     assert_eq!((h.in_flight(&1), h.available(&1)), (0, 1));
+}
+
+#[test]
+fn a_window_waiter_re_polled_with_a_waker_whose_clone_panics_keeps_its_place() {
+    let h: WindowHandle<u32, RandomState> =
+        WindowHandle::new(WindowConfig::default().with_max_in_flight(1)).expect("valid");
+    let held = h.try_acquire(1).expect("free");
+    let good = Arc::new(State::default());
+    let good_waker = waker(&good);
+    let mut first = h.acquire(1);
+    assert!(poll(&mut first, &good_waker).is_pending());
+    let bad = Arc::new(State::default());
+    bad.clone_panics.store(true, Ordering::SeqCst);
+    let bad_waker = waker(&bad);
+    // Polled from another task: the new waker's clone panics.
+    assert!(catch_unwind(AssertUnwindSafe(|| poll(&mut first, &bad_waker))).is_err());
+    assert_eq!(h.waiting(&1), 1, "still in line");
+    drop(held);
+    assert_eq!(
+        good.wakes.load(Ordering::SeqCst),
+        1,
+        "handed the credit, through the waker it had"
+    );
+    assert!(matches!(poll(&mut first, &good_waker), Poll::Ready(Ok(_))));
+    assert_eq!((h.in_flight(&1), h.waiting(&1)), (0, 0));
+}
+
+#[test]
+fn a_signal_listener_whose_waker_clone_panics_is_not_registered_and_can_poll_again() {
+    let signal = WakeSignal::new();
+    let bad = Arc::new(State::default());
+    bad.clone_panics.store(true, Ordering::SeqCst);
+    let w = waker(&bad);
+    let mut changed = signal.changed(signal.epoch());
+    assert!(catch_unwind(AssertUnwindSafe(|| poll(&mut changed, &w))).is_err());
+    assert_eq!(signal.listeners(), 0, "no listener left by the panic");
+    bad.clone_panics.store(false, Ordering::SeqCst);
+    assert!(poll(&mut changed, &w).is_pending());
+    assert_eq!(signal.listeners(), 1);
+    signal.notify();
+    assert_eq!(bad.wakes.load(Ordering::SeqCst), 1, "woken by the notify");
+    assert!(poll(&mut changed, &w).is_ready());
+    assert_eq!(signal.listeners(), 0);
+}
+
+#[test]
+fn a_manual_sleeper_whose_waker_clone_panics_is_not_registered_and_can_poll_again() {
+    let clock = ManualClock::new();
+    let bad = Arc::new(State::default());
+    bad.clone_panics.store(true, Ordering::SeqCst);
+    let w = waker(&bad);
+    let mut sleep = clock.sleep_until(Instant::from_millis(5));
+    assert!(catch_unwind(AssertUnwindSafe(|| poll(&mut sleep, &w))).is_err());
+    assert_eq!(
+        (clock.sleepers(), clock.next_deadline()),
+        (0, None),
+        "no sleeper left by the panic"
+    );
+    bad.clone_panics.store(false, Ordering::SeqCst);
+    assert!(poll(&mut sleep, &w).is_pending());
+    assert_eq!(clock.next_deadline(), Some(Instant::from_millis(5)));
+    clock.advance_to(Instant::from_millis(5));
+    assert_eq!(bad.wakes.load(Ordering::SeqCst), 1, "woken at its deadline");
+    assert!(poll(&mut sleep, &w).is_ready());
+    assert_eq!(clock.sleepers(), 0);
 }

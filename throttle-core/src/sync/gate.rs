@@ -199,6 +199,13 @@ macro_rules! gate_methods {
             from the caller's `rng`, through [`update`](Self::update).")]
         ///
         $(#[$doc])*
+        ///
+        /// # Panics
+        ///
+        /// Only if user code panics: the bucket's `Hash`, `Eq` or `Clone`, the hasher, or
+        /// `rng`. The panic reaches the caller and the input did not happen (the gate runs all
+        /// of them before it changes anything, see the gate method's `# Panics`): the gate is
+        /// as it was, and the handle serves every later call.
         pub fn $name<G: Rng + ?Sized>(&self, now: Instant, $($arg: $ty,)* rng: &mut G) $(-> $ret)? {
             self.update(|g| g.$name(now, $($arg,)* rng))
         }
@@ -208,6 +215,13 @@ macro_rules! gate_methods {
             [`update`](Self::update).")]
         ///
         $(#[$doc])*
+        ///
+        /// # Panics
+        ///
+        /// Only if user code panics: the bucket's `Hash`, `Eq` or `Clone`, or the hasher. The
+        /// panic reaches the caller and the input did not happen (the gate runs them before it
+        /// changes anything, see the gate method's `# Panics`): the gate is as it was, and the
+        /// handle serves every later call.
         pub fn $name(&self, now: Instant, $($arg: $ty),*) $(-> $ret)? {
             self.update(|g| g.$name(now, $($arg),*))
         }
@@ -216,6 +230,10 @@ macro_rules! gate_methods {
         #[doc = concat!("[`WriteGate::", stringify!($name), "`] at the caller's `now`.")]
         ///
         $(#[$doc])*
+        ///
+        /// # Panics
+        ///
+        /// Only if the bucket's `Hash` or `Eq`, or the hasher, panics; the gate is unchanged.
         pub fn $name(&self, now: Instant, $($arg: $ty),*) $(-> $ret)? {
             lock(&self.shared).gate.$name(now, $($arg),*)
         }
@@ -226,6 +244,13 @@ macro_rules! gate_methods {
             from the handle's generator, through [`update`](Self::update).")]
         ///
         $(#[$doc])*
+        ///
+        /// # Panics
+        ///
+        /// Only if user code panics: the runtime's `now` (read first, before the gate is
+        /// touched), the bucket's `Hash`, `Eq` or `Clone`, or the hasher (the handle's own
+        /// generator never panics). The panic reaches the caller and the input did not happen:
+        /// the gate is as it was, and the handle serves every later call.
         pub fn $name(&self, $($arg: $ty),*) $(-> $ret)? {
             let now = self.rt.now();
             self.update_drawing(|g, rng| g.$name(now, $($arg,)* rng))
@@ -236,6 +261,13 @@ macro_rules! gate_methods {
             [`update`](Self::update).")]
         ///
         $(#[$doc])*
+        ///
+        /// # Panics
+        ///
+        /// Only if user code panics: the runtime's `now` (read first, before the gate is
+        /// touched), the bucket's `Hash`, `Eq` or `Clone`, or the hasher. The panic reaches the
+        /// caller and the input did not happen: the gate is as it was, and the handle serves
+        /// every later call.
         pub fn $name(&self, $($arg: $ty),*) $(-> $ret)? {
             let now = self.rt.now();
             self.update(|g| g.$name(now, $($arg),*))
@@ -245,6 +277,11 @@ macro_rules! gate_methods {
         #[doc = concat!("[`WriteGate::", stringify!($name), "`] at the runtime's `now`.")]
         ///
         $(#[$doc])*
+        ///
+        /// # Panics
+        ///
+        /// Only if the runtime's `now`, the bucket's `Hash` or `Eq`, or the hasher panics; the
+        /// gate is unchanged.
         pub fn $name(&self, $($arg: $ty),*) $(-> $ret)? {
             let now = self.rt.now();
             lock(&self.shared).gate.$name(now, $($arg),*)
@@ -318,6 +355,15 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S, Unbound> {
     /// Waits while `bucket` is closed with a deadline, on `rt`'s clock; resolves with the
     /// first other state (`Open`, `Probing` or `UnknownLeader`). Wakes early, and re-arms its
     /// timer, when an input moves the bucket's opening earlier. Cancel-safe.
+    ///
+    /// # Panics
+    ///
+    /// A poll panics if the bucket's `Hash` or `Eq` (or the hasher) panics as the wait reads
+    /// the gate, if the waker's `clone` panics as the wait registers with the handle's signal
+    /// or the runtime's sleep, or if the runtime's `now` or sleep panics (a
+    /// `throttle_tokio::TokioRuntime::new` made and polled outside a tokio runtime). The wait
+    /// only reads the gate, so the gate is unchanged; dropping the future removes its timer
+    /// and its listener.
     pub async fn wait_until_open<Rt: Runtime>(&self, rt: &Rt, bucket: &K) -> GateState {
         self.wait_open_on(rt, bucket).await
     }
@@ -340,6 +386,15 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R: Runtime> GateHandle<K, S, R> {
     /// Waits while `bucket` is closed with a deadline, on the handle's runtime; resolves with
     /// the first other state (`Open`, `Probing` or `UnknownLeader`). Wakes early, and re-arms
     /// its timer, when an input moves the bucket's opening earlier. Cancel-safe.
+    ///
+    /// # Panics
+    ///
+    /// A poll panics if the bucket's `Hash` or `Eq` (or the hasher) panics as the wait reads
+    /// the gate, if the waker's `clone` panics as the wait registers with the handle's signal
+    /// or the runtime's sleep, or if the runtime's `now` or sleep panics (a
+    /// `throttle_tokio::TokioRuntime::new` made and polled outside a tokio runtime). The wait
+    /// only reads the gate, so the gate is unchanged; dropping the future removes its timer
+    /// and its listener.
     pub async fn wait_until_open(&self, bucket: &K) -> GateState {
         self.wait_open_on(&self.rt, bucket).await
     }
@@ -353,8 +408,14 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R: Runtime> GateHandle<K, S, R> {
     }
 
     /// Runs `input` on the gate and the handle's generator under the lock, like
-    /// [`update`](Self::update) (same panic behaviour): for a drawing gate input the named
-    /// helpers do not cover.
+    /// [`update`](Self::update): for a drawing gate input the named helpers do not cover.
+    ///
+    /// # Panics
+    ///
+    /// If `input` panics, as [`update`](Self::update): the panic reaches this caller after
+    /// the `Wake`s `input` made the gate emit notify the signal and a deadline it moved
+    /// earlier re-arms the timer loop; what it did (to the gate and the generator) stays
+    /// done, and the handle serves every later call.
     pub fn update_drawing<T>(
         &self,
         input: impl FnOnce(&mut WriteGate<K, S>, &mut SplitMix64) -> T,
@@ -398,7 +459,10 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
     /// The `now` passed to the gate's inputs in `input` must be on the timeline of the rest
     /// (the bound runtime's, for a bound handle).
     ///
-    /// If `input` panics, the panic propagates to this caller, after what `input` did to the
+    /// # Panics
+    ///
+    /// If `input` panics (itself, or user code it calls: a key's `Hash`, `Eq` or `Clone`, an
+    /// `Rng`), the panic propagates to this caller, after what `input` did to the
     /// gate before the panic is followed through: the `Wake`s it made the gate emit notify the
     /// signal, and a deadline it moved earlier re-arms
     /// [`drive_timeouts`](Self::drive_timeouts). What it did stays done (the handle rolls
@@ -618,7 +682,8 @@ mod bound_tests {
 
     /// The disk backoff is jittered (±20 %), so draws tell generators apart.
     fn cfg() -> WriteGateConfig {
-        WriteGateConfig::default().with_disk_write_locked(BackoffConfig::fluss_disk_write_locked())
+        WriteGateConfig::fluss_issue_3454()
+            .with_disk_write_locked(BackoffConfig::fluss_disk_write_locked())
     }
 
     fn bound(rt: &TestRuntime) -> Bound {

@@ -169,6 +169,9 @@ impl PendingBytes {
     }
 
     /// Waits until `bytes` are admitted (clamped to the limit; see the limiter).
+    ///
+    /// Making the future runs no user code; its poll may panic in the waker's `clone` (see
+    /// [`AcquireBytes`]).
     pub fn acquire(&self, bytes: u64) -> AcquireBytes {
         AcquireBytes {
             shared: Arc::clone(&self.shared),
@@ -188,7 +191,8 @@ impl PendingBytes {
     }
 
     /// Fails every waiter with [`Closed`] and refuses later acquires. Permits already held
-    /// stay valid. Idempotent.
+    /// stay valid. Idempotent. Never panics: a waiter's waker that panics in `wake` is caught, and the
+    /// others (and the [`closed`](Self::closed) listeners) are still woken.
     pub fn close(&self) {
         let mut wakeups = Wakeups::new();
         let drained = {
@@ -277,6 +281,9 @@ impl BytesPermit {
     }
 
     /// Gives the bytes back now; waiters that now fit are admitted.
+    /// Never panics, as dropping the permit: the wake of an admitted waiter (or of a
+    /// [`closed`](PendingBytes::closed) listener) that panics is caught, and the others are
+    /// still woken.
     pub fn release(mut self) {
         self.release_once();
     }
@@ -314,6 +321,13 @@ enum BytesAcquireState {
 /// The future of [`PendingBytes::acquire`]: resolves to a [`BytesPermit`] or [`Closed`].
 ///
 /// Takes its ticket when first polled; dropping it cancels the ticket (see the handle).
+///
+/// # Panics
+///
+/// A poll panics only if the waker's `clone` panics, as it registers the waker (no other user
+/// code runs). On a first poll the ticket is then already in line and recorded in the future:
+/// dropping the future, as the unwinding task does, cancels it, and a future kept and polled
+/// again registers its waker and is admitted in its turn. The bytes are conserved either way.
 #[must_use = "futures do nothing unless polled"]
 pub struct AcquireBytes {
     shared: Arc<Mutex<BytesState>>,

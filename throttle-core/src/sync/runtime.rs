@@ -33,7 +33,8 @@ use crate::time::Instant;
 ///   waking late is not, beyond the runtime's timer granularity.
 /// - [`spawn`](Self::spawn) runs the future to completion in the background. It returns
 ///   nothing: the layer never joins a task, it communicates through its handles. A runtime
-///   that cannot run it may drop it or panic (tokio's panics outside a runtime): every future
+///   that cannot run it may drop it or panic (a `throttle_tokio::TokioRuntime::new` made and
+///   used outside a tokio runtime; `TokioRuntime::try_current` refuses to make one): every future
 ///   the layer spawns owns what it must release in a guard, so a dropped one strands nothing.
 ///   Where a `spawn` panic goes is documented on each caller: `BatchDriver::new` panics with
 ///   it (under `# Panics`), `ConnPool::lease` too, and the driver's batch sends catch it (the
@@ -147,14 +148,16 @@ impl ManualClock {
         lock(&self.shared).now
     }
 
-    /// Moves time forward by `by` (saturating at [`Instant::MAX`]) and wakes due sleepers.
+    /// Moves time forward by `by` (saturating at [`Instant::MAX`]) and wakes due sleepers, as
+    /// [`advance_to`](Self::advance_to) (never panics).
     pub fn advance(&self, by: Duration) {
         let to = self.now() + by;
         self.advance_to(to);
     }
 
     /// Moves time forward to `to` (an earlier instant leaves the clock where it is) and wakes
-    /// every sleeper whose deadline is at or before the new time.
+    /// every sleeper whose deadline is at or before the new time. Never panics: a sleeper's
+    /// waker that panics in `wake` is caught, and the other due sleepers are still woken.
     pub fn advance_to(&self, to: Instant) {
         let mut due = SmallVec::<[Waker; 4]>::new();
         {
@@ -178,7 +181,8 @@ impl ManualClock {
         lock(&self.shared).sleepers.len()
     }
 
-    /// A future resolving once the clock reaches `deadline` (at once if it has).
+    /// A future resolving once the clock reaches `deadline` (at once if it has). Its poll may
+    /// panic in the waker's `clone` (see [`ManualSleep`]).
     pub fn sleep_until(&self, deadline: Instant) -> ManualSleep {
         ManualSleep {
             shared: Arc::clone(&self.shared),
@@ -189,6 +193,13 @@ impl ManualClock {
 }
 
 /// The future of [`ManualClock::sleep_until`]. Cancel-safe: dropping it unregisters it.
+///
+/// # Panics
+///
+/// A poll panics only if the waker's `clone` panics, as it registers the sleeper (no other
+/// user code runs). It is then not registered (no sleeper, no
+/// [`next_deadline`](ManualClock::next_deadline) of its own): polling it again registers it,
+/// and it wakes at its deadline.
 #[must_use = "futures do nothing unless polled"]
 pub struct ManualSleep {
     shared: Arc<Mutex<ClockState>>,

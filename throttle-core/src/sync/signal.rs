@@ -81,6 +81,8 @@ impl WakeSignal {
     }
 
     /// Moves to the next epoch and wakes every pending listener (after the lock is dropped).
+    /// Never panics: a listener's waker that panics in `wake` is caught, and the others are
+    /// still woken.
     pub fn notify(&self) {
         let mut wakeups = SmallVec::<[Waker; 4]>::new();
         {
@@ -100,7 +102,8 @@ impl WakeSignal {
     }
 
     /// A future resolving once the epoch differs from `since` (at once if it already does).
-    /// Cancel-safe: dropping it unregisters it.
+    /// Cancel-safe: dropping it unregisters it. Its poll may panic in the waker's `clone` (see
+    /// [`Changed`]).
     pub fn changed(&self, since: u64) -> Changed {
         Changed {
             shared: Arc::clone(&self.shared),
@@ -116,6 +119,12 @@ impl WakeSignal {
 }
 
 /// The future of [`WakeSignal::changed`].
+///
+/// # Panics
+///
+/// A poll panics only if the waker's `clone` panics, as it registers as a listener (no other
+/// user code runs). It is then not registered (the signal is unchanged): polling it again
+/// registers it, and dropping it is safe.
 #[must_use = "futures do nothing unless polled"]
 pub struct Changed {
     shared: Arc<Mutex<SignalState>>,
@@ -162,6 +171,13 @@ impl Drop for Changed {
 ///
 /// The returned future is `Send` when `F` is, and cancel-safe: dropping it drops its timer and
 /// its listener.
+///
+/// # Panics
+///
+/// A poll panics if `next` panics, if the runtime's `now` or its sleep panics (a
+/// `throttle_tokio::TokioRuntime::new` made and polled outside a tokio runtime), or if the
+/// waker's `clone` panics as the sleep or the listener registers it. The signal is unchanged,
+/// and dropping the future removes its timer and its listener.
 pub async fn wait_until<R, F>(rt: &R, signal: &WakeSignal, mut next: F)
 where
     R: Runtime,

@@ -371,6 +371,12 @@ where
     /// Waits for a credit of `shard`: FIFO per shard, cancel-safe (see the type's contract).
     /// The permit borrows the handle; [`acquire_owned`](Self::acquire_owned) gives one that
     /// can outlive it.
+    ///
+    /// # Panics
+    ///
+    /// If `shard`'s `Hash` (or the hasher) panics: the future hashes its key when it is made,
+    /// so the panic reaches this call, before anything changed. A poll of the future can panic
+    /// on the key's `Hash`, `Eq` or `Clone` and on the waker's `clone` (see [`Acquire`]).
     #[inline]
     pub fn acquire(&self, shard: Shard) -> Acquire<'_, Shard, S> {
         Acquire::new(Holder::Borrowed(&self.shared), shard)
@@ -378,6 +384,12 @@ where
 
     /// As [`acquire`](Self::acquire), for a `'static` permit ([`OwnedPermit`]) that holds a
     /// reference count of the handle's state, e.g. to move into a spawned task.
+    ///
+    /// # Panics
+    ///
+    /// If `shard`'s `Hash` (or the hasher) panics: the future hashes its key when it is made,
+    /// so the panic reaches this call, before anything changed. A poll of the future can panic
+    /// on the key's `Hash`, `Eq` or `Clone` and on the waker's `clone` (see [`Acquire`]).
     #[inline]
     pub fn acquire_owned(&self, shard: Shard) -> Acquire<'static, Shard, S>
     where
@@ -389,12 +401,24 @@ where
 
     /// A credit of `shard` now, if one is free and nobody waits for the shard. The permit
     /// borrows the handle; see [`try_acquire_owned`](Self::try_acquire_owned).
+    ///
+    /// # Panics
+    ///
+    /// If `shard`'s `Hash`, `Eq` or `Clone` (or the hasher) panics. The panic reaches this
+    /// caller and the window is as before the call (it runs them before it changes anything:
+    /// no credit issued, no entry made); other and later callers proceed.
     #[inline]
     pub fn try_acquire(&self, shard: Shard) -> Result<Permit<'_, Shard, S>, TryAcquireError> {
         self.take_now(shard, || Holder::Borrowed(&self.shared))
     }
 
     /// As [`try_acquire`](Self::try_acquire), for a `'static` permit ([`OwnedPermit`]).
+    ///
+    /// # Panics
+    ///
+    /// If `shard`'s `Hash`, `Eq` or `Clone` (or the hasher) panics. The panic reaches this
+    /// caller and the window is as before the call (it runs them before it changes anything:
+    /// no credit issued, no entry made); other and later callers proceed.
     #[inline]
     pub fn try_acquire_owned(&self, shard: Shard) -> Result<OwnedPermit<Shard, S>, TryAcquireError>
     where
@@ -425,7 +449,9 @@ where
     }
 
     /// Fails every waiter (their futures resolve to [`Closed`]) and refuses later acquires.
-    /// Permits already held stay valid; releasing them frees their slots. Idempotent.
+    /// Permits already held stay valid; releasing them frees their slots. Idempotent. Runs no
+    /// key code and never panics: a waiter's waker that panics in `wake` is caught, and the
+    /// others (and the [`closed`](Self::closed) listeners) are still woken.
     pub fn close(&self) {
         self.shared.close();
     }
@@ -452,16 +478,28 @@ where
     }
 
     /// Credits of `shard` held (by permits, or handed to waiters not yet woken).
+    ///
+    /// # Panics
+    ///
+    /// If `shard`'s `Hash` or `Eq` (or the hasher) panics; nothing changed.
     pub fn in_flight(&self, shard: &Shard) -> u32 {
         lock(&self.shared.state).window.in_flight(shard)
     }
 
     /// Free credits of `shard`. Never positive while waiters are in the shard's line.
+    ///
+    /// # Panics
+    ///
+    /// If `shard`'s `Hash` or `Eq` (or the hasher) panics; nothing changed.
     pub fn available(&self, shard: &Shard) -> u32 {
         lock(&self.shared.state).window.available(shard)
     }
 
     /// Waiters in `shard`'s line.
+    ///
+    /// # Panics
+    ///
+    /// If `shard`'s `Hash` or `Eq` (or the hasher) panics; nothing changed.
     pub fn waiting(&self, shard: &Shard) -> usize {
         lock(&self.shared.state).window.queued(shard)
     }
@@ -543,7 +581,9 @@ where
     }
 
     /// Releases the credit: the shard's oldest waiter receives one in its place
-    /// ([`Released::HandedOn`]), else the slot frees ([`Released::Freed`]).
+    /// ([`Released::HandedOn`]), else the slot frees ([`Released::Freed`]). Runs no key code
+    /// and never panics, as dropping the permit (even by an unwinding task): the wake of the
+    /// waiter handed the credit is caught, and the waiter still gets it.
     #[inline]
     pub fn complete(mut self) -> Released {
         self.release()
@@ -604,6 +644,21 @@ enum AcquireState {
 ///
 /// It joins the shard's line when first polled. Dropping it at any point is safe: it leaves the
 /// line, and a credit already handed to it passes to the next waiter.
+///
+/// # Panics
+///
+/// Only the first poll runs key code: the shard key's `Eq` (the lookups), `Hash` and `Clone` (a
+/// new shard's entry). It also clones the waker when it joins the line, and a later poll from
+/// another task clones that task's waker. If one of them panics, the panic reaches the poller
+/// and the window is as before the poll:
+///
+/// - a first poll that panicked left the future neither in the line nor resolved: polling it
+///   again tries afresh, and dropping it is safe;
+/// - a re-poll whose waker's `clone` panicked leaves the waiter in its place, with the waker
+///   it had.
+///
+/// A re-poll from the same task and the drop run no user code. The wake of a waiter it hands a
+/// credit on to is caught, so it never panics there.
 #[must_use = "futures do nothing unless polled"]
 pub struct Acquire<'a, Shard, S = std::hash::RandomState>
 where

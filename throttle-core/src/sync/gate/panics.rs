@@ -6,6 +6,7 @@
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::vec::Vec;
+use core::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::*;
@@ -196,6 +197,30 @@ fn gate_inputs_and_queries_survive_a_panic_at_each_key_call() {
             sweep_gate(&format!("check and remaining, bucket {bucket}"), |g| {
                 let _ = (g.check(t, &k), g.remaining(t, &k));
             }),
+            sweep_gate(&format!("retriable write, bucket {bucket}"), |g| {
+                let _ = g.handle_retriable_write(t, &k, 1, &mut rng);
+            }),
+            sweep_gate(&format!("throttle, bucket {bucket}"), |g| {
+                let delay = Duration::from_millis(100);
+                let _ = g.handle_throttle(t, &k, Reason::KV_BACKPRESSURE, delay);
+            }),
+            sweep_gate(&format!("send, bucket {bucket}"), |g| g.handle_send(t, &k)),
+            // The bound form runs the same inputs through the same `update`.
+            sweep_gate(&format!("bound kv signal, bucket {bucket}"), |g| {
+                let bound = g.clone().bind(TestRuntime::new());
+                let _ = bound.handle_kv_signal(&k, Signal::Pressure(500_000));
+            }),
+            sweep_gate(&format!("bound disk write locked, bucket {bucket}"), |g| {
+                let bound = g.clone().bind(TestRuntime::new());
+                let _ = bound.handle_disk_write_locked(&k, 0);
+            }),
+            sweep_gate(
+                &format!("bound check and remaining, bucket {bucket}"),
+                |g| {
+                    let bound = g.clone().bind(TestRuntime::new());
+                    let _ = (bound.check(&k), bound.remaining(&k));
+                },
+            ),
         ];
         assert!(
             reached.iter().all(|points| !points.is_empty()),
@@ -253,4 +278,119 @@ fn a_sleeper_whose_key_panics_leaves_no_timer_or_listener_behind() {
         g.remaining(Instant::ZERO, &TrapKey(1)),
         Duration::from_millis(5000)
     );
+}
+
+/// An `Rng` that panics on every draw, standing in for a caller's generator that fails.
+struct PanickingRng;
+
+impl rand_core::TryRng for PanickingRng {
+    type Error = core::convert::Infallible;
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        panic!("the caller's generator panics")
+    }
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        panic!("the caller's generator panics")
+    }
+    fn try_fill_bytes(&mut self, _dst: &mut [u8]) -> Result<(), Self::Error> {
+        panic!("the caller's generator panics")
+    }
+}
+
+#[test]
+fn a_drawing_input_whose_rng_panics_leaves_the_gate_as_it_was() {
+    let g = gate::<u32>();
+    let mut rng = SplitMix64::new(3);
+    let _ = g.handle_disk_write_locked(Instant::ZERO, &1, 0, &mut rng);
+    let snapshot = || g.update(|g| format!("{g:?}"));
+    for bucket in [1, 2] {
+        let before = snapshot();
+        let at = Instant::from_millis(50);
+        let disk = catch_unwind(AssertUnwindSafe(|| {
+            g.handle_disk_write_locked(at, &bucket, 3, &mut PanickingRng)
+        }));
+        let retry = catch_unwind(AssertUnwindSafe(|| {
+            g.handle_retriable_write(at, &bucket, 3, &mut PanickingRng)
+        }));
+        assert!(
+            disk.is_err() && retry.is_err(),
+            "the panic reaches the caller"
+        );
+        assert_eq!(
+            snapshot(),
+            before,
+            "bucket {bucket}: the input did not happen"
+        );
+        assert_consistent(&g);
+    }
+    assert!(g.handle_disk_write_locked(Instant::ZERO, &2, 0, &mut rng) > Duration::ZERO);
+}
+
+/// A runtime whose clock panics, standing in for a user `Runtime` that fails.
+#[derive(Clone)]
+struct PanickingClock;
+
+impl Runtime for PanickingClock {
+    fn now(&self) -> Instant {
+        panic!("the runtime's clock panics")
+    }
+    fn sleep_until(&self, _: Instant) -> impl Future<Output = ()> + Send + 'static {
+        core::future::ready(())
+    }
+    fn spawn<F: Future<Output = ()> + Send + 'static>(&self, future: F) {
+        drop(future);
+    }
+}
+
+#[test]
+fn a_bound_input_whose_runtime_clock_panics_changes_nothing() {
+    let g = gate::<u32>();
+    let _ = g.handle_kv_signal(Instant::ZERO, &1, Signal::Full);
+    let before = g.update(|g| format!("{g:?}"));
+    let bound = g.clone().bind(PanickingClock);
+    let epoch = g.signal().epoch();
+    let calls: [&dyn Fn(); 3] = [
+        &|| {
+            let _ = bound.handle_kv_signal(&1, Signal::Pressure(500_000));
+        },
+        &|| {
+            let _ = bound.handle_disk_write_locked(&2, 0);
+        },
+        &|| {
+            let _ = bound.check(&1);
+        },
+    ];
+    for call in calls {
+        assert!(catch_unwind(AssertUnwindSafe(call)).is_err());
+    }
+    assert_eq!(g.update(|g| format!("{g:?}")), before);
+    assert!(!g.signal().has_changed(epoch), "nothing notified");
+    assert_consistent(&g);
+    let _ = g.handle_kv_signal(Instant::ZERO, &1, Signal::Pressure(500_000));
+}
+
+#[test]
+fn a_wake_emitted_before_the_update_drawing_closure_panicked_still_notifies() {
+    let rt = TestRuntime::new();
+    let g = gate::<u32>().bind(rt.clone());
+    let _ = g.handle_kv_signal(&7, Signal::Full); // 5000 ms
+    let epoch = g.signal().epoch();
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        g.update_drawing(|g, rng| {
+            // Half pressure shortens the throttle and emits a Wake; the draw is the closure's.
+            let _ = g.handle_kv_signal(Instant::ZERO, &7, Signal::Pressure(500_000));
+            let _ = crate::rng::below(rng, 10);
+            panic!("the update closure panics");
+        })
+    }));
+    assert!(outcome.is_err(), "the panic reaches the caller");
+    assert!(
+        g.signal().has_changed(epoch),
+        "the Wake notified the signal"
+    );
+    assert_eq!(
+        g.remaining(&7),
+        Duration::from_millis(625),
+        "what it did stays done"
+    );
+    assert_eq!(g.update(|g| g.check_invariants()), Ok(()));
 }
