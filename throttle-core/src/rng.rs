@@ -67,6 +67,15 @@ impl SplitMix64 {
     }
 }
 
+/// SplitMix64's output function (a 64-bit mixer): also how `sync` mixes a client id into
+/// the process seed.
+#[inline]
+pub(crate) const fn finalize(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 impl rand_core::TryRng for SplitMix64 {
     type Error = Infallible;
 
@@ -78,10 +87,7 @@ impl rand_core::TryRng for SplitMix64 {
     #[inline]
     fn try_next_u64(&mut self) -> Result<u64, Infallible> {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Ok(z ^ (z >> 31))
+        Ok(finalize(self.state))
     }
 
     fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {

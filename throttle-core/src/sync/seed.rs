@@ -35,10 +35,7 @@ pub fn client_rng(client_id: u64) -> SplitMix64 {
 
 /// SplitMix64's finalizer over `seed ^ id·φ`: a bijection in `id` for a fixed seed.
 fn mix(seed: u64, id: u64) -> u64 {
-    let mut z = seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    crate::rng::finalize(seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 #[cfg(all(test, not(loom)))]
