@@ -574,7 +574,9 @@ where
     /// - `Fatal`: the batch `Failed` with [`FailCause::Fatal`].
     ///
     /// Draws from `rng` once for a disk or retriable rejection that is retried. An id not in
-    /// flight is refused and changes nothing.
+    /// flight is refused and changes nothing. `Fatal`, and any answer that ends the batch
+    /// without feeding the gate (a rejection past `max_retries` or after `close`), runs no
+    /// user code: a driver whose answer panicked in the gate ends the batch that way.
     pub fn handle_response<R: Rng + ?Sized>(
         &mut self,
         now: Instant,
