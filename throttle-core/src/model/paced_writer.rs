@@ -20,11 +20,18 @@
 //! counts; the writer's internal invariants. At the end the writer is closed and every batch
 //! in flight answered: every record appended must have ended exactly once, in append order
 //! per bucket.
+//!
+//! Buckets are [`Key`]s. Operations 9, 10 and 11 each arm one `Hash`, `Eq` or `Clone` call
+//! (in that order) to panic during an append, a `set_leader`, a drain or a rejection's answer
+//! (see [`super::user`]): if the armed call fired, the writer must be exactly as before and the
+//! reference is rolled back, except for a drain, which keeps the sends it decided before the
+//! panic (each one the reference allows) and leaves the other buckets for the next drain.
 
 use alloc::format;
 use alloc::vec::Vec;
 use core::time::Duration;
 
+use super::user::{self, Arm, Key};
 use super::{Cursor, Divergence};
 use crate::backpressure::Signal;
 use crate::paced_writer::{
@@ -38,10 +45,17 @@ use crate::write_gate::{GateState, Reason, WriteGate, WriteGateConfig};
 
 const BUCKETS: u8 = 4;
 const NODES: u8 = 3;
-/// Operations the decoder assigns (see [`check`]).
+/// Operations the decoder assigns before the panicking-callback ones (see [`check`]); values
+/// `OPS..OPS + Arm::OPS` arm a bucket's `Hash`, `Eq` or `Clone` during one of the first
+/// [`ARMED_OPS`] operations (append, set_leader, drain, a rejection's answer).
 pub const OPS: u8 = 9;
+/// Operations that run under an armed callback.
+const ARMED_OPS: u8 = 4;
+/// Every assigned selector value: the proptest driver biases its bytes below this.
+pub const SELECTORS: u8 = OPS + Arm::OPS;
 
-type Machine = PacedWriter<u8, u8, u32, TestHasher>;
+type Machine = PacedWriter<Key, u8, u32, TestHasher>;
+type Action = WriterAction<Key, u8, u32>;
 type Gate = WriteGate<u8, TestHasher>;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,6 +104,9 @@ struct State {
     disk_backoff: bool,
     kv_pressure: bool,
     closed: bool,
+    /// Inside an armed operation: answers are rejections only (one gate input each, so a
+    /// panic leaves the writer exactly as it was).
+    arming: bool,
     now: Instant,
     clock: Instant,
     next_record: u32,
@@ -110,7 +127,7 @@ fn bucket_of(s: &mut State, b: u8) -> &mut RefBucket {
     &mut s.buckets[i]
 }
 
-fn fmt_actions(a: &[WriterAction<u8, u8, u32>]) -> alloc::string::String {
+fn fmt_actions(a: &[Action]) -> alloc::string::String {
     format!("{a:?}")
 }
 
@@ -174,6 +191,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         disk_backoff,
         kv_pressure,
         closed: false,
+        arming: false,
         now: Instant::ZERO,
         clock: Instant::ZERO,
         next_record: 0,
@@ -183,8 +201,8 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         appended: Vec::new(),
     };
     // A foreign id for the "bogus answer" operation.
-    s.other.set_leader(Instant::ZERO, 0, Some(0));
-    let _ = s.other.append(Instant::ZERO, 0, 0, 1);
+    s.other.set_leader(Instant::ZERO, Key::new(0), Some(0));
+    let _ = s.other.append(Instant::ZERO, Key::new(0), 0, 1);
     s.other.drain(Instant::ZERO);
     while let Some(a) = s.other.poll_action() {
         if let WriterAction::Send { batch, .. } = a {
@@ -194,10 +212,22 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut step = 0usize;
     while !c.is_empty() {
         step += 1;
-        let Some(op) = c.select(OPS) else {
+        let Some(op) = c.select(OPS + Arm::OPS) else {
             continue;
         };
-        apply(op, &mut c, &mut s).map_err(|e| format!("step {step} (op {op}): {e}"))?;
+        if op >= OPS {
+            // A panicking bucket `Hash`, `Eq` or `Clone` during another operation.
+            let Some(arm) = Arm::decode(&mut c, op - OPS, BUCKETS) else {
+                continue;
+            };
+            let Some(inner) = c.select(ARMED_OPS) else {
+                continue;
+            };
+            armed(arm, inner, &mut c, &mut s)
+                .map_err(|e| format!("step {step} (armed {arm:?}, op {inner}): {e}"))?;
+        } else {
+            apply(op, &mut c, &mut s).map_err(|e| format!("step {step} (op {op}): {e}"))?;
+        }
         s.m.check_invariants()
             .map_err(|e| format!("step {step} (op {op}): invariant: {e}"))?;
         let (queued, flying) = s.buckets.iter().fold((0, 0), |(q, f), b| {
@@ -242,6 +272,7 @@ fn apply(op: u8, c: &mut Cursor<'_>, s: &mut State) -> Result<(), Divergence> {
         3 => {
             let pick = c.u8();
             let outcome = match c.below(5) {
+                0 if s.arming => WriteOutcome::Retriable,
                 0 => WriteOutcome::Ok {
                     pressure: match c.below(4) {
                         0 => Signal::Clear,
@@ -342,10 +373,89 @@ fn apply(op: u8, c: &mut Cursor<'_>, s: &mut State) -> Result<(), Divergence> {
     }
 }
 
+/// Runs operation `inner` with `arm` armed. If the armed call fired inside the writer: an
+/// append, a set_leader or an answer must have changed nothing (and the reference is rolled
+/// back); a drain keeps the sends it decided before the panic (each must be one the reference
+/// allows, and the reference takes them), and leaves the rest for the next drain.
+fn armed(arm: Arm, inner: u8, c: &mut Cursor<'_>, s: &mut State) -> Result<(), Divergence> {
+    let before = user::snapshot(&s.m);
+    let saved = (s.now, s.clock, s.m_rng.clone(), s.next_record);
+    s.arming = true;
+    let out = user::run(arm, || apply(inner, c, s));
+    s.arming = false;
+    match out {
+        Ok(result) => result,
+        Err(user::Panicked) if inner == 2 => partial_drain(s),
+        Err(user::Panicked) => {
+            user::unchanged(&before, &s.m, arm)?;
+            // The gate may have drawn its jitter before the key panicked: nothing happened,
+            // so the caller's generator is as before too.
+            (s.now, s.clock, s.m_rng, s.next_record) = saved;
+            expect_actions(s, &[], "a panicked input")
+        }
+    }
+}
+
+/// After a drain that panicked in a bucket's callback: every action it emitted must be one the
+/// reference allows now; the reference takes the sends and refreshes.
+fn partial_drain(s: &mut State) -> Result<(), Divergence> {
+    let now = s.clock;
+    let mut got = Vec::new();
+    while let Some(a) = s.m.poll_action() {
+        got.push(a);
+    }
+    for a in got {
+        match a {
+            WriterAction::Send {
+                request,
+                node,
+                bucket,
+                batch,
+            } => {
+                let b = bucket.id();
+                let Some(bk) = s.buckets.get(usize::from(b)) else {
+                    return Err(format!("a panicked drain sent unknown bucket {b}"));
+                };
+                let Some(head) = bk.queue.first().cloned() else {
+                    return Err(format!("a panicked drain sent empty bucket {b}"));
+                };
+                let sent =
+                    s.m.batch(batch)
+                        .map(|x| (x.records().to_vec(), x.attempts()));
+                if bk.in_flight.is_some()
+                    || bk.leader != Some(node)
+                    || s.gate.check(now, &b) != GateState::Open
+                    || sent != Some((head.records.clone(), head.attempts))
+                {
+                    return Err(format!(
+                        "a panicked drain sent bucket {b} ({sent:?} to {node}), reference {bk:?}"
+                    ));
+                }
+                s.gate.handle_send(now, &b);
+                let bk = bucket_of(s, b);
+                let head = bk.queue.remove(0);
+                bk.in_flight = Some((batch, head));
+                s.issued.push(batch);
+                s.last_request = s.last_request.max(request);
+            }
+            WriterAction::RefreshLeader { bucket } => {
+                let b = bucket.id();
+                let bk = bucket_of(s, b);
+                if bk.leader.is_some() || bk.refresh_reported || bk.queue.is_empty() {
+                    return Err(format!("a panicked drain reported bucket {b}: {bk:?}"));
+                }
+                bk.refresh_reported = true;
+            }
+            other => return Err(format!("a panicked drain emitted {other:?}")),
+        }
+    }
+    Ok(())
+}
+
 fn append(s: &mut State, b: u8, bytes: u64) -> Result<(), Divergence> {
     let record = s.next_record;
     s.next_record += 1;
-    let got = s.m.append(s.now, b, record, bytes);
+    let got = s.m.append(s.now, Key::new(b), record, bytes);
     if s.closed {
         return match got {
             Err(AppendRefused(r)) if r == record => Ok(()),
@@ -373,7 +483,7 @@ fn append(s: &mut State, b: u8, bytes: u64) -> Result<(), Divergence> {
 }
 
 fn set_leader(s: &mut State, b: u8, leader: Option<u8>) -> Result<(), Divergence> {
-    s.m.set_leader(s.now, b, leader);
+    s.m.set_leader(s.now, Key::new(b), leader);
     // The writer feeds its gate on its own clock.
     let now = s.clock;
     let held = s.buckets.get(usize::from(b)).is_some_and(RefBucket::held);
@@ -431,7 +541,7 @@ fn drain(s: &mut State) -> Result<(), Divergence> {
                 if seen_send {
                     return Err(format!("a refresh after a send: {}", fmt_actions(&got)));
                 }
-                refresh.push(*bucket);
+                refresh.push(bucket.id());
             }
             WriterAction::Send {
                 request,
@@ -468,7 +578,7 @@ fn drain(s: &mut State) -> Result<(), Divergence> {
                     ));
                 }
                 sends.push((
-                    *bucket,
+                    bucket.id(),
                     *node,
                     RefBatch {
                         records: batch_ref.records().to_vec(),
@@ -675,11 +785,7 @@ fn close(s: &mut State) -> Result<(), Divergence> {
     Ok(())
 }
 
-fn expect_actions(
-    s: &mut State,
-    want: &[WriterAction<u8, u8, u32>],
-    what: &str,
-) -> Result<(), Divergence> {
+fn expect_actions(s: &mut State, want: &[Action], what: &str) -> Result<(), Divergence> {
     let mut got = Vec::new();
     while let Some(a) = s.m.poll_action() {
         got.push(a);
