@@ -114,7 +114,11 @@ type BoxedSend<B, N, R, Resp> = Box<
         + Sync,
 >;
 
-type Refresh<B> = Arc<dyn Fn(B) + Send + Sync>;
+/// The refresh callback, sized so that it fits the loom shim's `Arc` (which cannot coerce to
+/// a trait object).
+struct RefreshFn<B>(Box<dyn Fn(B) + Send + Sync>);
+
+type Refresh<B> = Arc<RefreshFn<B>>;
 
 struct State<B, N, R, S> {
     writer: PacedWriter<B, N, Entry<R>, S>,
@@ -395,14 +399,14 @@ where
     /// [`set_leader`](Self::set_leader). A panic in it is caught and dropped. Replaces an
     /// earlier callback.
     pub fn on_leader_unknown(&self, refresh: impl Fn(B) + Send + Sync + 'static) {
-        let refresh: Refresh<B> = Arc::new(refresh);
+        let refresh: Refresh<B> = Arc::new(RefreshFn(Box::new(refresh)));
         let pending = {
             let mut st = lock(&self.shared.state);
             st.refresh = Some(Arc::clone(&refresh));
             core::mem::take(&mut st.unknown)
         };
         for bucket in pending {
-            let _ = unwind::call(|| refresh(bucket));
+            let _ = unwind::call(|| (refresh.0)(bucket));
         }
     }
 
@@ -508,7 +512,7 @@ where
             };
             if let Some(refresh) = refresh {
                 for bucket in effects.refresh {
-                    let _ = unwind::call(|| refresh(bucket));
+                    let _ = unwind::call(|| (refresh.0)(bucket));
                 }
             }
         }
