@@ -93,4 +93,5 @@ corpus_replays! {
     failover_call_corpus_matches_reference => "failover_call", throttle_sansio::model::failover::check_call;
     refresh_coalescer_corpus_matches_reference => "refresh_coalescer", throttle_sansio::model::failover::check_coalescer;
     retry_budget_corpus_matches_reference => "retry_budget", throttle_sansio::model::failover::check_budget;
+    paced_writer_corpus_matches_reference => "paced_writer", throttle_sansio::model::paced_writer::check;
 }

@@ -15,6 +15,7 @@ use throttle_sansio::failover::{
     CallConfig, CoalescerConfig, FinagleBudgetConfig, GrpcThrottleConfig,
 };
 use throttle_sansio::options::{self, ConfigOption};
+use throttle_sansio::paced_writer::PacedWriterConfig;
 use throttle_sansio::pending_bytes::PendingBytesConfig;
 use throttle_sansio::write_gate::{Reason, ReasonSpec, UpdateRule, WriteGateConfig};
 
@@ -428,6 +429,11 @@ fn every_method_in_the_table_exists() {
         &write_gate::SET_PROBE => WriteGateConfig::set_probe,
         &write_gate::PROBE_TTL => ReasonSpec::probe_ttl,
         &write_gate::SET_PROBE_TTL => WriteGateConfig::set_probe_ttl,
+        &paced_writer::BATCH_BYTES => PacedWriterConfig::with_batch_bytes,
+        &paced_writer::MAX_RETRIES => PacedWriterConfig::with_max_retries,
+        &paced_writer::GATE => PacedWriterConfig::with_gate,
+        &paced_writer::DISK_BACKOFF => PacedWriterConfig::with_disk_backoff,
+        &paced_writer::KV_PRESSURE => PacedWriterConfig::with_kv_pressure,
         &window::MAX_IN_FLIGHT => WindowConfig::with_max_in_flight,
         &batcher::MAX_REQUESTS_PER_BATCH => BatcherConfig::with_max_requests_per_batch,
         &batcher::MAX_BATCH_BYTES => BatcherConfig::with_max_batch_bytes,

@@ -22,6 +22,7 @@ pub mod error;
 pub mod failover;
 mod maintenance;
 pub mod options;
+pub mod paced_writer;
 pub mod pending_bytes;
 pub mod rng;
 mod slab;
@@ -48,6 +49,7 @@ pub use dispatch_window::{
 };
 pub use error::{ConfigError, Exhausted, ReleaseError};
 pub use failover::{Call, CallAction, CallConfig, ErrorClass, RefreshCoalescer, RetryBudget};
+pub use paced_writer::{PacedWriter, PacedWriterConfig, WriteOutcome, WriterAction};
 pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;
 pub use time::Instant;

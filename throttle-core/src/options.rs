@@ -394,6 +394,45 @@ pub mod write_gate {
         ConfigOption::new(G, "probe_ttl", "WriteGateConfig::set_probe_ttl", NONE);
 }
 
+/// [`PacedWriterConfig`](crate::PacedWriterConfig).
+pub mod paced_writer {
+    use super::{ConfigOption, NONE, Upstream};
+
+    const P: &str = "PacedWriterConfig";
+
+    /// Bytes per batch at most (a larger record travels alone).
+    pub const BATCH_BYTES: ConfigOption = ConfigOption::new(
+        P,
+        "batch_bytes",
+        "PacedWriterConfig::with_batch_bytes",
+        &[Upstream::new("Fluss", "client.writer.batch-size")],
+    );
+    /// Retries of a rejected batch before it fails.
+    pub const MAX_RETRIES: ConfigOption = ConfigOption::new(
+        P,
+        "max_retries",
+        "PacedWriterConfig::with_max_retries",
+        &[Upstream::new("Fluss", "client.writer.retries")],
+    );
+    /// The write gate (a [`WriteGateConfig`](crate::WriteGateConfig)).
+    pub const GATE: ConfigOption =
+        ConfigOption::new(P, "gate", "PacedWriterConfig::with_gate", NONE);
+    /// Whether disk rejections back off.
+    pub const DISK_BACKOFF: ConfigOption = ConfigOption::new(
+        P,
+        "disk_backoff",
+        "PacedWriterConfig::with_disk_backoff",
+        NONE,
+    );
+    /// Whether piggybacked KV pressure is fed to the gate.
+    pub const KV_PRESSURE: ConfigOption = ConfigOption::new(
+        P,
+        "kv_pressure",
+        "PacedWriterConfig::with_kv_pressure",
+        NONE,
+    );
+}
+
 /// [`WindowConfig`](crate::WindowConfig).
 pub mod window {
     use super::{ConfigOption, Upstream};
@@ -573,6 +612,11 @@ pub const ALL: &[&ConfigOption] = &[
     &write_gate::SET_PROBE,
     &write_gate::PROBE_TTL,
     &write_gate::SET_PROBE_TTL,
+    &paced_writer::BATCH_BYTES,
+    &paced_writer::MAX_RETRIES,
+    &paced_writer::GATE,
+    &paced_writer::DISK_BACKOFF,
+    &paced_writer::KV_PRESSURE,
     &window::MAX_IN_FLIGHT,
     &batcher::MAX_REQUESTS_PER_BATCH,
     &batcher::MAX_BATCH_BYTES,

@@ -245,3 +245,103 @@ fn window_bursts_allocate_nothing_after_warm_up() {
         assert_eq!(steady, 0, "bursts every {step:?}");
     }
 }
+
+/// The paced writer's send and response paths: per round every bucket gets three records (two
+/// batches), one bucket in eight has its first send rejected (a retriable error: the gate
+/// installs a backoff and the writer parks the bucket), and the driver loop drains, sleeps
+/// until `poll_timeout` and answers until nothing is pending. Acked batches' buffers are
+/// recycled. At most 8 buckets are gated at once: the gate itself keeps the capacity of 16
+/// gated buckets through an idle point and gives the rest back at its `handle_timeout`
+/// (`docs/design.md` §3.3), so more gated buckets per round would measure the gate's floor,
+/// not the writer.
+#[test]
+fn paced_writer_rounds_allocate_nothing_after_warm_up() {
+    use throttle_sansio::Signal;
+    use throttle_sansio::paced_writer::{
+        PacedWriter, PacedWriterConfig, WriteOutcome, WriterAction,
+    };
+    use throttle_sansio::rng::SplitMix64;
+
+    type W = PacedWriter<u32, u32, u32, S>;
+    const OK: WriteOutcome = WriteOutcome::Ok {
+        pressure: Signal::Clear,
+    };
+    for buckets in [4u32, 64] {
+        let mut w: W =
+            PacedWriter::new(PacedWriterConfig::default().with_batch_bytes(200)).expect("valid");
+        let mut rng = SplitMix64::new(5);
+        let mut now = Instant::ZERO;
+        let mut sent = Vec::with_capacity(256);
+        for b in 0..buckets {
+            w.set_leader(now, b, Some(b % 4));
+        }
+        let mut round = |w: &mut W, now: &mut Instant| {
+            for b in 0..buckets {
+                for r in 0..3 {
+                    w.append(*now, b, r, 100).expect("open");
+                }
+            }
+            let mut first = true;
+            while w.pending_batches() > 0 {
+                w.drain(*now);
+                while let Some(a) = w.poll_action() {
+                    match a {
+                        WriterAction::Send { bucket, batch, .. } => sent.push((bucket, batch)),
+                        WriterAction::Acked { batch } | WriterAction::Failed { batch, .. } => {
+                            w.recycle(batch.into_records());
+                        }
+                        _ => {}
+                    }
+                }
+                for (bucket, id) in sent.drain(..) {
+                    let outcome = if first && bucket % 8 == 0 {
+                        WriteOutcome::Retriable
+                    } else {
+                        OK
+                    };
+                    w.handle_response(*now, id, outcome, &mut rng)
+                        .expect("in flight");
+                }
+                first = false;
+                while let Some(a) = w.poll_action() {
+                    if let WriterAction::Acked { batch } | WriterAction::Failed { batch, .. } = a {
+                        w.recycle(batch.into_records());
+                    }
+                }
+                w.drain(*now);
+                while let Some(a) = w.poll_action() {
+                    if let WriterAction::Send { bucket, batch, .. } = a {
+                        sent.push((bucket, batch));
+                    }
+                }
+                for (_, id) in sent.drain(..) {
+                    w.handle_response(*now, id, OK, &mut rng)
+                        .expect("in flight");
+                }
+                while let Some(a) = w.poll_action() {
+                    if let WriterAction::Acked { batch } | WriterAction::Failed { batch, .. } = a {
+                        w.recycle(batch.into_records());
+                    }
+                }
+                if let Some(at) = w.poll_timeout() {
+                    *now = at;
+                    w.handle_timeout(*now);
+                }
+            }
+            *now += Duration::from_millis(10);
+            w.handle_timeout(*now);
+        };
+        let warm_up = allocations_during(|| {
+            for _ in 0..20 {
+                round(&mut w, &mut now);
+            }
+        });
+        assert!(warm_up > 0, "the warm-up allocates (the counter works)");
+        let steady = allocations_during(|| {
+            for _ in 0..100 {
+                round(&mut w, &mut now);
+            }
+        });
+        assert_eq!(steady, 0, "{buckets} buckets");
+    }
+}

@@ -1,32 +1,23 @@
-//! The reference writer (`docs/design.md` §6): a record accumulator and a sender built on the
-//! [`WriteGate`].
+//! The reference writer (`docs/design.md` §6): the core's [`PacedWriter`] with the simulator's
+//! bookkeeping around it.
 //!
-//! It behaves like the Fluss Java writer after Fluss PR #4293, reduced to what pacing needs:
+//! Every decision (per-bucket FIFO batches, leader-first readiness, gated buckets parked and
+//! skipped, the earliest wake, `max_retries`) is the core machine's (`docs/paced-writer.md`);
+//! this file only turns its actions into the simulator's requests and completions, owns the
+//! writer's jitter generator, and counts.
 //!
-//! - **Accumulator.** Per bucket, a FIFO of batches; records join the newest batch until it
-//!   would exceed `batch_bytes`. A rejected batch goes back to the **front** of its bucket
-//!   (ordering is kept: one batch per bucket in flight).
-//! - **Readiness, leader-first.** A bucket whose leader is unknown is reported for a metadata
-//!   refresh whether or not it is gated ([`RefWriter::poll_unknown_leader`]).
-//! - **Drain.** [`RefWriter::drain`] takes the head batch of every open bucket and groups them
-//!   into one request per leader node; gated buckets are skipped (their batches stay queued).
-//! - **Sleep.** [`RefWriter::poll_timeout`] is the earliest gate opening while some batch waits
-//!   behind a gate; the driver sleeps until then, calls [`RefWriter::handle_timeout`] and
-//!   drains again.
-//! - **Retries.** The sender owns `max_retries`: a batch rejected after that many retries fails
-//!   and installs nothing; otherwise the rejection is fed to the gate (with the batch's attempt
-//!   count before the increment) and the batch is re-enqueued.
-//!
-//! [`Policy`] switches the gate inputs off to obtain the clients upstream had before each
-//! change, so naive and ours share every other line of code.
-
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+//! [`Policy`] switches the gate inputs off (the machine's `with_disk_backoff` and
+//! `with_kv_pressure`) to obtain the clients upstream had before each change, so naive and
+//! ours share every other line of code.
 
 use throttle_sansio::Instant;
-use throttle_sansio::backpressure::Signal;
+use throttle_sansio::paced_writer::{
+    BatchId, FailCause, PacedWriter, PacedWriterConfig, WriterAction,
+};
 use throttle_sansio::rng::SplitMix64;
-use throttle_sansio::write_gate::{GateAction, GateState, WriteGate, WriteGateConfig};
+use throttle_sansio::write_gate::{WriteGate, WriteGateConfig};
+
+pub use throttle_sansio::paced_writer::WriteOutcome;
 
 use super::DetHasher;
 
@@ -34,22 +25,6 @@ use super::DetHasher;
 pub type BucketId = u32;
 /// A server (tablet server) id.
 pub type NodeId = u32;
-
-/// What the server answered for one batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteOutcome {
-    /// Written; the response piggybacks this KV pressure (`Clear` for log tables).
-    Ok {
-        /// The piggybacked pressure.
-        pressure: Signal,
-    },
-    /// Rejected by disk protection (`DISK_WRITE_LOCKED`).
-    DiskWriteLocked,
-    /// Rejected with the retriable storage-backpressure error (`L0 ≥ Tr`).
-    StorageBackpressure,
-    /// Another retriable error.
-    Retriable,
-}
 
 /// Which gate inputs the writer feeds. Every other behaviour is shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,16 +69,29 @@ impl Default for WriterConfig {
     /// `Integer.MAX_VALUE`), the gate with Fluss issue #3454's KV curve (the one the KV
     /// scenario models), our policy.
     fn default() -> Self {
+        let core = PacedWriterConfig::default();
         WriterConfig {
-            batch_bytes: 2 * 1024 * 1024,
-            max_retries: i32::MAX as u32,
+            batch_bytes: core.batch_bytes(),
+            max_retries: core.max_retries(),
             gate: WriteGateConfig::fluss_issue_3454(),
             policy: Policy::OURS,
         }
     }
 }
 
-/// A batch of records for one bucket.
+impl WriterConfig {
+    /// The core machine's configuration.
+    pub fn to_core(&self) -> PacedWriterConfig {
+        PacedWriterConfig::default()
+            .with_batch_bytes(self.batch_bytes)
+            .with_max_retries(self.max_retries)
+            .with_gate(self.gate.clone())
+            .with_disk_backoff(self.policy.disk_backoff)
+            .with_kv_pressure(self.policy.kv_pressure)
+    }
+}
+
+/// A batch of records for one bucket, as the simulator sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteBatch {
     /// Its bucket.
@@ -116,6 +104,8 @@ pub struct WriteBatch {
     pub attempts: u32,
     /// When its first record was appended.
     pub created: Instant,
+    /// The core writer's id for this send.
+    pub id: BatchId,
 }
 
 /// One RPC: the head batches of some buckets led by `node`.
@@ -143,15 +133,6 @@ pub enum Completion {
     Failed(WriteBatch),
 }
 
-#[derive(Debug, Default)]
-struct BucketState {
-    queue: VecDeque<WriteBatch>,
-    in_flight: bool,
-    leader: Option<NodeId>,
-    /// In `ready` (avoids duplicates).
-    listed: bool,
-}
-
 /// Counters a scenario reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriterStats {
@@ -163,11 +144,10 @@ pub struct WriterStats {
     pub acked: u64,
     /// Batches failed after `max_retries`.
     pub failed: u64,
-    /// Times a drain skipped a bucket because its gate was closed.
-    pub gated_skips: u64,
 }
 
-/// The reference writer. See the [module docs](self) for what it does.
+/// The reference writer: a [`PacedWriter`] over `u32` buckets and nodes, records of `()`
+/// (only their bytes matter), and its own jitter generator.
 ///
 /// # Driving contract
 ///
@@ -179,15 +159,9 @@ pub struct WriterStats {
 ///   re-arm the sleep from [`poll_timeout`](Self::poll_timeout).
 #[derive(Debug)]
 pub struct RefWriter {
-    cfg: WriterConfig,
-    gate: WriteGate<BucketId, DetHasher>,
+    w: PacedWriter<BucketId, NodeId, (), DetHasher>,
     rng: SplitMix64,
-    buckets: HashMap<BucketId, BucketState, DetHasher>,
-    /// Buckets that may have a sendable head batch.
-    ready: VecDeque<BucketId>,
-    /// Buckets with queued batches behind a gate, by when to look again.
-    recheck: BinaryHeap<Reverse<(Instant, BucketId)>>,
-    unknown: VecDeque<BucketId>,
+    unknown: Vec<BucketId>,
     stats: WriterStats,
 }
 
@@ -195,116 +169,81 @@ impl RefWriter {
     /// An empty writer; `seed` seeds its jitter generator.
     pub fn new(cfg: WriterConfig, seed: u64) -> Self {
         RefWriter {
-            gate: WriteGate::new(cfg.gate.clone()).expect("the writer's gate config is valid"),
-            cfg,
+            w: PacedWriter::new(cfg.to_core()).expect("the writer's config is valid"),
             rng: SplitMix64::new(seed),
-            buckets: HashMap::default(),
-            ready: VecDeque::new(),
-            recheck: BinaryHeap::new(),
-            unknown: VecDeque::new(),
+            unknown: Vec::new(),
             stats: WriterStats::default(),
         }
     }
 
     /// Input: append a record of `bytes` bytes to `bucket`.
     pub fn append(&mut self, now: Instant, bucket: BucketId, bytes: u64) {
-        let limit = self.cfg.batch_bytes;
-        let st = self.buckets.entry(bucket).or_default();
-        match st.queue.back_mut() {
-            // The head batch of an idle bucket may still grow; a batch in flight left the queue.
-            Some(b) if b.bytes + bytes <= limit => {
-                b.bytes += bytes;
-                b.records += 1;
-            }
-            _ => st.queue.push_back(WriteBatch {
-                bucket,
-                bytes,
-                records: 1,
-                attempts: 0,
-                created: now,
-            }),
-        }
-        self.mark_ready(bucket);
+        // The simulator never closes its writers.
+        let _ = self.w.append(now, bucket, (), bytes);
     }
 
     /// Input: `bucket`'s leader is `leader` (`None`: unknown, refresh metadata).
     pub fn set_leader(&mut self, now: Instant, bucket: BucketId, leader: Option<NodeId>) {
-        self.gate.handle_leader(now, &bucket, leader.is_some());
-        self.buckets.entry(bucket).or_default().leader = leader;
-        self.drain_gate_actions(bucket);
-        self.mark_ready(bucket);
+        self.w.set_leader(now, bucket, leader);
     }
 
-    /// Output: the next bucket whose leader must be refreshed (leader-first readiness).
+    /// Output: the next bucket whose leader must be refreshed (leader-first readiness),
+    /// reported by the last [`drain`](Self::drain).
     pub fn poll_unknown_leader(&mut self) -> Option<BucketId> {
-        self.unknown.pop_front()
+        if self.unknown.is_empty() {
+            None
+        } else {
+            Some(self.unknown.remove(0))
+        }
     }
 
     /// The sender's sleep: the earliest gate opening while some batch waits behind a gate.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let Reverse((recheck, _)) = *self.recheck.peek()?;
-        // The gate's earliest opening is the sleep (`docs/design.md` §6); the writer's own
-        // recheck index only says which buckets to look at. They agree unless a gate was lifted
-        // early.
-        Some(self.gate.poll_timeout().map_or(recheck, |g| g.min(recheck)))
+        self.w.poll_timeout()
     }
 
-    /// Input: the sleep ended. Evicts expired gates and requeues the buckets that opened.
+    /// Input: the sleep ended.
     pub fn handle_timeout(&mut self, now: Instant) {
-        self.gate.handle_timeout(now);
-        while let Some(&Reverse((at, b))) = self.recheck.peek() {
-            if at > now {
-                break;
-            }
-            self.recheck.pop();
-            self.mark_ready(b);
-        }
+        self.w.handle_timeout(now);
     }
 
     /// Output: the requests to send now, one per leader node; gated buckets are skipped.
     pub fn drain(&mut self, now: Instant) -> Vec<Request> {
+        self.w.drain(now);
         let mut out: Vec<Request> = Vec::new();
-        for _ in 0..self.ready.len() {
-            let Some(b) = self.ready.pop_front() else {
-                break;
-            };
-            let Some(st) = self.buckets.get_mut(&b) else {
-                continue;
-            };
-            st.listed = false;
-            if st.in_flight || st.queue.is_empty() {
-                continue;
-            }
-            match self.gate.check(now, &b) {
-                GateState::UnknownLeader => self.unknown.push_back(b),
-                GateState::Closed { until, .. } => {
-                    self.stats.gated_skips += 1;
-                    self.recheck.push(Reverse((until, b)));
-                }
-                GateState::Probing { .. } => {
-                    // Not configured by the scenarios; look again shortly rather than spin.
-                    self.recheck
-                        .push(Reverse((now + std::time::Duration::from_millis(1), b)));
-                }
-                _ => {
-                    let Some(node) = st.leader else {
-                        self.unknown.push_back(b);
-                        continue;
+        let mut request = None;
+        while let Some(action) = self.w.poll_action() {
+            match action {
+                WriterAction::Send {
+                    request: r,
+                    node,
+                    bucket,
+                    batch: id,
+                } => {
+                    let Some(b) = self.w.batch(id) else { continue };
+                    let batch = WriteBatch {
+                        bucket,
+                        bytes: b.bytes(),
+                        records: u32::try_from(b.len()).unwrap_or(u32::MAX),
+                        attempts: b.attempts(),
+                        created: b.created(),
+                        id,
                     };
-                    let Some(batch) = st.queue.pop_front() else {
-                        continue;
-                    };
-                    st.in_flight = true;
-                    self.gate.handle_send(now, &b);
                     self.stats.batch_sends += 1;
-                    match out.iter_mut().find(|r| r.node == node) {
-                        Some(r) => r.batches.push(batch),
-                        None => out.push(Request {
-                            node,
-                            batches: vec![batch],
-                        }),
+                    match out.last_mut() {
+                        Some(req) if request == Some(r) => req.batches.push(batch),
+                        _ => {
+                            request = Some(r);
+                            out.push(Request {
+                                node,
+                                batches: vec![batch],
+                            });
+                        }
                     }
                 }
+                WriterAction::RefreshLeader { bucket } => self.unknown.push(bucket),
+                // Ends come from answers and close only, never from a drain.
+                _ => {}
             }
         }
         out
@@ -318,59 +257,35 @@ impl RefWriter {
         mut batch: WriteBatch,
         outcome: WriteOutcome,
     ) -> Option<Completion> {
-        let b = batch.bucket;
-        let policy = self.cfg.policy;
-        let done = match outcome {
-            WriteOutcome::Ok { pressure } => {
-                self.gate.handle_success(now, &b);
-                if policy.kv_pressure {
-                    self.gate.handle_kv_signal(now, &b, pressure);
+        self.w
+            .handle_response(now, batch.id, outcome, &mut self.rng)
+            .expect("each batch is answered once");
+        let mut done = None;
+        while let Some(action) = self.w.poll_action() {
+            match action {
+                WriterAction::Acked { batch: b } => {
+                    batch.attempts = b.attempts();
+                    self.stats.acked += 1;
+                    done = Some(Completion::Acked(batch.clone()));
                 }
-                self.stats.acked += 1;
-                Some(Completion::Acked(batch))
-            }
-            _ if batch.attempts >= self.cfg.max_retries => {
-                self.stats.failed += 1;
-                Some(Completion::Failed(batch))
-            }
-            rejected => {
-                let attempts = batch.attempts;
-                match rejected {
-                    WriteOutcome::DiskWriteLocked if policy.disk_backoff => {
-                        self.gate
-                            .handle_disk_write_locked(now, &b, attempts, &mut self.rng);
-                    }
-                    WriteOutcome::DiskWriteLocked => {}
-                    WriteOutcome::StorageBackpressure if policy.kv_pressure => {
-                        self.gate.handle_kv_signal(now, &b, Signal::Full);
-                    }
-                    _ => {
-                        self.gate
-                            .handle_retriable_write(now, &b, attempts, &mut self.rng);
-                    }
+                WriterAction::Failed { batch: b, cause } => {
+                    debug_assert!(!matches!(cause, FailCause::Closed));
+                    batch.attempts = b.attempts();
+                    self.stats.failed += 1;
+                    done = Some(Completion::Failed(batch.clone()));
                 }
-                batch.attempts += 1;
-                self.stats.retries += 1;
-                if let Some(st) = self.buckets.get_mut(&b) {
-                    st.queue.push_front(batch);
-                }
-                None
+                _ => {}
             }
-        };
-        if let Some(st) = self.buckets.get_mut(&b) {
-            st.in_flight = false;
         }
-        self.drain_gate_actions(b);
-        self.mark_ready(b);
+        if done.is_none() {
+            self.stats.retries += 1;
+        }
         done
     }
 
     /// Batches not yet acknowledged or failed (queued or in flight).
     pub fn pending_batches(&self) -> usize {
-        self.buckets
-            .values()
-            .map(|s| s.queue.len() + usize::from(s.in_flight))
-            .sum()
+        self.w.pending_batches()
     }
 
     /// The counters.
@@ -380,25 +295,7 @@ impl RefWriter {
 
     /// The gate (for inspection).
     pub fn gate(&self) -> &WriteGate<BucketId, DetHasher> {
-        &self.gate
-    }
-
-    fn mark_ready(&mut self, b: BucketId) {
-        if let Some(st) = self.buckets.get_mut(&b)
-            && !st.listed
-        {
-            st.listed = true;
-            self.ready.push_back(b);
-        }
-    }
-
-    /// A wake means `b`'s wait shrank: look at it again at its new opening.
-    fn drain_gate_actions(&mut self, b: BucketId) {
-        while let Some(action) = self.gate.poll_action() {
-            if let GateAction::Wake { at } = action {
-                self.recheck.push(Reverse((at, b)));
-            }
-        }
+        self.w.gate()
     }
 }
 
@@ -522,6 +419,15 @@ mod tests {
         assert!(matches!(done, Some(Completion::Failed(_))));
         assert_eq!(w.gate().remaining(t1, &1), Duration::ZERO);
         assert_eq!(w.pending_batches(), 0);
+        assert_eq!(
+            w.stats(),
+            WriterStats {
+                batch_sends: 2,
+                retries: 1,
+                acked: 0,
+                failed: 1
+            }
+        );
     }
 
     #[test]

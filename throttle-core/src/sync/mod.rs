@@ -13,6 +13,7 @@
 //! | [`GateHandle`] | [`WriteGate`](crate::WriteGate) + two [`WakeSignal`]s (bound to a [`Runtime`] or [`Unbound`]) | a bucket's opening ([`wait_until_open`](GateHandle::wait_until_open)), re-armed on every `Wake` |
 //! | [`BatchDriver`] | [`Batcher`](crate::Batcher) + a user [`Transport`] | an operation's result ([`Submit`]), batched rate-adaptively |
 //! | [`ConnPool`] | [`ConnTable`](crate::ConnTable) + a [`Connector`] | a connection ([`Lease`]); idle ones close at the table's deadlines |
+//! | [`WriteDriver`] | [`PacedWriter`](crate::PacedWriter) + a user send closure and [`WriteClassifier`] | a record's result ([`Append`]); gated and probing buckets parked until their instant |
 //! | [`FailoverExecutor`] | [`Call`](crate::Call), [`RefreshCoalescer`](crate::RefreshCoalescer), a [`RetryBudget`](crate::RetryBudget) | a request's end, with one coalesced refresh for concurrent failures |
 //! | [`WakeSignal`] + [`wait_until`] | any machine whose deadline can move earlier | its deadline, re-armed on every signal |
 //!
@@ -54,6 +55,7 @@
 //! `docs/sync.md` for the design and how to run them.
 
 mod batch;
+mod classify;
 mod drive;
 mod failover;
 mod gate;
@@ -68,6 +70,7 @@ mod signal;
 mod unwind;
 mod waiters;
 mod window;
+mod writer;
 
 #[cfg(test)]
 pub(crate) mod test_support;
@@ -81,6 +84,7 @@ mod loom_models;
 pub(crate) use waiters::wake_all;
 
 pub use batch::{BatchDriver, BatchOutcome, OpError, Submit, Transport};
+pub use classify::WriteClassifier;
 pub use failover::{CallError, FailoverExecutor, Surfaced};
 pub use gate::{GateHandle, Unbound};
 pub use host::bare_host;
@@ -90,6 +94,7 @@ pub use runtime::{ManualClock, ManualSleep, Runtime};
 pub use seed::{client_rng, next_client_id, process_seed};
 pub use signal::{Changed, WakeSignal, wait_until};
 pub use window::{Acquire, OwnedPermit, Permit, Released, TryAcquireError, WindowHandle};
+pub use writer::{Append, SendBatch, WriteDriver, WriteError};
 
 /// The handle was closed: the wait failed and nothing is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
@@ -184,6 +189,9 @@ where
         send_value(&pool.closed());
     };
     let _batch = |driver: &BatchDriver<R, T, Shard, Op, S>| send_value(&driver.closed());
+    handle::<WriteDriver<R, Shard, U, u32, u8, S>>();
+    send::<Append>();
+    let _writer = |driver: &WriteDriver<R, Shard, U, u32, u8, S>| send_value(&driver.closed());
     let _call = |fx: &FailoverExecutor<R, K, B>| {
         send_value(&fx.call(|| async { Ok::<u8, u32>(1) }, || async { true }));
     };

@@ -27,7 +27,7 @@ const NO_POS: u32 = u32::MAX;
 
 /// The exclusive bound on slot indices (the gate keeps the top bit of its map entries for a
 /// flag, and `NO_POS` must stay out of range).
-pub(super) const MAX_SLOTS: usize = 1 << 31;
+pub(crate) const MAX_SLOTS: usize = 1 << 31;
 
 /// Children per node.
 const ARITY: usize = 4;
@@ -65,7 +65,7 @@ impl Item {
 /// The heap: items in the implicit 4-ary layout (smallest opening on top) and the position of
 /// every slot.
 #[derive(Clone, Debug, Default)]
-pub(super) struct IndexedHeap {
+pub(crate) struct IndexedHeap {
     items: Vec<Item>,
     pos: Vec<u32>,
 }
@@ -73,25 +73,25 @@ pub(super) struct IndexedHeap {
 impl IndexedHeap {
     /// Number of items (gated buckets with a known leader).
     #[inline]
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.items.len()
     }
 
     /// The earliest opening and its slot.
     #[inline]
-    pub(super) fn peek(&self) -> Option<(Instant, usize)> {
+    pub(crate) fn peek(&self) -> Option<(Instant, usize)> {
         self.items.first().map(|it| (it.at(), it.slot as usize))
     }
 
     /// The item at heap index `pos`.
     #[cfg(any(test, feature = "model"))]
-    pub(super) fn get(&self, pos: usize) -> Option<(Instant, usize)> {
+    pub(crate) fn get(&self, pos: usize) -> Option<(Instant, usize)> {
         self.items.get(pos).map(|it| (it.at(), it.slot as usize))
     }
 
     /// Where `slot` sits in the heap, if it is in it.
     #[cfg(any(test, feature = "model"))]
-    pub(super) fn position(&self, slot: usize) -> Option<usize> {
+    pub(crate) fn position(&self, slot: usize) -> Option<usize> {
         match self.pos.get(slot) {
             Some(&p) if p != NO_POS => Some(p as usize),
             _ => None,
@@ -100,30 +100,30 @@ impl IndexedHeap {
 
     /// Whether `slot` is in the heap.
     #[cfg(any(test, feature = "model"))]
-    pub(super) fn contains(&self, slot: usize) -> bool {
+    pub(crate) fn contains(&self, slot: usize) -> bool {
         self.pos.get(slot).is_some_and(|&p| p != NO_POS)
     }
 
     /// Reserved item capacity (for the shrink rule).
     #[inline]
-    pub(super) fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.items.capacity()
     }
 
     /// Release capacity down to `items` items and `slots` positions (or the current lengths).
-    pub(super) fn shrink_to(&mut self, items: usize, slots: usize) {
+    pub(crate) fn shrink_to(&mut self, items: usize, slots: usize) {
         self.items.shrink_to(items);
         self.pos.shrink_to(slots);
     }
 
     /// A new slot was appended to the slot vector (not in the heap yet).
-    pub(super) fn add_slot(&mut self) {
+    pub(crate) fn add_slot(&mut self) {
         self.pos.push(NO_POS);
     }
 
     /// The slot vector removed `slot` by swapping the last slot into it: `slot` leaves the
     /// heap, and the moved slot's item follows it.
-    pub(super) fn swap_remove_slot(&mut self, slot: usize) {
+    pub(crate) fn swap_remove_slot(&mut self, slot: usize) {
         self.remove(slot);
         if slot >= self.pos.len() {
             return;
@@ -137,7 +137,7 @@ impl IndexedHeap {
     }
 
     /// Put `slot` in the heap at `at`, or move it there if it is in already.
-    pub(super) fn set(&mut self, slot: usize, at: Instant) {
+    pub(crate) fn set(&mut self, slot: usize, at: Instant) {
         let Some(&p) = self.pos.get(slot) else {
             return;
         };
@@ -163,7 +163,7 @@ impl IndexedHeap {
     }
 
     /// Take `slot` out of the heap (nothing if it is not in).
-    pub(super) fn remove(&mut self, slot: usize) {
+    pub(crate) fn remove(&mut self, slot: usize) {
         let Some(p) = self.pos.get_mut(slot) else {
             return;
         };
@@ -185,7 +185,7 @@ impl IndexedHeap {
     }
 
     /// Drop every item and position (the gate rebuilds its slots after this).
-    pub(super) fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.items.clear();
         self.pos.clear();
     }
@@ -270,7 +270,7 @@ impl IndexedHeap {
     /// Whether the heap order holds, every item's position is recorded, and exactly
     /// `items.len()` slots have a position (for the model checker and the tests).
     #[cfg(any(test, feature = "model"))]
-    pub(super) fn is_consistent(&self) -> bool {
+    pub(crate) fn is_consistent(&self) -> bool {
         let ordered = self.items.iter().enumerate().all(|(i, it)| {
             let parent_ok = i == 0
                 || self
@@ -292,7 +292,7 @@ impl IndexedHeap {
 
     /// Number of slots the heap tracks positions for (must equal the gate's slot count).
     #[cfg(any(test, feature = "model"))]
-    pub(super) fn slots(&self) -> usize {
+    pub(crate) fn slots(&self) -> usize {
         self.pos.len()
     }
 }

@@ -10,7 +10,7 @@
 //! See [`WriteGate`] for the driving contract and `docs/write-gate.md` for the state diagram.
 
 mod config;
-mod heap;
+pub(crate) mod heap;
 
 use alloc::vec::Vec;
 use core::hash::{BuildHasher, Hash};
@@ -624,6 +624,30 @@ where
         match self.probe_limit(probe.armed) {
             Some((reason, allowed)) if probe.used >= allowed => GateState::Probing { reason },
             _ => GateState::Open,
+        }
+    }
+
+    /// When `bucket`'s [`check`](Self::check) answer next changes by the passage of time
+    /// alone: its opening (`until`) while `Closed`, the lapse of its probe state while
+    /// `Probing` ([`ReasonSpec::probe_ttl`] after it opened), `None` while `Open` or
+    /// `UnknownLeader` (nothing changes without an input). Always later than `now` when
+    /// `Some`. A sender parks a bucket it may not send until this instant instead of asking
+    /// again at once, which is what keeps a `Probing` bucket from spinning.
+    pub fn reopens_at(&self, now: Instant, bucket: &K) -> Option<Instant> {
+        let now = self.clock.peek(now);
+        let entry = self.find(bucket)?;
+        if entry & LEADER_UNKNOWN != 0 {
+            return None;
+        }
+        let i = slot_of(entry);
+        if let Some((_, until)) = self.dominant(i, now) {
+            return Some(until);
+        }
+        let lapse = self.probe_lapse(i).filter(|&l| l > now)?;
+        let probe = self.probe(i);
+        match self.probe_limit(probe.armed) {
+            Some((_, allowed)) if probe.used >= allowed => Some(lapse),
+            _ => None,
         }
     }
 

@@ -1075,3 +1075,31 @@ mod stored_hash {
         assert!(allocated(&g) < 2_048, "{} bytes left", allocated(&g));
     }
 }
+
+/// `reopens_at` is the instant `check` changes by time alone: the deadline while closed, the
+/// probe lapse while probing, nothing while open or leader-unknown.
+#[test]
+fn reopens_at_is_when_check_changes_by_time_alone() {
+    let mut cfg = WriteGateConfig::default();
+    cfg.set_probe(DISK, Some(1)).unwrap();
+    cfg.set_probe_ttl(DISK, ms(500)).unwrap();
+    let mut g = Gate::new(cfg).expect("valid");
+    assert_eq!(g.reopens_at(at(0), &1), None, "an unknown bucket is open");
+    install(&mut g, at(0), 1, DISK, ms(100));
+    assert_eq!(g.reopens_at(at(0), &1), Some(at(100)));
+    assert_eq!(g.reopens_at(at(99), &1), Some(at(100)));
+    // Open at the deadline with one probe allowed: nothing changes by time while it is unused.
+    assert_eq!(g.check(at(100), &1), GateState::Open);
+    assert_eq!(g.reopens_at(at(100), &1), None);
+    g.handle_send(at(100), &1);
+    assert!(matches!(g.check(at(100), &1), GateState::Probing { .. }));
+    assert_eq!(g.reopens_at(at(100), &1), Some(at(600)), "the probe lapse");
+    assert_eq!(g.check(at(600), &1), GateState::Open);
+    assert_eq!(g.reopens_at(at(600), &1), None);
+    g.handle_leader(at(600), &2, false);
+    assert_eq!(
+        g.reopens_at(at(600), &2),
+        None,
+        "leader unknown: an input changes it"
+    );
+}
