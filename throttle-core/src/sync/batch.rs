@@ -33,9 +33,10 @@ use super::signal::{WakeSignal, wait_for};
 use super::unwind;
 use super::waiters::wake_one;
 use super::{Closed, Panicked, Runtime};
-use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason};
+use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, OpId, Withdrawal};
 use crate::dispatch_window::CreditId;
 use crate::error::ConfigError;
+use crate::slab::{Key, Slab};
 
 /// What a [`Transport`] answers for one batch: one result per operation by position, or the
 /// whole batch's error.
@@ -110,6 +111,9 @@ struct OpSlot<T: Transport<Shard, Op>, Shard, Op> {
     key: Option<Shard>,
     /// The key's id in [`Shards`] (counted there until the slot is freed).
     shard: ShardId,
+    /// The operation's id in the batcher, once the driver task handed it over (`None` while
+    /// it is in the input queue).
+    in_batcher: Option<OpId>,
     tx: Sender<OpResult<T, Shard, Op>>,
 }
 
@@ -229,12 +233,15 @@ impl<Shard, S> Shards<Shard, S> {
 }
 
 struct DriverState<T: Transport<Shard, Op>, Shard, Op, S> {
-    batcher: Batcher<ShardId, usize, S>,
+    batcher: Batcher<ShardId, Key, S>,
     shards: Shards<Shard, S>,
-    inbox: VecDeque<(ShardId, usize, u64)>,
-    /// Submitted operations by slot (the batcher's handle `H` is the slot index).
-    slots: Vec<Option<OpSlot<T, Shard, Op>>>,
-    free: Vec<usize>,
+    /// Operations submitted and not yet handed to the batcher: their shard, slot and size.
+    inbox: VecDeque<(ShardId, Key, u64)>,
+    /// Entries of `inbox` whose operation was withdrawn (their slot is gone; the driver task
+    /// skips them).
+    withdrawn: usize,
+    /// Submitted operations by slot (the batcher's handle `H` is the slot's key).
+    slots: Slab<OpSlot<T, Shard, Op>>,
     driver: Option<Waker>,
     closed: bool,
     /// Critical sections whose results are still being handed to their submitters after
@@ -291,8 +298,10 @@ enum Ending<O, E> {
 /// # Contract
 ///
 /// - [`submit(shard, op)`](Self::submit) returns a [`Submit`] future of the operation's result.
-///   The operation is queued at once (not on first poll); dropping the future only discards the
-///   result.
+///   The operation is queued at once (not on first poll). Dropping the future before the
+///   operation's batch left withdraws the operation ([`Batcher::cancel`]): the transport never
+///   sees it, and a batch left empty is never sent (its turn for a credit goes to the shard's
+///   next batch). Dropped later, the operation still goes out and its result is discarded.
 /// - Batching: the driver task drains the queue, then flushes: a shard with free credit sends
 ///   its open batch at once; an exhausted shard's batch is parked and grows until a credit
 ///   returns. At most `window.max_in_flight` batches per shard are in the transport.
@@ -313,13 +322,75 @@ enum Ending<O, E> {
 /// [`new`](BatchDriver::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
 pub struct BatchDriver<R, T: Transport<Shard, Op>, Shard, Op, S = std::hash::RandomState> {
     shared: Arc<DriverShared<R, T, Shard, Op, S>>,
+    /// The same driver, for the [`Submit`]s it hands out to withdraw their operation on drop
+    /// (type-erased, so `Submit` names only the result's types).
+    withdraw: Arc<dyn Withdraw>,
 }
 
 impl<R, T: Transport<Shard, Op>, Shard, Op, S> Clone for BatchDriver<R, T, Shard, Op, S> {
     fn clone(&self) -> Self {
         BatchDriver {
             shared: Arc::clone(&self.shared),
+            withdraw: Arc::clone(&self.withdraw),
         }
+    }
+}
+
+/// What a dropped [`Submit`] asks of its driver.
+trait Withdraw: Send + Sync {
+    /// Withdraws the operation in slot `slot` if its batch has not left.
+    fn withdraw(&self, slot: Key);
+}
+
+/// The driver's [`Withdraw`]: a second handle on its shared state.
+struct Withdrawer<R, T: Transport<Shard, Op>, Shard, Op, S> {
+    shared: Arc<DriverShared<R, T, Shard, Op, S>>,
+}
+
+impl<R, T, Shard, Op, S> Withdraw for Withdrawer<R, T, Shard, Op, S>
+where
+    R: Runtime,
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone + Send + 'static,
+    Op: Send + 'static,
+    S: BuildHasher + Clone + Send + 'static,
+{
+    fn withdraw(&self, slot: Key) {
+        let taken = {
+            let mut guard = lock(&self.shared.state);
+            let st = &mut *guard;
+            let Some(op) = st.slots.get(slot) else {
+                return; // it ended
+            };
+            if op.op.is_none() {
+                return; // its batch left: too late, the result is dropped when it comes
+            }
+            match op.in_batcher {
+                // Still in the input queue: the driver task skips its entry.
+                None => st.withdrawn += 1,
+                Some(id) => match st.batcher.cancel(id) {
+                    Ok(Withdrawal::Withdrawn(_)) => {}
+                    // Unreachable: its operation is still here, so its batch has not left.
+                    _ => return,
+                },
+            }
+            take_slot(st, slot)
+        };
+        // The operation, its key and its result slot are dropped after unlock.
+        drop(taken);
+    }
+}
+
+/// Type-erases a driver's [`Withdrawer`] (loom's `Arc` cannot coerce, so it converts a std one).
+fn erase<W: Withdraw + 'static>(w: W) -> Arc<dyn Withdraw> {
+    #[cfg(all(test, loom))]
+    {
+        let std: std::sync::Arc<dyn Withdraw> = std::sync::Arc::new(w);
+        Arc::from_std(std)
+    }
+    #[cfg(not(all(test, loom)))]
+    {
+        Arc::new(w)
     }
 }
 
@@ -329,16 +400,32 @@ impl<R, T: Transport<Shard, Op>, Shard, Op, S> fmt::Debug for BatchDriver<R, T, 
     }
 }
 
-/// The future of [`BatchDriver::submit`]: the operation's result. Cancel-safe (the operation
-/// still goes out; its result is dropped).
-#[must_use = "futures do nothing unless polled"]
+/// The future of [`BatchDriver::submit`]: the operation's result.
+///
+/// Dropping it cancels the operation: if its batch has not left yet, the operation is
+/// withdrawn and never reaches the transport; if it has, the operation completes and its
+/// result is discarded. Either way nothing is stranded (`docs/sync.md`).
+#[must_use = "the operation is withdrawn if this is dropped before its batch leaves"]
 pub struct Submit<O, E> {
     rx: Receiver<Result<O, OpError<E>>>,
+    /// The driver and the operation's slot, until the result is taken: what `Drop` withdraws.
+    pending: Option<(Arc<dyn Withdraw>, Key)>,
+}
+
+impl<O, E> Submit<O, E> {
+    /// A submit that already has its result (refused at once): nothing to withdraw.
+    fn done(result: Result<O, OpError<E>>) -> Self {
+        let (tx, rx) = oneshot::channel();
+        tx.send(result);
+        Submit { rx, pending: None }
+    }
 }
 
 impl<O, E> fmt::Debug for Submit<O, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Submit").finish_non_exhaustive()
+        f.debug_struct("Submit")
+            .field("pending", &self.pending.is_some())
+            .finish_non_exhaustive()
     }
 }
 
@@ -346,9 +433,22 @@ impl<O, E> Future for Submit<O, E> {
     type Output = Result<O, OpError<E>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.rx)
+        let this = &mut *self;
+        let result = Pin::new(&mut this.rx)
             .poll(cx)
-            .map(|r| r.unwrap_or(Err(OpError::Closed)))
+            .map(|r| r.unwrap_or(Err(OpError::Closed)));
+        if result.is_ready() {
+            this.pending = None; // it ended: nothing to withdraw
+        }
+        result
+    }
+}
+
+impl<O, E> Drop for Submit<O, E> {
+    fn drop(&mut self) {
+        if let Some((driver, slot)) = self.pending.take() {
+            driver.withdraw(slot);
+        }
     }
 }
 
@@ -393,22 +493,26 @@ where
         cfg: BatcherConfig,
         hasher: S,
     ) -> Result<Self, ConfigError> {
-        let driver = BatchDriver {
-            shared: Arc::new(DriverShared {
-                rt,
-                transport,
-                state: Mutex::new(DriverState {
-                    batcher: Batcher::with_hasher(cfg, hasher.clone())?,
-                    shards: Shards::new(hasher),
-                    inbox: VecDeque::new(),
-                    slots: Vec::new(),
-                    free: Vec::new(),
-                    driver: None,
-                    closed: false,
-                    delivering: 0,
-                }),
-                drained: WakeSignal::new(),
+        let shared = Arc::new(DriverShared {
+            rt,
+            transport,
+            state: Mutex::new(DriverState {
+                batcher: Batcher::with_hasher(cfg, hasher.clone())?,
+                shards: Shards::new(hasher),
+                inbox: VecDeque::new(),
+                withdrawn: 0,
+                slots: Slab::new(),
+                driver: None,
+                closed: false,
+                delivering: 0,
             }),
+            drained: WakeSignal::new(),
+        });
+        let driver = BatchDriver {
+            withdraw: erase(Withdrawer {
+                shared: Arc::clone(&shared),
+            }),
+            shared,
         };
         let task = driver.clone();
         driver.shared.rt.spawn(async move { task.run().await });
@@ -421,52 +525,51 @@ where
     /// is cloned once); a panic in one of them, or in [`Transport::op_bytes`], fails this
     /// submit with [`OpError::Panicked`] and queues nothing.
     pub fn submit(&self, shard: Shard, op: Op) -> Submit<T::Output, T::Error> {
-        let (tx, rx) = oneshot::channel();
         // User code, before anything is queued: a panic fails this operation alone.
         let Ok(bytes) = unwind::call(|| self.shared.transport.op_bytes(&op)) else {
-            tx.send(Err(OpError::Panicked(Panicked)));
-            return Submit { rx };
+            return Submit::done(Err(OpError::Panicked(Panicked)));
         };
-        let waker = {
+        let (tx, rx) = oneshot::channel();
+        let (waker, slot) = {
             let mut guard = lock(&self.shared.state);
             let st = &mut *guard;
             if st.closed {
                 drop(guard);
-                tx.send(Err(OpError::Closed));
-                return Submit { rx };
+                return Submit::done(Err(OpError::Closed));
             }
             // The key's code, caught under the lock: `intern` runs all of it before it changes
             // anything, so a panic leaves the state as it was (and the lock unpoisoned).
             let Ok(id) = unwind::call(|| st.shards.intern(&shard)) else {
                 drop(guard);
-                tx.send(Err(OpError::Panicked(Panicked)));
-                return Submit { rx };
+                return Submit::done(Err(OpError::Panicked(Panicked)));
             };
             let slot = OpSlot {
                 op: Some(op),
                 key: Some(shard),
                 shard: id,
+                in_batcher: None,
                 tx,
             };
-            let index = match st.free.pop() {
-                Some(i) => {
-                    if let Some(s) = st.slots.get_mut(i) {
-                        *s = Some(slot);
-                    }
-                    i
-                }
-                None => {
-                    st.slots.push(Some(slot));
-                    st.slots.len() - 1
+            let key = match st.slots.insert(slot) {
+                Ok(key) => key,
+                Err((_, refused)) => {
+                    // 2^64 submits (or 2^32 at once): never in practice.
+                    st.shards.release(id);
+                    drop(guard);
+                    drop(refused);
+                    return Submit::done(Err(OpError::Closed));
                 }
             };
-            st.inbox.push_back((id, index, bytes));
-            st.driver.take()
+            st.inbox.push_back((id, key, bytes));
+            (st.driver.take(), key)
         };
         if let Some(w) = waker {
             wake_one(w);
         }
-        Submit { rx }
+        Submit {
+            rx,
+            pending: Some((Arc::clone(&self.withdraw), slot)),
+        }
     }
 
     /// Fails every operation not yet sent with [`OpError::Closed`], refuses later submits and
@@ -482,6 +585,7 @@ where
                     effects.done.push((slot.tx, Err(OpError::Closed)));
                 }
             }
+            st.withdrawn = 0;
             st.batcher.close();
             drain(st, &mut effects, &mut Ending::Nothing);
             st.delivering += 1;
@@ -531,9 +635,11 @@ where
             .map_or(0, |id| st.batcher.open_ops(&id))
     }
 
-    /// Operations submitted and not yet sent, queued for the driver task.
+    /// Operations submitted and not yet handed to the batcher, queued for the driver task
+    /// (withdrawn ones not counted).
     pub fn queued(&self) -> usize {
-        lock(&self.shared.state).inbox.len()
+        let st = lock(&self.shared.state);
+        st.inbox.len().saturating_sub(st.withdrawn)
     }
 
     /// The driver task: drain the input queue, flush when it is empty, sleep until a submit.
@@ -553,11 +659,23 @@ where
                     } else {
                         let now = self.shared.rt.now();
                         let mut effects = Effects::new();
-                        while let Some((shard, index, bytes)) = st.inbox.pop_front() {
-                            if let Err(refused) = st.batcher.handle_op(now, shard, index, bytes)
-                                && let Some(slot) = take_slot(st, refused.into_handle())
-                            {
-                                effects.done.push((slot.tx, Err(OpError::Closed)));
+                        while let Some((shard, slot, bytes)) = st.inbox.pop_front() {
+                            if st.slots.get(slot).is_none() {
+                                // Withdrawn while it waited here.
+                                st.withdrawn = st.withdrawn.saturating_sub(1);
+                                continue;
+                            }
+                            match st.batcher.handle_op(now, shard, slot, bytes) {
+                                Ok(id) => {
+                                    if let Some(s) = st.slots.get_mut(slot) {
+                                        s.in_batcher = Some(id);
+                                    }
+                                }
+                                Err(refused) => {
+                                    if let Some(s) = take_slot(st, refused.into_handle()) {
+                                        effects.done.push((s.tx, Err(OpError::Closed)));
+                                    }
+                                }
                             }
                         }
                         // The input queue is empty: the rate-adaptive flush.
@@ -762,13 +880,12 @@ impl<T: Transport<Shard, Op>, Shard, Op> Effects<T, Shard, Op> {
 
 fn take_slot<T, Shard, Op, S>(
     st: &mut DriverState<T, Shard, Op, S>,
-    index: usize,
+    slot: Key,
 ) -> Option<OpSlot<T, Shard, Op>>
 where
     T: Transport<Shard, Op>,
 {
-    let slot = st.slots.get_mut(index)?.take()?;
-    st.free.push(index);
+    let slot = st.slots.remove(slot).ok()?;
     st.shards.release(slot.shard);
     Some(slot)
 }
@@ -786,7 +903,7 @@ fn drain<T, Shard, Op, S>(
     while let Some(action) = st.batcher.poll_action() {
         match action {
             BatchAction::Send { shard: _, credit } => {
-                let handles: Vec<usize> = st
+                let handles: Vec<Key> = st
                     .batcher
                     .batch(credit)
                     .map(|b| b.ops().to_vec())
@@ -797,7 +914,7 @@ fn drain<T, Shard, Op, S>(
                 let ops = handles
                     .into_iter()
                     .filter_map(|h| {
-                        let slot = st.slots.get_mut(h)?.as_mut()?;
+                        let slot = st.slots.get_mut(h)?;
                         let own = slot.key.take();
                         if key.is_none() {
                             key = own;
@@ -1091,13 +1208,7 @@ mod tests {
             in_flight += busy as usize;
         }
         assert_eq!(w.live_credits(), in_flight, "no other credit live");
-        let used = st.slots.iter().flatten().count();
-        assert_eq!(used, pending, "operation slots in use");
-        assert_eq!(
-            used + st.free.len(),
-            st.slots.len(),
-            "every slot used or free"
-        );
+        assert_eq!(st.slots.live(), pending, "operation slots in use");
         if pending == 0 {
             assert_eq!(st.shards.len(), 0, "no shard key left stored");
             assert_eq!(st.batcher.open_batches(), 0);
