@@ -14,11 +14,14 @@ use throttle_sansio::sync::{BatchDriver, BatchOutcome, Submit, Transport};
 use throttle_sansio::{BatcherConfig, WindowConfig};
 use throttle_tokio::{Instant, TokioRuntime};
 
+/// A batch as the server received it: the shard and the gets.
+type Batch = (u8, Vec<u32>);
+
 /// A server 10 ms away that answers each get `x` with `10 * x`; it records every batch it
 /// receives, as the server would see them.
 #[derive(Clone, Default)]
 struct Server {
-    seen: Arc<Mutex<Vec<(u8, Vec<u32>)>>>,
+    seen: Arc<Mutex<Vec<Batch>>>,
 }
 
 impl Server {
@@ -29,7 +32,7 @@ impl Server {
             .collect()
     }
 
-    fn batches(&self) -> Vec<(u8, Vec<u32>)> {
+    fn batches(&self) -> Vec<Batch> {
         self.seen.lock().unwrap().clone()
     }
 }

@@ -299,6 +299,21 @@ impl OpId {
 }
 
 /// What [`Batcher::cancel`] did.
+///
+/// ```
+/// use throttle_sansio::{BatchAction, Batcher, BatcherConfig, Instant, Withdrawal};
+/// # use core::hash::BuildHasherDefault;
+/// # #[derive(Default)] struct H(u64);
+/// # impl core::hash::Hasher for H {
+/// #     fn finish(&self) -> u64 { self.0 }
+/// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+/// # }
+/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads()).unwrap();
+/// let (now, a) = (Instant::ZERO, b.handle_op(Instant::ZERO, 1, "get a", 0).unwrap());
+/// b.flush(now); // shard 1 has credit: the batch leaves
+/// assert!(matches!(b.poll_action(), Some(BatchAction::Send { .. })));
+/// assert_eq!(b.cancel(a), Ok(Withdrawal::TooLate), "it ends through poll_action instead");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Withdrawal<H> {

@@ -71,27 +71,161 @@ pub trait Transport<Shard, Op>: Send + Sync + 'static {
 }
 
 /// Why a submitted operation has no result.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Display` says what happened at this layer; the transport's error is the
+/// [`source`](std::error::Error::source) (for [`Op`](Self::Op) and [`Batch`](Self::Batch)), so
+/// a report that walks the chain prints both. `std::error::Error` is implemented when `E` is
+/// an error itself.
+///
+/// ```
+/// use std::error::Error as _;
+/// use throttle_sansio::sync::OpError;
+///
+/// let e: OpError<std::io::Error> = OpError::Op(std::io::Error::other("key not found"));
+/// assert_eq!(e.to_string(), "the transport failed the operation");
+/// assert_eq!(e.source().unwrap().to_string(), "key not found");
+/// ```
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum OpError<E> {
     /// The transport's error for this operation.
-    #[error("operation failed")]
     Op(E),
     /// Its batch failed as a whole (the error is shared by the batch's operations).
-    #[error("batch failed")]
-    Batch(ErrArc<E>),
+    Batch(BatchFailure<E>),
     /// Its batch completed without a result for it, or its send task was dropped unfinished
     /// (the runtime shut down).
-    #[error("no response for the operation")]
     NoResponse,
     /// The driver closed before the operation was sent.
-    #[error("driver closed")]
     Closed,
     /// User code it depended on panicked: [`Transport::op_bytes`] or the shard key's `Hash`,
     /// `Eq` or `Clone` in `submit` for this operation (nothing was queued), or
     /// [`Transport::send`] (or its future) for its batch (the batch's credit was released).
-    #[error(transparent)]
-    Panicked(#[from] Panicked),
+    Panicked(Panicked),
+}
+
+impl<E> fmt::Display for OpError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpError::Op(_) => f.write_str("the transport failed the operation"),
+            OpError::Batch(b) => fmt::Display::fmt(b, f),
+            OpError::NoResponse => {
+                f.write_str("the transport's answer had no result for the operation")
+            }
+            OpError::Closed => f.write_str("the batch driver closed before the operation was sent"),
+            OpError::Panicked(p) => write!(f, "{p} (the operation's batch or submit)"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for OpError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpError::Op(e) => Some(e),
+            OpError::Batch(b) => Some(b.error()),
+            OpError::Panicked(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+impl<E> From<Panicked> for OpError<E> {
+    fn from(p: Panicked) -> Self {
+        OpError::Panicked(p)
+    }
+}
+
+/// The error of a whole batch, shared by each of its operations' [`OpError::Batch`]: the
+/// transport's error, and how many operations the batch carried. Derefs to the transport's
+/// error, which is also its [`source`](std::error::Error::source).
+///
+/// ```
+#[doc = include_str!("doc/tiny_runtime.md")]
+/// use std::error::Error as _;
+/// use throttle_sansio::BatcherConfig;
+/// use throttle_sansio::sync::{BatchDriver, BatchOutcome, OpError, Transport};
+///
+/// struct Down;
+///
+/// impl Transport<u8, u64> for Down {
+///     type Output = u64;
+///     type Error = std::io::Error;
+///
+///     fn send(
+///         &self,
+///         _shard: &u8,
+///         _gets: Vec<u64>,
+///     ) -> impl Future<Output = BatchOutcome<u64, std::io::Error>> + Send + 'static {
+///         core::future::ready(Err(std::io::Error::other("shard 1 is down")))
+///     }
+/// }
+///
+/// let rt = Tiny::default();
+/// let driver: BatchDriver<_, _, u8, u64> =
+///     BatchDriver::new(rt.clone(), Down, BatcherConfig::reads()).unwrap();
+/// let (a, _b) = (driver.submit(1, 20), driver.submit(1, 21));
+/// let Err(OpError::Batch(failure)) = rt.block_on(a) else { unreachable!() };
+/// assert_eq!(failure.ops(), 2);
+/// assert_eq!(failure.to_string(), "the transport failed the operation's batch of 2 operations");
+/// assert_eq!(failure.source().unwrap().to_string(), "shard 1 is down");
+/// ```
+#[derive(Debug)]
+pub struct BatchFailure<E> {
+    error: ErrArc<E>,
+    ops: usize,
+}
+
+impl<E> BatchFailure<E> {
+    /// The transport's error.
+    pub fn error(&self) -> &E {
+        &self.error
+    }
+
+    /// The transport's error, shared with the batch's other operations.
+    pub fn shared(&self) -> &ErrArc<E> {
+        &self.error
+    }
+
+    /// Operations the batch carried.
+    pub fn ops(&self) -> usize {
+        self.ops
+    }
+}
+
+impl<E> Clone for BatchFailure<E> {
+    fn clone(&self) -> Self {
+        BatchFailure {
+            error: ErrArc::clone(&self.error),
+            ops: self.ops,
+        }
+    }
+}
+
+impl<E> core::ops::Deref for BatchFailure<E> {
+    type Target = E;
+    fn deref(&self) -> &E {
+        &self.error
+    }
+}
+
+impl<E> fmt::Display for BatchFailure<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the transport failed the operation's batch of {}",
+            self.ops
+        )?;
+        f.write_str(if self.ops == 1 {
+            " operation"
+        } else {
+            " operations"
+        })
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for BatchFailure<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.error())
+    }
 }
 
 impl<E> From<Closed> for OpError<E> {
@@ -285,7 +419,7 @@ enum Ending<O, E> {
     /// The transport answered: results by position, each taken once.
     Answered(Vec<Option<Result<O, E>>>),
     /// The transport failed the whole batch.
-    Failed(ErrArc<E>),
+    Failed(BatchFailure<E>),
     /// `send` or its future panicked.
     Panicked,
     /// The send task was dropped before the transport answered (the runtime shut down).
@@ -320,6 +454,40 @@ enum Ending<O, E> {
 ///
 /// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
 /// [`new`](BatchDriver::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
+///
+/// A transport that answers each get `k` with `2 k`, on a tiny runtime of the example's own
+/// (hidden: a [`ManualClock`](super::ManualClock) and a task queue that `block_on` polls;
+/// `throttle_tokio::TokioRuntime` in an application):
+///
+/// ```
+#[doc = include_str!("doc/tiny_runtime.md")]
+/// use throttle_sansio::BatcherConfig;
+/// use throttle_sansio::sync::{BatchDriver, BatchOutcome, Transport};
+///
+/// struct Doubler;
+///
+/// impl Transport<u8, u64> for Doubler {
+///     type Output = u64;
+///     type Error = std::io::Error;
+///
+///     fn send(
+///         &self,
+///         _shard: &u8,
+///         gets: Vec<u64>,
+///     ) -> impl Future<Output = BatchOutcome<u64, std::io::Error>> + Send + 'static {
+///         core::future::ready(Ok(gets.into_iter().map(|k| Ok(2 * k)).collect()))
+///     }
+/// }
+///
+/// let rt = Tiny::default();
+/// let driver: BatchDriver<_, _, u8, u64> =
+///     BatchDriver::new(rt.clone(), Doubler, BatcherConfig::reads()).unwrap();
+/// let (a, b) = (driver.submit(1, 20), driver.submit(1, 21)); // one batch to shard 1
+/// assert_eq!(rt.block_on(a).unwrap(), 40);
+/// assert_eq!(rt.block_on(b).unwrap(), 42);
+/// driver.close(); // graceful shutdown: nothing held back is left, then
+/// rt.block_on(driver.closed()); // wait for every batch in flight to end
+/// ```
 pub struct BatchDriver<R, T: Transport<Shard, Op>, Shard, Op, S = std::hash::RandomState> {
     shared: Arc<DriverShared<R, T, Shard, Op, S>>,
     /// The same driver, for the [`Submit`]s it hands out to withdraw their operation on drop
@@ -405,6 +573,39 @@ impl<R, T: Transport<Shard, Op>, Shard, Op, S> fmt::Debug for BatchDriver<R, T, 
 /// Dropping it cancels the operation: if its batch has not left yet, the operation is
 /// withdrawn and never reaches the transport; if it has, the operation completes and its
 /// result is discarded. Either way nothing is stranded (`docs/sync.md`).
+///
+/// ```
+#[doc = include_str!("doc/tiny_runtime.md")]
+/// use throttle_sansio::{BatcherConfig, WindowConfig};
+/// use throttle_sansio::sync::{BatchDriver, BatchOutcome, Transport};
+///
+/// /// Records every get it receives, as the server would see them.
+/// #[derive(Clone, Default)]
+/// struct Server(Arc<Mutex<Vec<u64>>>);
+///
+/// impl Transport<u8, u64> for Server {
+///     type Output = u64;
+///     type Error = std::io::Error;
+///
+///     fn send(
+///         &self,
+///         _shard: &u8,
+///         gets: Vec<u64>,
+///     ) -> impl Future<Output = BatchOutcome<u64, std::io::Error>> + Send + 'static {
+///         self.0.lock().unwrap().extend(&gets);
+///         core::future::ready(Ok(gets.into_iter().map(Ok).collect()))
+///     }
+/// }
+///
+/// let (rt, server) = (Tiny::default(), Server::default());
+/// let driver: BatchDriver<_, _, u8, u64> =
+///     BatchDriver::new(rt.clone(), server.clone(), BatcherConfig::reads()).unwrap();
+/// let wanted = driver.submit(1, 7);
+/// let given_up = driver.submit(1, 8);
+/// drop(given_up); // before its batch left: withdrawn
+/// assert_eq!(rt.block_on(wanted).unwrap(), 7);
+/// assert_eq!(*server.0.lock().unwrap(), [7], "the server never saw 8");
+/// ```
 #[must_use = "the operation is withdrawn if this is dropped before its batch leaves"]
 pub struct Submit<O, E> {
     rx: Receiver<Result<O, OpError<E>>>,
@@ -712,8 +913,9 @@ where
                     unsent.push((credit, Ending::Abandoned));
                     continue;
                 };
+                let n = ops.len();
                 match unwind::call(|| self.shared.transport.send(&shard, ops)) {
-                    Ok(sending) => self.spawn_send(credit, sending),
+                    Ok(sending) => self.spawn_send(credit, n, sending),
                     Err(Panicked) => unsent.push((credit, Ending::Panicked)),
                 }
             }
@@ -751,6 +953,7 @@ where
     fn spawn_send(
         &self,
         credit: CreditId,
+        ops: usize,
         sending: impl Future<Output = BatchOutcome<T::Output, T::Error>> + Send + 'static,
     ) {
         let guard = SendGuard {
@@ -761,7 +964,10 @@ where
             let mut guard = guard;
             let ending = match unwind::catch(sending).await {
                 Ok(Ok(results)) => Ending::Answered(results.into_iter().map(Some).collect()),
-                Ok(Err(e)) => Ending::Failed(ErrArc::new(e)),
+                Ok(Err(e)) => Ending::Failed(BatchFailure {
+                    error: ErrArc::new(e),
+                    ops,
+                }),
                 Err(Panicked) => Ending::Panicked,
             };
             if let Some(credit) = guard.credit.take() {
@@ -1112,6 +1318,85 @@ mod tests {
                 .all(|(_, r)| matches!(r, Err(OpError::Batch(e)) if **e == "broken pipe"))
         );
         assert_eq!(driver.in_flight(&1), 0, "the credit came back");
+    }
+
+    /// Fails a batch holding operation 0 as a whole, and every operation of any other batch
+    /// on its own, with `std::io::Error`s.
+    struct Failing;
+
+    impl Transport<u8, u32> for Failing {
+        type Output = u32;
+        type Error = std::io::Error;
+        fn send(
+            &self,
+            _shard: &u8,
+            ops: Vec<u32>,
+        ) -> impl Future<Output = BatchOutcome<u32, std::io::Error>> + Send + 'static {
+            use std::io::{Error, ErrorKind};
+            let outcome = if ops.contains(&0) {
+                Err(Error::new(ErrorKind::ConnectionReset, "shard 1 is down"))
+            } else {
+                Ok(ops
+                    .iter()
+                    .map(|_| Err(Error::new(ErrorKind::NotFound, "no such key")))
+                    .collect())
+            };
+            core::future::ready(outcome)
+        }
+    }
+
+    #[test]
+    fn errors_describe_this_layer_and_expose_the_transport_s_error_as_source() {
+        use std::error::Error as _;
+        use std::format;
+        use std::io::ErrorKind;
+        use std::string::ToString;
+        let mut exec = Executor::default();
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(exec.spawner());
+        let driver = BatchDriver::new(rt, Failing, BatcherConfig::reads()).unwrap();
+        type IoResult = Result<u32, OpError<std::io::Error>>;
+        let out: Arc<StdMutex<Vec<(u32, IoResult)>>> = Arc::default();
+        for op in [0, 1, 2] {
+            let (fut, out) = (driver.submit(1, op), Arc::clone(&out));
+            exec.spawn(async move {
+                let r = fut.await;
+                out.lock().unwrap().push((op, r));
+            });
+            exec.run_until_stalled(); // each its own batch
+        }
+        let mut got = core::mem::take(&mut *out.lock().unwrap());
+        got.sort_by_key(|(op, _)| *op);
+        let kind = |e: &OpError<std::io::Error>| {
+            let source = e.source().expect("the transport's error is the source");
+            source.downcast_ref::<std::io::Error>().map(|io| io.kind())
+        };
+        let Err(batch) = &got[0].1 else {
+            panic!("op 0 succeeded")
+        };
+        assert!(matches!(batch, OpError::Batch(b) if b.ops() == 1));
+        assert_eq!(
+            batch.to_string(),
+            "the transport failed the operation's batch of 1 operation"
+        );
+        assert_eq!(kind(batch), Some(ErrorKind::ConnectionReset));
+        for (op, r) in &got[1..] {
+            let Err(e) = r else {
+                panic!("op {op} succeeded")
+            };
+            assert_eq!(e.to_string(), "the transport failed the operation");
+            assert_eq!(kind(e), Some(ErrorKind::NotFound), "op {op}");
+        }
+        assert!(OpError::<std::io::Error>::Closed.source().is_none());
+        assert_eq!(
+            format!("{:?}", driver.submit(1, 9)),
+            "Submit { pending: true, .. }"
+        );
+        driver.close();
+        assert_eq!(
+            format!("{:?}", driver.submit(1, 9)),
+            "Submit { pending: false, .. }"
+        );
     }
 
     #[test]

@@ -75,7 +75,7 @@ mod loom_models;
 
 pub(crate) use waiters::wake_all;
 
-pub use batch::{BatchDriver, BatchOutcome, OpError, Submit, Transport};
+pub use batch::{BatchDriver, BatchFailure, BatchOutcome, OpError, Submit, Transport};
 pub use failover::{CallError, FailoverExecutor, Surfaced};
 pub use gate::GateHandle;
 pub use host::bare_host;
