@@ -42,7 +42,9 @@ use crate::slab::{Key, Slab};
 /// whole batch's error.
 pub type BatchOutcome<O, E> = Result<Vec<Result<O, E>>, E>;
 
-/// Sends a batch of operations to a shard: the user's side of a [`BatchDriver`].
+/// Sends a batch of operations to a shard: the user's side of a [`BatchDriver`]. A closure
+/// `|shard: &Shard, ops: Vec<Op>| future` is one (see the impl below); implement it on a type
+/// of your own for [`op_bytes`](Self::op_bytes).
 pub trait Transport<Shard, Op>: Send + Sync + 'static {
     /// One operation's successful result.
     type Output: Send + 'static;
@@ -68,6 +70,46 @@ pub trait Transport<Shard, Op>: Send + Sync + 'static {
         shard: &Shard,
         ops: Vec<Op>,
     ) -> impl Future<Output = BatchOutcome<Self::Output, Self::Error>> + Send + 'static;
+}
+
+/// A closure is a transport: `|shard: &Shard, ops: Vec<Op>| future` sends the batch, with
+/// [`op_bytes`](Transport::op_bytes) 0 (batches bounded by count only). For sizes, implement
+/// the trait on a type of your own.
+///
+/// ```
+/// use throttle_sansio::BatcherConfig;
+/// use throttle_sansio::sync::{BatchDriver, BatchOutcome};
+/// # #[derive(Clone)] struct Rt;
+/// # impl throttle_sansio::sync::Runtime for Rt {
+/// #     fn now(&self) -> throttle_sansio::Instant { throttle_sansio::Instant::ZERO }
+/// #     fn sleep_until(&self, _: throttle_sansio::Instant) -> impl Future<Output = ()> + Send + 'static { core::future::pending() }
+/// #     fn spawn<F: Future<Output = ()> + Send + 'static>(&self, _: F) {}
+/// # }
+/// # let rt = Rt;
+/// async fn exchange(shard: u8, keys: Vec<u32>) -> BatchOutcome<u64, std::io::Error> {
+///     Ok(keys.into_iter().map(|k| Ok(u64::from(k) + u64::from(shard))).collect())
+/// }
+/// let send = |shard: &u8, keys| exchange(*shard, keys);
+/// let driver = BatchDriver::new(rt, send, BatcherConfig::reads()).unwrap();
+/// # driver.close();
+/// ```
+impl<Shard, Op, F, Fut, O, E> Transport<Shard, Op> for F
+where
+    F: Fn(&Shard, Vec<Op>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = BatchOutcome<O, E>> + Send + 'static,
+    O: Send + 'static,
+    E: Send + Sync + 'static,
+{
+    type Output = O;
+    type Error = E;
+
+    fn send(
+        &self,
+        shard: &Shard,
+        ops: Vec<Op>,
+    ) -> impl Future<Output = BatchOutcome<O, E>> + Send + 'static {
+        self(shard, ops)
+    }
 }
 
 /// Why a submitted operation has no result.
