@@ -852,6 +852,12 @@ where
         .await;
     }
 
+    /// Operation slots in use (submitted, not yet ended or withdrawn), for the loom models.
+    #[cfg(test)]
+    pub(crate) fn slots_in_use(&self) -> usize {
+        lock(&self.shared.state).slots.live()
+    }
+
     /// Whether [`close`](Self::close) was called.
     pub fn is_closed(&self) -> bool {
         lock(&self.shared.state).closed
