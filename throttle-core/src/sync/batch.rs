@@ -853,7 +853,7 @@ where
     }
 
     /// Operation slots in use (submitted, not yet ended or withdrawn), for the loom models.
-    #[cfg(test)]
+    #[cfg(all(test, loom))]
     pub(crate) fn slots_in_use(&self) -> usize {
         lock(&self.shared.state).slots.live()
     }
