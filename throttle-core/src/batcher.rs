@@ -13,7 +13,10 @@
 //!
 //! The batcher owns every operation's caller handle `H` from [`handle_op`](Batcher::handle_op)
 //! until it ends, and ends each exactly once: [`BatchAction::Deliver`] (a response arrived) or
-//! [`BatchAction::Fail`] (no response, the batch failed, or the batcher closed).
+//! [`BatchAction::Fail`] (no response, the batch failed, or the batcher closed), unless the
+//! caller withdraws it first with [`cancel`](Batcher::cancel): an operation whose batch has not
+//! left yet (open, parked or queued) is taken out of it and its handle handed back, and a batch
+//! left empty is dropped without ever taking a credit.
 //!
 //! See `docs/dispatch-window.md` for the state diagram.
 
@@ -24,9 +27,12 @@ use core::hash::{BuildHasher, Hash};
 use hashbrown::HashTable;
 use smallvec::SmallVec;
 
-use crate::dispatch_window::{CreditId, Dispatch, DispatchWindow, Place, WindowConfig};
+use crate::dispatch_window::{
+    CreditId, Dispatch, DispatchWindow, Place, Submitted, Ticket, WindowConfig,
+};
 use crate::error::{ConfigError, ReleaseError};
 use crate::maintenance::{Maintenance, Peak};
+use crate::slab::{Key, Slab};
 use crate::time::{Clock, Instant};
 
 use crate::options::batcher::{
@@ -151,6 +157,14 @@ pub struct Batch<H> {
     ops: Vec<H>,
     bytes: u64,
     opened_at: Instant,
+    /// Its id in the batcher's `held` slab while it has not left (stale once it has).
+    id: Key,
+    /// The ordinal the next operation added gets (each operation's [`OpId`] names its batch
+    /// and its ordinal).
+    next_ordinal: u64,
+    /// The ordinals of `ops`, position by position, once an operation was withdrawn; empty
+    /// while none was (then an operation's ordinal is its position).
+    ordinals: Vec<u64>,
 }
 
 impl<H> Batch<H> {
@@ -169,7 +183,9 @@ impl<H> Batch<H> {
         self.ops.is_empty()
     }
 
-    /// Sum of the operations' sizes (saturating).
+    /// Sum of the operations' sizes (saturating). An operation withdrawn by
+    /// [`Batcher::cancel`] still counts: a withdrawal never lets a write batch grow past the
+    /// byte limit it was cut for.
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -232,6 +248,93 @@ impl<H> Refused<H> {
     pub fn into_handle(self) -> H {
         self.0
     }
+}
+
+/// Names an operation accepted by [`Batcher::handle_op`], for [`Batcher::cancel`]. Meaningful
+/// only to the batcher that issued it (another batcher's, or a forged one, is refused as
+/// [`ReleaseError::Unknown`]); never reused.
+///
+/// ```
+/// use throttle_sansio::{Batcher, BatcherConfig, Instant, Withdrawal};
+/// # use core::hash::BuildHasherDefault;
+/// # #[derive(Default)] struct H(u64);
+/// # impl core::hash::Hasher for H {
+/// #     fn finish(&self) -> u64 { self.0 }
+/// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+/// # }
+/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads()).unwrap();
+/// let id = b.handle_op(Instant::ZERO, 1, "get a", 0).unwrap();
+/// assert_eq!(b.cancel(id), Ok(Withdrawal::Withdrawn("get a")));
+/// assert_eq!(b.cancel(id), Ok(Withdrawal::TooLate), "nothing left to withdraw");
+/// b.flush(Instant::ZERO);
+/// assert_eq!(b.poll_action(), None, "the emptied batch is never sent");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpId {
+    batch: Key,
+    ordinal: u64,
+}
+
+#[cfg(feature = "model")]
+impl OpId {
+    /// An id derived from this one that its batcher never issued, for the model checker:
+    /// `0` an ordinal past the batch's, `1` another batcher's tag, `2` a generation never
+    /// issued.
+    pub(crate) fn forged(self, how: u8) -> OpId {
+        let k = self.batch;
+        match how {
+            0 => OpId {
+                ordinal: u64::MAX,
+                ..self
+            },
+            1 => OpId {
+                batch: Key::new(k.generation, k.slot(), k.tag().wrapping_add(1)),
+                ..self
+            },
+            _ => OpId {
+                batch: Key::new(u64::MAX - 1, k.slot(), k.tag()),
+                ..self
+            },
+        }
+    }
+}
+
+/// What [`Batcher::cancel`] did.
+///
+/// ```
+/// use throttle_sansio::{BatchAction, Batcher, BatcherConfig, Instant, Withdrawal};
+/// # use core::hash::BuildHasherDefault;
+/// # #[derive(Default)] struct H(u64);
+/// # impl core::hash::Hasher for H {
+/// #     fn finish(&self) -> u64 { self.0 }
+/// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+/// # }
+/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads()).unwrap();
+/// let (now, a) = (Instant::ZERO, b.handle_op(Instant::ZERO, 1, "get a", 0).unwrap());
+/// b.flush(now); // shard 1 has credit: the batch leaves
+/// assert!(matches!(b.poll_action(), Some(BatchAction::Send { .. })));
+/// assert_eq!(b.cancel(a), Ok(Withdrawal::TooLate), "it ends through poll_action instead");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Withdrawal<H> {
+    /// The operation's batch had not left: the operation is out of it, and its handle is
+    /// handed back. It is never sent and never ends through [`Batcher::poll_action`].
+    Withdrawn(H),
+    /// Nothing to withdraw: the operation's batch has left (the operation ends through
+    /// `poll_action` as usual), or the operation already ended or was withdrawn.
+    TooLate,
+}
+
+/// Where a batch that has not left is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// In the batcher's open list, the entry at this place.
+    Open(Place),
+    /// Parked in the window, at this place.
+    Parked(Place),
+    /// Queued in the window under this ticket.
+    Queued(Ticket),
 }
 
 #[derive(Clone, Debug)]
@@ -334,6 +437,9 @@ pub struct Batcher<Shard, H, S> {
     /// Batches in flight, indexed by their credit's slot.
     sent: Vec<Option<InFlight<H>>>,
     actions: VecDeque<BatchAction<Shard, H>>,
+    /// Where each batch that has not left is, by [`Batch::id`]: what [`cancel`](Self::cancel)
+    /// follows from an [`OpId`].
+    held: Slab<Held>,
     /// Emptied operation buffers. A new buffer is made only when this is empty, so buffers in
     /// use plus spares never exceed the peak number in use at once.
     spare_ops: Vec<Vec<H>>,
@@ -373,6 +479,7 @@ where
             open_count: 0,
             sent: Vec::new(),
             actions: VecDeque::new(),
+            held: Slab::new(),
             spare_ops: Vec::new(),
             ops_out: 0,
             responded: Vec::new(),
@@ -386,7 +493,12 @@ where
     }
 
     /// Adds an operation of `bytes` bytes for `shard`. A batch that becomes full is handed to
-    /// the window at once (poll for a `Send`). Refused after [`close`](Self::close).
+    /// the window at once (poll for a `Send`). Refused after [`close`](Self::close). The
+    /// returned [`OpId`] withdraws the operation with [`cancel`](Self::cancel) until its batch
+    /// leaves.
+    ///
+    /// Should the batcher run out of batch ids (2^64 batches; see
+    /// [`Exhausted`](crate::Exhausted)), it closes, as when its window does.
     ///
     /// The shard's key is hashed once, looked up (`Eq`) and copied (`Clone`, once per copy this
     /// operation keeps or sends) before anything changes, so a panic in any of them leaves the
@@ -397,7 +509,10 @@ where
         shard: Shard,
         handle: H,
         bytes: u64,
-    ) -> Result<(), Refused<H>> {
+    ) -> Result<OpId, Refused<H>> {
+        if !self.closed && !self.held.can_issue() {
+            self.close();
+        }
         if self.closed {
             self.clock.observe(now);
             return Err(Refused(handle));
@@ -458,8 +573,9 @@ where
                 // Reclaim the parked batch so newer operations join it instead of queueing
                 // behind.
                 let parked = self.window.reclaim_at(place);
-                if parked.is_some() {
+                if let Some(b) = &parked {
                     self.open_count += 1;
+                    self.locate(b.id, Held::Open(place));
                 }
                 let Some(key) = keys.pop() else {
                     self.window.unpin(place);
@@ -493,6 +609,10 @@ where
         let batch = match slot {
             Some(batch) => batch,
             None => {
+                // `can_issue` was checked above and nothing was issued since.
+                let Ok(id) = self.held.insert(Held::Open(place)) else {
+                    return Err(Refused(handle)); // unreachable
+                };
                 self.open_count += 1;
                 self.ops_out = self.ops_out.saturating_add(1);
                 self.peak_ops_out.see(self.ops_out);
@@ -500,9 +620,21 @@ where
                     ops: self.spare_ops.pop().unwrap_or_default(),
                     bytes: 0,
                     opened_at: now,
+                    id,
+                    next_ordinal: 0,
+                    ordinals: Vec::new(),
                 })
             }
         };
+        let op_id = OpId {
+            batch: batch.id,
+            ordinal: batch.next_ordinal,
+        };
+        // 2^64 operations in one batch's life: never in practice.
+        batch.next_ordinal = batch.next_ordinal.saturating_add(1);
+        if !batch.ordinals.is_empty() {
+            batch.ordinals.push(op_id.ordinal);
+        }
         batch.ops.push(handle);
         batch.bytes = batch.bytes.saturating_add(bytes);
         self.peak_batch_len.see(batch.ops.len());
@@ -519,7 +651,7 @@ where
                 None => self.end_ops(b, FailReason::Closed),
             }
         }
-        Ok(())
+        Ok(op_id)
     }
 
     /// The driver's input queue is empty: send every open batch whose shard has credit; park
@@ -536,9 +668,10 @@ where
             let place = open.place;
             if let Some(batch) = open.batch {
                 self.open_count = self.open_count.saturating_sub(1);
+                let id = batch.id;
                 match self.window.submit_or_park_at(place, open.key, batch) {
                     Ok(Some(d)) => self.record(d),
-                    Ok(None) => {}
+                    Ok(None) => self.locate(id, Held::Parked(place)),
                     Err(e) => {
                         // Closed (id space spent) or, impossibly, already parked: never lose
                         // ops.
@@ -614,6 +747,98 @@ where
         Ok(())
     }
 
+    /// Withdraws the operation `op` if its batch has not left yet (it is open, parked or
+    /// queued): the operation is taken out of the batch, which keeps the others in their
+    /// order, and its handle is handed back in [`Withdrawal::Withdrawn`]. A batch left empty
+    /// is dropped: it never takes a credit, and the shard's next batch goes out as if it had
+    /// never been. Runs no user code and emits no action.
+    ///
+    /// [`Withdrawal::TooLate`] if the operation's batch has left (its `Send` was emitted: the
+    /// operation ends through [`poll_action`](Self::poll_action) as usual), or if it already
+    /// ended or was withdrawn. An [`OpId`] this batcher never issued (another batcher's, a
+    /// forged one) is refused as [`ReleaseError::Unknown`] and changes nothing.
+    ///
+    /// O(operations in the batch). The first withdrawal from a batch allocates a list of the
+    /// positions' ordinals for it.
+    pub fn cancel(&mut self, op: OpId) -> Result<Withdrawal<H>, ReleaseError> {
+        let Some(&at) = self.held.get(op.batch) else {
+            return match self.held.refusal(op.batch) {
+                ReleaseError::AlreadyReleased => Ok(Withdrawal::TooLate),
+                refusal => Err(refusal),
+            };
+        };
+        let open = match at {
+            Held::Open(place) => self.open_at(place),
+            _ => None,
+        };
+        let batch = match at {
+            Held::Open(_) => open
+                .and_then(|i| self.open_list.get_mut(i))
+                .and_then(|o| o.batch.as_mut()),
+            Held::Parked(place) => self.window.parked_at_mut(place),
+            Held::Queued(ticket) => self.window.queued_mut(ticket),
+        };
+        let Some(batch) = batch.filter(|b| b.id == op.batch) else {
+            // Unreachable: `held` follows every batch that has not left.
+            debug_assert!(false, "a held batch is not where it is recorded");
+            return Ok(Withdrawal::TooLate);
+        };
+        if op.ordinal >= batch.next_ordinal {
+            return Err(ReleaseError::Unknown);
+        }
+        let position = if batch.ordinals.is_empty() {
+            // Nothing withdrawn yet: ordinals are positions.
+            let Ok(p) = usize::try_from(op.ordinal) else {
+                return Ok(Withdrawal::TooLate);
+            };
+            batch.ordinals.extend(0..batch.next_ordinal);
+            p
+        } else {
+            match batch.ordinals.binary_search(&op.ordinal) {
+                Ok(p) => p,
+                Err(_) => return Ok(Withdrawal::TooLate), // withdrawn before
+            }
+        };
+        if position >= batch.ops.len() {
+            debug_assert!(false, "an ordinal beyond the batch");
+            return Ok(Withdrawal::TooLate);
+        }
+        batch.ordinals.remove(position);
+        let handle = batch.ops.remove(position);
+        let emptied = batch.ops.is_empty();
+        self.maintenance.touch();
+        if emptied {
+            let empty = match at {
+                Held::Open(_) => {
+                    let b = open
+                        .and_then(|i| self.open_list.get_mut(i))
+                        .and_then(|o| o.batch.take());
+                    if b.is_some() {
+                        self.open_count = self.open_count.saturating_sub(1);
+                    }
+                    b
+                }
+                Held::Parked(place) => self.window.reclaim_at(place),
+                Held::Queued(ticket) => self.window.cancel(ticket).ok(),
+            };
+            let _ = self.held.remove(op.batch);
+            if let Some(b) = empty {
+                self.recycle(b.ops);
+            }
+        }
+        Ok(Withdrawal::Withdrawn(handle))
+    }
+
+    /// The index in `open_list` of the shard at `place` (no user code).
+    fn open_at(&self, place: Place) -> Option<usize> {
+        let list = &self.open_list;
+        self.open
+            .find(place.key_hash(), |&j| {
+                list.get(j as usize).is_some_and(|o| o.place == place)
+            })
+            .map(|&j| j as usize)
+    }
+
     /// Closes the batcher: every operation not yet sent (open, queued or parked) fails with
     /// [`FailReason::Closed`] (drain them with [`poll_action`](Self::poll_action)). Batches in
     /// flight are untouched; complete them as usual. Later operations are refused.
@@ -673,6 +898,7 @@ where
         if let Some(target) = self.maintenance.target(self.responded.capacity(), len) {
             self.responded.shrink_to(target);
         }
+        self.held.shrink(&self.maintenance);
         let actions = self.peak_actions.roll(self.actions.len());
         if let Some(target) = self.maintenance.target(self.actions.capacity(), actions) {
             self.actions.shrink_to(target);
@@ -762,7 +988,27 @@ where
         if some != self.open_count {
             return Err("open_count is wrong");
         }
+        for open in &self.open_list {
+            if let Some(b) = &open.batch {
+                if self.held.get(b.id) != Some(&Held::Open(open.place)) {
+                    return Err("an open batch is not recorded where it is");
+                }
+                if !b.ordinals.is_empty() && b.ordinals.len() != b.ops.len() {
+                    return Err("an open batch's ordinals do not match its operations");
+                }
+            }
+        }
+        if self.held.live() < self.open_count {
+            return Err("fewer batches recorded as held than open");
+        }
         Ok(())
+    }
+
+    /// Batches that have not left (open, parked or queued), as `cancel` finds them.
+    #[cfg(any(test, feature = "model"))]
+    #[doc(hidden)]
+    pub fn held_batches(&self) -> usize {
+        self.held.live()
     }
 
     /// The index in `open_list` of `shard`, whose hash is `hash` (user `Eq`).
@@ -783,9 +1029,10 @@ where
 
     /// Hands a full batch to the shard's (pinned) window entry at `place`.
     fn submit_full(&mut self, place: Place, shard: Shard, batch: Batch<H>) {
+        let id = batch.id;
         match self.window.submit_at(place, shard, batch) {
-            Ok(Some(d)) => self.record(d),
-            Ok(None) => {}
+            Ok(Submitted::Sent(d)) => self.record(d),
+            Ok(Submitted::Queued(ticket)) => self.locate(id, Held::Queued(ticket)),
             Err(e) => {
                 self.end_ops(e.into_batch(), FailReason::Closed);
                 self.close_if_window_closed();
@@ -793,7 +1040,17 @@ where
         }
     }
 
+    /// Records where the not-yet-sent batch `id` is now.
+    fn locate(&mut self, id: Key, at: Held) {
+        if let Some(h) = self.held.get_mut(id) {
+            *h = at;
+        }
+    }
+
+    /// The batch `d` left: it holds a credit now, and its operations can no longer be
+    /// withdrawn.
     fn record(&mut self, d: Dispatch<Shard, Batch<H>>) {
+        let _ = self.held.remove(d.batch.id);
         let slot = d.credit.slot();
         if self.sent.len() <= slot {
             self.sent.resize_with(slot.saturating_add(1), || None);
@@ -835,6 +1092,8 @@ where
     }
 
     fn end_ops(&mut self, batch: Batch<H>, reason: FailReason) {
+        // A batch that never left (a close) is held until now; one in flight is not.
+        let _ = self.held.remove(batch.id);
         let mut ops = batch.ops;
         for handle in ops.drain(..) {
             self.push_action(BatchAction::Fail { handle, reason });
@@ -908,7 +1167,177 @@ mod tests {
     }
 
     fn op(b: &mut B, shard: u32, handle: u32, bytes: u64) {
-        assert_eq!(b.handle_op(T0, shard, handle, bytes), Ok(()));
+        assert!(b.handle_op(T0, shard, handle, bytes).is_ok());
+    }
+
+    /// Adds an operation and returns its id.
+    fn op_id(b: &mut B, shard: u32, handle: u32, bytes: u64) -> OpId {
+        match b.handle_op(T0, shard, handle, bytes) {
+            Ok(id) => id,
+            Err(e) => panic!("refused: {e:?}"),
+        }
+    }
+
+    #[test]
+    fn cancel_withdraws_from_open_parked_and_queued_batches_keeping_the_order() {
+        // Shard 1: [1] in flight, [2, 3, 4] queued (full at 3), [5] parked; shard 2: [6, 7]
+        // open.
+        let mut b = batcher(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(3)
+                .with_window(WindowConfig::default().with_max_in_flight(1)),
+        );
+        op(&mut b, 1, 1, 0);
+        b.flush(T0);
+        let first = take_sends(&mut b);
+        let ids: Vec<OpId> = [2, 3, 4, 5].map(|h| op_id(&mut b, 1, h, 0)).to_vec();
+        b.flush(T0);
+        assert_eq!((b.window().queued(&1), b.open_ops(&1)), (1, 1));
+        let six = op_id(&mut b, 2, 6, 0);
+        let _seven = op_id(&mut b, 2, 7, 0);
+        assert!(drain(&mut b).is_empty(), "nothing left yet");
+        assert_eq!(b.cancel(ids[0]), Ok(Withdrawal::Withdrawn(2)), "queued");
+        assert_eq!(b.cancel(ids[3]), Ok(Withdrawal::Withdrawn(5)), "parked");
+        assert_eq!(b.cancel(six), Ok(Withdrawal::Withdrawn(6)), "open");
+        assert_eq!(
+            b.cancel(ids[0]),
+            Ok(Withdrawal::TooLate),
+            "withdrawn already"
+        );
+        assert_eq!((b.open_ops(&1), b.open_ops(&2)), (0, 1));
+        assert!(
+            !b.window().is_parked(&1),
+            "the emptied parked batch is gone"
+        );
+        assert!(drain(&mut b).is_empty(), "a withdrawal emits nothing");
+        b.flush(T0);
+        assert_eq!(
+            take_sends(&mut b)
+                .into_iter()
+                .map(|s| (s.0, s.2))
+                .collect::<Vec<_>>(),
+            [(2, vec![7])]
+        );
+        assert_eq!(b.handle_response(T0, first[0].1, [0]), Ok(()));
+        let a = drain(&mut b);
+        assert_eq!(
+            sends(&b, &a)[0].2,
+            [3, 4],
+            "the queued batch goes out without 2"
+        );
+        // 3 has left: too late for it now.
+        assert_eq!(b.cancel(ids[1]), Ok(Withdrawal::TooLate));
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn an_emptied_batch_is_never_sent_and_its_turn_goes_to_the_next() {
+        // A window of 1: [1] in flight, [2, 3] queued, [4] parked.
+        let mut b = batcher(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(2)
+                .with_window(WindowConfig::default().with_max_in_flight(1)),
+        );
+        op(&mut b, 1, 1, 0);
+        b.flush(T0);
+        let first = take_sends(&mut b)[0].1;
+        let queued = [op_id(&mut b, 1, 2, 0), op_id(&mut b, 1, 3, 0)];
+        let parked = op_id(&mut b, 1, 4, 0);
+        b.flush(T0);
+        for id in queued {
+            assert!(matches!(b.cancel(id), Ok(Withdrawal::Withdrawn(_))));
+        }
+        assert_eq!(b.window().queued(&1), 0, "the emptied batch left the line");
+        assert_eq!(b.handle_response(T0, first, [0]), Ok(()));
+        let a = drain(&mut b);
+        assert_eq!(sends(&b, &a)[0].2, [4], "the parked batch takes the credit");
+        let second = sends(&b, &a)[0].1;
+        // Empty the next parked batch: the release sends nothing and frees the credit.
+        let five = op_id(&mut b, 1, 5, 0);
+        b.flush(T0);
+        assert!(b.window().is_parked(&1));
+        assert_eq!(b.cancel(five), Ok(Withdrawal::Withdrawn(5)));
+        assert!(!b.window().is_parked(&1));
+        assert_eq!(b.cancel(parked), Ok(Withdrawal::TooLate), "4 left");
+        assert_eq!(b.handle_response(T0, second, [0]), Ok(()));
+        assert!(take_sends(&mut b).is_empty(), "no empty batch goes out");
+        assert_eq!(
+            (b.window().live_credits(), b.window().shard_count()),
+            (0, 0)
+        );
+        op(&mut b, 1, 6, 0);
+        b.flush(T0);
+        assert_eq!(
+            take_sends(&mut b).len(),
+            1,
+            "the freed credit serves at once"
+        );
+        assert_eq!(b.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn a_batch_that_got_a_withdrawal_keeps_growing_and_numbers_stay_right() {
+        let mut b = reads(1);
+        op(&mut b, 1, 0, 0);
+        b.flush(T0);
+        let first = take_sends(&mut b)[0].1;
+        let ids: Vec<OpId> = (1..6).map(|h| op_id(&mut b, 1, h, 0)).collect();
+        b.flush(T0); // parked: [1..=5]
+        assert_eq!(b.cancel(ids[1]), Ok(Withdrawal::Withdrawn(2)));
+        let more = op_id(&mut b, 1, 6, 0); // reclaimed: joins [1, 3, 4, 5]
+        assert_eq!(b.cancel(ids[3]), Ok(Withdrawal::Withdrawn(4)));
+        assert_eq!(b.cancel(more), Ok(Withdrawal::Withdrawn(6)));
+        assert_eq!(b.cancel(ids[1]), Ok(Withdrawal::TooLate));
+        b.flush(T0);
+        assert_eq!(b.handle_response(T0, first, [0]), Ok(()));
+        let a = drain(&mut b);
+        let (_, credit, ops) = sends(&b, &a).remove(0);
+        assert_eq!(ops, [1, 3, 5]);
+        assert_eq!(b.handle_response(T0, credit, [0, 1, 2]), Ok(()));
+        assert_eq!(
+            drain(&mut b),
+            [1, 3, 5]
+                .iter()
+                .enumerate()
+                .map(|(position, &handle)| BatchAction::Deliver { handle, position })
+                .collect::<Vec<_>>(),
+            "positions index the batch as sent"
+        );
+    }
+
+    #[test]
+    fn cancel_refuses_forged_and_foreign_ids_and_changes_nothing() {
+        let mut one = reads(1);
+        let mut two = reads(1);
+        let mine = op_id(&mut one, 1, 1, 0);
+        let theirs = op_id(&mut two, 1, 9, 0);
+        assert_eq!(one.cancel(theirs), Err(ReleaseError::Unknown));
+        let beyond = OpId { ordinal: 7, ..mine };
+        assert_eq!(one.cancel(beyond), Err(ReleaseError::Unknown));
+        let never = OpId {
+            batch: Key::new(u64::MAX - 1, 0, mine.batch.tag()),
+            ..mine
+        };
+        assert_eq!(one.cancel(never), Err(ReleaseError::Unknown));
+        assert_eq!(one.open_ops(&1), 1);
+        one.flush(T0);
+        assert_eq!(take_sends(&mut one).len(), 1);
+        assert_eq!(one.cancel(mine), Ok(Withdrawal::TooLate), "sent");
+    }
+
+    #[test]
+    fn cancel_after_close_is_too_late_and_every_operation_ends_once() {
+        let mut b = reads(1);
+        let id = op_id(&mut b, 1, 1, 0);
+        b.close();
+        assert_eq!(
+            drain(&mut b),
+            [BatchAction::Fail {
+                handle: 1,
+                reason: FailReason::Closed
+            }]
+        );
+        assert_eq!(b.cancel(id), Ok(Withdrawal::TooLate));
     }
 
     #[test]
@@ -1386,8 +1815,8 @@ mod tests {
                 .with_max_requests_per_batch(u32::MAX)
                 .with_max_batch_bytes(u64::MAX),
         );
-        assert_eq!(b.handle_op(Instant::MAX, 1, 1, u64::MAX), Ok(())); // exactly the limit: full
-        assert_eq!(b.handle_op(Instant::from_nanos(5), 1, 2, u64::MAX), Ok(()));
+        assert!(b.handle_op(Instant::MAX, 1, 1, u64::MAX).is_ok()); // exactly the limit: full
+        assert!(b.handle_op(Instant::from_nanos(5), 1, 2, u64::MAX).is_ok());
         b.flush(Instant::ZERO);
         let got = take_sends(&mut b);
         assert_eq!(got.len(), 2);

@@ -225,6 +225,14 @@ pub(crate) struct Place {
     entry: u64,
 }
 
+impl Place {
+    /// The window's hash of the entry's key.
+    #[inline]
+    pub(crate) fn key_hash(self) -> u64 {
+        self.hash
+    }
+}
+
 /// A held-back full batch, live in the `held` slab while it waits.
 #[derive(Clone, Debug)]
 struct Held<B> {
@@ -652,14 +660,14 @@ where
         Some(batch)
     }
 
-    /// [`Self::submit`] of a full batch to the shard at `place` (`shard` is the key returned
+    /// [`Self::enqueue`] of a full batch to the shard at `place` (`shard` is the key returned
     /// in the dispatch).
     pub(crate) fn submit_at(
         &mut self,
         place: Place,
         shard: Shard,
         batch: B,
-    ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
+    ) -> Result<Submitted<Shard, B>, SubmitError<B>> {
         if self.closed {
             return Err(SubmitError::Closed(batch));
         }
@@ -670,13 +678,24 @@ where
             return Err(SubmitError::Closed(batch));
         };
         match self.books.enter(&mut e.w, place, batch, cap)? {
-            Entered::Credit(credit, batch) => Ok(Some(Dispatch {
+            Entered::Credit(credit, batch) => Ok(Submitted::Sent(Dispatch {
                 shard,
                 credit,
                 batch,
             })),
-            Entered::Queued(_) => Ok(None),
+            Entered::Queued(ticket) => Ok(Submitted::Queued(ticket)),
         }
+    }
+
+    /// The batch parked at `place`'s shard, mutably (the batcher withdraws operations from it).
+    pub(crate) fn parked_at_mut(&mut self, place: Place) -> Option<&mut B> {
+        entry_at(&mut self.shards, place)?.w.parked.as_mut()
+    }
+
+    /// The queued batch of `ticket`, mutably, while it waits (the batcher withdraws operations
+    /// from it). Runs no user code.
+    pub(crate) fn queued_mut(&mut self, ticket: Ticket) -> Option<&mut B> {
+        self.books.held.get_mut(ticket.0).map(|h| &mut h.batch)
     }
 
     /// [`Self::submit_or_park`] to the shard at `place` (`shard` is the key returned in the

@@ -65,6 +65,7 @@ impl RefReader {
     pub fn submit(&mut self, now: Instant, shard: ShardId, id: ReadId) -> Result<(), ReadId> {
         self.batcher
             .handle_op(now, shard, id, 0)
+            .map(drop)
             .map_err(|c| c.into_handle())
     }
 

@@ -14,6 +14,12 @@
 //! interleaved at random times and must change none of this; its deadline is never in the
 //! past, and it goes quiet after two runs with nothing live.
 //!
+//! Operation 19 cancels an operation ([`Batcher::cancel`]): one still held back (open, parked
+//! or queued; the reference takes it out of its batch and drops a batch left empty), any
+//! operation ever issued (too late once its batch left or it ended), or an id derived from a
+//! real one that the batcher never issued (refused as unknown, or too late when the real
+//! one's batch has left). A withdrawn operation counts as ended once, and never ends again.
+//!
 //! Shards are [`Key`]s. Operations 16, 17 and 18 each arm one `Hash`, `Eq` or `Clone` call (in
 //! that order) to panic and run another operation under `catch_unwind` (see [`super::user`]):
 //! if the armed call fired, the batcher must be exactly as before and the reference is rolled
@@ -24,7 +30,7 @@ use alloc::vec::Vec;
 
 use super::user::{self, Arm, Key};
 use super::{Cursor, Divergence};
-use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, Refused};
+use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, OpId, Refused, Withdrawal};
 use crate::dispatch_window::{CreditId, WindowConfig};
 use crate::error::ReleaseError;
 use crate::test_hasher::TestHasher;
@@ -37,6 +43,9 @@ type Machine = Batcher<Key, u32, TestHasher>;
 /// Operations before the panicking-callback ones (16 `Hash`, 17 `Eq`, 18 `Clone`).
 const OPS: u8 = 16;
 
+/// The operation after the panicking-callback ones: cancel an operation.
+const CANCEL: u8 = OPS + Arm::OPS;
+
 /// How an operation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum End {
@@ -48,6 +57,8 @@ enum End {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct RefBatch {
+    /// The reference's own name for the batch (not the machine's).
+    id: u32,
     ops: Vec<u32>,
     bytes: u64,
     opened_at: Instant,
@@ -78,6 +89,10 @@ struct Reference {
     refused: Vec<u32>,
     /// Highest operation sent per shard (FIFO: sends only ever increase).
     last_sent: Vec<(u8, u32)>,
+    /// Operations withdrawn by `cancel`.
+    withdrawn: Vec<u32>,
+    /// The next batch's `RefBatch::id`.
+    next_batch: u32,
 }
 
 impl Reference {
@@ -107,39 +122,44 @@ impl Reference {
         }
     }
 
-    fn op(&mut self, shard: u8, handle: u32, bytes: u64) {
-        let clock = self.clock;
+    fn fresh_batch(&mut self) -> RefBatch {
+        self.next_batch += 1;
+        RefBatch {
+            id: self.next_batch,
+            ops: Vec::new(),
+            bytes: 0,
+            opened_at: self.clock,
+        }
+    }
+
+    /// Adds an operation; returns the id of the batch it joined.
+    fn op(&mut self, shard: u8, handle: u32, bytes: u64) -> u32 {
         let i = match self.open.iter().position(|(s, _, _)| *s == shard) {
             Some(i) => i,
             None => {
-                let empty = RefBatch {
-                    ops: Vec::new(),
-                    bytes: 0,
-                    opened_at: clock,
-                };
+                let empty = self.fresh_batch();
                 self.open.push((shard, empty, false));
                 self.open.len() - 1
             }
         };
+        let overflows = self.open.get(i).is_some_and(|entry| {
+            self.write
+                && !entry.1.ops.is_empty()
+                && entry.1.bytes.saturating_add(bytes) > self.max_bytes
+        });
+        let fresh = overflows.then(|| self.fresh_batch());
         let Some(entry) = self.open.get_mut(i) else {
-            return;
+            return 0;
         };
         entry.2 = false; // reclaimed
-        if self.write
-            && !entry.1.ops.is_empty()
-            && entry.1.bytes.saturating_add(bytes) > self.max_bytes
-        {
-            let fresh = RefBatch {
-                ops: Vec::new(),
-                bytes: 0,
-                opened_at: clock,
-            };
+        if let Some(fresh) = fresh {
             let old = core::mem::replace(&mut entry.1, fresh);
             self.submit_full(shard, old);
         }
         let Some(entry) = self.open.get_mut(i) else {
-            return;
+            return 0;
         };
+        let batch = entry.1.id;
         entry.1.ops.push(handle);
         entry.1.bytes = entry.1.bytes.saturating_add(bytes);
         let n = u64::try_from(entry.1.ops.len()).unwrap_or(u64::MAX);
@@ -147,6 +167,38 @@ impl Reference {
             let (_, full, _) = self.open.remove(i);
             self.submit_full(shard, full);
         }
+        batch
+    }
+
+    /// Withdraws `handle` if its batch is held back (open, parked or queued); a batch left
+    /// empty is dropped. Whether it was there.
+    fn cancel(&mut self, handle: u32) -> bool {
+        for (i, (_, b, _)) in self.open.iter_mut().enumerate() {
+            if let Some(p) = b.ops.iter().position(|h| *h == handle) {
+                b.ops.remove(p);
+                if b.ops.is_empty() {
+                    self.open.remove(i);
+                }
+                self.withdrawn.push(handle);
+                return true;
+            }
+        }
+        for (i, (_, b)) in self.queued.iter_mut().enumerate() {
+            if let Some(p) = b.ops.iter().position(|h| *h == handle) {
+                b.ops.remove(p);
+                if b.ops.is_empty() {
+                    self.queued.remove(i);
+                }
+                self.withdrawn.push(handle);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Whether the batch named `id` is still held back.
+    fn holds_batch(&self, id: u32) -> bool {
+        self.open.iter().any(|(_, b, _)| b.id == id) || self.queued.iter().any(|(_, b)| b.id == id)
     }
 
     fn flush(&mut self) {
@@ -262,20 +314,25 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         ended: Vec::new(),
         refused: Vec::new(),
         last_sent: Vec::new(),
+        withdrawn: Vec::new(),
+        next_batch: 0,
     };
     let mut st = State {
         m,
         r,
         now: Instant::ZERO,
         next_handle: 0,
+        ids: Vec::new(),
     };
     let mut step = 0usize;
     while !c.is_empty() {
         step += 1;
-        let Some(op) = c.select(OPS + Arm::OPS) else {
+        let Some(op) = c.select(CANCEL + 1) else {
             continue;
         };
-        let flushed = if op >= OPS {
+        let flushed = if op == CANCEL {
+            apply(op, &mut c, &mut st, step)?
+        } else if op >= OPS {
             // A panicking key callback during another operation.
             let Some(arm) = Arm::decode(&mut c, op - OPS, SHARDS) else {
                 continue;
@@ -284,13 +341,15 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                 continue;
             };
             let before = user::snapshot(&st.m);
-            let saved = (st.r.clone(), st.now, st.next_handle);
+            let saved = (st.r.clone(), st.now, st.next_handle, st.ids.len());
             match user::run(arm, || apply(inner, &mut c, &mut st, step)) {
                 Ok(done) => done?,
                 Err(user::Panicked) => {
                     user::unchanged(&before, &st.m, arm)
                         .map_err(|e| format!("step {step}: {e}"))?;
-                    (st.r, st.now, st.next_handle) = saved;
+                    let ids;
+                    (st.r, st.now, st.next_handle, ids) = saved;
+                    st.ids.truncate(ids);
                     false
                 }
             }
@@ -306,6 +365,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         mut r,
         now,
         next_handle,
+        ids: _,
     } = st;
     // Close and complete everything in flight: every operation must have ended exactly once.
     m.close();
@@ -320,18 +380,24 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     }
     for h in 0..next_handle {
         let n = r.ended.iter().filter(|x| **x == h).count()
-            + r.refused.iter().filter(|x| **x == h).count();
+            + r.refused.iter().filter(|x| **x == h).count()
+            + r.withdrawn.iter().filter(|x| **x == h).count();
         if n != 1 {
             return Err(format!("operation {h} ended {n} times"));
         }
     }
     let w = m.window();
-    if w.shard_count() != 0 || w.live_credits() != 0 || m.open_batches() != 0 {
+    if w.shard_count() != 0
+        || w.live_credits() != 0
+        || m.open_batches() != 0
+        || m.held_batches() != 0
+    {
         return Err(format!(
-            "state left at the end: {} shards, {} credits, {} open",
+            "state left at the end: {} shards, {} credits, {} open, {} held",
             w.shard_count(),
             w.live_credits(),
-            m.open_batches()
+            m.open_batches(),
+            m.held_batches()
         ));
     }
     // With nothing live, two runs give everything back and maintenance goes quiet.
@@ -349,6 +415,9 @@ struct State {
     r: Reference,
     now: Instant,
     next_handle: u32,
+    /// By handle: the machine's id for the operation and the reference's batch it joined
+    /// (`None` for a refused one).
+    ids: Vec<Option<(OpId, u32)>>,
 }
 
 /// Runs operation `op` on the batcher and the reference; whether it flushed or closed.
@@ -358,6 +427,7 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool
         r,
         now,
         next_handle,
+        ids,
     } = st;
     let mut flushed = false;
     match op {
@@ -375,16 +445,18 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool
             r.clock = r.clock.max(*now);
             if r.closed {
                 r.refused.push(handle);
+                ids.push(None);
                 if got != Err(Refused(handle)) {
                     return Err(format!(
                         "step {step}: op after close = {got:?}, want Refused({handle})"
                     ));
                 }
             } else {
-                if got.is_err() {
+                let Ok(id) = got else {
                     return Err(format!("step {step}: op refused while open: {got:?}"));
-                }
-                r.op(shard, handle, bytes);
+                };
+                let batch = r.op(shard, handle, bytes);
+                ids.push(Some((id, batch)));
             }
         }
         7..=8 => {
@@ -444,6 +516,48 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool
             {
                 return Err(format!(
                     "step {step}: maintenance still due at {t:?} after handle_timeout({now:?})"
+                ));
+            }
+        }
+        CANCEL => {
+            let how = c.below(8);
+            let held: Vec<u32> = r
+                .open
+                .iter()
+                .flat_map(|(_, b, _)| b.ops.iter())
+                .chain(r.queued.iter().flat_map(|(_, b)| b.ops.iter()))
+                .copied()
+                .collect();
+            let pick = usize::from(c.u16());
+            let handle = match how {
+                // Mostly an operation still held back, so withdrawals are frequent.
+                4..=7 if !held.is_empty() => held.get(pick % held.len()).copied(),
+                _ => u32::try_from(pick % ids.len().max(1)).ok(),
+            };
+            let Some((handle, Some((id, batch)))) =
+                handle.and_then(|h| Some((h, *ids.get(usize::try_from(h).ok()?)?)))
+            else {
+                return Ok(false);
+            };
+            let (id, want) = match how {
+                0..=2 => {
+                    let forged = id.forged(how);
+                    // An ordinal past a batch that is still held is unknown; past one that
+                    // left, nothing is there to tell it apart: too late.
+                    let want = if how == 0 && !r.holds_batch(batch) {
+                        Ok(Withdrawal::TooLate)
+                    } else {
+                        Err(ReleaseError::Unknown)
+                    };
+                    (forged, want)
+                }
+                _ if r.cancel(handle) => (id, Ok(Withdrawal::Withdrawn(handle))),
+                _ => (id, Ok(Withdrawal::TooLate)),
+            };
+            let got = m.cancel(id);
+            if got != want {
+                return Err(format!(
+                    "step {step}: cancel of {handle} ({how}) = {got:?}, want {want:?}"
                 ));
             }
         }

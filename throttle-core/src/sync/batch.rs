@@ -33,15 +33,18 @@ use super::signal::{WakeSignal, wait_for};
 use super::unwind;
 use super::waiters::wake_one;
 use super::{Closed, Panicked, Runtime};
-use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason};
+use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, OpId, Withdrawal};
 use crate::dispatch_window::CreditId;
 use crate::error::ConfigError;
+use crate::slab::{Key, Slab};
 
 /// What a [`Transport`] answers for one batch: one result per operation by position, or the
 /// whole batch's error.
 pub type BatchOutcome<O, E> = Result<Vec<Result<O, E>>, E>;
 
-/// Sends a batch of operations to a shard: the user's side of a [`BatchDriver`].
+/// Sends a batch of operations to a shard: the user's side of a [`BatchDriver`]. A closure
+/// `|shard: &Shard, ops: Vec<Op>| future` is one (see the impl below); implement it on a type
+/// of your own for [`op_bytes`](Self::op_bytes).
 pub trait Transport<Shard, Op>: Send + Sync + 'static {
     /// One operation's successful result.
     type Output: Send + 'static;
@@ -69,28 +72,202 @@ pub trait Transport<Shard, Op>: Send + Sync + 'static {
     ) -> impl Future<Output = BatchOutcome<Self::Output, Self::Error>> + Send + 'static;
 }
 
+/// A closure is a transport: `|shard: &Shard, ops: Vec<Op>| future` sends the batch, with
+/// [`op_bytes`](Transport::op_bytes) 0 (batches bounded by count only). For sizes, implement
+/// the trait on a type of your own.
+///
+/// ```
+/// use throttle_sansio::BatcherConfig;
+/// use throttle_sansio::sync::{BatchDriver, BatchOutcome};
+/// # #[derive(Clone)] struct Rt;
+/// # impl throttle_sansio::sync::Runtime for Rt {
+/// #     fn now(&self) -> throttle_sansio::Instant { throttle_sansio::Instant::ZERO }
+/// #     fn sleep_until(&self, _: throttle_sansio::Instant) -> impl Future<Output = ()> + Send + 'static { core::future::pending() }
+/// #     fn spawn<F: Future<Output = ()> + Send + 'static>(&self, _: F) {}
+/// # }
+/// # let rt = Rt;
+/// async fn exchange(shard: u8, keys: Vec<u32>) -> BatchOutcome<u64, std::io::Error> {
+///     Ok(keys.into_iter().map(|k| Ok(u64::from(k) + u64::from(shard))).collect())
+/// }
+/// let send = |shard: &u8, keys| exchange(*shard, keys);
+/// let driver = BatchDriver::new(rt, send, BatcherConfig::reads()).unwrap();
+/// # driver.close();
+/// ```
+impl<Shard, Op, F, Fut, O, E> Transport<Shard, Op> for F
+where
+    F: Fn(&Shard, Vec<Op>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = BatchOutcome<O, E>> + Send + 'static,
+    O: Send + 'static,
+    E: Send + Sync + 'static,
+{
+    type Output = O;
+    type Error = E;
+
+    fn send(
+        &self,
+        shard: &Shard,
+        ops: Vec<Op>,
+    ) -> impl Future<Output = BatchOutcome<O, E>> + Send + 'static {
+        self(shard, ops)
+    }
+}
+
 /// Why a submitted operation has no result.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Display` says what happened at this layer; the transport's error is the
+/// [`source`](std::error::Error::source) (for [`Op`](Self::Op) and [`Batch`](Self::Batch)), so
+/// a report that walks the chain prints both. `std::error::Error` is implemented when `E` is
+/// an error itself.
+///
+/// ```
+/// use std::error::Error as _;
+/// use throttle_sansio::sync::OpError;
+///
+/// let e: OpError<std::io::Error> = OpError::Op(std::io::Error::other("key not found"));
+/// assert_eq!(e.to_string(), "the transport failed the operation");
+/// assert_eq!(e.source().unwrap().to_string(), "key not found");
+/// ```
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum OpError<E> {
     /// The transport's error for this operation.
-    #[error("operation failed")]
     Op(E),
     /// Its batch failed as a whole (the error is shared by the batch's operations).
-    #[error("batch failed")]
-    Batch(ErrArc<E>),
+    Batch(BatchFailure<E>),
     /// Its batch completed without a result for it, or its send task was dropped unfinished
     /// (the runtime shut down).
-    #[error("no response for the operation")]
     NoResponse,
     /// The driver closed before the operation was sent.
-    #[error("driver closed")]
     Closed,
     /// User code it depended on panicked: [`Transport::op_bytes`] or the shard key's `Hash`,
     /// `Eq` or `Clone` in `submit` for this operation (nothing was queued), or
     /// [`Transport::send`] (or its future) for its batch (the batch's credit was released).
-    #[error(transparent)]
-    Panicked(#[from] Panicked),
+    Panicked(Panicked),
+}
+
+impl<E> fmt::Display for OpError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpError::Op(_) => f.write_str("the transport failed the operation"),
+            OpError::Batch(b) => fmt::Display::fmt(b, f),
+            OpError::NoResponse => {
+                f.write_str("the transport's answer had no result for the operation")
+            }
+            OpError::Closed => f.write_str("the batch driver closed before the operation was sent"),
+            OpError::Panicked(p) => write!(f, "{p} (the operation's batch or submit)"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for OpError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpError::Op(e) => Some(e),
+            OpError::Batch(b) => Some(b.error()),
+            OpError::Panicked(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+impl<E> From<Panicked> for OpError<E> {
+    fn from(p: Panicked) -> Self {
+        OpError::Panicked(p)
+    }
+}
+
+/// The error of a whole batch, shared by each of its operations' [`OpError::Batch`]: the
+/// transport's error, and how many operations the batch carried. Derefs to the transport's
+/// error, which is also its [`source`](std::error::Error::source).
+///
+/// ```
+#[doc = include_str!("doc/tiny_runtime.md")]
+/// use std::error::Error as _;
+/// use throttle_sansio::BatcherConfig;
+/// use throttle_sansio::sync::{BatchDriver, BatchOutcome, OpError, Transport};
+///
+/// struct Down;
+///
+/// impl Transport<u8, u64> for Down {
+///     type Output = u64;
+///     type Error = std::io::Error;
+///
+///     fn send(
+///         &self,
+///         _shard: &u8,
+///         _gets: Vec<u64>,
+///     ) -> impl Future<Output = BatchOutcome<u64, std::io::Error>> + Send + 'static {
+///         core::future::ready(Err(std::io::Error::other("shard 1 is down")))
+///     }
+/// }
+///
+/// let rt = Tiny::default();
+/// let driver: BatchDriver<_, _, u8, u64> =
+///     BatchDriver::new(rt.clone(), Down, BatcherConfig::reads()).unwrap();
+/// let (a, _b) = (driver.submit(1, 20), driver.submit(1, 21));
+/// let Err(OpError::Batch(failure)) = rt.block_on(a) else { unreachable!() };
+/// assert_eq!(failure.ops(), 2);
+/// assert_eq!(failure.to_string(), "the transport failed the operation's batch of 2 operations");
+/// assert_eq!(failure.source().unwrap().to_string(), "shard 1 is down");
+/// ```
+#[derive(Debug)]
+pub struct BatchFailure<E> {
+    error: ErrArc<E>,
+    ops: usize,
+}
+
+impl<E> BatchFailure<E> {
+    /// The transport's error.
+    pub fn error(&self) -> &E {
+        &self.error
+    }
+
+    /// The transport's error, shared with the batch's other operations.
+    pub fn shared(&self) -> &ErrArc<E> {
+        &self.error
+    }
+
+    /// Operations the batch carried.
+    pub fn ops(&self) -> usize {
+        self.ops
+    }
+}
+
+impl<E> Clone for BatchFailure<E> {
+    fn clone(&self) -> Self {
+        BatchFailure {
+            error: ErrArc::clone(&self.error),
+            ops: self.ops,
+        }
+    }
+}
+
+impl<E> core::ops::Deref for BatchFailure<E> {
+    type Target = E;
+    fn deref(&self) -> &E {
+        &self.error
+    }
+}
+
+impl<E> fmt::Display for BatchFailure<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the transport failed the operation's batch of {}",
+            self.ops
+        )?;
+        f.write_str(if self.ops == 1 {
+            " operation"
+        } else {
+            " operations"
+        })
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for BatchFailure<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.error())
+    }
 }
 
 impl<E> From<Closed> for OpError<E> {
@@ -110,6 +287,9 @@ struct OpSlot<T: Transport<Shard, Op>, Shard, Op> {
     key: Option<Shard>,
     /// The key's id in [`Shards`] (counted there until the slot is freed).
     shard: ShardId,
+    /// The operation's id in the batcher, once the driver task handed it over (`None` while
+    /// it is in the input queue).
+    in_batcher: Option<OpId>,
     tx: Sender<OpResult<T, Shard, Op>>,
 }
 
@@ -229,12 +409,15 @@ impl<Shard, S> Shards<Shard, S> {
 }
 
 struct DriverState<T: Transport<Shard, Op>, Shard, Op, S> {
-    batcher: Batcher<ShardId, usize, S>,
+    batcher: Batcher<ShardId, Key, S>,
     shards: Shards<Shard, S>,
-    inbox: VecDeque<(ShardId, usize, u64)>,
-    /// Submitted operations by slot (the batcher's handle `H` is the slot index).
-    slots: Vec<Option<OpSlot<T, Shard, Op>>>,
-    free: Vec<usize>,
+    /// Operations submitted and not yet handed to the batcher: their shard, slot and size.
+    inbox: VecDeque<(ShardId, Key, u64)>,
+    /// Entries of `inbox` whose operation was withdrawn (their slot is gone; the driver task
+    /// skips them).
+    withdrawn: usize,
+    /// Submitted operations by slot (the batcher's handle `H` is the slot's key).
+    slots: Slab<OpSlot<T, Shard, Op>>,
     driver: Option<Waker>,
     closed: bool,
     /// Critical sections whose results are still being handed to their submitters after
@@ -278,7 +461,7 @@ enum Ending<O, E> {
     /// The transport answered: results by position, each taken once.
     Answered(Vec<Option<Result<O, E>>>),
     /// The transport failed the whole batch.
-    Failed(ErrArc<E>),
+    Failed(BatchFailure<E>),
     /// `send` or its future panicked.
     Panicked,
     /// The send task was dropped before the transport answered (the runtime shut down).
@@ -291,8 +474,10 @@ enum Ending<O, E> {
 /// # Contract
 ///
 /// - [`submit(shard, op)`](Self::submit) returns a [`Submit`] future of the operation's result.
-///   The operation is queued at once (not on first poll); dropping the future only discards the
-///   result.
+///   The operation is queued at once (not on first poll). Dropping the future before the
+///   operation's batch left withdraws the operation ([`Batcher::cancel`]): the transport never
+///   sees it, and a batch left empty is never sent (its turn for a credit goes to the shard's
+///   next batch). Dropped later, the operation still goes out and its result is discarded.
 /// - Batching: the driver task drains the queue, then flushes: a shard with free credit sends
 ///   its open batch at once; an exhausted shard's batch is parked and grows until a credit
 ///   returns. At most `window.max_in_flight` batches per shard are in the transport.
@@ -311,15 +496,111 @@ enum Ending<O, E> {
 ///
 /// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
 /// [`new`](BatchDriver::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
+///
+/// A transport that answers each get `k` with `2 k`, on a tiny runtime of the example's own
+/// (hidden: a [`ManualClock`](super::ManualClock) and a task queue that `block_on` polls;
+/// `throttle_tokio::TokioRuntime` in an application):
+///
+/// ```
+#[doc = include_str!("doc/tiny_runtime.md")]
+/// use throttle_sansio::BatcherConfig;
+/// use throttle_sansio::sync::{BatchDriver, BatchOutcome, Transport};
+///
+/// struct Doubler;
+///
+/// impl Transport<u8, u64> for Doubler {
+///     type Output = u64;
+///     type Error = std::io::Error;
+///
+///     fn send(
+///         &self,
+///         _shard: &u8,
+///         gets: Vec<u64>,
+///     ) -> impl Future<Output = BatchOutcome<u64, std::io::Error>> + Send + 'static {
+///         core::future::ready(Ok(gets.into_iter().map(|k| Ok(2 * k)).collect()))
+///     }
+/// }
+///
+/// let rt = Tiny::default();
+/// let driver: BatchDriver<_, _, u8, u64> =
+///     BatchDriver::new(rt.clone(), Doubler, BatcherConfig::reads()).unwrap();
+/// let (a, b) = (driver.submit(1, 20), driver.submit(1, 21)); // one batch to shard 1
+/// assert_eq!(rt.block_on(a).unwrap(), 40);
+/// assert_eq!(rt.block_on(b).unwrap(), 42);
+/// driver.close(); // graceful shutdown: nothing held back is left, then
+/// rt.block_on(driver.closed()); // wait for every batch in flight to end
+/// ```
 pub struct BatchDriver<R, T: Transport<Shard, Op>, Shard, Op, S = std::hash::RandomState> {
     shared: Arc<DriverShared<R, T, Shard, Op, S>>,
+    /// The same driver, for the [`Submit`]s it hands out to withdraw their operation on drop
+    /// (type-erased, so `Submit` names only the result's types).
+    withdraw: Arc<dyn Withdraw>,
 }
 
 impl<R, T: Transport<Shard, Op>, Shard, Op, S> Clone for BatchDriver<R, T, Shard, Op, S> {
     fn clone(&self) -> Self {
         BatchDriver {
             shared: Arc::clone(&self.shared),
+            withdraw: Arc::clone(&self.withdraw),
         }
+    }
+}
+
+/// What a dropped [`Submit`] asks of its driver.
+trait Withdraw: Send + Sync {
+    /// Withdraws the operation in slot `slot` if its batch has not left.
+    fn withdraw(&self, slot: Key);
+}
+
+/// The driver's [`Withdraw`]: a second handle on its shared state.
+struct Withdrawer<R, T: Transport<Shard, Op>, Shard, Op, S> {
+    shared: Arc<DriverShared<R, T, Shard, Op, S>>,
+}
+
+impl<R, T, Shard, Op, S> Withdraw for Withdrawer<R, T, Shard, Op, S>
+where
+    R: Runtime,
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone + Send + 'static,
+    Op: Send + 'static,
+    S: BuildHasher + Clone + Send + 'static,
+{
+    fn withdraw(&self, slot: Key) {
+        let taken = {
+            let mut guard = lock(&self.shared.state);
+            let st = &mut *guard;
+            let Some(op) = st.slots.get(slot) else {
+                return; // it ended
+            };
+            if op.op.is_none() {
+                return; // its batch left: too late, the result is dropped when it comes
+            }
+            match op.in_batcher {
+                // Still in the input queue: the driver task skips its entry.
+                None => st.withdrawn += 1,
+                Some(id) => match st.batcher.cancel(id) {
+                    Ok(Withdrawal::Withdrawn(_)) => {}
+                    // Unreachable: its operation is still here, so its batch has not left.
+                    _ => return,
+                },
+            }
+            take_slot(st, slot)
+        };
+        // The operation, its key and its result slot are dropped after unlock.
+        drop(taken);
+    }
+}
+
+/// Type-erases a driver's [`Withdrawer`] (loom's `Arc` cannot coerce, so it converts a std one).
+fn erase<W: Withdraw + 'static>(w: W) -> Arc<dyn Withdraw> {
+    #[cfg(all(test, loom))]
+    {
+        let std: std::sync::Arc<dyn Withdraw> = std::sync::Arc::new(w);
+        Arc::from_std(std)
+    }
+    #[cfg(not(all(test, loom)))]
+    {
+        Arc::new(w)
     }
 }
 
@@ -329,16 +610,65 @@ impl<R, T: Transport<Shard, Op>, Shard, Op, S> fmt::Debug for BatchDriver<R, T, 
     }
 }
 
-/// The future of [`BatchDriver::submit`]: the operation's result. Cancel-safe (the operation
-/// still goes out; its result is dropped).
-#[must_use = "futures do nothing unless polled"]
+/// The future of [`BatchDriver::submit`]: the operation's result.
+///
+/// Dropping it cancels the operation: if its batch has not left yet, the operation is
+/// withdrawn and never reaches the transport; if it has, the operation completes and its
+/// result is discarded. Either way nothing is stranded (`docs/sync.md`).
+///
+/// ```
+#[doc = include_str!("doc/tiny_runtime.md")]
+/// use throttle_sansio::{BatcherConfig, WindowConfig};
+/// use throttle_sansio::sync::{BatchDriver, BatchOutcome, Transport};
+///
+/// /// Records every get it receives, as the server would see them.
+/// #[derive(Clone, Default)]
+/// struct Server(Arc<Mutex<Vec<u64>>>);
+///
+/// impl Transport<u8, u64> for Server {
+///     type Output = u64;
+///     type Error = std::io::Error;
+///
+///     fn send(
+///         &self,
+///         _shard: &u8,
+///         gets: Vec<u64>,
+///     ) -> impl Future<Output = BatchOutcome<u64, std::io::Error>> + Send + 'static {
+///         self.0.lock().unwrap().extend(&gets);
+///         core::future::ready(Ok(gets.into_iter().map(Ok).collect()))
+///     }
+/// }
+///
+/// let (rt, server) = (Tiny::default(), Server::default());
+/// let driver: BatchDriver<_, _, u8, u64> =
+///     BatchDriver::new(rt.clone(), server.clone(), BatcherConfig::reads()).unwrap();
+/// let wanted = driver.submit(1, 7);
+/// let given_up = driver.submit(1, 8);
+/// drop(given_up); // before its batch left: withdrawn
+/// assert_eq!(rt.block_on(wanted).unwrap(), 7);
+/// assert_eq!(*server.0.lock().unwrap(), [7], "the server never saw 8");
+/// ```
+#[must_use = "the operation is withdrawn if this is dropped before its batch leaves"]
 pub struct Submit<O, E> {
     rx: Receiver<Result<O, OpError<E>>>,
+    /// The driver and the operation's slot, until the result is taken: what `Drop` withdraws.
+    pending: Option<(Arc<dyn Withdraw>, Key)>,
+}
+
+impl<O, E> Submit<O, E> {
+    /// A submit that already has its result (refused at once): nothing to withdraw.
+    fn done(result: Result<O, OpError<E>>) -> Self {
+        let (tx, rx) = oneshot::channel();
+        tx.send(result);
+        Submit { rx, pending: None }
+    }
 }
 
 impl<O, E> fmt::Debug for Submit<O, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Submit").finish_non_exhaustive()
+        f.debug_struct("Submit")
+            .field("pending", &self.pending.is_some())
+            .finish_non_exhaustive()
     }
 }
 
@@ -346,9 +676,22 @@ impl<O, E> Future for Submit<O, E> {
     type Output = Result<O, OpError<E>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.rx)
+        let this = &mut *self;
+        let result = Pin::new(&mut this.rx)
             .poll(cx)
-            .map(|r| r.unwrap_or(Err(OpError::Closed)))
+            .map(|r| r.unwrap_or(Err(OpError::Closed)));
+        if result.is_ready() {
+            this.pending = None; // it ended: nothing to withdraw
+        }
+        result
+    }
+}
+
+impl<O, E> Drop for Submit<O, E> {
+    fn drop(&mut self) {
+        if let Some((driver, slot)) = self.pending.take() {
+            driver.withdraw(slot);
+        }
     }
 }
 
@@ -393,22 +736,26 @@ where
         cfg: BatcherConfig,
         hasher: S,
     ) -> Result<Self, ConfigError> {
-        let driver = BatchDriver {
-            shared: Arc::new(DriverShared {
-                rt,
-                transport,
-                state: Mutex::new(DriverState {
-                    batcher: Batcher::with_hasher(cfg, hasher.clone())?,
-                    shards: Shards::new(hasher),
-                    inbox: VecDeque::new(),
-                    slots: Vec::new(),
-                    free: Vec::new(),
-                    driver: None,
-                    closed: false,
-                    delivering: 0,
-                }),
-                drained: WakeSignal::new(),
+        let shared = Arc::new(DriverShared {
+            rt,
+            transport,
+            state: Mutex::new(DriverState {
+                batcher: Batcher::with_hasher(cfg, hasher.clone())?,
+                shards: Shards::new(hasher),
+                inbox: VecDeque::new(),
+                withdrawn: 0,
+                slots: Slab::new(),
+                driver: None,
+                closed: false,
+                delivering: 0,
             }),
+            drained: WakeSignal::new(),
+        });
+        let driver = BatchDriver {
+            withdraw: erase(Withdrawer {
+                shared: Arc::clone(&shared),
+            }),
+            shared,
         };
         let task = driver.clone();
         driver.shared.rt.spawn(async move { task.run().await });
@@ -421,52 +768,51 @@ where
     /// is cloned once); a panic in one of them, or in [`Transport::op_bytes`], fails this
     /// submit with [`OpError::Panicked`] and queues nothing.
     pub fn submit(&self, shard: Shard, op: Op) -> Submit<T::Output, T::Error> {
-        let (tx, rx) = oneshot::channel();
         // User code, before anything is queued: a panic fails this operation alone.
         let Ok(bytes) = unwind::call(|| self.shared.transport.op_bytes(&op)) else {
-            tx.send(Err(OpError::Panicked(Panicked)));
-            return Submit { rx };
+            return Submit::done(Err(OpError::Panicked(Panicked)));
         };
-        let waker = {
+        let (tx, rx) = oneshot::channel();
+        let (waker, slot) = {
             let mut guard = lock(&self.shared.state);
             let st = &mut *guard;
             if st.closed {
                 drop(guard);
-                tx.send(Err(OpError::Closed));
-                return Submit { rx };
+                return Submit::done(Err(OpError::Closed));
             }
             // The key's code, caught under the lock: `intern` runs all of it before it changes
             // anything, so a panic leaves the state as it was (and the lock unpoisoned).
             let Ok(id) = unwind::call(|| st.shards.intern(&shard)) else {
                 drop(guard);
-                tx.send(Err(OpError::Panicked(Panicked)));
-                return Submit { rx };
+                return Submit::done(Err(OpError::Panicked(Panicked)));
             };
             let slot = OpSlot {
                 op: Some(op),
                 key: Some(shard),
                 shard: id,
+                in_batcher: None,
                 tx,
             };
-            let index = match st.free.pop() {
-                Some(i) => {
-                    if let Some(s) = st.slots.get_mut(i) {
-                        *s = Some(slot);
-                    }
-                    i
-                }
-                None => {
-                    st.slots.push(Some(slot));
-                    st.slots.len() - 1
+            let key = match st.slots.insert(slot) {
+                Ok(key) => key,
+                Err((_, refused)) => {
+                    // 2^64 submits (or 2^32 at once): never in practice.
+                    st.shards.release(id);
+                    drop(guard);
+                    drop(refused);
+                    return Submit::done(Err(OpError::Closed));
                 }
             };
-            st.inbox.push_back((id, index, bytes));
-            st.driver.take()
+            st.inbox.push_back((id, key, bytes));
+            (st.driver.take(), key)
         };
         if let Some(w) = waker {
             wake_one(w);
         }
-        Submit { rx }
+        Submit {
+            rx,
+            pending: Some((Arc::clone(&self.withdraw), slot)),
+        }
     }
 
     /// Fails every operation not yet sent with [`OpError::Closed`], refuses later submits and
@@ -482,6 +828,7 @@ where
                     effects.done.push((slot.tx, Err(OpError::Closed)));
                 }
             }
+            st.withdrawn = 0;
             st.batcher.close();
             drain(st, &mut effects, &mut Ending::Nothing);
             st.delivering += 1;
@@ -503,6 +850,12 @@ where
             lock(&self.shared.state).is_drained()
         })
         .await;
+    }
+
+    /// Operation slots in use (submitted, not yet ended or withdrawn), for the loom models.
+    #[cfg(all(test, loom))]
+    pub(crate) fn slots_in_use(&self) -> usize {
+        lock(&self.shared.state).slots.live()
     }
 
     /// Whether [`close`](Self::close) was called.
@@ -531,9 +884,11 @@ where
             .map_or(0, |id| st.batcher.open_ops(&id))
     }
 
-    /// Operations submitted and not yet sent, queued for the driver task.
+    /// Operations submitted and not yet handed to the batcher, queued for the driver task
+    /// (withdrawn ones not counted).
     pub fn queued(&self) -> usize {
-        lock(&self.shared.state).inbox.len()
+        let st = lock(&self.shared.state);
+        st.inbox.len().saturating_sub(st.withdrawn)
     }
 
     /// The driver task: drain the input queue, flush when it is empty, sleep until a submit.
@@ -553,11 +908,23 @@ where
                     } else {
                         let now = self.shared.rt.now();
                         let mut effects = Effects::new();
-                        while let Some((shard, index, bytes)) = st.inbox.pop_front() {
-                            if let Err(refused) = st.batcher.handle_op(now, shard, index, bytes)
-                                && let Some(slot) = take_slot(st, refused.into_handle())
-                            {
-                                effects.done.push((slot.tx, Err(OpError::Closed)));
+                        while let Some((shard, slot, bytes)) = st.inbox.pop_front() {
+                            if st.slots.get(slot).is_none() {
+                                // Withdrawn while it waited here.
+                                st.withdrawn = st.withdrawn.saturating_sub(1);
+                                continue;
+                            }
+                            match st.batcher.handle_op(now, shard, slot, bytes) {
+                                Ok(id) => {
+                                    if let Some(s) = st.slots.get_mut(slot) {
+                                        s.in_batcher = Some(id);
+                                    }
+                                }
+                                Err(refused) => {
+                                    if let Some(s) = take_slot(st, refused.into_handle()) {
+                                        effects.done.push((s.tx, Err(OpError::Closed)));
+                                    }
+                                }
                             }
                         }
                         // The input queue is empty: the rate-adaptive flush.
@@ -594,8 +961,9 @@ where
                     unsent.push((credit, Ending::Abandoned));
                     continue;
                 };
+                let n = ops.len();
                 match unwind::call(|| self.shared.transport.send(&shard, ops)) {
-                    Ok(sending) => self.spawn_send(credit, sending),
+                    Ok(sending) => self.spawn_send(credit, n, sending),
                     Err(Panicked) => unsent.push((credit, Ending::Panicked)),
                 }
             }
@@ -633,6 +1001,7 @@ where
     fn spawn_send(
         &self,
         credit: CreditId,
+        ops: usize,
         sending: impl Future<Output = BatchOutcome<T::Output, T::Error>> + Send + 'static,
     ) {
         let guard = SendGuard {
@@ -643,7 +1012,10 @@ where
             let mut guard = guard;
             let ending = match unwind::catch(sending).await {
                 Ok(Ok(results)) => Ending::Answered(results.into_iter().map(Some).collect()),
-                Ok(Err(e)) => Ending::Failed(ErrArc::new(e)),
+                Ok(Err(e)) => Ending::Failed(BatchFailure {
+                    error: ErrArc::new(e),
+                    ops,
+                }),
                 Err(Panicked) => Ending::Panicked,
             };
             if let Some(credit) = guard.credit.take() {
@@ -762,13 +1134,12 @@ impl<T: Transport<Shard, Op>, Shard, Op> Effects<T, Shard, Op> {
 
 fn take_slot<T, Shard, Op, S>(
     st: &mut DriverState<T, Shard, Op, S>,
-    index: usize,
+    slot: Key,
 ) -> Option<OpSlot<T, Shard, Op>>
 where
     T: Transport<Shard, Op>,
 {
-    let slot = st.slots.get_mut(index)?.take()?;
-    st.free.push(index);
+    let slot = st.slots.remove(slot).ok()?;
     st.shards.release(slot.shard);
     Some(slot)
 }
@@ -786,7 +1157,7 @@ fn drain<T, Shard, Op, S>(
     while let Some(action) = st.batcher.poll_action() {
         match action {
             BatchAction::Send { shard: _, credit } => {
-                let handles: Vec<usize> = st
+                let handles: Vec<Key> = st
                     .batcher
                     .batch(credit)
                     .map(|b| b.ops().to_vec())
@@ -797,7 +1168,7 @@ fn drain<T, Shard, Op, S>(
                 let ops = handles
                     .into_iter()
                     .filter_map(|h| {
-                        let slot = st.slots.get_mut(h)?.as_mut()?;
+                        let slot = st.slots.get_mut(h)?;
                         let own = slot.key.take();
                         if key.is_none() {
                             key = own;
@@ -997,6 +1368,85 @@ mod tests {
         assert_eq!(driver.in_flight(&1), 0, "the credit came back");
     }
 
+    /// Fails a batch holding operation 0 as a whole, and every operation of any other batch
+    /// on its own, with `std::io::Error`s.
+    struct Failing;
+
+    impl Transport<u8, u32> for Failing {
+        type Output = u32;
+        type Error = std::io::Error;
+        fn send(
+            &self,
+            _shard: &u8,
+            ops: Vec<u32>,
+        ) -> impl Future<Output = BatchOutcome<u32, std::io::Error>> + Send + 'static {
+            use std::io::{Error, ErrorKind};
+            let outcome = if ops.contains(&0) {
+                Err(Error::new(ErrorKind::ConnectionReset, "shard 1 is down"))
+            } else {
+                Ok(ops
+                    .iter()
+                    .map(|_| Err(Error::new(ErrorKind::NotFound, "no such key")))
+                    .collect())
+            };
+            core::future::ready(outcome)
+        }
+    }
+
+    #[test]
+    fn errors_describe_this_layer_and_expose_the_transport_s_error_as_source() {
+        use std::error::Error as _;
+        use std::format;
+        use std::io::ErrorKind;
+        use std::string::ToString;
+        let mut exec = Executor::default();
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(exec.spawner());
+        let driver = BatchDriver::new(rt, Failing, BatcherConfig::reads()).unwrap();
+        type IoResult = Result<u32, OpError<std::io::Error>>;
+        let out: Arc<StdMutex<Vec<(u32, IoResult)>>> = Arc::default();
+        for op in [0, 1, 2] {
+            let (fut, out) = (driver.submit(1, op), Arc::clone(&out));
+            exec.spawn(async move {
+                let r = fut.await;
+                out.lock().unwrap().push((op, r));
+            });
+            exec.run_until_stalled(); // each its own batch
+        }
+        let mut got = core::mem::take(&mut *out.lock().unwrap());
+        got.sort_by_key(|(op, _)| *op);
+        let kind = |e: &OpError<std::io::Error>| {
+            let source = e.source().expect("the transport's error is the source");
+            source.downcast_ref::<std::io::Error>().map(|io| io.kind())
+        };
+        let Err(batch) = &got[0].1 else {
+            panic!("op 0 succeeded")
+        };
+        assert!(matches!(batch, OpError::Batch(b) if b.ops() == 1));
+        assert_eq!(
+            batch.to_string(),
+            "the transport failed the operation's batch of 1 operation"
+        );
+        assert_eq!(kind(batch), Some(ErrorKind::ConnectionReset));
+        for (op, r) in &got[1..] {
+            let Err(e) = r else {
+                panic!("op {op} succeeded")
+            };
+            assert_eq!(e.to_string(), "the transport failed the operation");
+            assert_eq!(kind(e), Some(ErrorKind::NotFound), "op {op}");
+        }
+        assert!(OpError::<std::io::Error>::Closed.source().is_none());
+        assert_eq!(
+            format!("{:?}", driver.submit(1, 9)),
+            "Submit { pending: true, .. }"
+        );
+        driver.close();
+        assert_eq!(
+            format!("{:?}", driver.submit(1, 9)),
+            "Submit { pending: false, .. }"
+        );
+    }
+
     #[test]
     fn close_fails_held_operations_lets_in_flight_ones_finish_and_refuses_new_ones() {
         let (mut exec, driver, held, out) = setup(1);
@@ -1091,13 +1541,7 @@ mod tests {
             in_flight += busy as usize;
         }
         assert_eq!(w.live_credits(), in_flight, "no other credit live");
-        let used = st.slots.iter().flatten().count();
-        assert_eq!(used, pending, "operation slots in use");
-        assert_eq!(
-            used + st.free.len(),
-            st.slots.len(),
-            "every slot used or free"
-        );
+        assert_eq!(st.slots.live(), pending, "operation slots in use");
         if pending == 0 {
             assert_eq!(st.shards.len(), 0, "no shard key left stored");
             assert_eq!(st.batcher.open_batches(), 0);

@@ -51,24 +51,39 @@ pub trait Connector<H>: Send + Sync + 'static {
 }
 
 /// Why [`ConnPool::lease`] gave no connection.
+///
+/// `Display` says what happened at this layer; the connector's error is the
+/// [`source`](std::error::Error::source) of [`Connect`](Self::Connect). `std::error::Error`
+/// is implemented when `E` is an error itself.
+///
+/// ```
+/// use std::error::Error as _;
+/// use throttle_sansio::sync::PoolError;
+///
+/// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+/// let e = PoolError::Connect(refused);
+/// assert_eq!(e.to_string(), "connecting to the endpoint failed; it backs off now");
+/// let cause = e.source().unwrap().downcast_ref::<std::io::Error>().unwrap();
+/// assert_eq!(cause.kind(), std::io::ErrorKind::ConnectionRefused);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PoolError<E> {
     /// This lease's connect failed; the endpoint now backs off.
-    #[error("connect failed")]
-    Connect(E),
+    #[error("connecting to the endpoint failed; it backs off now")]
+    Connect(#[source] E),
     /// The endpoint's last connect failed; lease again at `until`.
-    #[error("endpoint in connect backoff")]
+    #[error("the endpoint's last connect failed; it backs off until {until:?}")]
     Backoff {
         /// When the endpoint's backoff ends (runtime clock).
         until: Instant,
     },
     /// The table ran out of connection ids (see [`Route::Exhausted`]); build a new pool.
-    #[error("connection ids exhausted")]
+    #[error("the connection table has issued every connection id it can")]
     Exhausted,
     /// The pool was closed, or the runtime dropped this lease's connect task before it ended
     /// (it is shutting down).
-    #[error("pool closed")]
+    #[error("the connection pool is closed")]
     Closed,
     /// User code of this lease panicked: the key's `Hash`, `Eq` or `Clone` while it was
     /// routed, or the connect it started ([`Connector::connect`] or its future). Nothing is
@@ -142,6 +157,43 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
 ///
 /// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
 /// [`new`](ConnPool::new) uses; [`with_hasher`](Self::with_hasher) takes any other.
+///
+/// A connector whose "connection" is its address, on a tiny runtime of the example's own
+/// (hidden: a [`ManualClock`](super::ManualClock) and a task queue that `block_on` polls;
+/// `throttle_tokio::TokioRuntime` in an application):
+///
+/// ```
+#[doc = include_str!("doc/tiny_runtime.md")]
+/// use throttle_sansio::conn_key::{ConnConfig, ConnKey};
+/// use throttle_sansio::sync::{ConnPool, Connector};
+///
+/// struct Dialer;
+///
+/// impl Connector<&'static str> for Dialer {
+///     type Conn = String;
+///     type Error = std::io::Error;
+///
+///     fn connect(
+///         &self,
+///         host: &&'static str,
+///         port: u16,
+///     ) -> impl Future<Output = Result<String, std::io::Error>> + Send + 'static {
+///         core::future::ready(Ok(format!("{host}:{port}")))
+///     }
+/// }
+///
+/// let rt = Tiny::default();
+/// let pool: ConnPool<_, _, u32, &str> =
+///     ConnPool::new(rt.clone(), Dialer, ConnConfig::default()).unwrap();
+/// let key = ConnKey::new(7, "db-1", 9000);
+/// let lease = rt.block_on(pool.lease(&key)).unwrap();
+/// assert_eq!(&*lease, "db-1:9000");
+/// let again = rt.block_on(pool.lease(&key)).unwrap(); // the same connection
+/// assert_eq!((again.id(), pool.len()), (lease.id(), 1));
+/// drop((lease, again));
+/// pool.close(); // graceful shutdown: refuse new leases, then
+/// rt.block_on(pool.closed()); // wait for every lease and connect to end
+/// ```
 pub struct ConnPool<R, C: Connector<H>, U, H, S = std::hash::RandomState> {
     shared: Arc<PoolShared<R, C, U, H, S>>,
 }
@@ -578,6 +630,40 @@ where
 
 /// One request's use of a pooled connection: derefs to the connection; counts as in flight
 /// until dropped. `Send` (and `Sync`) for `Send + Sync` connections; not `Clone`.
+///
+/// ```
+#[doc = include_str!("doc/tiny_runtime.md")]
+/// use throttle_sansio::conn_key::{ConnConfig, ConnKey};
+/// use throttle_sansio::sync::{ConnPool, Connector};
+///
+/// struct Dialer;
+///
+/// impl Connector<&'static str> for Dialer {
+///     type Conn = String;
+///     type Error = std::io::Error;
+///
+///     fn connect(
+///         &self,
+///         host: &&'static str,
+///         port: u16,
+///     ) -> impl Future<Output = Result<String, std::io::Error>> + Send + 'static {
+///         core::future::ready(Ok(format!("{host}:{port}")))
+///     }
+/// }
+///
+/// let rt = Tiny::default();
+/// let pool: ConnPool<_, _, u32, &str> =
+///     ConnPool::new(rt.clone(), Dialer, ConnConfig::default()).unwrap();
+/// let key = ConnKey::new(7, "db-1", 9000);
+/// let lease = rt.block_on(pool.lease(&key)).unwrap();
+/// let conn = lease.id();
+/// assert_eq!(pool.in_flight(conn), Some(1), "one request in flight on it");
+/// drop(lease);
+/// assert_eq!(pool.in_flight(conn), Some(0), "idle: it closes after max_idle");
+/// let lease = rt.block_on(pool.lease(&key)).unwrap();
+/// lease.broken(); // an I/O error on it: the pool forgets it
+/// assert_eq!((pool.in_flight(conn), pool.len()), (None, 0));
+/// ```
 #[must_use = "a lease holds its connection busy until dropped"]
 pub struct Lease<R, C: Connector<H>, U, H, S = std::hash::RandomState> {
     /// Declared before `end`, so it is dropped first: the lease's handle to the connection is

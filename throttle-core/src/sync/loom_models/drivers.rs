@@ -1,5 +1,5 @@
-//! The drivers: a batch's end racing the driver's close, a connect racing the pool's close,
-//! and a cancelled refresher racing a call that joins its refresh. Their spawned tasks are
+//! The drivers: a batch's end racing the driver's close, a dropped `Submit` racing its batch
+//! leaving, a connect racing the pool's close, and a cancelled refresher racing a call that joins its refresh. Their spawned tasks are
 //! taken from the [`TestRuntime`]'s queue and polled on the thread each model gives them.
 
 use alloc::vec::Vec;
@@ -322,6 +322,98 @@ fn batch_submit_racing_the_driver_task_sleep_loses_no_operation() {
         assert!(tasks.is_empty(), "the driver task outlived the close");
         assert!(Hand::new(boxed(driver.closed())).poll().is_ready());
     });
+}
+
+/// Answers every batch at once, each operation with its own value, and counts the operations
+/// it was sent.
+struct Counting(StdArc<AtomicUsize>);
+
+impl Transport<u32, u32> for Counting {
+    type Output = u32;
+    type Error = &'static str;
+    fn send(
+        &self,
+        _shard: &u32,
+        ops: Vec<u32>,
+    ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
+        self.0.fetch_add(ops.len(), Ordering::SeqCst);
+        core::future::ready(Ok(ops.into_iter().map(Ok).collect()))
+    }
+}
+
+/// A dropped `Submit` (issue 13: it withdraws its operation) racing the moment its batch
+/// leaves: the end of the batch in flight handing the credit to the parked one (`parked`), or
+/// the driver task taking the operation from its input queue and sending it. The operation is
+/// either withdrawn (never sent) or sent once, never both and never lost: the transport saw it
+/// exactly when a send task for it was spawned, and afterwards no credit, open operation or
+/// queued entry is left, and the close drains.
+#[test]
+fn batch_dropped_submit_racing_its_batch_leaving_is_withdrawn_or_sent_once() {
+    for parked in [true, false] {
+        super::model(move || {
+            let rt = TestRuntime::new();
+            let cfg =
+                BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+            let sent = StdArc::new(AtomicUsize::new(0));
+            let transport = Counting(StdArc::clone(&sent));
+            let driver =
+                match BatchDriver::with_hasher(rt.clone(), transport, cfg, TestHasher::default()) {
+                    Ok(d) => d,
+                    Err(e) => panic!("valid config refused: {e}"),
+                };
+            let mut task = Hand::new(spawned_one(&rt));
+            assert!(task.poll().is_pending());
+            let mut first = Hand::new(driver.submit(1, 10));
+            assert!(task.poll().is_pending());
+            let send = spawned_one(&rt); // [10], in the transport
+            let mut given_up = Hand::new(driver.submit(1, 20));
+            assert!(given_up.poll().is_pending());
+            let mut task = Some(task);
+            let t1 = if parked {
+                if let Some(t) = &mut task {
+                    assert!(t.poll().is_pending());
+                }
+                assert_eq!(driver.open_ops(&1), 1, "20 is parked");
+                thread::spawn(move || {
+                    let mut send = Hand::new(send);
+                    assert!(send.poll().is_ready(), "the send task ends at once");
+                    None
+                })
+            } else {
+                let mut send = Hand::new(send);
+                assert!(send.poll().is_ready());
+                // 20 is still in the input queue; the driver task takes it on t1.
+                let mut t = task.take();
+                thread::spawn(move || {
+                    if let Some(t) = &mut t {
+                        assert!(t.poll().is_pending());
+                    }
+                    t
+                })
+            };
+            let t2 = thread::spawn(move || drop(given_up));
+            let task = task.or(join(t1));
+            join(t2);
+            let mut tasks: Vec<Hand<Task>> = rt.take_spawned().into_iter().map(Hand::new).collect();
+            let left = !tasks.is_empty();
+            settle(&rt, &mut tasks);
+            assert!(tasks.is_empty(), "a send task was left pending");
+            let seen = sent.load(Ordering::SeqCst);
+            assert_eq!(seen, 1 + usize::from(left), "20 sent iff its batch left");
+            assert!(matches!(first.poll(), Poll::Ready(Ok(10))));
+            assert_eq!(
+                (driver.in_flight(&1), driver.open_ops(&1), driver.queued()),
+                (0, 0, 0),
+                "nothing stranded"
+            );
+            assert_eq!(driver.slots_in_use(), 0, "a slot left behind");
+            driver.close();
+            let mut tasks: Vec<Hand<Task>> = task.into_iter().collect();
+            settle(&rt, &mut tasks);
+            assert!(tasks.is_empty(), "the driver task outlived the close");
+            assert!(Hand::new(boxed(driver.closed())).poll().is_ready());
+        });
+    }
 }
 
 /// The pool of the leaser models, with a fake connector and its count of live connections.
