@@ -23,7 +23,7 @@
 //! let mut call = Call::new(&CallConfig::default());
 //! let now = Instant::ZERO;
 //!
-//! assert_eq!(call.start(now, &mut budget), CallAction::Send);
+//! assert_eq!(call.start(now, &mut budget), CallAction::Send { time_left: None });
 //! // The old coordinator answers "not the leader".
 //! let class = AdminWriteGateway.classify(&ErrorKind::NotLeader);
 //! assert_eq!(call.handle_error(now, class, &mut budget, &mut rng), CallAction::Refresh);
@@ -75,7 +75,10 @@ mod tests {
         let mut generation = None;
 
         for call in &mut calls {
-            assert_eq!(call.start(now, &mut budget), CallAction::Send);
+            assert_eq!(
+                call.start(now, &mut budget),
+                CallAction::Send { time_left: None }
+            );
             sends += 1;
         }
         for (id, call) in calls.iter_mut().enumerate() {

@@ -57,6 +57,7 @@ mod loom;
 mod oneshot;
 mod pending;
 mod pool;
+mod retry;
 mod runtime;
 mod seed;
 mod signal;
@@ -81,6 +82,7 @@ pub use gate::GateHandle;
 pub use host::bare_host;
 pub use pending::{AcquireBytes, BytesPermit, PendingBytes};
 pub use pool::{ConnPool, Connector, Lease, PoolError};
+pub use retry::Attempt;
 pub use runtime::{ManualClock, ManualSleep, Runtime};
 pub use seed::{client_rng, next_client_id, process_seed};
 pub use signal::{Changed, WakeSignal, wait_until};
@@ -176,5 +178,7 @@ where
     let _batch = |driver: &BatchDriver<R, T, Shard, Op, S>| send_value(&driver.closed());
     let _call = |fx: &FailoverExecutor<R, K, B>| {
         send_value(&fx.call(|| async { Ok::<u8, u32>(1) }, || async { true }));
+        send_value(&fx.call_until(None, |_| async { Ok::<u8, u32>(1) }, || async { true }));
+        send_value(&fx.closed());
     };
 }
