@@ -14,6 +14,7 @@
 //! | [`BatchDriver`] | [`Batcher`](crate::Batcher) + a user [`Transport`] | an operation's result ([`Submit`]), batched rate-adaptively |
 //! | [`ConnPool`] | [`ConnTable`](crate::ConnTable) + a [`Connector`] | a connection ([`Lease`]); idle ones close at the table's deadlines |
 //! | [`FailoverExecutor`] | [`Call`](crate::Call), [`RefreshCoalescer`](crate::RefreshCoalescer), a [`RetryBudget`](crate::RetryBudget) | a request's end, with one coalesced refresh for concurrent failures |
+//! | [`retry`] ([`Retry`]) | a [`Call`](crate::Call) with a backoff, a deadline and a [`SharedBudget`] | an operation's end, retried on the runtime's clock |
 //! | [`WakeSignal`] + [`wait_until`] | any machine whose deadline can move earlier | its deadline, re-armed on every signal |
 //!
 //! Every handle follows the same rules:
@@ -82,7 +83,7 @@ pub use gate::GateHandle;
 pub use host::bare_host;
 pub use pending::{AcquireBytes, BytesPermit, PendingBytes};
 pub use pool::{ConnPool, Connector, Lease, PoolError};
-pub use retry::Attempt;
+pub use retry::{Always, Attempt, Notify, Quiet, Retry, RetryError, RetryIf, SharedBudget, retry};
 pub use runtime::{ManualClock, ManualSleep, Runtime};
 pub use seed::{client_rng, next_client_id, process_seed};
 pub use signal::{Changed, WakeSignal, wait_until};
