@@ -19,16 +19,22 @@ pub struct CallConfig {
 }
 
 impl Default for CallConfig {
-    /// Upstream's policy: one automatic retry, sent as soon as the refresh completes.
+    /// [`CallConfig::fluss_admin`].
     fn default() -> Self {
+        Self::fluss_admin()
+    }
+}
+
+impl CallConfig {
+    /// Upstream's policy (the Fluss admin gateway's retry proxy): one automatic retry, sent
+    /// as soon as the refresh completes, no backoff.
+    pub fn fluss_admin() -> Self {
         CallConfig {
             max_auto_retries: 1,
             backoff: None,
         }
     }
-}
 
-impl CallConfig {
     /// At most `n` automatic retries per call (0 disables them; refreshes still happen).
     pub fn with_max_auto_retries(mut self, n: u32) -> Self {
         self.max_auto_retries = n;

@@ -148,6 +148,31 @@ mod tests {
     }
 
     #[test]
+    fn every_default_is_one_named_upstream_configuration() {
+        assert_eq!(CallConfig::default(), CallConfig::fluss_admin());
+        assert_eq!(CallConfig::default().max_auto_retries(), 1);
+        assert_eq!(
+            CoalescerConfig::default(),
+            CoalescerConfig::fluss_unbounded()
+        );
+        assert_eq!(CoalescerConfig::default().max_waiters(), 1 << 20);
+        assert_eq!(CoalescerConfig::default().validate(), Ok(()));
+        let a6 = GrpcThrottleConfig::grpc_a6_example();
+        assert_eq!(GrpcThrottleConfig::default(), a6);
+        assert_eq!((a6.max_tokens(), a6.milli_token_ratio()), (10, 100));
+        let finagle = FinagleBudgetConfig::finagle_default();
+        assert_eq!(FinagleBudgetConfig::default(), finagle);
+        assert_eq!(finagle.ttl(), core::time::Duration::from_secs(10));
+        assert_eq!(
+            (
+                finagle.min_retries_per_sec(),
+                finagle.percent_can_retry_ppm()
+            ),
+            (10, 200_000)
+        );
+    }
+
+    #[test]
     fn the_documented_scenario_retries_all_eight_under_finagle_default_and_none_under_a6() {
         // Finagle's default: 100 retries in reserve, so all eight retry.
         assert_eq!(eight_at_once(&mut FinagleBudget::default()), 8);
