@@ -176,6 +176,9 @@ pub enum CallState {
 ///   [`ErrorClass`]. A synchronous transport error (the send failed before the request left) is
 ///   reported through `handle_error` like any other.
 /// - After a `Refresh`, report the refresh's end with [`Call::handle_refreshed`], success or not.
+/// - After a `Retry`, once `after` has passed, report [`Call::handle_retry_due`] before
+///   sending (optional without a deadline): it ends the call instead if a late wake-up has
+///   reached the deadline.
 /// - Every input returns the one next [`CallAction`]; `Surface` and `Complete` are terminal and
 ///   are returned at most once. Any input in the wrong state returns [`CallAction::None`] and
 ///   changes nothing.
@@ -214,6 +217,8 @@ pub struct Call {
     /// The retry safety of the error whose refresh is awaited.
     pending: RetrySafety,
     retries: u32,
+    /// A `Retry` was handed out and [`Call::handle_retry_due`] has not been reported for it.
+    due: bool,
     sends: u64,
     refreshes: u64,
 }
@@ -228,6 +233,7 @@ impl Call {
             state: CallState::Idle,
             pending: RetrySafety::Never,
             retries: 0,
+            due: false,
             sends: 0,
             refreshes: 0,
         }
@@ -289,6 +295,7 @@ impl Call {
         if self.state != CallState::AwaitingResult {
             return CallAction::None;
         }
+        self.due = false;
         budget.handle_success(now);
         self.state = CallState::Succeeded;
         CallAction::Complete
@@ -311,6 +318,7 @@ impl Call {
         if self.state != CallState::AwaitingResult {
             return CallAction::None;
         }
+        self.due = false;
         if class.retry == RetrySafety::NotExecuted {
             budget.handle_failure(now);
         }
@@ -377,9 +385,29 @@ impl Call {
         self.retries = self.retries.saturating_add(1);
         self.sends = self.sends.saturating_add(1);
         self.state = CallState::AwaitingResult;
+        self.due = true;
         CallAction::Retry {
             after,
             time_left: self.time_left(at),
+        }
+    }
+
+    /// Input (optional): the `after` of the last `Retry` has passed, and the retry is about to
+    /// be sent at `now`. Returns `Send { time_left }` to go ahead, or, when `now` has reached
+    /// the deadline (a timer that woke late), `Surface { DeadlineExceeded }`: the retry is not
+    /// sent and the call ends. `None` when no `Retry` awaits its send. A driver whose timer can
+    /// wake late calls it, so no attempt starts at or after the deadline; one on exact time
+    /// may skip it.
+    pub fn handle_retry_due(&mut self, now: Instant) -> CallAction {
+        if !self.due || self.state != CallState::AwaitingResult {
+            return CallAction::None;
+        }
+        self.due = false;
+        if self.too_late(now) {
+            return self.surface(SurfaceReason::DeadlineExceeded);
+        }
+        CallAction::Send {
+            time_left: self.time_left(now),
         }
     }
 
@@ -1121,5 +1149,39 @@ mod tests {
         assert_eq!(call.time_left(ms(2_000)), Some(Duration::ZERO));
         call.set_deadline(None);
         assert_eq!((call.deadline(), call.time_left(ms(0))), (None, None));
+    }
+
+    #[test]
+    fn a_retry_due_at_or_after_the_deadline_is_not_sent() {
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
+        let mut call = Call::new(&fixed_100ms(5)).with_deadline(Some(ms(150)));
+        assert!(matches!(call.start(ms(0), b), CallAction::Send { .. }));
+        assert_eq!(
+            call.handle_retry_due(ms(10)),
+            CallAction::None,
+            "no retry yet"
+        );
+        assert!(matches!(
+            call.handle_error(ms(40), ErrorClass::RETRY, b, r),
+            CallAction::Retry { .. }
+        ));
+        // Planned for 140 ms; on time the retry goes ahead with what is left.
+        let mut on_time = call.clone();
+        assert_eq!(
+            on_time.handle_retry_due(ms(140)),
+            CallAction::Send {
+                time_left: Some(Duration::from_millis(10))
+            }
+        );
+        assert_eq!(on_time.handle_retry_due(ms(140)), CallAction::None, "once");
+        // The timer woke at 150 ms: the retry is not sent, the call ends.
+        assert_eq!(
+            call.handle_retry_due(ms(150)),
+            CallAction::Surface {
+                reason: SurfaceReason::DeadlineExceeded
+            }
+        );
+        assert!(call.is_terminal());
+        assert_eq!(call.handle_success(ms(150), b), CallAction::None);
     }
 }

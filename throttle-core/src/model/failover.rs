@@ -402,6 +402,8 @@ const FIXED_DELAY: Duration = Duration::from_millis(100);
 struct Calls {
     /// Per call: the deadline the reference holds (set by the deadline operation).
     deadlines: Vec<Option<Instant>>,
+    /// Per call: a retry was handed out and its due time not yet reported.
+    due: Vec<bool>,
     max_retries: u32,
     backoff: BackoffMode,
     now: Instant,
@@ -557,6 +559,12 @@ impl Calls {
         if want != Want::Nothing {
             r.emitted.push(want);
         }
+        if let Some(d) = self.due.get_mut(i)
+            && want != Want::Nothing
+        {
+            // A retry awaits its due report; any other answer ends the wait for one.
+            *d = want == Want::Retry;
+        }
         if r.finished() > 1 {
             return Err(format!("step {step}: call {i} completed twice"));
         }
@@ -686,6 +694,7 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
     };
     let mut s = Calls {
         deadlines: (0..n).map(|_| None).collect(),
+        due: (0..n).map(|_| false).collect(),
         max_retries,
         backoff,
         now: Instant::ZERO,
@@ -706,8 +715,9 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
 
     while !c.is_empty() {
         s.step += 1;
-        // Values 0–9 are the original operations; 10, the deadline, was appended.
-        let Some(op) = c.select(11) else {
+        // Values 0–9 are the original operations; 10 (the deadline) and 11 (a retry's due
+        // time) were appended.
+        let Some(op) = c.select(12) else {
             continue;
         };
         // Most inputs go to a live call; one index in nine is past the end (ignored).
@@ -817,6 +827,38 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
             }
             8 | 9 => {
                 s.poll()?;
+            }
+            11 => {
+                // The retry's delay has passed: it goes ahead before the deadline, and at or
+                // after it the call surfaces without sending.
+                let late = s
+                    .deadlines
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|d| s.now >= d);
+                let pending = s.due.get(i).copied().unwrap_or(false);
+                let Some(call) = s.calls.get_mut(i) else {
+                    continue;
+                };
+                let got = call.handle_retry_due(s.now);
+                if pending && !late {
+                    let time_left = s.deadlines[i].map(|d| d.saturating_duration_since(s.now));
+                    if got != (CallAction::Send { time_left }) {
+                        return Err(format!(
+                            "step {}: call {i} retry due: {got:?}, expected Send {{ {time_left:?} }}",
+                            s.step
+                        ));
+                    }
+                    s.due[i] = false;
+                } else {
+                    let want = if pending {
+                        Want::Surface(SurfaceReason::DeadlineExceeded)
+                    } else {
+                        Want::Nothing
+                    };
+                    s.settle(i, got, want, "retry due")?;
+                }
             }
             _ => {
                 // Set or clear a call's deadline: cleared, a span ahead (often within the
