@@ -176,6 +176,57 @@ async fn call_until_a_passed_deadline_sends_nothing() {
     assert_eq!(fx.in_flight(), 0);
 }
 
+/// A `ManualClock` runtime whose timers wake 3 ms late, as a loaded real timer may.
+#[derive(Clone)]
+struct Late(throttle_sansio::sync::ManualClock);
+
+impl throttle_sansio::sync::Runtime for Late {
+    fn now(&self) -> Instant {
+        self.0.now()
+    }
+    fn sleep_until(&self, at: Instant) -> impl core::future::Future<Output = ()> + Send + 'static {
+        self.0.sleep_until(at + Duration::from_millis(3))
+    }
+    fn spawn<F: core::future::Future<Output = ()> + Send + 'static>(&self, _: F) {}
+}
+
+#[test]
+fn call_until_sends_no_retry_whose_timer_woke_past_the_deadline() {
+    use core::task::{Context, Poll, Waker};
+    let clock = throttle_sansio::sync::ManualClock::new();
+    let config = CallConfig::default()
+        .with_max_auto_retries(5)
+        .with_backoff(fixed_100ms());
+    let fx =
+        FailoverExecutor::new(Late(clock.clone()), AdminWriteGateway, Unlimited, config).unwrap();
+    let sends = AtomicUsize::new(0);
+    let call = fx.call_until(
+        Some(Instant::from_millis(101)),
+        |_| {
+            sends.fetch_add(1, Ordering::SeqCst);
+            async { Err::<(), _>(ErrorKind::NotLeader) }
+        },
+        || async { true },
+    );
+    let mut call = core::pin::pin!(call);
+    let mut cx = Context::from_waker(Waker::noop());
+    let got = loop {
+        match call.as_mut().poll(&mut cx) {
+            Poll::Ready(got) => break got,
+            Poll::Pending => clock.advance_to(clock.next_deadline().unwrap()),
+        }
+    };
+    assert_eq!(
+        got,
+        Err(CallError::Surfaced(Surfaced::new(
+            ErrorKind::NotLeader,
+            SurfaceReason::DeadlineExceeded
+        )))
+    );
+    assert_eq!(sends.load(Ordering::SeqCst), 1, "no send at 103 ms");
+    assert_eq!(clock.now(), Instant::from_millis(103));
+}
+
 /// A user error with a cause of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct NotCoordinator;

@@ -380,6 +380,62 @@ fn on_a_manual_clock_no_attempt_starts_after_the_deadline_and_no_sleep_reaches_i
     assert_eq!(clock.sleepers(), 0);
 }
 
+/// A `ManualClock` runtime whose timers wake 3 ms late, as a loaded real timer may.
+#[derive(Clone)]
+struct Late(ManualClock);
+
+impl Runtime for Late {
+    fn now(&self) -> Instant {
+        self.0.now()
+    }
+    fn sleep_until(&self, at: Instant) -> impl Future<Output = ()> + Send + 'static {
+        self.0.sleep_until(at + Duration::from_millis(3))
+    }
+    fn spawn<F: Future<Output = ()> + Send + 'static>(&self, _: F) {
+        unreachable!("the retry helper spawns nothing")
+    }
+}
+
+#[test]
+fn a_timer_that_wakes_past_the_deadline_starts_no_attempt() {
+    // The retry is planned for 100 ms, before the 101 ms deadline; the timer wakes at 103 ms.
+    let clock = ManualClock::new();
+    let rt = Late(clock.clone());
+    let log = Arc::default();
+    let got = run_on(
+        &clock,
+        retry(rt.clone(), failing(&rt, &log))
+            .backoff(fixed_100ms())
+            .deadline(Instant::from_millis(101))
+            .into_future(),
+    );
+    assert_eq!(
+        got,
+        Err(RetryError::Surfaced(Surfaced::new(
+            Busy,
+            SurfaceReason::DeadlineExceeded
+        )))
+    );
+    assert_eq!(clock.now(), Instant::from_millis(103));
+    assert_eq!(log.lock().unwrap().len(), 1, "no attempt at 103 ms");
+    // With room for it, the late retry runs and is told what is really left.
+    let clock = ManualClock::new();
+    let rt = Late(clock.clone());
+    let log = Arc::default();
+    let _ = run_on(
+        &clock,
+        retry(rt.clone(), failing(&rt, &log))
+            .backoff(fixed_100ms())
+            .max_retries(1)
+            .deadline(Instant::from_millis(150))
+            .into_future(),
+    );
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 2);
+    assert_eq!(log[1].0, Instant::from_millis(103));
+    assert_eq!(log[1].1.time_left, Some(Duration::from_millis(47)));
+}
+
 #[test]
 fn runs_on_async_std_with_its_real_clock() {
     let rt = throttle_async_std::AsyncStdRuntime::new();

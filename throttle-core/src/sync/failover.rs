@@ -401,13 +401,21 @@ where
         if let CallAction::Surface { .. } = action {
             return Err(CallError::Expired);
         }
+        // The error of the attempt before a retry, given back if its timer wakes too late.
+        let mut last: Option<E> = None;
         loop {
             // Here `action` is `Send` or `Retry`; the call put a retry's start before the
-            // deadline, so this sleep never reaches it.
-            if let CallAction::Retry { after, .. } = action
-                && !after.is_zero()
-            {
-                self.rt.sleep_until(self.rt.now() + after).await;
+            // deadline, so this sleep never aims past it.
+            if let CallAction::Retry { after, .. } = action {
+                if !after.is_zero() {
+                    self.rt.sleep_until(self.rt.now() + after).await;
+                }
+                // A timer that woke at or after the deadline: the retry is not sent.
+                if let CallAction::Surface { reason } = call.handle_retry_due(self.rt.now())
+                    && let Some(error) = last.take()
+                {
+                    return Err(Surfaced { error, reason }.into());
+                }
             }
             let attempt = Attempt::new(call.sends(), call.time_left(self.rt.now()));
             let error = match unwind::catch(async { op(attempt).await }).await? {
@@ -433,7 +441,10 @@ where
                         action =
                             call.handle_refreshed(self.rt.now(), ok, &mut st.budget, &mut st.rng);
                     }
-                    CallAction::Send { .. } | CallAction::Retry { .. } => break,
+                    CallAction::Send { .. } | CallAction::Retry { .. } => {
+                        last = Some(error);
+                        break;
+                    }
                     CallAction::Surface { reason } => {
                         return Err(Surfaced { error, reason }.into());
                     }

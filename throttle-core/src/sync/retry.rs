@@ -428,9 +428,12 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
                 _ => return Err(Surfaced::new(error, SurfaceReason::ClassifiedNever).into()),
             };
             unwind::call(|| notify.notify(&error, after))?;
-            drop(error);
             if !after.is_zero() {
                 rt.sleep_until(rt.now() + after).await;
+            }
+            // A timer that woke at or after the deadline: the retry is not made.
+            if let CallAction::Surface { reason } = call.handle_retry_due(rt.now()) {
+                return Err(Surfaced::new(error, reason).into());
             }
         }
     }
