@@ -43,7 +43,8 @@
 //!   is still woken. `docs/sync.md` ("User code that panics") lists each call and its test.
 //! - A handle with `close()` has `closed().await`: it resolves once the handle is closed and
 //!   everything it had in flight has ended (window: no live credit; bytes: nothing granted;
-//!   pool: no lease out and no connect running; batch driver: no batch in the transport).
+//!   pool: no lease out and no connect running; batch driver: no batch in the transport;
+//!   failover executor: no call, and so no refresh, in flight).
 //!   The release path that ends the last of them notifies a [`WakeSignal`]; nothing polls.
 //!
 //! The loom models (`loom_models`, `cfg(loom)`) check the races; see
