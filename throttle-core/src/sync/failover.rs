@@ -387,16 +387,20 @@ where
         RfFut: Future<Output = bool>,
     {
         let mut call = Call::new(&self.shared.config).with_deadline(deadline);
-        let (_in_flight, mut action) = {
+        {
             let mut st = lock(&self.shared.state);
             if st.closed {
                 return Err(CallError::Closed);
             }
             st.in_flight = st.in_flight.saturating_add(1);
-            let guard = InFlight {
-                shared: &self.shared,
-            };
-            (guard, call.start(self.rt.now(), &mut st.budget))
+        }
+        // Made outside the lock: its drop takes the lock, even when a budget input unwinds.
+        let _in_flight = InFlight {
+            shared: &self.shared,
+        };
+        let mut action = {
+            let mut st = lock(&self.shared.state);
+            call.start(self.rt.now(), &mut st.budget)
         };
         if let CallAction::Surface { .. } = action {
             return Err(CallError::Expired);
@@ -411,9 +415,8 @@ where
                     self.rt.sleep_until(self.rt.now() + after).await;
                 }
                 // A timer that woke at or after the deadline: the retry is not sent.
-                if let CallAction::Surface { reason } = call.handle_retry_due(self.rt.now())
-                    && let Some(error) = last.take()
-                {
+                let due = call.handle_retry_due(self.rt.now());
+                if let (CallAction::Surface { reason }, Some(error)) = (due, last.take()) {
                     return Err(Surfaced { error, reason }.into());
                 }
             }
