@@ -304,6 +304,45 @@ async fn panics_in_user_code_are_errors_and_leave_the_shared_budget_usable() {
     assert_eq!(budget.with(|b| b.balance(rt.now())), before - 2);
 }
 
+/// A budget whose withdrawal panics the first time, then allows every retry.
+#[derive(Default)]
+struct PanicsOnce {
+    panicked: bool,
+}
+
+impl throttle_sansio::failover::RetryBudget for PanicsOnce {
+    fn handle_request(&mut self, _: Instant) {}
+    fn handle_failure(&mut self, _: Instant) {}
+    fn handle_success(&mut self, _: Instant) {}
+    fn try_withdraw(&mut self, _: Instant) -> bool {
+        if !self.panicked {
+            self.panicked = true;
+            panic!("the budget panics");
+        }
+        true
+    }
+    fn can_retry(&self, _: Instant) -> bool {
+        true
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_budget_that_panics_is_an_error_and_the_shared_budget_keeps_serving() {
+    let budget = SharedBudget::new(PanicsOnce::default());
+    let rt = TokioRuntime::new();
+    let flaky = |a: Attempt| async move {
+        if a.number == 1 {
+            Err(Busy)
+        } else {
+            Ok(a.number)
+        }
+    };
+    let first = retry(rt.clone(), flaky).budget(&budget).await;
+    assert_eq!(first, Err(RetryError::Panicked(Panicked)));
+    let second = retry(rt.clone(), flaky).budget(&budget).await;
+    assert_eq!(second, Ok(2), "the lock the panic crossed is recovered");
+}
+
 #[test]
 fn errors_describe_this_layer_and_expose_the_operation_error_as_source() {
     let err: RetryError<Busy> = Surfaced::new(Busy, SurfaceReason::DeadlineExceeded).into();
