@@ -100,7 +100,7 @@ impl BackoffConfig {
     }
 
     /// A builder with general rules (`initial ≤ max`, no preset bounds), starting from
-    /// 1 s → 10 s, ×2, ±20 %, floor 0, resolution 1 ms, no budget.
+    /// 1 s → 10 s, ×2, ±20 %, floor 0, resolution 1 ms, no budget, no attempt or wait limit.
     pub fn builder() -> BackoffConfigBuilder {
         BackoffConfigBuilder::preset(GENERAL, ms(1_000), ms(10_000), (2, 1), TWENTY_PERCENT)
     }
