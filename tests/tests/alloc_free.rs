@@ -482,7 +482,10 @@ fn failover_round<B: RetryBudget>(
     let mut generation = None;
     for (i, call) in calls.iter_mut().enumerate() {
         *call = Call::new(cfg);
-        assert_eq!(call.start(*now, budget), CallAction::Send);
+        assert_eq!(
+            call.start(*now, budget),
+            CallAction::Send { time_left: None }
+        );
         if i % 4 == 0 {
             assert_eq!(call.handle_success(*now, budget), CallAction::Complete);
             continue;

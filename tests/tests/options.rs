@@ -401,6 +401,8 @@ fn every_method_in_the_table_exists() {
         &backoff::FLOOR => BackoffConfigBuilder::floor,
         &backoff::RESOLUTION => BackoffConfigBuilder::resolution,
         &backoff::TOTAL_BUDGET => BackoffConfigBuilder::total_budget,
+        &backoff::MAX_ATTEMPTS => BackoffConfigBuilder::max_attempts,
+        &backoff::MAX_WAIT => BackoffConfigBuilder::max_wait,
         &backoff::FLUSS_DISK_INITIAL => BackoffConfigBuilder::initial,
         &backoff::FLUSS_DISK_MAX => BackoffConfigBuilder::max,
         &backoff::FLUSS_RETRY_INITIAL => BackoffConfigBuilder::initial,

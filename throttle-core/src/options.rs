@@ -169,6 +169,20 @@ pub mod backoff {
         "BackoffConfigBuilder::total_budget",
         NONE,
     );
+    /// Delays handed out at most (Gobblin's `maxRetries` check).
+    pub const MAX_ATTEMPTS: ConfigOption = ConfigOption::new(
+        B,
+        "max_attempts",
+        "BackoffConfigBuilder::max_attempts",
+        &[Upstream::new("Gobblin", "ExponentialBackoff.maxRetries")],
+    );
+    /// The soft wait limit (Gobblin's `maxWait` check).
+    pub const MAX_WAIT: ConfigOption = ConfigOption::new(
+        B,
+        "max_wait",
+        "BackoffConfigBuilder::max_wait",
+        &[Upstream::new("Gobblin", "ExponentialBackoff.maxWait")],
+    );
 
     const DISK: &str = "BackoffConfig::fluss_disk_write_locked()";
     /// `initial` of the Fluss disk-write-locked preset (Fluss PR #4293).
@@ -584,6 +598,8 @@ pub const ALL: &[&ConfigOption] = &[
     &backoff::FLOOR,
     &backoff::RESOLUTION,
     &backoff::TOTAL_BUDGET,
+    &backoff::MAX_ATTEMPTS,
+    &backoff::MAX_WAIT,
     &backoff::FLUSS_DISK_INITIAL,
     &backoff::FLUSS_DISK_MAX,
     &backoff::FLUSS_RETRY_INITIAL,

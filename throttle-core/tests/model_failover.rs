@@ -11,7 +11,7 @@ proptest! {
 
     #[test]
     fn calls_complete_once_never_retry_never_and_share_one_refresh(
-        data in common::bytes(10)
+        data in common::bytes(12)
     ) {
         if let Err(d) = check_call(&data) {
             prop_assert!(false, "{}", d);

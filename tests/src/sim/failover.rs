@@ -307,7 +307,7 @@ impl World<'_> {
     /// Carry out what task `c`'s call asks for.
     fn act(&mut self, now: Instant, c: usize, action: CallAction) {
         match action {
-            CallAction::Send | CallAction::Retry { .. } => self.send(now, c),
+            CallAction::Send { .. } | CallAction::Retry { .. } => self.send(now, c),
             CallAction::Refresh => match self.coalescer.handle_refresh_needed(c) {
                 CoalesceAction::Start(g) => {
                     self.res.refreshes += 1;

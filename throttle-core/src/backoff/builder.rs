@@ -103,6 +103,8 @@ pub struct BackoffConfigBuilder {
     pub(super) floor: u64,
     pub(super) resolution: u64,
     pub(super) budget: Option<u64>,
+    pub(super) max_attempts: Option<u32>,
+    pub(super) max_wait: Option<u64>,
     pub(super) rules: Rules,
 }
 
@@ -123,6 +125,8 @@ impl BackoffConfigBuilder {
             floor: 0,
             resolution: NS_PER_MS,
             budget: None,
+            max_attempts: None,
+            max_wait: None,
             rules,
         }
     }
@@ -165,11 +169,36 @@ impl BackoffConfigBuilder {
     }
 
     /// A hard total budget per sequence: [`Backoff::next_delay`] refuses a delay larger than
-    /// what is left of it. Unlike Gobblin's `maxWait`, which lets the wait that crosses it run.
+    /// what is left of it, so the delays handed out never sum past it. Unlike
+    /// [`max_wait`](Self::max_wait) (Gobblin's `maxWait`), which lets the wait that crosses it
+    /// run.
     ///
     /// [`Backoff::next_delay`]: super::Backoff::next_delay
     pub fn total_budget(mut self, budget: Option<Duration>) -> Self {
         self.budget = budget.map(duration_to_nanos);
+        self
+    }
+
+    /// At most `n` delays per sequence (Gobblin `ExponentialBackoff`'s `maxRetries`): the
+    /// `n + 1`-th [`Backoff::next_delay`] is refused with [`Exhausted::Attempts`]. `Some(0)`
+    /// refuses every retry; `None` (the default) sets no limit.
+    ///
+    /// [`Backoff::next_delay`]: super::Backoff::next_delay
+    /// [`Exhausted::Attempts`]: super::Exhausted::Attempts
+    pub fn max_attempts(mut self, n: Option<u32>) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// A soft total wait per sequence (Gobblin `ExponentialBackoff`'s `maxWait`): a delay is
+    /// refused with [`Exhausted::MaxWait`] once the delays already handed out sum to **more**
+    /// than `max_wait`; the delay that crosses it is still handed out. So the total wait can
+    /// exceed `max_wait` by less than one delay, where [`total_budget`](Self::total_budget)
+    /// never lets it. `None` (the default) sets no limit.
+    ///
+    /// [`Exhausted::MaxWait`]: super::Exhausted::MaxWait
+    pub fn max_wait(mut self, max_wait: Option<Duration>) -> Self {
+        self.max_wait = max_wait.map(duration_to_nanos);
         self
     }
 
@@ -183,7 +212,7 @@ impl BackoffConfigBuilder {
     /// `floor ≤ max`; `floor` a multiple of `resolution`; `resolution ≤ max` unless `initial`
     /// is zero (disabled); the base settles within [`MAX_RAMP_ATTEMPTS`] attempts, and so does
     /// the ramp from every start an additive offset can give. Durations past `u64::MAX` ns
-    /// count as `u64::MAX` ns.
+    /// count as `u64::MAX` ns. `max_attempts`, `max_wait` and the total budget take any value.
     pub fn build(self) -> Result<BackoffConfig, ConfigError> {
         let (settle, settled) = self.check()?;
         Ok(self.finish(settle, settled))
@@ -322,6 +351,8 @@ impl BackoffConfigBuilder {
             floor: self.floor,
             resolution: self.resolution,
             budget: self.budget,
+            max_attempts: self.max_attempts,
+            max_wait: self.max_wait,
             settle,
             settled,
             rules: self.rules,

@@ -27,6 +27,10 @@ pub struct BackoffConfig {
     pub(super) floor: u64,
     pub(super) resolution: u64,
     pub(super) budget: Option<u64>,
+    /// Most delays per sequence (Gobblin `maxRetries`).
+    pub(super) max_attempts: Option<u32>,
+    /// Soft total wait, in ns (Gobblin `maxWait`).
+    pub(super) max_wait: Option<u64>,
     /// First attempt whose base is final (`max`, or a value the multiplier cannot grow).
     pub(super) settle: u32,
     /// The base of every attempt from `settle` on.
@@ -96,7 +100,7 @@ impl BackoffConfig {
     }
 
     /// A builder with general rules (`initial ≤ max`, no preset bounds), starting from
-    /// 1 s → 10 s, ×2, ±20 %, floor 0, resolution 1 ms, no budget.
+    /// 1 s → 10 s, ×2, ±20 %, floor 0, resolution 1 ms, no budget, no attempt or wait limit.
     pub fn builder() -> BackoffConfigBuilder {
         BackoffConfigBuilder::preset(GENERAL, ms(1_000), ms(10_000), (2, 1), TWENTY_PERCENT)
     }
@@ -113,6 +117,8 @@ impl BackoffConfig {
             floor: self.floor,
             resolution: self.resolution,
             budget: self.budget,
+            max_attempts: self.max_attempts,
+            max_wait: self.max_wait,
             rules: self.rules,
         }
     }
@@ -179,6 +185,16 @@ impl BackoffConfig {
     /// The hard total budget of one sequence, if any.
     pub fn total_budget(&self) -> Option<Duration> {
         self.budget.map(Duration::from_nanos)
+    }
+
+    /// The most delays one sequence hands out (Gobblin's `maxRetries`), if limited.
+    pub fn max_attempts(&self) -> Option<u32> {
+        self.max_attempts
+    }
+
+    /// The soft total wait of one sequence (Gobblin's `maxWait`), if any.
+    pub fn max_wait(&self) -> Option<Duration> {
+        self.max_wait.map(Duration::from_nanos)
     }
 
     /// Base of `attempt`: the settled value from `settle` on, otherwise at most `settle`

@@ -21,8 +21,11 @@
 //!    a [`Jitter::Full`] draw near 0 or an `initial` under the resolution, becomes one step).
 //!    Validation requires `floor` to be a multiple of `resolution`, so truncating never drops
 //!    below `floor`, and `resolution ≤ max` when enabled, so the step never exceeds `max`.
-//! 5. **Budget** (only in [`Backoff::next_delay`]): a delay larger than what is left of the
-//!    optional total budget is refused.
+//! 5. **Limits** (only in [`Backoff::next_delay`], in this order): after `max_attempts`
+//!    delays the next is refused (Gobblin's `maxRetries`); once the delays handed out sum to
+//!    more than the soft `max_wait` the next is refused (Gobblin's `maxWait`: the delay that
+//!    crosses it still runs); both before anything is drawn. Then a delay larger than what is
+//!    left of the optional hard total budget is refused. [`Exhausted`] says which.
 //!
 //! So every delay lies in `[max(floor, resolution), max]` and is a multiple of `resolution`,
 //! except that an
@@ -62,7 +65,7 @@ mod state;
 pub use builder::BackoffConfigBuilder;
 pub use config::BackoffConfig;
 pub use jitter::Jitter;
-pub use state::Backoff;
+pub use state::{Backoff, Exhausted};
 
 /// The most attempts the base delay may take to settle (reach `max` or stop growing).
 ///

@@ -5,18 +5,35 @@ use core::time::Duration;
 use super::BackoffConfig;
 use crate::rng::Rng;
 
+/// Why a [`Backoff`] refused a delay ([`Backoff::exhausted`]).
+///
+/// The limits are checked in this order: attempts and the soft max-wait before drawing
+/// (nothing is drawn from the RNG for a refusal), the hard budget after (it needs the delay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Exhausted {
+    /// The sequence has handed out `max_attempts` delays (Gobblin's `maxRetries`).
+    Attempts,
+    /// The delays handed out already sum to more than `max_wait` (Gobblin's `maxWait`).
+    MaxWait,
+    /// The next delay is larger than what is left of the hard total budget.
+    Budget,
+}
+
 /// One backoff sequence: attempt count, previous delay, drawn additive offset, spent budget.
 ///
 /// # Driving contract
 ///
 /// - **Input**: [`Backoff::next_delay`] once per failure, before retrying; wait the returned
-///   span (the caller turns it into a deadline on its own clock), then retry. `None` means the
-///   hard total budget refuses the retry: give up. The refusal sticks until `reset`.
+///   span (the caller turns it into a deadline on its own clock), then retry. `None` means a
+///   limit of the config refuses the retry (`max_attempts`, the soft `max_wait`, or the hard
+///   total budget; [`Backoff::exhausted`] says which): give up. The refusal sticks until
+///   `reset`.
 /// - **Input**: [`Backoff::reset`] after a success (or to start over): attempt 0, a fresh
 ///   additive offset on the next delay, the whole budget again.
 /// - **Queries** (`&self`): [`Backoff::attempt`], [`Backoff::delay_for`] (what an attempt would
 ///   get in this sequence, without advancing it), [`Backoff::offset`], [`Backoff::spent`],
-///   [`Backoff::remaining_budget`], [`Backoff::is_exhausted`].
+///   [`Backoff::remaining_budget`], [`Backoff::is_exhausted`], [`Backoff::exhausted`].
 ///
 /// Use one config per `Backoff`: a different config continues from the stored base, capped
 /// by the new `max`. The RNG is passed in and never stored, so a `Backoff` is `Clone`,
@@ -33,8 +50,8 @@ pub struct Backoff {
     pub(super) offset: Option<u64>,
     /// Sum of the delays handed out, saturating.
     pub(super) spent: u64,
-    /// The budget refused a delay; every later call refuses until `reset`.
-    pub(super) exhausted: bool,
+    /// Why a delay was refused; every later call refuses until `reset`.
+    pub(super) exhausted: Option<Exhausted>,
 }
 
 impl Backoff {
@@ -46,14 +63,14 @@ impl Backoff {
             prev: 0,
             offset: None,
             spent: 0,
-            exhausted: false,
+            exhausted: None,
         }
     }
 
-    /// Next delay of the sequence; `None` when the hard total budget refuses it.
+    /// Next delay of the sequence; `None` when a limit refuses it ([`Backoff::exhausted`]).
     ///
     /// O(1): the base grows from the previous one. A refusal changes nothing but marks the
-    /// sequence exhausted.
+    /// sequence exhausted; the attempt and max-wait limits refuse before anything is drawn.
     #[inline]
     pub fn next_delay<R: Rng + ?Sized>(
         &mut self,
@@ -65,7 +82,8 @@ impl Backoff {
         // else goes there before drawing. Proportional jitter has no additive offset, so the
         // first base is `initial`.
         if let Some(spread) = &cfg.spread
-            && !self.exhausted
+            && self.exhausted.is_none()
+            && !self.at_limit(cfg)
             && let Some(base) = match self.attempt {
                 0 => Some(cfg.initial),
                 _ => cfg.next_base_narrow(self.base),
@@ -84,7 +102,11 @@ impl Backoff {
         cfg: &BackoffConfig,
         rng: &mut R,
     ) -> Option<Duration> {
-        if self.exhausted {
+        if self.exhausted.is_some() {
+            return None;
+        }
+        if let Some(why) = self.limit(cfg) {
+            self.exhausted = Some(why);
             return None;
         }
         let mut offset = self.offset;
@@ -102,6 +124,26 @@ impl Backoff {
         out
     }
 
+    /// Whether `max_attempts` or the soft `max_wait` refuses the next delay.
+    #[inline]
+    fn at_limit(&self, cfg: &BackoffConfig) -> bool {
+        self.limit(cfg).is_some()
+    }
+
+    /// The limit checked before drawing that refuses the next delay, if any: Gobblin's
+    /// `retryNumber > maxRetries`, then its `totalWait > maxWait` (strictly more: a sequence
+    /// that has waited exactly `max_wait` still gets one more delay).
+    #[inline]
+    fn limit(&self, cfg: &BackoffConfig) -> Option<Exhausted> {
+        if cfg.max_attempts.is_some_and(|n| self.attempt >= n) {
+            Some(Exhausted::Attempts)
+        } else if cfg.max_wait.is_some_and(|w| self.spent > w) {
+            Some(Exhausted::MaxWait)
+        } else {
+            None
+        }
+    }
+
     /// The budget check and the bookkeeping of a drawn delay.
     #[inline]
     pub(super) fn hand_out(
@@ -113,7 +155,7 @@ impl Backoff {
         if let Some(budget) = cfg.budget
             && delay > budget.saturating_sub(self.spent)
         {
-            self.exhausted = true;
+            self.exhausted = Some(Exhausted::Budget);
             return None;
         }
         self.attempt = self.attempt.saturating_add(1);
@@ -170,8 +212,13 @@ impl Backoff {
             .map(|b| Duration::from_nanos(b.saturating_sub(self.spent)))
     }
 
-    /// Whether the budget has refused a delay (every later `next_delay` is `None` until reset).
+    /// Whether a limit has refused a delay (every later `next_delay` is `None` until reset).
     pub fn is_exhausted(&self) -> bool {
+        self.exhausted.is_some()
+    }
+
+    /// Which limit refused a delay, if one has since the last reset.
+    pub fn exhausted(&self) -> Option<Exhausted> {
         self.exhausted
     }
 }

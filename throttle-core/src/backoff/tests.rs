@@ -964,3 +964,93 @@ fn validation_names_the_preset_option() {
 /// The division-free arithmetic against the plain `u128` formulas it replaced (`/`, `%`,
 /// clamp then truncate), bit for bit and draw for draw.
 mod division_free;
+
+/// The delays `next_delay` hands out until it refuses (at most 20), in ms.
+fn delays_ms(cfg: &BackoffConfig, b: &mut Backoff, rng: &mut SplitMix64) -> Vec<u128> {
+    (0..20)
+        .map_while(|_| b.next_delay(cfg, rng))
+        .map(ms_of)
+        .collect()
+}
+
+#[test]
+fn max_attempts_refuses_the_delay_after_the_nth_without_drawing() {
+    // Gobblin `maxRetries` 3: the 4th `awaitNextRetry` throws.
+    let cfg = BackoffConfig::kafka_retry()
+        .to_builder()
+        .max_attempts(Some(3))
+        .build()
+        .unwrap();
+    assert_eq!(cfg.max_attempts(), Some(3));
+    let mut rng = SplitMix64::new(4);
+    let mut b = Backoff::new();
+    assert_eq!(delays_ms(&cfg, &mut b, &mut rng).len(), 3);
+    assert_eq!(b.exhausted(), Some(Exhausted::Attempts));
+    let before = rng.clone();
+    assert_eq!(b.next_delay(&cfg, &mut rng), None, "the refusal sticks");
+    assert_eq!(rng, before, "a refused attempt draws nothing");
+    b.reset();
+    assert_eq!(b.exhausted(), None);
+    assert!(b.next_delay(&cfg, &mut rng).is_some());
+    // Zero retries: the first delay is refused.
+    let none = cfg.to_builder().max_attempts(Some(0)).build().unwrap();
+    assert_eq!(Backoff::new().next_delay(&none, &mut rng), None);
+}
+
+#[test]
+fn soft_max_wait_lets_the_crossing_delay_run_where_the_hard_budget_refuses_it() {
+    // 1, 2, 4 s… Gobblin `maxWait` 3 s: after 1 + 2 = 3 s, `totalWait > maxWait` is false, so
+    // the 4 s wait still runs (7 s in all); only the next one is refused.
+    let base = unjittered(BackoffConfig::fluss_disk_write_locked());
+    let soft = base
+        .to_builder()
+        .max_wait(Some(Duration::from_secs(3)))
+        .build()
+        .unwrap();
+    let mut rng = SplitMix64::new(0);
+    let mut b = Backoff::new();
+    assert_eq!(delays_ms(&soft, &mut b, &mut rng), [1_000, 2_000, 4_000]);
+    assert_eq!(b.exhausted(), Some(Exhausted::MaxWait));
+    assert_eq!(b.spent(), Duration::from_secs(7));
+    // 1 ms under: 1 + 2 = 3 s is more than 2.999 s, so the 4 s delay is refused.
+    let tighter = soft
+        .to_builder()
+        .max_wait(Some(Duration::from_millis(2_999)))
+        .build()
+        .unwrap();
+    let mut b = Backoff::new();
+    assert_eq!(delays_ms(&tighter, &mut b, &mut rng), [1_000, 2_000]);
+    // The hard budget of the same 3 s never lets the total pass it.
+    let hard = base
+        .to_builder()
+        .total_budget(Some(Duration::from_secs(3)))
+        .build()
+        .unwrap();
+    let mut b = Backoff::new();
+    assert_eq!(delays_ms(&hard, &mut b, &mut rng), [1_000, 2_000]);
+    assert_eq!(b.exhausted(), Some(Exhausted::Budget));
+}
+
+#[test]
+fn attempts_are_checked_before_max_wait_and_both_before_the_budget() {
+    let cfg = unjittered(BackoffConfig::kafka_retry())
+        .to_builder()
+        .max_attempts(Some(1))
+        .max_wait(Some(Duration::ZERO))
+        .total_budget(Some(Duration::from_millis(100)))
+        .build()
+        .unwrap();
+    let mut rng = SplitMix64::new(0);
+    let mut b = Backoff::new();
+    assert_eq!(
+        b.next_delay(&cfg, &mut rng),
+        Some(Duration::from_millis(100))
+    );
+    assert_eq!(b.next_delay(&cfg, &mut rng), None);
+    assert_eq!(b.exhausted(), Some(Exhausted::Attempts));
+    let wait = cfg.to_builder().max_attempts(None).build().unwrap();
+    let mut b = Backoff::new();
+    assert!(b.next_delay(&wait, &mut rng).is_some());
+    assert_eq!(b.next_delay(&wait, &mut rng), None);
+    assert_eq!(b.exhausted(), Some(Exhausted::MaxWait));
+}

@@ -99,16 +99,26 @@ pub struct GrpcThrottleConfig {
 }
 
 impl Default for GrpcThrottleConfig {
-    /// gRFC A6's example: `maxTokens` 10, `tokenRatio` 0.1.
+    /// [`GrpcThrottleConfig::grpc_a6_example`].
     fn default() -> Self {
+        Self::grpc_a6_example()
+    }
+}
+
+impl GrpcThrottleConfig {
+    /// The `retryThrottling` of gRFC A6 ("gRPC client retries"): `maxTokens` 10,
+    /// `tokenRatio` 0.1. gRPC itself throttles nothing unless a service config sets this
+    /// (that is [`Unlimited`]); A6's is the one configuration its documentation gives.
+    ///
+    /// Eight calls failing at once leave 2 tokens, not above 5: all eight retries are refused.
+    /// A throttle that must let `n` simultaneous failures retry needs `max_tokens > 2n`.
+    pub fn grpc_a6_example() -> Self {
         GrpcThrottleConfig {
             max_tokens: 10,
             milli_token_ratio: 100,
         }
     }
-}
 
-impl GrpcThrottleConfig {
     /// `maxTokens`, in `1..=1000` (gRPC's range; checked by [`validate`](Self::validate)).
     #[must_use]
     pub fn with_max_tokens(mut self, max_tokens: u32) -> Self {
@@ -269,17 +279,23 @@ pub struct FinagleBudgetConfig {
 }
 
 impl Default for FinagleBudgetConfig {
-    /// Finagle's default: TTL 10 s, at least 10 retries per second, 20 % of requests.
+    /// [`FinagleBudgetConfig::finagle_default`].
     fn default() -> Self {
+        Self::finagle_default()
+    }
+}
+
+impl FinagleBudgetConfig {
+    /// Finagle's `RetryBudget()` defaults: TTL 10 s, at least 10 retries per second, 20 % of
+    /// requests (so 100 retries in reserve for a quiet client).
+    pub fn finagle_default() -> Self {
         FinagleBudgetConfig {
             ttl: Duration::from_secs(10),
             min_retries_per_sec: 10,
             percent_can_retry_ppm: 200_000,
         }
     }
-}
 
-impl FinagleBudgetConfig {
     /// `ttl`: whole seconds in `1..=60` (Finagle's range; the ring has one slot per second).
     #[must_use]
     pub fn with_ttl(mut self, ttl: Duration) -> Self {

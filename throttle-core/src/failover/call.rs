@@ -19,16 +19,22 @@ pub struct CallConfig {
 }
 
 impl Default for CallConfig {
-    /// Upstream's policy: one automatic retry, sent as soon as the refresh completes.
+    /// [`CallConfig::fluss_admin`].
     fn default() -> Self {
+        Self::fluss_admin()
+    }
+}
+
+impl CallConfig {
+    /// Upstream's policy (the Fluss admin gateway's retry proxy): one automatic retry, sent
+    /// as soon as the refresh completes, no backoff.
+    pub fn fluss_admin() -> Self {
         CallConfig {
             max_auto_retries: 1,
             backoff: None,
         }
     }
-}
 
-impl CallConfig {
     /// At most `n` automatic retries per call (0 disables them; refreshes still happen).
     pub fn with_max_auto_retries(mut self, n: u32) -> Self {
         self.max_auto_retries = n;
@@ -68,8 +74,24 @@ pub enum SurfaceReason {
     RetriesExhausted,
     /// The shared [`RetryBudget`] refused the retry.
     BudgetEmpty,
-    /// The backoff's hard total budget refused another delay.
+    /// The backoff refused another delay: one of its limits (`max_attempts`, the soft
+    /// `max_wait` or the hard total budget) is reached.
     BackoffExhausted,
+    /// The call's deadline: the retry would start at or after it (or, at
+    /// [`Call::start`], it has already passed, and nothing was sent).
+    DeadlineExceeded,
+}
+
+impl core::fmt::Display for SurfaceReason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            SurfaceReason::ClassifiedNever => "the error is not safe to retry",
+            SurfaceReason::RetriesExhausted => "the automatic retries are used up",
+            SurfaceReason::BudgetEmpty => "the shared retry budget refused a retry",
+            SurfaceReason::BackoffExhausted => "the backoff refused another delay",
+            SurfaceReason::DeadlineExceeded => "the call's deadline leaves no time for a retry",
+        })
+    }
 }
 
 /// What the caller does next for a call.
@@ -78,7 +100,10 @@ pub enum SurfaceReason {
 #[must_use = "a call's next step must be carried out (or it never finishes)"]
 pub enum CallAction {
     /// Send the request, then report its outcome with `handle_success` or `handle_error`.
-    Send,
+    Send {
+        /// The time left before the call's deadline (`None` without one); always positive.
+        time_left: Option<Duration>,
+    },
     /// Refresh metadata (through the [`RefreshCoalescer`](super::RefreshCoalescer)), then
     /// report with `handle_refreshed`.
     Refresh,
@@ -86,6 +111,9 @@ pub enum CallAction {
     Retry {
         /// How long to wait before sending.
         after: Duration,
+        /// The time the retry will have once `after` has passed: `deadline − (now + after)`,
+        /// always positive (`None` without a deadline).
+        time_left: Option<Duration>,
     },
     /// Give the latest error to the user. The call is finished.
     Surface {
@@ -127,8 +155,19 @@ pub enum CallState {
 /// ```
 ///
 /// `decide` retries only an error classified [`RetrySafety::NotExecuted`], only while fewer
-/// than `max_auto_retries` retries were sent, only when the backoff (if any) grants a delay
-/// and the [`RetryBudget`] grants a withdrawal; otherwise it surfaces and says why.
+/// than `max_auto_retries` retries were sent, only when the backoff (if any) grants a delay,
+/// the retry would start before the call's deadline (if any), and the [`RetryBudget`] grants
+/// a withdrawal; otherwise it surfaces and says why.
+///
+/// # Deadline
+///
+/// [`Call::with_deadline`] / [`Call::set_deadline`] give the call an instant after which no
+/// attempt starts: `start` at or past it surfaces [`SurfaceReason::DeadlineExceeded`] without
+/// sending, a retry that would start at or past it (`now + after ≥ deadline`) surfaces the
+/// error with that reason (before the budget is asked, so no withdrawal is wasted), and an
+/// error reported at or past it asks for no refresh (the call has no time to use one). Every
+/// `Send` / `Retry` carries the attempt's `time_left`. An attempt already in flight is not
+/// cut: the caller bounds it with `time_left`.
 ///
 /// # Driving contract
 ///
@@ -137,6 +176,9 @@ pub enum CallState {
 ///   [`ErrorClass`]. A synchronous transport error (the send failed before the request left) is
 ///   reported through `handle_error` like any other.
 /// - After a `Refresh`, report the refresh's end with [`Call::handle_refreshed`], success or not.
+/// - After a `Retry`, once `after` has passed, report [`Call::handle_retry_due`] before
+///   sending (optional without a deadline): it ends the call instead if a late wake-up has
+///   reached the deadline.
 /// - Every input returns the one next [`CallAction`]; `Surface` and `Complete` are terminal and
 ///   are returned at most once. Any input in the wrong state returns [`CallAction::None`] and
 ///   changes nothing.
@@ -144,16 +186,39 @@ pub enum CallState {
 ///   when a backoff is configured.
 /// - Queries ([`Call::state`], [`Call::sends`], …) take `&self`.
 ///
-/// The call keeps no clock: it makes no decision from time, and forwards `now` to the budget,
-/// which clamps time itself.
+/// The call keeps no clock: without a deadline it makes no decision from time and forwards
+/// `now` to the budget, which clamps time itself; with one it compares each `now` with it.
+///
+/// ```
+/// use core::time::Duration;
+/// use throttle_sansio::failover::*;
+/// use throttle_sansio::rng::SplitMix64;
+/// use throttle_sansio::Instant;
+///
+/// let (mut budget, mut rng) = (Unlimited, SplitMix64::new(1));
+/// let cfg = CallConfig::default().with_max_auto_retries(5);
+/// let mut call = Call::new(&cfg).with_deadline(Some(Instant::from_millis(100)));
+/// let now = Instant::from_millis(30);
+/// let time_left = Some(Duration::from_millis(70));
+/// assert_eq!(call.start(now, &mut budget), CallAction::Send { time_left });
+/// // At 100 ms the retry would start at the deadline: the error surfaces instead.
+/// let late = Instant::from_millis(100);
+/// assert_eq!(
+///     call.handle_error(late, ErrorClass::RETRY, &mut budget, &mut rng),
+///     CallAction::Surface { reason: SurfaceReason::DeadlineExceeded }
+/// );
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct Call {
     config: CallConfig,
+    deadline: Option<Instant>,
     backoff: Backoff,
     state: CallState,
     /// The retry safety of the error whose refresh is awaited.
     pending: RetrySafety,
     retries: u32,
+    /// A `Retry` was handed out and [`Call::handle_retry_due`] has not been reported for it.
+    due: bool,
     sends: u64,
     refreshes: u64,
 }
@@ -163,25 +228,62 @@ impl Call {
     pub fn new(config: &CallConfig) -> Self {
         Call {
             config: config.clone(),
+            deadline: None,
             backoff: Backoff::new(),
             state: CallState::Idle,
             pending: RetrySafety::Never,
             retries: 0,
+            due: false,
             sends: 0,
             refreshes: 0,
         }
     }
 
+    /// This call with no attempt starting at or after `deadline` (`None`: no deadline).
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Command: sets or clears the deadline; later decisions use it (an attempt in flight
+    /// keeps the `time_left` it was given).
+    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
+    }
+
+    /// The deadline, if any.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// The time from `now` to the deadline (zero once it has passed), or `None` without one.
+    pub fn time_left(&self, now: Instant) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(now))
+    }
+
+    /// Whether an attempt starting at `at` would start at or after the deadline.
+    fn too_late(&self, at: Instant) -> bool {
+        self.deadline.is_some_and(|d| at >= d)
+    }
+
     /// Input: begin the call. Returns [`CallAction::Send`] the first time, then
-    /// [`CallAction::None`].
+    /// [`CallAction::None`]; with a deadline at or before `now`, surfaces
+    /// [`SurfaceReason::DeadlineExceeded`] instead, without sending (nothing reaches the
+    /// budget).
     pub fn start<B: RetryBudget + ?Sized>(&mut self, now: Instant, budget: &mut B) -> CallAction {
         if self.state != CallState::Idle {
             return CallAction::None;
         }
+        if self.too_late(now) {
+            return self.surface(SurfaceReason::DeadlineExceeded);
+        }
         budget.handle_request(now);
         self.state = CallState::AwaitingResult;
         self.sends = 1;
-        CallAction::Send
+        CallAction::Send {
+            time_left: self.time_left(now),
+        }
     }
 
     /// Input: the request in flight succeeded. Returns [`CallAction::Complete`] once.
@@ -193,6 +295,7 @@ impl Call {
         if self.state != CallState::AwaitingResult {
             return CallAction::None;
         }
+        self.due = false;
         budget.handle_success(now);
         self.state = CallState::Succeeded;
         CallAction::Complete
@@ -200,8 +303,9 @@ impl Call {
 
     /// Input: the request in flight failed with an error of class `class`.
     ///
-    /// Returns `Refresh` when the class asks for one (whatever happens next), otherwise the
-    /// retry decision. A synchronous transport error comes here too.
+    /// Returns `Refresh` when the class asks for one (whatever happens next) and the deadline,
+    /// if any, is still ahead; otherwise the retry decision. A synchronous transport error
+    /// comes here too.
     // Upstream surfaces a synchronous send failure untouched; we classify it like any other,
     // so a dead coordinator's refused connection still triggers the refresh.
     pub fn handle_error<B: RetryBudget + ?Sized, R: Rng + ?Sized>(
@@ -214,10 +318,11 @@ impl Call {
         if self.state != CallState::AwaitingResult {
             return CallAction::None;
         }
+        self.due = false;
         if class.retry == RetrySafety::NotExecuted {
             budget.handle_failure(now);
         }
-        if class.refresh {
+        if class.refresh && !self.too_late(now) {
             self.state = CallState::AwaitingRefresh;
             self.pending = class.retry;
             self.refreshes = self.refreshes.saturating_add(1);
@@ -268,13 +373,42 @@ impl Call {
                 None => return self.surface(SurfaceReason::BackoffExhausted),
             },
         };
+        // The deadline too comes before the budget: a retry too late to start must not take a
+        // withdrawal either.
+        let at = now.saturating_add(after);
+        if self.too_late(at) {
+            return self.surface(SurfaceReason::DeadlineExceeded);
+        }
         if !budget.try_withdraw(now) {
             return self.surface(SurfaceReason::BudgetEmpty);
         }
         self.retries = self.retries.saturating_add(1);
         self.sends = self.sends.saturating_add(1);
         self.state = CallState::AwaitingResult;
-        CallAction::Retry { after }
+        self.due = true;
+        CallAction::Retry {
+            after,
+            time_left: self.time_left(at),
+        }
+    }
+
+    /// Input (optional): the `after` of the last `Retry` has passed, and the retry is about to
+    /// be sent at `now`. Returns `Send { time_left }` to go ahead, or, when `now` has reached
+    /// the deadline (a timer that woke late), `Surface { DeadlineExceeded }`: the retry is not
+    /// sent and the call ends. `None` when no `Retry` awaits its send. A driver whose timer can
+    /// wake late calls it, so no attempt starts at or after the deadline; one on exact time
+    /// may skip it.
+    pub fn handle_retry_due(&mut self, now: Instant) -> CallAction {
+        if !self.due || self.state != CallState::AwaitingResult {
+            return CallAction::None;
+        }
+        self.due = false;
+        if self.too_late(now) {
+            return self.surface(SurfaceReason::DeadlineExceeded);
+        }
+        CallAction::Send {
+            time_left: self.time_left(now),
+        }
     }
 
     fn surface(&mut self, reason: SurfaceReason) -> CallAction {
@@ -341,7 +475,7 @@ mod tests {
 
         fn act(&mut self, a: CallAction) -> CallAction {
             match a {
-                CallAction::Send | CallAction::Retry { .. } => self.sends += 1,
+                CallAction::Send { .. } | CallAction::Retry { .. } => self.sends += 1,
                 CallAction::Refresh => self.refreshes += 1,
                 CallAction::Surface { .. } | CallAction::Complete => {
                     assert!(self.end.is_none(), "second completion: {a:?}");
@@ -365,7 +499,7 @@ mod tests {
             let mut outs = outcomes.iter();
             loop {
                 a = match a {
-                    CallAction::Send | CallAction::Retry { .. } => match outs.next() {
+                    CallAction::Send { .. } | CallAction::Retry { .. } => match outs.next() {
                         Some(Ok(())) => self.call.handle_success(T, budget),
                         Some(Err(k)) => {
                             self.call
@@ -515,12 +649,13 @@ mod tests {
     fn retry_without_refresh_is_immediate() {
         let mut call = Call::new(&CallConfig::default().with_max_auto_retries(3));
         let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
-        assert_eq!(call.start(T, b), CallAction::Send);
+        assert_eq!(call.start(T, b), CallAction::Send { time_left: None });
         for _ in 0..3 {
             assert_eq!(
                 call.handle_error(T, ErrorClass::RETRY, b, r),
                 CallAction::Retry {
-                    after: Duration::ZERO
+                    after: Duration::ZERO,
+                    time_left: None,
                 }
             );
         }
@@ -548,13 +683,13 @@ mod tests {
             assert_eq!(*call, before, "late inputs change nothing");
         };
         let mut ok = Call::new(&CallConfig::default());
-        assert_eq!(ok.start(T, b), CallAction::Send);
+        assert_eq!(ok.start(T, b), CallAction::Send { time_left: None });
         assert_eq!(ok.handle_success(T, b), CallAction::Complete);
         late(&mut ok, b, r);
         assert!(ok.is_terminal());
 
         let mut failed = Call::new(&CallConfig::default());
-        assert_eq!(failed.start(T, b), CallAction::Send);
+        assert_eq!(failed.start(T, b), CallAction::Send { time_left: None });
         assert_eq!(
             failed.handle_error(T, ErrorClass::SURFACE, b, r),
             CallAction::Surface {
@@ -574,7 +709,7 @@ mod tests {
         let mut call = Call::new(&CallConfig::default());
         assert_eq!(call.handle_success(T, b), CallAction::None, "not started");
         assert_eq!(call.handle_refreshed(T, true, b, r), CallAction::None);
-        assert_eq!(call.start(T, b), CallAction::Send);
+        assert_eq!(call.start(T, b), CallAction::Send { time_left: None });
         assert_eq!(
             call.handle_refreshed(T, true, b, r),
             CallAction::None,
@@ -597,7 +732,8 @@ mod tests {
         assert_eq!(
             call.handle_refreshed(T, true, b, r),
             CallAction::Retry {
-                after: Duration::ZERO
+                after: Duration::ZERO,
+                time_left: None,
             }
         );
     }
@@ -606,7 +742,7 @@ mod tests {
     fn never_is_not_retried_even_with_retries_and_budget_left() {
         let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
         let mut call = Call::new(&CallConfig::default().with_max_auto_retries(u32::MAX));
-        assert_eq!(call.start(T, b), CallAction::Send);
+        assert_eq!(call.start(T, b), CallAction::Send { time_left: None });
         assert_eq!(
             call.handle_error(T, ErrorClass::new(false, RetrySafety::Never), b, r),
             CallAction::Surface {
@@ -625,7 +761,10 @@ mod tests {
         }
         let r = &mut SplitMix64::new(1);
         let mut call = Call::new(&CallConfig::default());
-        assert_eq!(call.start(T, &mut budget), CallAction::Send);
+        assert_eq!(
+            call.start(T, &mut budget),
+            CallAction::Send { time_left: None }
+        );
         assert_eq!(
             call.handle_error(T, ErrorClass::REFRESH_AND_RETRY, &mut budget, r),
             CallAction::Refresh
@@ -639,7 +778,10 @@ mod tests {
         );
         // A success earns 0.1 token: 5.1 > 5, retries resume for the next call.
         let mut next = Call::new(&CallConfig::default());
-        assert_eq!(next.start(T, &mut budget), CallAction::Send);
+        assert_eq!(
+            next.start(T, &mut budget),
+            CallAction::Send { time_left: None }
+        );
         assert_eq!(next.handle_success(T, &mut budget), CallAction::Complete);
         assert_eq!(budget.milli_tokens(), 5_100);
         assert!(budget.can_retry(T));
@@ -655,15 +797,22 @@ mod tests {
         let mut budget = FinagleBudget::new(cfg).unwrap();
         let r = &mut SplitMix64::new(1);
         let mut first = Call::new(&CallConfig::default());
-        assert_eq!(first.start(T, &mut budget), CallAction::Send);
+        assert_eq!(
+            first.start(T, &mut budget),
+            CallAction::Send { time_left: None }
+        );
         assert_eq!(
             first.handle_error(T, ErrorClass::RETRY, &mut budget, r),
             CallAction::Retry {
-                after: Duration::ZERO
+                after: Duration::ZERO,
+                time_left: None,
             }
         );
         let mut second = Call::new(&CallConfig::default());
-        assert_eq!(second.start(T, &mut budget), CallAction::Send);
+        assert_eq!(
+            second.start(T, &mut budget),
+            CallAction::Send { time_left: None }
+        );
         assert_eq!(
             second.handle_error(T, ErrorClass::RETRY, &mut budget, r),
             CallAction::Surface {
@@ -673,7 +822,10 @@ mod tests {
         // A second later the withdrawal has expired and the floor allows one again.
         let later = Instant::from_millis(1_000);
         let mut third = Call::new(&CallConfig::default());
-        assert_eq!(third.start(later, &mut budget), CallAction::Send);
+        assert_eq!(
+            third.start(later, &mut budget),
+            CallAction::Send { time_left: None }
+        );
         assert!(matches!(
             third.handle_error(later, ErrorClass::RETRY, &mut budget, r),
             CallAction::Retry { .. }
@@ -686,13 +838,13 @@ mod tests {
         let cfg = CallConfig::default().with_backoff(BackoffConfig::fluss_retriable_write());
         let (b, r) = (&mut Unlimited, &mut SplitMix64::new(9));
         let mut call = Call::new(&cfg);
-        assert_eq!(call.start(T, b), CallAction::Send);
+        assert_eq!(call.start(T, b), CallAction::Send { time_left: None });
         assert_eq!(
             call.handle_error(T, ErrorClass::REFRESH_AND_RETRY, b, r),
             CallAction::Refresh
         );
         match call.handle_refreshed(T, true, b, r) {
-            CallAction::Retry { after } => {
+            CallAction::Retry { after, .. } => {
                 assert!(
                     after >= Duration::from_millis(80) && after <= Duration::from_millis(120),
                     "{after:?}"
@@ -720,11 +872,12 @@ mod tests {
             &mut SplitMix64::new(2),
         );
         let mut call = Call::new(&cfg);
-        assert_eq!(call.start(T, b), CallAction::Send);
+        assert_eq!(call.start(T, b), CallAction::Send { time_left: None });
         assert_eq!(
             call.handle_error(T, ErrorClass::RETRY, b, r),
             CallAction::Retry {
-                after: Duration::from_millis(100)
+                after: Duration::from_millis(100),
+                time_left: None,
             }
         );
         let tokens = b.milli_tokens();
@@ -768,7 +921,7 @@ mod tests {
         .unwrap();
         let r = &mut SplitMix64::new(1);
         let mut call = Call::new(&cfg);
-        assert_eq!(call.start(T, &mut b), CallAction::Send);
+        assert_eq!(call.start(T, &mut b), CallAction::Send { time_left: None });
         assert!(matches!(
             call.handle_error(T, ErrorClass::RETRY, &mut b, r),
             CallAction::Retry { .. }
@@ -791,7 +944,10 @@ mod tests {
     fn extremes_of_time_and_retry_count_do_not_panic() {
         let (r, mut b) = (&mut SplitMix64::new(1), FinagleBudget::default());
         let mut call = Call::new(&CallConfig::default().with_max_auto_retries(u32::MAX));
-        assert_eq!(call.start(Instant::MAX, &mut b), CallAction::Send);
+        assert_eq!(
+            call.start(Instant::MAX, &mut b),
+            CallAction::Send { time_left: None }
+        );
         // Time runs backwards to the epoch: the budget clamps it, the call does not care.
         assert!(matches!(
             call.handle_error(Instant::ZERO, ErrorClass::RETRY, &mut b, r),
@@ -813,7 +969,10 @@ mod tests {
         // A retry counter at its ceiling saturates instead of wrapping.
         let mut c = Call::new(&CallConfig::default().with_max_auto_retries(u32::MAX));
         c.retries = u32::MAX - 1;
-        assert_eq!(c.start(Instant::ZERO, &mut Unlimited), CallAction::Send);
+        assert_eq!(
+            c.start(Instant::ZERO, &mut Unlimited),
+            CallAction::Send { time_left: None }
+        );
         assert!(matches!(
             c.handle_error(Instant::ZERO, ErrorClass::RETRY, &mut Unlimited, r),
             CallAction::Retry { .. }
@@ -825,5 +984,204 @@ mod tests {
                 reason: SurfaceReason::RetriesExhausted
             }
         );
+    }
+
+    fn fixed_100ms(retries: u32) -> CallConfig {
+        let backoff = BackoffConfig::builder()
+            .initial(Duration::from_millis(100))
+            .max(Duration::from_millis(100))
+            .jitter(crate::backoff::Jitter::None)
+            .build()
+            .unwrap();
+        CallConfig::default()
+            .with_max_auto_retries(retries)
+            .with_backoff(backoff)
+    }
+
+    /// A budget that deposits one whole retry per request, so a deposit shows in the balance.
+    fn finagle_one_per_request() -> FinagleBudget {
+        FinagleBudget::new(
+            FinagleBudgetConfig::default()
+                .with_ttl(Duration::from_secs(1))
+                .with_min_retries_per_sec(0)
+                .with_percent_can_retry_ppm(1_000_000),
+        )
+        .unwrap()
+    }
+
+    fn ms(n: u64) -> Instant {
+        Instant::from_millis(n)
+    }
+
+    #[test]
+    fn start_at_or_after_the_deadline_surfaces_without_sending() {
+        let mut b = finagle_one_per_request();
+        for now in [ms(100), ms(101), Instant::MAX] {
+            let mut call = Call::new(&CallConfig::default()).with_deadline(Some(ms(100)));
+            assert_eq!(
+                call.start(now, &mut b),
+                CallAction::Surface {
+                    reason: SurfaceReason::DeadlineExceeded
+                }
+            );
+            assert_eq!(call.sends(), 0);
+            assert!(call.is_terminal());
+            assert_eq!(call.start(now, &mut b), CallAction::None, "once only");
+        }
+        assert_eq!(b.balance(ms(100)), 0, "no request reached the budget");
+        // 1 ns before the deadline the attempt starts, with 1 ns left.
+        let mut call = Call::new(&CallConfig::default()).with_deadline(Some(ms(100)));
+        assert_eq!(
+            call.start(ms(100) - Duration::from_nanos(1), &mut b),
+            CallAction::Send {
+                time_left: Some(Duration::from_nanos(1))
+            }
+        );
+    }
+
+    #[test]
+    fn a_retry_that_would_start_at_the_deadline_surfaces_and_takes_no_withdrawal() {
+        let mut b = finagle_one_per_request();
+        let r = &mut SplitMix64::new(1);
+        let mut call = Call::new(&fixed_100ms(5)).with_deadline(Some(ms(250)));
+        assert_eq!(
+            call.start(ms(0), &mut b),
+            CallAction::Send {
+                time_left: Some(Duration::from_millis(250))
+            }
+        );
+        // Retry at 100 ms: 150 ms left once the delay has passed.
+        assert_eq!(
+            call.handle_error(ms(0), ErrorClass::RETRY, &mut b, r),
+            CallAction::Retry {
+                after: Duration::from_millis(100),
+                time_left: Some(Duration::from_millis(150)),
+            }
+        );
+        assert_eq!(b.balance(ms(100)), 0, "the deposit went to the first retry");
+        // The next would start at 149 + 100 = 249 ms, within the deadline: the budget decides.
+        assert_eq!(
+            call.handle_error(ms(149), ErrorClass::RETRY, &mut b, r),
+            CallAction::Surface {
+                reason: SurfaceReason::BudgetEmpty
+            }
+        );
+        let mut call = Call::new(&fixed_100ms(5)).with_deadline(Some(ms(250)));
+        let mut b = finagle_one_per_request();
+        assert!(matches!(call.start(ms(0), &mut b), CallAction::Send { .. }));
+        // At 150 ms the retry would start exactly at 250 ms: refused, before the budget.
+        assert_eq!(
+            call.handle_error(ms(150), ErrorClass::RETRY, &mut b, r),
+            CallAction::Surface {
+                reason: SurfaceReason::DeadlineExceeded
+            }
+        );
+        assert_eq!(b.balance(ms(150)), 1, "no withdrawal was taken");
+    }
+
+    #[test]
+    fn an_error_at_or_past_the_deadline_asks_for_no_refresh() {
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
+        let mut call = Call::new(&CallConfig::default()).with_deadline(Some(ms(10)));
+        assert!(matches!(call.start(ms(0), b), CallAction::Send { .. }));
+        assert_eq!(
+            call.handle_error(ms(9), ErrorClass::REFRESH_AND_RETRY, b, r),
+            CallAction::Refresh,
+            "before the deadline the refresh runs"
+        );
+        // The refresh ends at the deadline: the retry cannot start.
+        assert_eq!(
+            call.handle_refreshed(ms(10), true, b, r),
+            CallAction::Surface {
+                reason: SurfaceReason::DeadlineExceeded
+            }
+        );
+        let mut call = Call::new(&CallConfig::default()).with_deadline(Some(ms(10)));
+        assert!(matches!(call.start(ms(0), b), CallAction::Send { .. }));
+        assert_eq!(
+            call.handle_error(ms(10), ErrorClass::REFRESH_AND_RETRY, b, r),
+            CallAction::Surface {
+                reason: SurfaceReason::DeadlineExceeded
+            }
+        );
+        assert_eq!(call.refreshes(), 0);
+        // A Never error past the deadline still says it was never safe to retry.
+        let mut call = Call::new(&CallConfig::default()).with_deadline(Some(ms(10)));
+        assert!(matches!(call.start(ms(0), b), CallAction::Send { .. }));
+        assert_eq!(
+            call.handle_error(ms(10), ErrorClass::REFRESH_THEN_SURFACE, b, r),
+            CallAction::Surface {
+                reason: SurfaceReason::ClassifiedNever
+            }
+        );
+    }
+
+    #[test]
+    fn time_left_shrinks_with_every_attempt_and_a_cleared_deadline_gives_none() {
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
+        let mut call = Call::new(&fixed_100ms(u32::MAX)).with_deadline(Some(ms(1_000)));
+        let mut left = match call.start(ms(0), b) {
+            CallAction::Send { time_left } => time_left.unwrap(),
+            other => panic!("{other:?}"),
+        };
+        let mut now = ms(0);
+        let mut retries = 0;
+        loop {
+            now += Duration::from_millis(50);
+            match call.handle_error(now, ErrorClass::RETRY, b, r) {
+                CallAction::Retry { after, time_left } => {
+                    let t = time_left.unwrap();
+                    assert!(t < left, "{t:?} after {left:?}");
+                    assert_eq!(now + after + t, ms(1_000));
+                    left = t;
+                    now += after;
+                    retries += 1;
+                }
+                CallAction::Surface { reason } => {
+                    assert_eq!(reason, SurfaceReason::DeadlineExceeded);
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Attempts at 0, 150, …, 900 ms; from 950 ms the retry would start at 1050 ms.
+        assert_eq!(retries, 6);
+        assert_eq!(call.time_left(ms(2_000)), Some(Duration::ZERO));
+        call.set_deadline(None);
+        assert_eq!((call.deadline(), call.time_left(ms(0))), (None, None));
+    }
+
+    #[test]
+    fn a_retry_due_at_or_after_the_deadline_is_not_sent() {
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
+        let mut call = Call::new(&fixed_100ms(5)).with_deadline(Some(ms(150)));
+        assert!(matches!(call.start(ms(0), b), CallAction::Send { .. }));
+        assert_eq!(
+            call.handle_retry_due(ms(10)),
+            CallAction::None,
+            "no retry yet"
+        );
+        assert!(matches!(
+            call.handle_error(ms(40), ErrorClass::RETRY, b, r),
+            CallAction::Retry { .. }
+        ));
+        // Planned for 140 ms; on time the retry goes ahead with what is left.
+        let mut on_time = call.clone();
+        assert_eq!(
+            on_time.handle_retry_due(ms(140)),
+            CallAction::Send {
+                time_left: Some(Duration::from_millis(10))
+            }
+        );
+        assert_eq!(on_time.handle_retry_due(ms(140)), CallAction::None, "once");
+        // The timer woke at 150 ms: the retry is not sent, the call ends.
+        assert_eq!(
+            call.handle_retry_due(ms(150)),
+            CallAction::Surface {
+                reason: SurfaceReason::DeadlineExceeded
+            }
+        );
+        assert!(call.is_terminal());
+        assert_eq!(call.handle_success(ms(150), b), CallAction::None);
     }
 }

@@ -29,14 +29,26 @@ pub struct CoalescerConfig {
 }
 
 impl Default for CoalescerConfig {
-    /// Up to 1024 calls waiting on refreshes at once. Our pick: upstream (the Fluss client's
-    /// metadata updater) bounds nothing and names no option, so no upstream default exists.
+    /// [`CoalescerConfig::fluss_unbounded`]: upstream's behaviour, as close as a bound gets.
     fn default() -> Self {
-        CoalescerConfig { max_waiters: 1024 }
+        Self::fluss_unbounded()
     }
 }
 
+/// The largest `max_waiters` accepted.
+const MAX_WAITERS: usize = 1 << 20;
+
 impl CoalescerConfig {
+    /// Upstream (the Fluss client's metadata updater) holds every call that waits for a
+    /// refresh, with no bound and no option; this is the largest bound accepted,
+    /// 1 048 576 calls, so no call upstream would let wait is handed back. Nothing is
+    /// allocated up front: the held calls take memory only while they wait.
+    pub fn fluss_unbounded() -> Self {
+        CoalescerConfig {
+            max_waiters: MAX_WAITERS,
+        }
+    }
+
     /// At most `max_waiters` calls held at once (waiting or released but not yet polled), in
     /// `1..=1_048_576` (checked by [`validate`](Self::validate)).
     #[must_use]
@@ -47,7 +59,7 @@ impl CoalescerConfig {
 
     /// Refuses a bound outside `1..=1_048_576`.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        const MAX: usize = 1 << 20;
+        const MAX: usize = MAX_WAITERS;
         if !(1..=MAX).contains(&self.max_waiters) {
             return Err(ConfigError::OutOfRange {
                 option: &crate::options::failover::MAX_WAITERS,

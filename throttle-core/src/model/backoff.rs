@@ -11,14 +11,16 @@
 //! generators must be in the same state after every call (a strategy that draws more, less or
 //! differently than its definition diverges even when a delay happens to match). On top of that
 //! each delay is checked against `max`, `floor`, the resolution grid and the unjittered delay, and
-//! the sequence state (attempt, spent budget, offset) after every call.
+//! the sequence state (attempt, spent budget, offset, which limit refused) after every call.
+//! The limits (`max_attempts`, the soft `max_wait`) are checked as Gobblin's
+//! `ExponentialBackoff.awaitNextRetry` writes them, before anything is drawn.
 
 use alloc::format;
 use alloc::string::String;
 use core::time::Duration;
 
 use super::{Cursor, Divergence};
-use crate::backoff::{Backoff, BackoffConfig, Jitter};
+use crate::backoff::{Backoff, BackoffConfig, Exhausted, Jitter};
 use crate::rng::{Rng, SplitMix64};
 
 /// Most growth steps the reference walks when deciding validity; above the documented limit of
@@ -67,6 +69,9 @@ struct Spec {
     floor: u64,
     res: u64,
     budget: Option<u64>,
+    /// Gobblin's `maxRetries` and `maxWait` (ns).
+    max_attempts: Option<u32>,
+    max_wait: Option<u64>,
     /// The preset's bounds: smallest initial, largest max.
     initial_min: u64,
     max_max: u64,
@@ -85,6 +90,8 @@ fn preset_spec(preset: u8) -> Spec {
         floor: 0,
         res: MS,
         budget: None,
+        max_attempts: None,
+        max_wait: None,
         initial_min: 0,
         max_max: u64::MAX,
     };
@@ -240,6 +247,22 @@ fn decode_spec(c: &mut Cursor<'_>) -> (Spec, BackoffConfig, Result<BackoffConfig
         s.budget = if c.bool() { None } else { Some(span(c)) }.map(|(ns, _)| ns);
         let d = s.budget.map(Duration::from_nanos);
         b = b.total_budget(d);
+    }
+    // The bit no option used before the limits existed: only inputs that set it read more.
+    if mask & 128 != 0 {
+        s.max_attempts = match c.u8() % 4 {
+            0 => None,
+            1 => Some(0),
+            2 => Some(c.small_or_extreme_u32()),
+            _ => Some(u32::from(c.u8() % 8)),
+        };
+        b = b.max_attempts(s.max_attempts);
+        s.max_wait = match c.u8() % 3 {
+            0 => None,
+            1 => Some(span(c).0),
+            _ => Some(MS.saturating_mul(u64::from(c.u16()))),
+        };
+        b = b.max_wait(s.max_wait.map(Duration::from_nanos));
     }
     let built = b.build().map_err(|e| format!("{e}"));
     (s, start, built)
@@ -497,6 +520,14 @@ fn check_delay(s: &Spec, what: &str, attempt: u32, d: u64, want: u64) -> Result<
     Ok(())
 }
 
+/// Why the reference refused a delay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RefRefusal {
+    Attempts,
+    MaxWait,
+    Budget,
+}
+
 /// The reference sequence.
 #[derive(Debug, Default)]
 struct RefSeq {
@@ -504,7 +535,29 @@ struct RefSeq {
     prev: u64,
     offset: Option<u64>,
     spent: u64,
-    exhausted: bool,
+    exhausted: Option<RefRefusal>,
+}
+
+/// Gobblin's `awaitNextRetry`, before it sleeps: `retryNumber > maxRetries` (the retry about
+/// to be numbered `attempt + 1`), then `totalWait > maxWait`; neither draws.
+fn ref_limit(s: &Spec, r: &RefSeq) -> Option<RefRefusal> {
+    let number = u64::from(r.attempt) + 1;
+    if s.max_attempts.is_some_and(|n| number > u64::from(n)) {
+        Some(RefRefusal::Attempts)
+    } else if s.max_wait.is_some_and(|w| r.spent > w) {
+        Some(RefRefusal::MaxWait)
+    } else {
+        None
+    }
+}
+
+fn machine_refusal(e: Option<Exhausted>) -> Option<RefRefusal> {
+    match e {
+        None => None,
+        Some(Exhausted::Attempts) => Some(RefRefusal::Attempts),
+        Some(Exhausted::MaxWait) => Some(RefRefusal::MaxWait),
+        Some(Exhausted::Budget) => Some(RefRefusal::Budget),
+    }
 }
 
 impl RefSeq {
@@ -535,6 +588,8 @@ fn check_getters(s: &Spec, cfg: &BackoffConfig) -> Result<(), Divergence> {
         ns(cfg.resolution()),
         cfg.total_budget().map(ns),
         cfg.is_disabled(),
+        cfg.max_attempts(),
+        cfg.max_wait().map(ns),
     );
     let want = (
         s.initial,
@@ -545,6 +600,8 @@ fn check_getters(s: &Spec, cfg: &BackoffConfig) -> Result<(), Divergence> {
         s.res,
         s.budget,
         s.initial == 0,
+        s.max_attempts,
+        s.max_wait,
     );
     if got == want {
         Ok(())
@@ -590,8 +647,11 @@ fn step_next(
     rngs: &mut Rngs,
 ) -> Result<Option<u64>, Divergence> {
     let got = m.next_delay(cfg, &mut rngs.machine).map(ns);
-    let want = if r.exhausted {
+    let want = if r.exhausted.is_some() {
         // A refused sequence refuses again without drawing.
+        None
+    } else if let Some(why) = ref_limit(s, r) {
+        r.exhausted = Some(why);
         None
     } else {
         let prev = if r.attempt == 0 { s.initial } else { r.prev };
@@ -599,7 +659,7 @@ fn step_next(
         let d = ref_delay(s, r.attempt, prev, &mut offset, &mut rngs.reference)?;
         let left = s.budget.map(|b| b.saturating_sub(r.spent));
         if left.is_some_and(|left| d > left) {
-            r.exhausted = true;
+            r.exhausted = Some(RefRefusal::Budget);
             None
         } else {
             r.attempt = r.attempt.saturating_add(1);
@@ -628,12 +688,14 @@ fn check_state(s: &Spec, cfg: &BackoffConfig, m: &Backoff, r: &RefSeq) -> Result
         m.attempt(),
         ns(m.spent()),
         m.is_exhausted(),
+        machine_refusal(m.exhausted()),
         m.offset().map(ns),
         m.remaining_budget(cfg).map(ns),
     );
     let want = (
         r.attempt,
         r.spent,
+        r.exhausted.is_some(),
         r.exhausted,
         r.offset,
         s.budget.map(|b| b.saturating_sub(r.spent)),
@@ -706,7 +768,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
             8 => {
                 // The query predicts the next delay exactly, given the same RNG state.
                 let predicted = ns(m.delay_for(&cfg, m.attempt(), &mut rngs.machine.clone()));
-                let exhausted = r.exhausted;
+                let exhausted = r.exhausted.is_some() || ref_limit(&s, &r).is_some();
                 let left = s.budget.map(|b| b.saturating_sub(r.spent));
                 match step_next(&s, &cfg, &mut m, &mut r, &mut rngs)? {
                     Some(d) if d != predicted => {
@@ -809,6 +871,30 @@ mod tests {
         let (spec, _, built) = decode_spec(&mut Cursor::new(&settles));
         assert!(ref_valid(&spec) && built.is_ok());
         assert_eq!(check(&settles), Ok(()));
+    }
+
+    #[test]
+    fn attempt_and_max_wait_limits_match_gobblin_over_long_runs() {
+        // Mask 128 alone: the general preset (1 s → 10 s, ×2, ±20 %) with the limits only.
+        // A max-wait of zero still grants the first delay (nothing waited is not more than 0).
+        let cases: [(&[u8], Option<u32>, Option<u64>); 4] = [
+            (&[3, 2, 0], Some(2), None),
+            (&[0, 2, 0xB8, 0x0B], None, Some(3_000 * MS)),
+            (&[0, 1, 0], None, Some(0)),
+            (&[1, 1, 0], Some(0), Some(0)),
+        ];
+        for (limits, attempts, wait) in cases {
+            let mut data = alloc::vec![0, 128, 128];
+            data.extend_from_slice(limits);
+            data.extend_from_slice(&[0x77; 8]);
+            for _ in 0..10 {
+                data.extend_from_slice(&[0, 0, 8, 0, 0, 7, 0, 5, 8, 0, 0]);
+            }
+            let (spec, _, built) = decode_spec(&mut Cursor::new(&data));
+            assert_eq!((spec.max_attempts, spec.max_wait), (attempts, wait));
+            assert!(built.is_ok());
+            assert_eq!(check(&data), Ok(()), "{attempts:?} {wait:?}");
+        }
     }
 
     #[test]

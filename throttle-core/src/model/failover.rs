@@ -333,11 +333,14 @@ enum Want {
     Surface(SurfaceReason),
     Complete,
     Nothing,
+    /// Not an answer: the retry's jittered delay may or may not reach the deadline, so
+    /// `settle` takes `DeadlineExceeded` from the machine, or else asks the budget.
+    RetryOrLate,
 }
 
 fn want_of(a: &CallAction) -> Want {
     match a {
-        CallAction::Send => Want::Send,
+        CallAction::Send { .. } => Want::Send,
         CallAction::Refresh => Want::Refresh,
         CallAction::Retry { .. } => Want::Retry,
         CallAction::Surface { reason } => Want::Surface(*reason),
@@ -397,6 +400,10 @@ enum BackoffMode {
 const FIXED_DELAY: Duration = Duration::from_millis(100);
 
 struct Calls {
+    /// Per call: the deadline the reference holds (set by the deadline operation).
+    deadlines: Vec<Option<Instant>>,
+    /// Per call: a retry was handed out and its due time not yet reported.
+    due: Vec<bool>,
     max_retries: u32,
     backoff: BackoffMode,
     now: Instant,
@@ -437,6 +444,36 @@ impl Calls {
                 return Want::Surface(SurfaceReason::BackoffExhausted);
             }
         }
+        // Then the deadline: the retry starts at `now + after`, which must be before it.
+        if let Some(deadline) = self.deadlines.get(i).copied().flatten() {
+            let (lo, hi) = self.delay_range(r.retries());
+            if self.now.saturating_add(lo) >= deadline {
+                return Want::Surface(SurfaceReason::DeadlineExceeded);
+            }
+            if self.now.saturating_add(hi) >= deadline {
+                return Want::RetryOrLate;
+            }
+        }
+        self.withdraw()
+    }
+
+    /// The delays the backoff can give the retry after `retries` earlier ones.
+    fn delay_range(&self, retries: u64) -> (Duration, Duration) {
+        match self.backoff {
+            BackoffMode::None => (Duration::ZERO, Duration::ZERO),
+            BackoffMode::Fixed { .. } => (FIXED_DELAY, FIXED_DELAY),
+            // 100 ms · 2ᵏ capped at 1 s, ±20 %, never above 1 s.
+            BackoffMode::Fluss => {
+                let base = 100u64.saturating_mul(1u64 << retries.min(20)).min(1_000);
+                let lo = Duration::from_millis(base * 8 / 10);
+                let hi = Duration::from_millis((base * 12 / 10).min(1_000));
+                (lo, hi)
+            }
+        }
+    }
+
+    /// The last step of the decision: one withdrawal, answered from the script.
+    fn withdraw(&mut self) -> Want {
         self.budget_want.push(BudgetEvent::Withdraw);
         let yes = self.budget.answer(self.withdrawals_wanted);
         self.withdrawals_wanted += 1;
@@ -457,12 +494,42 @@ impl Calls {
         what: &str,
     ) -> Result<(), Divergence> {
         let step = self.step;
+        let want = match want {
+            Want::RetryOrLate
+                if got
+                    == (CallAction::Surface {
+                        reason: SurfaceReason::DeadlineExceeded,
+                    }) =>
+            {
+                Want::Surface(SurfaceReason::DeadlineExceeded)
+            }
+            Want::RetryOrLate => self.withdraw(),
+            w => w,
+        };
         if want_of(&got) != want {
             return Err(format!(
                 "step {step}: call {i} {what}: {got:?}, expected {want:?}"
             ));
         }
-        if let CallAction::Retry { after } = got {
+        let deadline = self.deadlines.get(i).copied().flatten();
+        // Every attempt starts before the deadline and is told exactly the time left.
+        let start = match got {
+            CallAction::Send { time_left } => Some((self.now, time_left)),
+            CallAction::Retry { after, time_left } => {
+                Some((self.now.saturating_add(after), time_left))
+            }
+            _ => None,
+        };
+        if let Some((at, time_left)) = start {
+            let want_left = deadline.map(|d| d.saturating_duration_since(at));
+            if deadline.is_some_and(|d| at >= d) || time_left != want_left {
+                return Err(format!(
+                    "step {step}: call {i} attempt at {at:?} told {time_left:?} left, \
+                     deadline {deadline:?}"
+                ));
+            }
+        }
+        if let CallAction::Retry { after, .. } = got {
             let ok = match self.backoff {
                 // Fluss retriable-write backoff: 100 ms ± 20 % growing to 1 s, jitter included.
                 BackoffMode::Fluss => {
@@ -491,6 +558,12 @@ impl Calls {
         };
         if want != Want::Nothing {
             r.emitted.push(want);
+        }
+        if let Some(d) = self.due.get_mut(i)
+            && want != Want::Nothing
+        {
+            // A retry awaits its due report; any other answer ends the wait for one.
+            *d = want == Want::Retry;
         }
         if r.finished() > 1 {
             return Err(format!("step {step}: call {i} completed twice"));
@@ -620,6 +693,8 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
         return Err(format!("max_waiters {max_waiters} refused"));
     };
     let mut s = Calls {
+        deadlines: (0..n).map(|_| None).collect(),
+        due: (0..n).map(|_| false).collect(),
         max_retries,
         backoff,
         now: Instant::ZERO,
@@ -640,7 +715,9 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
 
     while !c.is_empty() {
         s.step += 1;
-        let Some(op) = c.select(10) else {
+        // Values 0–9 are the original operations; 10 (the deadline) and 11 (a retry's due
+        // time) were appended.
+        let Some(op) = c.select(12) else {
             continue;
         };
         // Most inputs go to a live call; one index in nine is past the end (ignored).
@@ -648,7 +725,16 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
         match op {
             0 => s.now = c.time_step(s.now),
             1 => {
+                let late = s
+                    .deadlines
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|d| s.now >= d);
                 let want = match s.refs.get(i) {
+                    Some(r) if r.emitted.is_empty() && late => {
+                        Want::Surface(SurfaceReason::DeadlineExceeded)
+                    }
                     Some(r) if r.emitted.is_empty() => {
                         s.budget_want.push(BudgetEvent::Request);
                         Want::Send
@@ -671,13 +757,20 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
                 };
                 let class = ErrorClass::new(refresh, retry);
                 let ne = retry == RetrySafety::NotExecuted;
+                // Past its deadline a call asks for no refresh.
+                let late = s
+                    .deadlines
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|d| s.now >= d);
                 let want = match s.refs.get_mut(i) {
                     Some(r) if r.awaiting_result() => {
                         r.last_error_not_executed = ne;
                         if ne {
                             s.budget_want.push(BudgetEvent::Failure);
                         }
-                        if refresh {
+                        if refresh && !late {
                             Want::Refresh
                         } else {
                             s.decide(i, ne)
@@ -732,8 +825,54 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
                 let a = c.bool();
                 s.budget.answers.push(a);
             }
-            _ => {
+            8 | 9 => {
                 s.poll()?;
+            }
+            11 => {
+                // The retry's delay has passed: it goes ahead before the deadline, and at or
+                // after it the call surfaces without sending.
+                let late = s
+                    .deadlines
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|d| s.now >= d);
+                let pending = s.due.get(i).copied().unwrap_or(false);
+                let Some(call) = s.calls.get_mut(i) else {
+                    continue;
+                };
+                let got = call.handle_retry_due(s.now);
+                if pending && !late {
+                    let time_left = s.deadlines[i].map(|d| d.saturating_duration_since(s.now));
+                    if got != (CallAction::Send { time_left }) {
+                        return Err(format!(
+                            "step {}: call {i} retry due: {got:?}, expected Send {{ {time_left:?} }}",
+                            s.step
+                        ));
+                    }
+                    s.due[i] = false;
+                } else {
+                    let want = if pending {
+                        Want::Surface(SurfaceReason::DeadlineExceeded)
+                    } else {
+                        Want::Nothing
+                    };
+                    s.settle(i, got, want, "retry due")?;
+                }
+            }
+            _ => {
+                // Set or clear a call's deadline: cleared, a span ahead (often within the
+                // next backoff), or any instant (often already past).
+                let deadline = match c.u8() % 4 {
+                    0 => None,
+                    1 => Some(s.now + Duration::from_millis(u64::from(c.u16() % 1_500))),
+                    2 => Some(s.now + c.duration()),
+                    _ => Some(Instant::from_nanos(c.u64())),
+                };
+                if let (Some(call), Some(d)) = (s.calls.get_mut(i), s.deadlines.get_mut(i)) {
+                    call.set_deadline(deadline);
+                    *d = deadline;
+                }
             }
         }
     }

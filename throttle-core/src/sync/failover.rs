@@ -11,12 +11,19 @@
 //! User code that panics (`op` or its future, the classifier, `refresh` or its future) ends
 //! that call with [`CallError::Panicked`]; a refresher's panic ends its generation as failed
 //! through the same guard, so its joiners retry and the next refresh can start.
+//!
+//! Every call counts itself in flight from its start to its end (a guard, so a dropped or
+//! panicking call is counted out too); [`FailoverExecutor::closed`] waits for that count to
+//! reach zero after [`FailoverExecutor::close`]. A refresh runs inside the call that started
+//! it, so it is covered by the same count.
 
 use core::fmt;
 use core::future::Future;
 
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Sender};
+use super::retry::Attempt;
+use super::signal::{WakeSignal, wait_for};
 use super::unwind;
 use super::{Panicked, Runtime};
 use crate::error::ConfigError;
@@ -25,25 +32,58 @@ use crate::failover::{
     RefreshCoalescer, RetryBudget, SurfaceReason,
 };
 use crate::rng::SplitMix64;
+use crate::time::Instant;
 
-/// A call's error given back to the caller, with why it was not retried.
+/// A call's last error given back to the caller, with why it was not retried.
+///
+/// `Display` says that the request failed and why this layer did not retry it; the error
+/// itself is the [`source`](std::error::Error::source).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("request failed ({reason:?})")]
+#[error("request failed and was not retried: {reason}")]
 #[non_exhaustive]
 pub struct Surfaced<E> {
     /// The last error the request failed with.
+    #[source]
     pub error: E,
     /// Why it was surfaced instead of retried.
     pub reason: SurfaceReason,
 }
 
 /// Why a [`FailoverExecutor::call`] gave no value.
+///
+/// `Display` describes this layer's failure; the request's own error, when there is one, is
+/// reachable through [`source`](std::error::Error::source) (through the [`Surfaced`] it
+/// wraps).
+///
+/// ```
+/// use std::error::Error as _;
+/// use throttle_sansio::failover::SurfaceReason;
+/// use throttle_sansio::sync::{CallError, Surfaced};
+///
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("not the leader")]
+/// struct NotLeader;
+///
+/// let err = CallError::from(Surfaced::new(NotLeader, SurfaceReason::RetriesExhausted));
+/// assert_eq!(
+///     err.to_string(),
+///     "request failed and was not retried: the automatic retries are used up"
+/// );
+/// assert_eq!(err.source().unwrap().to_string(), "not the leader");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CallError<E> {
     /// The request's last error, given back instead of retried.
     #[error(transparent)]
     Surfaced(#[from] Surfaced<E>),
+    /// The call's deadline had already passed when it was started: nothing was sent.
+    #[error("the call's deadline had passed before its first attempt: nothing was sent")]
+    Expired,
+    /// The executor was closed ([`FailoverExecutor::close`]) before the call started: nothing
+    /// was sent.
+    #[error("the failover executor is closed: the call was not started")]
+    Closed,
     /// User code the call ran panicked: `op` or its future, the classifier, or `refresh` or
     /// its future. The call ended there; a refresh it was running ended as failed, so the
     /// calls that joined it retry and a later refresh can start.
@@ -51,20 +91,28 @@ pub enum CallError<E> {
     Panicked(#[from] Panicked),
 }
 
+impl<E> Surfaced<E> {
+    /// `error`, surfaced for `reason`.
+    pub fn new(error: E, reason: SurfaceReason) -> Self {
+        Surfaced { error, reason }
+    }
+}
+
 impl<E> CallError<E> {
     /// The surfaced error, if the call ended with one (not with a panic).
     pub fn surfaced(&self) -> Option<&Surfaced<E>> {
         match self {
             CallError::Surfaced(s) => Some(s),
-            CallError::Panicked(_) => None,
+            CallError::Expired | CallError::Closed | CallError::Panicked(_) => None,
         }
     }
 
-    /// The request's last error, if the call ended with one (not with a panic).
+    /// The request's last error, if the call ended with one (not with a panic, and not
+    /// before its first attempt).
     pub fn into_error(self) -> Option<E> {
         match self {
             CallError::Surfaced(s) => Some(s.error),
-            CallError::Panicked(_) => None,
+            CallError::Expired | CallError::Closed | CallError::Panicked(_) => None,
         }
     }
 }
@@ -74,12 +122,23 @@ struct FailoverState<B> {
     rng: SplitMix64,
     coalescer: RefreshCoalescer<Sender<bool>>,
     refreshes_started: u64,
+    closed: bool,
+    /// Calls started and not yet ended (refreshes run inside them).
+    in_flight: usize,
+}
+
+impl<B> FailoverState<B> {
+    fn is_drained(&self) -> bool {
+        self.closed && self.in_flight == 0
+    }
 }
 
 struct Shared<K, B> {
     classifier: K,
     config: CallConfig,
     state: Mutex<FailoverState<B>>,
+    /// Notified when a closed executor's last call ends: [`FailoverExecutor::closed`].
+    drained: WakeSignal,
 }
 
 /// Runs requests with failover: classify each error ([`ErrorClassifier`]), refresh metadata
@@ -93,6 +152,11 @@ struct Shared<K, B> {
 ///   machine: `refresh()` (coalesced: at most one runs at a time, its `bool` is whether it
 ///   succeeded) and/or a retry of `op()` after the backoff, until success or a
 ///   [`Surfaced`] error ([`CallError::Surfaced`]).
+/// - [`call_until(deadline, op, refresh)`](Self::call_until) is the same call with the
+///   [`Call`]'s deadline: no attempt starts at or after it, no backoff sleep reaches it, and
+///   each attempt gets an [`Attempt`] with its number and the time left, measured on the
+///   runtime's clock as it starts. An attempt or refresh in flight is not cut at the
+///   deadline: bound it with `time_left`.
 /// - `op` is called once per send, so a request is re-sent only when the classifier said it
 ///   was not executed ([`RetrySafety::NotExecuted`](crate::failover::RetrySafety)).
 /// - Cancel-safe: dropping a call's future while it refreshes ends that refresh as failed and
@@ -100,6 +164,59 @@ struct Shared<K, B> {
 /// - A panic in `op()`, its future, the classifier, `refresh()` or its future ends the call
 ///   with [`CallError::Panicked`] (the panic is caught, the call's future does not unwind); a
 ///   refresh it was running ends as failed, as if cancelled.
+/// - [`close`](Self::close) stops intake (later calls fail with [`CallError::Closed`] and
+///   send nothing); calls already started run to their end, and
+///   [`closed`](Self::closed) resolves once none is left.
+///
+/// # Example
+///
+/// Two admin writes hit a coordinator that has moved: one refresh finds the new leader and
+/// both retry once. (Any [`Runtime`] works; this one has a manual clock and a poll loop.)
+///
+/// ```
+/// use core::future::Future;
+/// use core::sync::atomic::{AtomicBool, Ordering};
+/// use core::task::{Context, Poll, Waker};
+/// use throttle_sansio::Instant;
+/// use throttle_sansio::failover::{AdminWriteGateway, CallConfig, ErrorKind, FinagleBudget};
+/// use throttle_sansio::sync::{FailoverExecutor, ManualClock, Runtime};
+///
+/// #[derive(Clone)]
+/// struct Manual(ManualClock);
+/// impl Runtime for Manual {
+///     fn now(&self) -> Instant { self.0.now() }
+///     fn sleep_until(&self, at: Instant) -> impl Future<Output = ()> + Send + 'static {
+///         self.0.sleep_until(at)
+///     }
+///     fn spawn<F: Future<Output = ()> + Send + 'static>(&self, _: F) {}
+/// }
+///
+/// let fx = FailoverExecutor::new(
+///     Manual(ManualClock::new()),
+///     AdminWriteGateway,
+///     FinagleBudget::default(), // Finagle's default: 100 retries in reserve
+///     CallConfig::default(),    // upstream: one automatic retry
+/// )?;
+/// let moved = AtomicBool::new(false);
+/// let write = |id: u32| {
+///     let ok = moved.load(Ordering::SeqCst);
+///     async move { if ok { Ok(id) } else { Err(ErrorKind::NotLeader) } }
+/// };
+/// let refresh = || { moved.store(true, Ordering::SeqCst); async { true } };
+/// let both = async {
+///     let a = fx.call(|| write(1), refresh).await;
+///     let b = fx.call(|| write(2), refresh).await;
+///     (a, b)
+/// };
+/// let mut both = core::pin::pin!(both);
+/// let mut cx = Context::from_waker(Waker::noop());
+/// let Poll::Ready((a, b)) = both.as_mut().poll(&mut cx) else { unreachable!() };
+/// assert_eq!((a, b), (Ok(1), Ok(2)));
+/// assert_eq!(fx.refreshes_started(), 1);
+/// fx.close();
+/// assert!(fx.is_closed() && fx.in_flight() == 0);
+/// # Ok::<(), throttle_sansio::ConfigError>(())
+/// ```
 pub struct FailoverExecutor<R, K, B> {
     rt: R,
     shared: Arc<Shared<K, B>>,
@@ -117,6 +234,22 @@ impl<R: Clone, K, B> Clone for FailoverExecutor<R, K, B> {
 impl<R, K, B> fmt::Debug for FailoverExecutor<R, K, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FailoverExecutor").finish_non_exhaustive()
+    }
+}
+
+/// Counts a call out of flight when it ends, however it ends (returned, dropped, unwound).
+struct InFlight<'a, K, B> {
+    shared: &'a Shared<K, B>,
+}
+
+impl<K, B> Drop for InFlight<'_, K, B> {
+    fn drop(&mut self) {
+        let drained = {
+            let mut st = lock(&self.shared.state);
+            st.in_flight = st.in_flight.saturating_sub(1);
+            st.is_drained()
+        };
+        self.shared.drained.notify_if(drained);
     }
 }
 
@@ -150,7 +283,10 @@ where
                     rng: super::seed::client_rng(super::seed::next_client_id()),
                     coalescer: RefreshCoalescer::new(coalescer)?,
                     refreshes_started: 0,
+                    closed: false,
+                    in_flight: 0,
                 }),
+                drained: WakeSignal::new(),
             }),
         })
     }
@@ -180,13 +316,46 @@ where
         lock(&self.shared.state).coalescer.in_flight().is_some()
     }
 
+    /// Calls started and not yet ended.
+    pub fn in_flight(&self) -> usize {
+        lock(&self.shared.state).in_flight
+    }
+
+    /// Whether [`close`](Self::close) has been called.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.shared.state).closed
+    }
+
+    /// Stops intake: every later [`call`](Self::call) fails with [`CallError::Closed`] and
+    /// sends nothing. Calls already started go on (they may still refresh and retry).
+    /// Idempotent.
+    pub fn close(&self) {
+        let drained = {
+            let mut st = lock(&self.shared.state);
+            st.closed = true;
+            st.is_drained()
+        };
+        self.shared.drained.notify_if(drained);
+    }
+
+    /// Resolves once the executor is closed and every call it started, with the refreshes
+    /// they ran, has ended. With [`close`](Self::close), a graceful shutdown:
+    /// `fx.close(); fx.closed().await`. Cancel-safe.
+    pub async fn closed(&self) {
+        wait_for(&self.shared.drained, || {
+            lock(&self.shared.state).is_drained()
+        })
+        .await;
+    }
+
     /// Sends `op()` and drives the failover [`Call`] to its end: `Ok` with the first success,
-    /// or the last error [`Surfaced`] with its reason, or [`CallError::Panicked`] if user code
-    /// panicked. See the type's contract.
+    /// or the last error [`Surfaced`] with its reason, [`CallError::Closed`] after
+    /// [`close`](Self::close), or [`CallError::Panicked`] if user code panicked. No deadline;
+    /// see [`call_until`](Self::call_until) and the type's contract.
     pub async fn call<T, E, Op, OpFut, Rf, RfFut>(
         &self,
         mut op: Op,
-        mut refresh: Rf,
+        refresh: Rf,
     ) -> Result<T, CallError<E>>
     where
         K: ErrorClassifier<E>,
@@ -195,19 +364,64 @@ where
         Rf: FnMut() -> RfFut,
         RfFut: Future<Output = bool>,
     {
-        let mut call = Call::new(&self.shared.config);
+        self.call_until(None, move |_| op(), refresh).await
+    }
+
+    /// [`call`](Self::call) with the [`Call`]'s deadline (`None`: none): no attempt starts at
+    /// or after `deadline` (a call started past it fails with [`CallError::Expired`]; a retry
+    /// that would start past it surfaces the last error with
+    /// [`SurfaceReason::DeadlineExceeded`]), no backoff sleep reaches it, and `op` gets each
+    /// attempt's [`Attempt`]: its number (1 for the first send) and the time left on the
+    /// runtime's clock as it starts.
+    pub async fn call_until<T, E, Op, OpFut, Rf, RfFut>(
+        &self,
+        deadline: Option<Instant>,
+        mut op: Op,
+        mut refresh: Rf,
+    ) -> Result<T, CallError<E>>
+    where
+        K: ErrorClassifier<E>,
+        Op: FnMut(Attempt) -> OpFut,
+        OpFut: Future<Output = Result<T, E>>,
+        Rf: FnMut() -> RfFut,
+        RfFut: Future<Output = bool>,
+    {
+        let mut call = Call::new(&self.shared.config).with_deadline(deadline);
+        {
+            let mut st = lock(&self.shared.state);
+            if st.closed {
+                return Err(CallError::Closed);
+            }
+            st.in_flight = st.in_flight.saturating_add(1);
+        }
+        // Made outside the lock: its drop takes the lock, even when a budget input unwinds.
+        let _in_flight = InFlight {
+            shared: &self.shared,
+        };
         let mut action = {
             let mut st = lock(&self.shared.state);
             call.start(self.rt.now(), &mut st.budget)
         };
+        if let CallAction::Surface { .. } = action {
+            return Err(CallError::Expired);
+        }
+        // The error of the attempt before a retry, given back if its timer wakes too late.
+        let mut last: Option<E> = None;
         loop {
-            // Here `action` is `Send` or `Retry`.
-            if let CallAction::Retry { after } = action
-                && !after.is_zero()
-            {
-                self.rt.sleep_until(self.rt.now() + after).await;
+            // Here `action` is `Send` or `Retry`; the call put a retry's start before the
+            // deadline, so this sleep never aims past it.
+            if let CallAction::Retry { after, .. } = action {
+                if !after.is_zero() {
+                    self.rt.sleep_until(self.rt.now() + after).await;
+                }
+                // A timer that woke at or after the deadline: the retry is not sent.
+                let due = call.handle_retry_due(self.rt.now());
+                if let (CallAction::Surface { reason }, Some(error)) = (due, last.take()) {
+                    return Err(Surfaced { error, reason }.into());
+                }
             }
-            let error = match unwind::catch(async { op().await }).await? {
+            let attempt = Attempt::new(call.sends(), call.time_left(self.rt.now()));
+            let error = match unwind::catch(async { op(attempt).await }).await? {
                 Ok(value) => {
                     let mut st = lock(&self.shared.state);
                     let _ = call.handle_success(self.rt.now(), &mut st.budget);
@@ -230,7 +444,10 @@ where
                         action =
                             call.handle_refreshed(self.rt.now(), ok, &mut st.budget, &mut st.rng);
                     }
-                    CallAction::Send | CallAction::Retry { .. } => break,
+                    CallAction::Send { .. } | CallAction::Retry { .. } => {
+                        last = Some(error);
+                        break;
+                    }
                     CallAction::Surface { reason } => {
                         return Err(Surfaced { error, reason }.into());
                     }

@@ -15,6 +15,7 @@
 //! | [`ConnPool`] | [`ConnTable`](crate::ConnTable) + a [`Connector`] | a connection ([`Lease`]); idle ones close at the table's deadlines |
 //! | [`WriteDriver`] | [`PacedWriter`](crate::PacedWriter) + a user send closure and [`WriteClassifier`] | a record's result ([`Append`]); gated and probing buckets parked until their instant |
 //! | [`FailoverExecutor`] | [`Call`](crate::Call), [`RefreshCoalescer`](crate::RefreshCoalescer), a [`RetryBudget`](crate::RetryBudget) | a request's end, with one coalesced refresh for concurrent failures |
+//! | [`retry`] ([`Retry`]) | a [`Call`](crate::Call) with a backoff, a deadline and a [`SharedBudget`] | an operation's end, retried on the runtime's clock |
 //! | [`WakeSignal`] + [`wait_until`] | any machine whose deadline can move earlier | its deadline, re-armed on every signal |
 //!
 //! Every handle follows the same rules:
@@ -48,7 +49,8 @@
 //!   is still woken. `docs/sync.md` ("User code that panics") lists each call and its test.
 //! - A handle with `close()` has `closed().await`: it resolves once the handle is closed and
 //!   everything it had in flight has ended (window: no live credit; bytes: nothing granted;
-//!   pool: no lease out and no connect running; batch driver: no batch in the transport).
+//!   pool: no lease out and no connect running; batch driver: no batch in the transport;
+//!   failover executor: no call, and so no refresh, in flight).
 //!   The release path that ends the last of them notifies a [`WakeSignal`]; nothing polls.
 //!
 //! The loom models (`loom_models`, `cfg(loom)`) check the races; see
@@ -64,6 +66,7 @@ mod loom;
 mod oneshot;
 mod pending;
 mod pool;
+mod retry;
 mod runtime;
 mod seed;
 mod signal;
@@ -90,6 +93,7 @@ pub use gate::{GateHandle, Unbound};
 pub use host::bare_host;
 pub use pending::{AcquireBytes, BytesPermit, PendingBytes};
 pub use pool::{ConnPool, Connector, Lease, PoolError};
+pub use retry::{Always, Attempt, Notify, Quiet, Retry, RetryError, RetryIf, SharedBudget, retry};
 pub use runtime::{ManualClock, ManualSleep, Runtime};
 pub use seed::{client_rng, next_client_id, process_seed};
 pub use signal::{Changed, WakeSignal, wait_until};
@@ -194,5 +198,7 @@ where
     let _writer = |driver: &WriteDriver<R, Shard, U, u32, u8, S>| send_value(&driver.closed());
     let _call = |fx: &FailoverExecutor<R, K, B>| {
         send_value(&fx.call(|| async { Ok::<u8, u32>(1) }, || async { true }));
+        send_value(&fx.call_until(None, |_| async { Ok::<u8, u32>(1) }, || async { true }));
+        send_value(&fx.closed());
     };
 }

@@ -36,7 +36,7 @@ fn ref_draw(cfg: &BackoffConfig, base: u64, rng: &mut SplitMix64) -> u64 {
 
 /// `next_delay` as written before the rewrite (the bookkeeping, unchanged, is shared).
 fn ref_next(cfg: &BackoffConfig, b: &mut Backoff, rng: &mut SplitMix64) -> Option<u64> {
-    if b.exhausted {
+    if b.exhausted.is_some() {
         return None;
     }
     let base = if b.attempt == 0 {

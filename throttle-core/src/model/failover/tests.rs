@@ -17,3 +17,27 @@ fn backoff_refusal_is_reached_and_withdraws_nothing() {
     ];
     assert_eq!(check_call(&data), Ok(()));
 }
+
+/// One call, no backoff, a 500 ms deadline: a retry handed out at 0 ms whose timer reports
+/// it due at 600 ms must surface `DeadlineExceeded` instead of going ahead; reported at
+/// 100 ms it goes ahead with 400 ms left.
+#[test]
+fn a_retry_due_past_the_deadline_is_checked_both_ways() {
+    let header = [0, 1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let deadline = [10, 0, 1, 0xF4, 0x01];
+    let (start, error) = ([1, 0], [2, 0, 0, 1]);
+    for (step_us, due) in [(600_000u32, true), (100_000, true), (600_000, false)] {
+        let mut data = header.to_vec();
+        data.extend_from_slice(&deadline);
+        data.extend_from_slice(&start);
+        data.extend_from_slice(&error);
+        data.extend_from_slice(&[0, 0, 5]);
+        data.extend_from_slice(&step_us.to_le_bytes());
+        if due {
+            data.extend_from_slice(&[11, 0]);
+        }
+        // A success after the due report: late for the surfaced call, the outcome otherwise.
+        data.extend_from_slice(&[4, 0]);
+        assert_eq!(check_call(&data), Ok(()), "{step_us} µs, due {due}");
+    }
+}
