@@ -5,6 +5,7 @@
 #[path = "../examples/loopback/demo/mod.rs"]
 mod demo;
 
+use demo::clients;
 use demo::proto::{Request, Status};
 use demo::report::{self, COLUMNS};
 use demo::scenario::{self, Client, Params, Row, Scenario};
@@ -12,7 +13,7 @@ use demo::server::{Tablet, TabletConfig, TabletReport};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use throttle_tokio::PressureConfig;
+use throttle_tokio::{PressureConfig, ThrottleCurve};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_protection_ours_sends_100x_fewer_rpcs_and_every_write_executes_once() {
@@ -55,7 +56,14 @@ async fn disk_protection_ours_sends_100x_fewer_rpcs_and_every_write_executes_onc
         let t = row.tablet.expect("tablet scenario");
         assert_eq!(t.overloaded, p.protect, "{}", row.client.name());
         assert!(t.first_accept.is_some_and(|d| d >= p.protect));
+        // One pairing in both tablet scenarios: the landed server with the landed client
+        // curve (the server reports pressure from Tf = 8, not the proposal's 12).
+        assert_eq!(t.pressure_from, PressureConfig::fluss_landed().l0_trigger());
     }
+    assert_eq!(
+        clients::gate_config().kv_curve(),
+        &ThrottleCurve::fluss_landed()
+    );
     assert!(
         ours.busy < naive.busy,
         "{:?} vs {:?}",
@@ -361,6 +369,189 @@ fn the_verdict_gives_the_ratios_and_says_why_ours_finished_later() {
         v.contains("handed 16 writes back to the user as errors"),
         "{v}"
     );
+}
+
+/// The disk verdict's clauses, each printed only when the rows show what it states.
+#[test]
+fn the_disk_verdict_states_only_what_the_rows_show() {
+    let tablet = |overloaded_ms, first_ms| TabletReport {
+        overloaded: Duration::from_millis(overloaded_ms),
+        disk_lock: Duration::from_secs(2),
+        first_accept: Some(Duration::from_millis(first_ms)),
+        last_bucket_first_accept: Some(Duration::from_millis(first_ms + 1_000)),
+        pressure_from: 8,
+        slowdown_trigger: 20,
+        peak_l0: 1,
+        ..TabletReport::default()
+    };
+    let mut naive = row(Scenario::Disk, Client::Naive);
+    naive.refused = 1_000;
+    naive.tablet = Some(tablet(2_000, 2_010));
+    let mut ours = row(Scenario::Disk, Client::Ours);
+    ours.refused = 20;
+    ours.elapsed = Duration::from_secs(3);
+    ours.tablet = Some(tablet(2_000, 2_200));
+    let v = report::verdict(&naive, &ours).expect("a verdict");
+    assert!(v.contains("(hence the same overloaded time)"), "{v}");
+    assert!(
+        v.contains("got its first write through at 2.01s, 10.0ms after the lock lifted"),
+        "the gap is measured: {v}"
+    );
+    assert!(v.contains("(1000 refused RPCs against 20)"), "{v}");
+    // Ours overloaded the server longer than the lock (an L0 episode): no "hence".
+    let mut longer = ours.clone();
+    longer.tablet = Some(tablet(2_300, 2_200));
+    let v = report::verdict(&naive, &longer).expect("a verdict");
+    assert!(v.contains("waits out the outage"), "{v}");
+    assert!(!v.contains("hence the same overloaded time"), "{v}");
+    // Ours refused as often as naive: nothing about naive re-sending into the lock.
+    let mut stubborn = ours.clone();
+    stubborn.refused = 1_000;
+    let v = report::verdict(&naive, &stubborn).expect("a verdict");
+    assert!(!v.contains("re-sends into the lock"), "{v}");
+    // Ours got a write through before the lock's end (no outage waited out): no "because".
+    let mut early = ours.clone();
+    let mut t = tablet(2_000, 1_000);
+    t.disk_lock = Duration::from_millis(500);
+    early.tablet = Some(t);
+    let v = report::verdict(&naive, &early).expect("a verdict");
+    assert!(v.contains("Ours finished 1.00s later."), "{v}");
+    assert!(!v.contains("waits out the outage"), "{v}");
+}
+
+/// The l0 verdict names the pressure only if the server reported some to ours, the refusals
+/// only if ours had fewer, and never a tuning it did not measure.
+#[test]
+fn the_l0_verdict_states_only_what_the_rows_show() {
+    let tablet = |peak| TabletReport {
+        pressure_from: 8,
+        slowdown_trigger: 20,
+        peak_l0: peak,
+        ..TabletReport::default()
+    };
+    let mut naive = row(Scenario::L0, Client::Naive);
+    naive.refused = 86_025;
+    naive.tablet = Some(tablet(20));
+    let mut ours = row(Scenario::L0, Client::Ours);
+    ours.elapsed = Duration::from_millis(2_400);
+    ours.tablet = Some(tablet(14));
+    let v = report::verdict(&naive, &ours).expect("a verdict");
+    assert!(
+        v.contains("it slowed down on the pressure the server piggybacks on accepted writes from L0 8 on (ours reached 14)"),
+        "{v}"
+    );
+    assert!(
+        v.contains("it did not re-send every rejection (86025 refused RPCs against 0)"),
+        "{v}"
+    );
+    assert!(!v.contains("tuned"), "an unmeasured claim: {v}");
+    // Below Tf the server piggybacked no pressure: no pressure clause.
+    let mut calm = ours.clone();
+    calm.tablet = Some(tablet(5));
+    naive.refused = 0;
+    let v = report::verdict(&naive, &calm).expect("a verdict");
+    assert!(v.contains("Ours finished 0.40s later."), "{v}");
+    assert!(!v.contains("slowed down"), "{v}");
+    assert!(!v.contains("re-send"), "{v}");
+}
+
+/// "Faster than compaction drained them" only when ours delivered sooner than naive.
+#[test]
+fn a_higher_peak_is_blamed_on_speed_only_when_ours_was_faster() {
+    let tablet = |peak| TabletReport {
+        pressure_from: 8,
+        slowdown_trigger: 20,
+        peak_l0: peak,
+        ..TabletReport::default()
+    };
+    let mut naive = row(Scenario::Disk, Client::Naive);
+    naive.tablet = Some(tablet(1));
+    naive.elapsed = Duration::from_millis(2_000);
+    let mut ours = row(Scenario::Disk, Client::Ours);
+    ours.tablet = Some(tablet(3));
+    ours.elapsed = Duration::from_millis(3_300);
+    let v = report::peak_note(&naive, &ours).expect("a tablet scenario");
+    assert!(v.contains("Ours peaked higher, below the trigger"), "{v}");
+    assert!(
+        !v.contains("faster than compaction"),
+        "ours finished later: {v}"
+    );
+    assert!(!v.contains("delivered its writes"), "{v}");
+    assert!(
+        v.contains("; the server reports no pressure below L0 8, so no pressure signal slowed it."),
+        "{v}"
+    );
+    // A peak at or above Tf: no "no pressure" clause.
+    ours.tablet = Some(tablet(9));
+    let v = report::peak_note(&naive, &ours).expect("a tablet scenario");
+    assert!(!v.contains("no pressure"), "{v}");
+    // At the trigger from a one-file RPC: no "steps over the trigger".
+    let mut t = tablet(20);
+    t.peak_rpc = demo::server::PeakRpc {
+        l0_before: 19,
+        files_added: 1,
+        ops: 518,
+        bytes: 58_016,
+    };
+    ours.tablet = Some(t);
+    let v = report::peak_note(&naive, &ours).expect("a tablet scenario");
+    assert!(v.contains("Ours reached 20, the trigger"), "{v}");
+    assert!(!v.contains("steps over"), "{v}");
+}
+
+/// Reads: the per-RPC cost is named only when ours carried more reads per RPC; failover:
+/// each count is named only when it is not zero.
+#[test]
+fn the_reads_and_failover_verdicts_state_only_what_the_rows_show() {
+    let mut naive = row(Scenario::Reads, Client::Naive);
+    (naive.rpcs, naive.ops_received, naive.elapsed) = (2_000, 2_000, Duration::from_secs(4));
+    let mut ours = row(Scenario::Reads, Client::Ours);
+    (ours.rpcs, ours.ops_received, ours.elapsed) = (500, 2_000, Duration::from_secs(1));
+    let v = report::verdict(&naive, &ours).expect("a verdict");
+    assert!(
+        v.contains("ours carries 4.0 reads in each (naive: 1.0)"),
+        "{v}"
+    );
+    ours.rpcs = 2_000;
+    let v = report::verdict(&naive, &ours).expect("a verdict");
+    assert!(v.contains("Ours finished 3.00s sooner."), "{v}");
+    assert!(!v.contains("carries"), "no batching, no claim: {v}");
+
+    let naive = row(Scenario::Failover, Client::Naive);
+    let mut ours = row(Scenario::Failover, Client::Ours);
+    (ours.once, ours.abandoned) = (Some(1_990), 10);
+    let v = report::verdict(&naive, &ours).expect("a verdict");
+    assert!(
+        !v.contains("The naive client re-sent"),
+        "none ran twice: {v}"
+    );
+    assert!(!v.contains("handed"), "nothing handed back: {v}");
+    assert!(
+        v.contains("Ours ran 1990 writes exactly once and 0 twice (10 never); 10 were unfinished at the deadline."),
+        "{v}"
+    );
+}
+
+/// The output starts with two Markdown paragraphs, and its command carries `--release` only
+/// for a release build.
+#[test]
+fn the_header_is_two_paragraphs_and_names_the_binarys_profile() {
+    let opts = scenario::parse_args(["--scenario", "disk", "--seed", "3"].map(String::from))
+        .expect("valid flags")
+        .expect("not help");
+    let release = scenario::header(&opts, true);
+    assert_eq!(
+        release,
+        "loopback demo: scale 1, seed 3; servers on 127.0.0.1, one fresh server per run\n\n\
+         command: cargo run --release -p throttle-tokio --example loopback -- --scenario disk \
+         --scale 1 --seed 3\n"
+    );
+    let debug = scenario::header(&opts, false);
+    assert!(
+        debug.contains("command: cargo run -p throttle-tokio --example loopback --"),
+        "{debug}"
+    );
+    assert!(!debug.contains("--release"), "{debug}");
 }
 
 #[test]

@@ -207,20 +207,29 @@ pub mod backoff {
     );
 
     const RETRY: &str = "BackoffConfig::fluss_retriable_write()";
-    /// `initial` of the Fluss retriable-write preset. Fluss has no key for it (its
-    /// accumulator retries at once); the numbers are the Kafka producer's.
+    /// `initial` of the Fluss retriable-write preset: the Fluss Rust client's
+    /// `writer_retry_backoff_ms` (Fluss PR #4403, default 100), which mirrors the Kafka
+    /// producer's `retry.backoff.ms` (the Java client has no such key).
     pub const FLUSS_RETRY_INITIAL: ConfigOption = ConfigOption::new(
         RETRY,
         "initial",
         "BackoffConfigBuilder::initial",
-        &[Upstream::new("Kafka", "retry.backoff.ms")],
+        &[
+            Upstream::new("Fluss Rust", "writer_retry_backoff_ms"),
+            Upstream::new("Kafka", "retry.backoff.ms"),
+        ],
     );
-    /// `max` of the Fluss retriable-write preset (the Kafka producer's key; Fluss has none).
+    /// `max` of the Fluss retriable-write preset: the Fluss Rust client's
+    /// `writer_retry_max_backoff_ms` (Fluss PR #4403, default 1000), which mirrors the Kafka
+    /// producer's `retry.backoff.max.ms`.
     pub const FLUSS_RETRY_MAX: ConfigOption = ConfigOption::new(
         RETRY,
         "max",
         "BackoffConfigBuilder::max",
-        &[Upstream::new("Kafka", "retry.backoff.max.ms")],
+        &[
+            Upstream::new("Fluss Rust", "writer_retry_max_backoff_ms"),
+            Upstream::new("Kafka", "retry.backoff.max.ms"),
+        ],
     );
 
     const KAFKA: &str = "BackoffConfig::kafka_retry()";

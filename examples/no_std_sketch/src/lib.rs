@@ -116,14 +116,25 @@ impl Uplink {
         self.queued.iter().sum()
     }
 
+    /// The index of `bucket` if a reply for it answers a record in flight: `None` for a
+    /// bucket out of range, or one with nothing sent (a duplicate or corrupt reply).
+    fn awaited(&self, bucket: u8) -> Option<usize> {
+        let i = usize::from(bucket);
+        self.in_flight.get(i).copied()?.then_some(i)
+    }
+
     /// One turn of the main loop: apply the replies that arrived, send the head record of
     /// every open bucket with nothing in flight, then sleep until the gate's next opening.
+    /// A reply that answers no record in flight (a bucket out of range, or one with nothing
+    /// sent) is ignored: it changes no queue, no flag and no gate.
     pub fn step<B: Board>(&mut self, board: &mut B) {
         while let Some(reply) = board.poll_reply() {
             let now = Instant::from_millis(board.millis());
             match reply {
                 Reply::Written { bucket, pressure } => {
-                    let i = usize::from(bucket) % BUCKETS;
+                    let Some(i) = self.awaited(bucket) else {
+                        continue;
+                    };
                     self.in_flight[i] = false;
                     self.attempts[i] = 0;
                     self.queued[i] = self.queued[i].saturating_sub(1);
@@ -131,7 +142,9 @@ impl Uplink {
                     self.gate.handle_kv_signal(now, &bucket, pressure);
                 }
                 Reply::DiskWriteLocked { bucket } => {
-                    let i = usize::from(bucket) % BUCKETS;
+                    let Some(i) = self.awaited(bucket) else {
+                        continue;
+                    };
                     self.in_flight[i] = false;
                     let attempts = self.attempts[i];
                     self.gate
@@ -169,7 +182,6 @@ mod tests {
 
     /// A board whose server locks bucket 1's disk twice and piggybacks half pressure on
     /// bucket 2's first write; `sleep_until` jumps the tick, as an interrupt-free WFI would.
-    #[derive(Default)]
     struct FakeBoard {
         now: u64,
         replies: Vec<Reply>,
@@ -177,6 +189,24 @@ mod tests {
         sends: Vec<(u64, u8)>,
         not_before: [u64; BUCKETS],
         locks: u32,
+        /// The KV throttle the half pressure installs, from the config the uploader uses.
+        half_pressure: u64,
+    }
+
+    impl Default for FakeBoard {
+        fn default() -> Self {
+            let delay = WriteGateConfig::default()
+                .kv_curve()
+                .delay(Signal::Pressure(500_000));
+            FakeBoard {
+                now: 0,
+                replies: Vec::new(),
+                sends: Vec::new(),
+                not_before: [0; BUCKETS],
+                locks: 0,
+                half_pressure: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            }
+        }
     }
 
     impl Board for FakeBoard {
@@ -195,7 +225,7 @@ mod tests {
                 self.not_before[i] = self.now + 800; // 1 s - 20 % jitter
                 Reply::DiskWriteLocked { bucket }
             } else if bucket == 2 && self.sends.iter().filter(|s| s.1 == 2).count() == 1 {
-                self.not_before[i] = self.now + 625; // 5 s ceiling x 0.5^3
+                // Gated from when the node reads this reply (`poll_reply`).
                 Reply::Written {
                     bucket,
                     pressure: Signal::Pressure(500_000),
@@ -209,7 +239,16 @@ mod tests {
             self.replies.push(reply);
         }
         fn poll_reply(&mut self) -> Option<Reply> {
-            self.replies.pop()
+            let reply = self.replies.pop()?;
+            if let Reply::Written {
+                bucket,
+                pressure: Signal::Pressure(_),
+            } = reply
+            {
+                // The node installs the KV throttle at the tick it reads the reply.
+                self.not_before[usize::from(bucket)] = self.now + self.half_pressure;
+            }
+            Some(reply)
         }
         fn sleep_until(&mut self, at_ms: Option<u64>) {
             match at_ms {
@@ -246,5 +285,86 @@ mod tests {
             board.now >= 1_600,
             "two disk backoffs were waited out on the tick"
         );
+        // Bucket 2's second record left exactly when the KV throttle the board computed from
+        // the config ended: the loop slept until the gate's opening, not past it.
+        let to_2: Vec<u64> = board
+            .sends
+            .iter()
+            .filter(|s| s.1 == 2)
+            .map(|s| s.0)
+            .collect();
+        assert_eq!(to_2.len(), 2);
+        assert_eq!(to_2[1], board.not_before[2]);
+    }
+
+    /// A board whose replies the test delivers by hand.
+    #[derive(Default)]
+    struct HandBoard {
+        now: u64,
+        replies: Vec<Reply>,
+        sends: Vec<u8>,
+    }
+
+    impl Board for HandBoard {
+        fn millis(&self) -> u64 {
+            self.now
+        }
+        fn send(&mut self, bucket: u8) {
+            self.sends.push(bucket);
+        }
+        fn poll_reply(&mut self) -> Option<Reply> {
+            self.replies.pop()
+        }
+        fn sleep_until(&mut self, _: Option<u64>) {}
+    }
+
+    #[test]
+    fn a_reply_that_answers_no_record_in_flight_changes_nothing() {
+        let mut up = match Uplink::new(7) {
+            Ok(up) => up,
+            Err(e) => panic!("the default config is valid: {e}"),
+        };
+        up.enqueue(1);
+        up.enqueue(1);
+        let mut board = HandBoard::default();
+        up.step(&mut board);
+        assert_eq!(board.sends, [1], "bucket 1's head record is in flight");
+        // Out of range (5 and 9 are 1 modulo BUCKETS), and bucket 3 with nothing sent.
+        board.replies.extend([
+            Reply::Written {
+                bucket: 5,
+                pressure: Signal::Full,
+            },
+            Reply::DiskWriteLocked { bucket: 9 },
+            Reply::DiskWriteLocked { bucket: 3 },
+            Reply::Written {
+                bucket: 3,
+                pressure: Signal::Full,
+            },
+        ]);
+        up.step(&mut board);
+        assert_eq!(
+            board.sends,
+            [1],
+            "bucket 1 is still in flight: nothing resent"
+        );
+        assert_eq!(up.backlog(), 2, "no record counted as written");
+        assert_eq!(up.attempts, [0; BUCKETS], "no rejection counted");
+        let now = Instant::from_millis(board.now);
+        for bucket in [1, 3, 5, 9] {
+            assert_eq!(
+                up.gate.check(now, &bucket),
+                GateState::Open,
+                "bucket {bucket}"
+            );
+        }
+        // The real reply is applied as before.
+        board.replies.push(Reply::Written {
+            bucket: 1,
+            pressure: Signal::Clear,
+        });
+        up.step(&mut board);
+        assert_eq!(up.backlog(), 1);
+        assert_eq!(board.sends, [1, 1], "the next record left");
     }
 }

@@ -23,11 +23,8 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    println!(
-        "loopback demo: scale {}, seed {}; servers on 127.0.0.1, one fresh server per run",
-        opts.scale, opts.seed
-    );
-    println!("command: {}\n", scenario::command_line(&opts));
+    // The command names the profile this binary was built with.
+    println!("{}", scenario::header(&opts, !cfg!(debug_assertions)));
     let mut rows = Vec::new();
     for sc in &opts.scenarios {
         let params = Params::new(*sc, opts.scale, opts.seed);

@@ -50,6 +50,16 @@ pub struct Unbound;
 /// (for `Send` bucket keys and hasher); clones share one gate, one wake signal and, when
 /// bound, one runtime and one random stream.
 ///
+/// # Whose generator
+///
+/// A bound handle's generator belongs to the handle that [`bind`](Self::bind) (or
+/// [`bind_with_rng`](Self::bind_with_rng), [`with_runtime`](GateHandle::with_runtime))
+/// returned, and to its clones: they are one client, and continue one stream. Binding another
+/// clone of the same gate makes another client over the same gate, with a generator of its own;
+/// neither bind touches the other's stream, so a handle bound with
+/// `bind_with_rng(rt, SplitMix64::new(seed))` replays its jitter whatever else binds the gate.
+/// Draws happen under the gate's lock.
+///
 /// # Two forms
 ///
 /// - **Bound to a runtime** (`R: Runtime`, built by [`with_runtime`](Self::with_runtime) or
@@ -83,7 +93,9 @@ pub struct Unbound;
 /// - Eviction: [`drive_timeouts`](Self::drive_timeouts) is the gate's timer loop
 ///   (`poll_timeout` → sleep → `handle_timeout`); spawn it once per gate. Reads treat expired
 ///   gates as open without it; it only frees memory.
-/// - Queries: [`check`](Self::check), [`remaining`](Self::remaining).
+/// - Queries: [`check`](Self::check), [`remaining`](Self::remaining),
+///   [`remaining_ms`](Self::remaining_ms), [`explain`](Self::explain): every gate query that
+///   takes `now`, in both forms.
 ///
 /// The hasher `S` defaults to std's [`RandomState`](std::hash::RandomState), which
 /// [`new`](GateHandle::new) and [`with_runtime`](GateHandle::with_runtime) use;
@@ -139,7 +151,12 @@ pub struct Unbound;
 /// assert_eq!(gate.check(&7), GateState::Open);
 /// ```
 pub struct GateHandle<K, S = std::hash::RandomState, R = Unbound> {
-    shared: Arc<Mutex<Shared<K, S>>>,
+    gate: Arc<Mutex<WriteGate<K, S>>>,
+    /// The generator a bound handle's drawing inputs use: this handle's and its clones', not
+    /// the gate's (another `bind` of the gate makes another). Locked only while the gate's lock
+    /// is held, so it is never contended and the lock order is always gate, then generator.
+    /// An unbound handle never draws from it (its inputs take the caller's); `bind` replaces it.
+    rng: Arc<Mutex<SplitMix64>>,
     /// Notified on every `GateAction::Wake`: sleepers re-check their bucket.
     signal: WakeSignal,
     /// Notified when an input moves `poll_timeout` earlier: the timeout driver re-arms.
@@ -148,17 +165,11 @@ pub struct GateHandle<K, S = std::hash::RandomState, R = Unbound> {
     rt: R,
 }
 
-/// What the lock protects: the gate, and the generator a bound handle's inputs draw from
-/// (an unbound handle's inputs draw from the caller's, and never touch it).
-struct Shared<K, S> {
-    gate: WriteGate<K, S>,
-    rng: SplitMix64,
-}
-
 impl<K, S, R: Clone> Clone for GateHandle<K, S, R> {
     fn clone(&self) -> Self {
         GateHandle {
-            shared: Arc::clone(&self.shared),
+            gate: Arc::clone(&self.gate),
+            rng: Arc::clone(&self.rng),
             signal: self.signal.clone(),
             timer: self.timer.clone(),
             rt: self.rt.clone(),
@@ -235,7 +246,7 @@ macro_rules! gate_methods {
         ///
         /// Only if the bucket's `Hash` or `Eq`, or the hasher, panics; the gate is unchanged.
         pub fn $name(&self, now: Instant, $($arg: $ty),*) $(-> $ret)? {
-            lock(&self.shared).gate.$name(now, $($arg),*)
+            lock(&self.gate).$name(now, $($arg),*)
         }
     };
 
@@ -284,7 +295,7 @@ macro_rules! gate_methods {
         /// gate is unchanged.
         pub fn $name(&self, $($arg: $ty),*) $(-> $ret)? {
             let now = self.rt.now();
-            lock(&self.shared).gate.$name(now, $($arg),*)
+            lock(&self.gate).$name(now, $($arg),*)
         }
     };
 }
@@ -320,32 +331,59 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S, Unbound> {
     /// An unbound handle over an existing gate.
     pub fn from_gate(gate: WriteGate<K, S>) -> Self {
         GateHandle {
-            shared: Arc::new(Mutex::new(Shared {
-                gate,
-                // Never drawn from while unbound; `bind` seeds it.
-                rng: SplitMix64::new(0),
-            })),
+            gate: Arc::new(Mutex::new(gate)),
+            // Never drawn from while unbound; `bind` replaces it with the bound handle's own.
+            rng: Arc::new(Mutex::new(SplitMix64::new(0))),
             signal: WakeSignal::new(),
             timer: WakeSignal::new(),
             rt: Unbound,
         }
     }
 
-    /// This handle bound to `rt`, drawing from
+    /// This handle bound to `rt`, drawing from a generator of its own,
     /// [`client_rng`]`(`[`next_client_id`](super::next_client_id)`())`: the same gate (other
     /// clones of it stay unbound and share it), with inputs that read `now` from `rt`. Every
     /// `now` the gate sees must then be on `rt`'s timeline, including those passed to
-    /// [`update`](Self::update).
+    /// [`update`](Self::update). The generator is the returned handle's and its clones' (see
+    /// "Whose generator" on [`GateHandle`]): binding another clone of the gate gives that one
+    /// another generator and leaves this one's stream alone.
     pub fn bind<R: Runtime>(self, rt: R) -> GateHandle<K, S, R> {
         self.bind_with_rng(rt, client_rng(next_client_id()))
     }
 
     /// [`bind`](Self::bind) with a generator the caller seeded, e.g. `client_rng(id)` for a
-    /// client id of its own, or a fixed seed in a replayable simulation.
+    /// client id of its own, or a fixed seed in a replayable simulation. The returned handle
+    /// and its clones draw from `rng` alone: a later bind of another clone of the same gate
+    /// does not reset or advance it, so the same seed replays the same jitter.
+    ///
+    /// ```
+    /// use throttle_sansio::rng::SplitMix64;
+    /// use throttle_sansio::sync::{GateHandle, ManualClock, Runtime};
+    /// use throttle_sansio::{Instant, WriteGateConfig};
+    /// # use core::future::Future;
+    /// # #[derive(Clone)]
+    /// # struct Manual(ManualClock);
+    /// # impl Runtime for Manual {
+    /// #     fn now(&self) -> Instant { self.0.now() }
+    /// #     fn sleep_until(&self, at: Instant) -> impl Future<Output = ()> + Send + 'static {
+    /// #         self.0.sleep_until(at)
+    /// #     }
+    /// #     fn spawn<F: Future<Output = ()> + Send + 'static>(&self, f: F) { drop(f) }
+    /// # }
+    ///
+    /// let rt = Manual(ManualClock::new());
+    /// let gate = GateHandle::new(WriteGateConfig::default()).unwrap();
+    /// let a = gate.clone().bind_with_rng(rt.clone(), SplitMix64::new(7));
+    /// let first = a.handle_disk_write_locked(&1u32, 0);
+    /// // Another client over the same gate, with the same seed: a stream of its own.
+    /// let b = gate.bind_with_rng(rt, SplitMix64::new(7));
+    /// assert_eq!(b.handle_disk_write_locked(&2, 0), first, "b starts its own stream");
+    /// let _second = a.handle_disk_write_locked(&3, 0); // a continues where it was
+    /// ```
     pub fn bind_with_rng<R: Runtime>(self, rt: R, rng: SplitMix64) -> GateHandle<K, S, R> {
-        lock(&self.shared).rng = rng;
         GateHandle {
-            shared: self.shared,
+            gate: self.gate,
+            rng: Arc::new(Mutex::new(rng)),
             signal: self.signal,
             timer: self.timer,
             rt,
@@ -420,7 +458,9 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R: Runtime> GateHandle<K, S, R> {
         &self,
         input: impl FnOnce(&mut WriteGate<K, S>, &mut SplitMix64) -> T,
     ) -> T {
-        self.drive_shared(|st| input(&mut st.gate, &mut st.rng))
+        // The generator's lock is taken only here, inside the gate's: never contended, and
+        // always in the order gate, then generator.
+        self.drive_gate(|gate| input(gate, &mut lock(&self.rng)))
     }
 }
 
@@ -446,6 +486,12 @@ gate_methods! {
     query fn check(bucket: &K) -> GateState;
     /// The time until the bucket opens (zero if open).
     query fn remaining(bucket: &K) -> Duration;
+    /// The time until the bucket opens in whole milliseconds, rounded up (a closed bucket never
+    /// reports 0).
+    query fn remaining_ms(bucket: &K) -> u64;
+    /// The dominant pending reason and its deadline, or `None` when no deadline is pending
+    /// (ignores the leader and probe state).
+    query fn explain(bucket: &K) -> Option<(Reason, Instant)>;
 }
 
 impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
@@ -468,16 +514,16 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
     /// [`drive_timeouts`](Self::drive_timeouts). What it did stays done (the handle rolls
     /// nothing back), and the handle serves every later call.
     pub fn update<T>(&self, input: impl FnOnce(&mut WriteGate<K, S>) -> T) -> T {
-        self.drive_shared(|st| input(&mut st.gate))
+        self.drive_gate(input)
     }
 
     /// The one drive step behind every input of both forms.
-    fn drive_shared<T>(&self, input: impl FnOnce(&mut Shared<K, S>) -> T) -> T {
+    fn drive_gate<T>(&self, input: impl FnOnce(&mut WriteGate<K, S>) -> T) -> T {
         let mut wake = NotifyOnDrop {
             signal: &self.signal,
             due: false,
         };
-        drive(&self.shared, &self.timer, input, |_, action| match action {
+        drive(&self.gate, &self.timer, input, |_, action| match action {
             GateAction::Wake { .. } => wake.due = true,
         })
         // `wake` notifies here, after `drive` dropped the lock, or while a panic in `input`
@@ -488,7 +534,7 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
     async fn wait_open_on<Rt: Runtime>(&self, rt: &Rt, bucket: &K) -> GateState {
         let mut state = GateState::Open;
         wait_until(rt, &self.signal, |now| {
-            state = lock(&self.shared).gate.check(now, bucket);
+            state = lock(&self.gate).check(now, bucket);
             match state {
                 GateState::Closed { until, .. } => Some(until),
                 _ => None,
@@ -500,7 +546,7 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
 
     /// The timer loop of both forms' `drive_timeouts`, on `rt`'s clock.
     async fn drive_timeouts_on<Rt: Runtime>(&self, rt: &Rt) {
-        drive_timeouts(rt, &self.shared, &self.timer, || {
+        drive_timeouts(rt, &self.gate, &self.timer, || {
             let now = rt.now();
             self.update(|g| g.handle_timeout(now));
         })
@@ -521,7 +567,7 @@ impl Drop for NotifyOnDrop<'_> {
     }
 }
 
-impl<K, S> Timed for Shared<K, S>
+impl<K, S> Timed for WriteGate<K, S>
 where
     K: Hash + Eq + Clone,
     S: BuildHasher,
@@ -529,11 +575,11 @@ where
     type Action = GateAction;
 
     fn poll_timeout(&self) -> Option<Instant> {
-        self.gate.poll_timeout()
+        WriteGate::poll_timeout(self)
     }
 
     fn poll_action(&mut self) -> Option<GateAction> {
-        self.gate.poll_action()
+        WriteGate::poll_action(self)
     }
 }
 
@@ -557,9 +603,9 @@ mod tests {
         let mut rt = TestRuntime::new();
         rt.spawner = Some(ex.spawner());
         let gate = Gate::with_hasher(WriteGateConfig::fluss_issue_3454(), TestHasher::default())
-            .expect("the default config is valid");
+            .expect("the preset is valid");
         let t0 = Instant::ZERO;
-        // Full pressure: the default curve's ceiling, 5000 ms.
+        // Full pressure: the ceiling of the issue-3454 curve this test pins, 5000 ms.
         assert_eq!(
             gate.handle_kv_signal(t0, &7, Signal::Full),
             Duration::from_millis(5000)
@@ -644,7 +690,7 @@ mod tests {
         let mut rt = TestRuntime::new();
         rt.spawner = Some(ex.spawner());
         let gate = Gate::with_hasher(WriteGateConfig::fluss_issue_3454(), TestHasher::default())
-            .expect("the default config is valid");
+            .expect("the preset is valid");
         {
             let (gate, rt2) = (gate.clone(), rt.clone());
             rt.spawn(async move { gate.drive_timeouts(&rt2).await });
@@ -800,6 +846,80 @@ mod bound_tests {
     }
 
     #[test]
+    fn bound_explain_and_remaining_ms_read_the_runtimes_clock() {
+        let rt = TestRuntime::new();
+        let gate = bound(&rt);
+        assert_eq!(gate.explain(&7), None, "nothing pending");
+        assert_eq!(gate.remaining_ms(&7), 0);
+        rt.clock.advance_to(Instant::from_millis(1_000));
+        gate.handle_kv_signal(&7, Signal::Full); // 5000 ms from the runtime's 1000 ms
+        assert_eq!(
+            gate.explain(&7),
+            Some((Reason::KV_BACKPRESSURE, Instant::from_millis(6_000)))
+        );
+        rt.clock.advance_to(Instant::from_millis(5_999));
+        assert_eq!(gate.remaining_ms(&7), 1);
+        // Rounded up: 0.4 ms left still reads 1 ms.
+        rt.clock.advance_to(Instant::from_nanos(5_999_600_000));
+        assert_eq!(gate.remaining_ms(&7), 1);
+        rt.clock.advance_to(Instant::from_millis(6_000));
+        assert_eq!(gate.remaining_ms(&7), 0, "open on the runtime's clock");
+        assert_eq!(gate.explain(&7), None, "the deadline has passed");
+        // The unbound form is the same query at the caller's `now`.
+        let raw: GateHandle<u32, TestHasher> =
+            GateHandle::with_hasher(cfg(), TestHasher::default()).expect("the preset is valid");
+        raw.handle_kv_signal(Instant::from_millis(1_000), &7, Signal::Full);
+        assert_eq!(raw.remaining_ms(Instant::from_millis(5_999), &7), 1);
+        assert_eq!(
+            raw.explain(Instant::from_millis(5_999), &7),
+            Some((Reason::KV_BACKPRESSURE, Instant::from_millis(6_000)))
+        );
+    }
+
+    /// The generator belongs to the bound handle (and its clones), not to the gate: binding
+    /// another clone of the same gate, even with the same seed, neither resets nor advances
+    /// the first handle's stream, so its jitter replays.
+    #[test]
+    fn binding_another_clone_leaves_the_first_handles_stream_alone() {
+        let rt = TestRuntime::new();
+        let seeded =
+            |g: GateHandle<u32, TestHasher>| g.bind_with_rng(rt.clone(), SplitMix64::new(9));
+        let fresh =
+            || GateHandle::with_hasher(cfg(), TestHasher::default()).expect("the preset is valid");
+        // The reference: one client alone on its gate, sixteen draws.
+        let reference = seeded(fresh());
+        let mut want = draws(&reference, 0);
+        want.extend(draws(&reference, 8));
+
+        let gate = fresh();
+        let first = seeded(gate.clone());
+        let mut got = draws(&first, 0);
+        // A second client binds the same gate with the same seed, and draws.
+        let second = seeded(gate.clone());
+        let theirs = draws(&second, 1_000);
+        assert_eq!(
+            theirs,
+            want[..8],
+            "the second client has a stream of its own"
+        );
+        // A third binds (own generator from `client_rng`) and draws too.
+        let third = gate.bind(rt.clone());
+        let _ = draws(&third, 2_000);
+        got.extend(draws(&first, 8));
+        assert_eq!(
+            got, want,
+            "another bind disturbed the first handle's stream"
+        );
+        // A clone of the first is the same client: it continues the same stream.
+        let clone = first.clone();
+        assert_eq!(
+            draws(&clone, 16),
+            draws(&reference, 16),
+            "a clone restarted the stream"
+        );
+    }
+
+    #[test]
     fn a_handle_bound_with_a_chosen_generator_replays_and_the_raw_form_takes_the_callers() {
         let rt = TestRuntime::new();
         let seeded = |seed| match GateHandle::with_hasher(cfg(), TestHasher::default()) {
@@ -841,7 +961,7 @@ mod loom_models {
             let rt = TestRuntime::new();
             let gate: GateHandle<u32, TestHasher> =
                 GateHandle::with_hasher(WriteGateConfig::fluss_issue_3454(), TestHasher::default())
-                    .expect("the default config is valid");
+                    .expect("the preset is valid");
             let _ = gate.handle_kv_signal(Instant::ZERO, &7, Signal::Full); // 5000 ms
 
             let gate2 = gate.clone();

@@ -221,23 +221,30 @@ pub(super) const INLINE_REASONS: usize = 4;
 
 /// Configuration of a [`WriteGate`](super::WriteGate).
 ///
-/// `Default` is one upstream configuration, the Fluss Java client with PR #4293 (whose
-/// `WriteThrottleController` this gate is) on top of the landed KV backpressure of PR #3463:
+/// `Default` takes each built-in reason's numbers from the Fluss client that has them. No
+/// single Fluss client has all three today, so it is a composition, part by part:
 ///
-/// - `DISK_WRITE_LOCKED`: [`BackoffConfig::fluss_disk_write_locked`], 1 s → 10 s, ×2, ±20 %
-///   (`client.writer.disk-write-locked.backoff` / `-backoff-max`);
-/// - `KV_BACKPRESSURE`: [`ThrottleCurve::default`], the landed `max_throttle · p²` with
-///   `client.writer.kv-backpressure.max-throttle` = 3000 ms, which pairs with the landed server,
-///   [`PressureConfig::default`](crate::backpressure::PressureConfig::default) (`Tf = 8`);
-/// - `RETRIABLE_WRITE`: [`BackoffConfig::fluss_retriable_write`], 100 ms → 1 s. Fluss has no
-///   option here (it re-sends at once); this is the Kafka producer's `retry.backoff.ms` /
-///   `retry.backoff.max.ms` that Fluss's writer descends from, so a retriable error is paced
-///   rather than resent in a loop;
-/// - no custom reasons and no probe mode (probe mode is not in PR #4293).
+/// - `DISK_WRITE_LOCKED`: [`BackoffConfig::fluss_disk_write_locked`], 1 s → 10 s, ×2, ±20 %:
+///   the Java client's `client.writer.disk-write-locked.backoff` / `-backoff-max` from Fluss
+///   PR #4293 (open; its `WriteThrottleController` is what this gate is). The Rust client has
+///   no such backoff.
+/// - `KV_BACKPRESSURE`: [`ThrottleCurve::default`], `max_throttle · p²` with
+///   `max_throttle` = 3000 ms: the KV backpressure Fluss PR #3463 landed (Java
+///   `client.writer.kv-backpressure.max-throttle`; the Rust client's
+///   `writer_kv_backpressure_max_throttle_ms`, same default), which pairs with the landed
+///   server, [`PressureConfig::default`](crate::backpressure::PressureConfig::default)
+///   (`Tf = 8`).
+/// - `RETRIABLE_WRITE`: [`BackoffConfig::fluss_retriable_write`], 100 ms → 1 s, ×2, ±20 %: the
+///   Rust client's `writer_retry_backoff_ms` / `writer_retry_max_backoff_ms` (defaults 100 and
+///   1000) from Fluss PR #4403 (merged 2026-09-17, closing issue #4402), whose numbers are the
+///   Kafka producer's `retry.backoff.ms` / `retry.backoff.max.ms`. The Java client has no
+///   such backoff (it re-enqueues a retriable failure at once).
+/// - no custom reasons and no probe mode (probe mode is not in PR #4293; it was a review
+///   suggestion there).
 ///
 /// The proposal of Fluss issue #3454 (cubic, 5000 ms) is the preset
-/// [`WriteGateConfig::fluss_issue_3454`]; `docs/write-gate.md` says why the default is the
-/// landed client.
+/// [`WriteGateConfig::fluss_issue_3454`]; `docs/write-gate.md` says why the default's curve is
+/// the landed one.
 ///
 /// ```
 /// use throttle_sansio::write_gate::{ReasonSpec, UpdateRule, WriteGateConfig};
@@ -258,7 +265,8 @@ pub struct WriteGateConfig {
 }
 
 impl Default for WriteGateConfig {
-    /// The Fluss Java client with PR #4293 over the landed PR #3463 (see the type's docs).
+    /// Per reason, the Fluss client that has it: PR #4293's disk backoff, PR #3463's landed KV
+    /// curve, PR #4403's retriable-write backoff (see the type's docs).
     fn default() -> Self {
         let reasons = Builtin::ALL.iter().map(|b| b.spec()).collect();
         WriteGateConfig {

@@ -272,6 +272,13 @@ impl Transport<u32, Attempt> for DemoTransport {
     }
 }
 
+/// Our client's gate in both tablet scenarios: the default backoffs with the landed KV curve,
+/// [`ThrottleCurve::fluss_landed`] (`max_throttle · p²`, 3000 ms), the client half of the
+/// pairing whose server half is [`TABLET_PRESSURE`](super::scenario::TABLET_PRESSURE).
+pub fn gate_config() -> WriteGateConfig {
+    WriteGateConfig::default().with_kv_curve(ThrottleCurve::fluss_landed())
+}
+
 type DataDriver = BatchDriver<TokioRuntime, DemoTransport, u32, Attempt>;
 
 /// Our client for writes or reads: a [`BatchDriver`] (per-shard batches, at most 4 in flight
@@ -295,8 +302,8 @@ pub async fn ours_data(
         return stats;
     };
     let rt = TokioRuntime::new();
-    let gate_cfg = WriteGateConfig::default().with_kv_curve(ThrottleCurve::fluss_landed());
-    let gate: GateHandle<u32> = GateHandle::new(gate_cfg).expect("the Fluss gate config is valid");
+    let gate: GateHandle<u32> =
+        GateHandle::new(gate_config()).expect("the Fluss gate config is valid");
     let transport = DemoTransport {
         conn,
         write,

@@ -251,6 +251,10 @@ fn timed(what: &str, naive: Duration, ours: Duration, show: fn(Duration) -> Stri
 /// The verdict on one scenario: what the server saw from the naive client and from ours
 /// (ratios first), then why ours finished later or sooner, and what its peak L0 means.
 /// `None` unless `naive` and `ours` are the two clients of one scenario.
+///
+/// Every clause after the ratios states a measurement of these two rows and is printed only
+/// when the rows show it (the tests in `tests/e2e_loopback.rs` check each condition); a
+/// clause about how the client works says so ("by design").
 pub fn verdict(naive: &Row, ours: &Row) -> Option<String> {
     if naive.client != Client::Naive || ours.client != Client::Ours {
         return None;
@@ -276,62 +280,34 @@ pub fn verdict(naive: &Row, ours: &Row) -> Option<String> {
 
     let (n_t, o_t) = (naive.elapsed, ours.elapsed);
     let later = o_t > n_t;
-    let diff = if later { o_t - n_t } else { n_t - o_t };
-    let when = format!(
-        "Ours finished {} {}",
-        secs(diff, 2),
-        if later { "later" } else { "sooner" }
-    );
+    let when = if n_t == o_t {
+        "Ours finished in the same time".to_string()
+    } else {
+        let diff = if later { o_t - n_t } else { n_t - o_t };
+        format!(
+            "Ours finished {} {}",
+            secs(diff, 2),
+            if later { "later" } else { "sooner" }
+        )
+    };
     let why = match (sc, later) {
-        (Scenario::Disk, true) => {
-            let at = |d: Option<Duration>| d.map_or_else(|| "never".into(), |d| secs(d, 2));
-            let first = |r: &Row| r.tablet.and_then(|t| t.first_accept);
-            let last = |r: &Row| r.tablet.and_then(|t| t.last_bucket_first_accept);
-            format!(
-                "{when} because it waits out the outage: the server is write-locked for its \
-                 first {} whatever the client does (hence the same overloaded time). The naive \
-                 client re-sends into the lock ({} refused RPCs against {}) and got its first \
-                 write through at {}, the moment the lock lifted; ours holds each bucket's \
-                 writes on that bucket's jittered disk backoff and sends again only when the \
-                 gate reopens, not knowing when the lock ends: its buckets got their first \
-                 write through between {} and {}.",
-                naive
-                    .tablet
-                    .map_or_else(|| "seconds".into(), |t| secs(t.disk_lock, 2)),
-                naive.refused,
-                ours.refused,
-                at(first(naive)),
-                at(first(ours)),
-                at(last(ours)),
-            )
-        }
-        (Scenario::L0, true) => format!(
-            "{when}: it slows down on the pressure the server piggybacks on each accepted \
-             write instead of re-sending every rejection ({} refused RPCs against {}); the \
-             landed curve is tuned for RocksDB compactions, slower than this model's steady \
-             drain.",
-            naive.refused, ours.refused
-        ),
-        (Scenario::Reads, false) => format!(
-            "{when}: the server's cost is per RPC, and ours carries {:.1} reads in each.",
-            ops_per_rpc(ours)
+        (Scenario::Disk, true) => disk_later(&when, naive, ours),
+        (Scenario::L0, true) => l0_later(&when, naive, ours),
+        (Scenario::Reads, false) if ops_per_rpc(ours) > ops_per_rpc(naive) => format!(
+            "{when}: the server's cost is per RPC, and ours carries {:.1} reads in each \
+             (naive: {:.1}).",
+            ops_per_rpc(ours),
+            ops_per_rpc(naive)
         ),
         _ => format!("{when}."),
     };
     out.push(' ');
     out += &why;
     if sc == Scenario::Failover
-        && let (Some(n2), Some(o1), Some(o2)) = (naive.twice, ours.once, ours.twice)
+        && let Some(note) = failover_note(naive, ours)
     {
-        let o_never = ours.ops.saturating_sub(o1 + o2);
-        let _ = write!(
-            out,
-            " The naive client re-sent writes whose response was lost: {n2} ran twice. Ours \
-             ran {o1} writes exactly once and {o2} twice ({o_never} never); it handed {} \
-             writes back to the user as errors (a lost response: outcome unknown) instead of \
-             guessing.",
-            ours.failed + ours.abandoned
-        );
+        out.push(' ');
+        out += &note;
     }
     if let Some(peak) = peak_note(naive, ours) {
         out.push(' ');
@@ -340,8 +316,125 @@ pub fn verdict(naive: &Row, ours: &Row) -> Option<String> {
     Some(out)
 }
 
+/// Why ours finished the disk scenario later, from the tablet server's records: only the
+/// clauses the two rows bear out.
+fn disk_later(when: &str, naive: &Row, ours: &Row) -> String {
+    let (Some(n), Some(o)) = (naive.tablet, ours.tablet) else {
+        return format!("{when}.");
+    };
+    let lock = o.disk_lock;
+    // Ours got nothing through before the lock lifted: it waited the outage out.
+    let waited = n.disk_lock == lock && o.first_accept.is_some_and(|d| d >= lock);
+    if !waited {
+        return format!("{when}.");
+    }
+    let mut out = format!(
+        "{when} because it waits out the outage: the server is write-locked for its first {} \
+         whatever the client does",
+        secs(lock, 2)
+    );
+    if n.overloaded == lock && o.overloaded == lock {
+        out += " (hence the same overloaded time)";
+    }
+    out.push('.');
+    let at = |d: Duration| secs(d, 2);
+    if naive.refused > ours.refused {
+        let _ = write!(
+            out,
+            " The naive client re-sends into the lock ({} refused RPCs against {})",
+            naive.refused, ours.refused
+        );
+        match n.first_accept {
+            Some(first) if first >= lock => {
+                let _ = write!(
+                    out,
+                    " and got its first write through at {}, {} after the lock lifted.",
+                    at(first),
+                    millis(first - lock)
+                );
+            }
+            _ => out.push('.'),
+        }
+    }
+    let _ = write!(
+        out,
+        " Ours (by design) holds each bucket's writes on that bucket's jittered disk backoff and \
+         sends again only when the gate reopens, not knowing when the lock ends"
+    );
+    match (o.first_accept, o.last_bucket_first_accept) {
+        (Some(first), Some(last)) => {
+            let _ = write!(
+                out,
+                ": its buckets got their first write through between {} and {}.",
+                at(first),
+                at(last)
+            );
+        }
+        _ => out.push('.'),
+    }
+    out
+}
+
+/// Why ours finished the l0 scenario later: the pressure it slowed down on, if the server
+/// reported any, and the rejections it did not re-send, if it had fewer.
+fn l0_later(when: &str, naive: &Row, ours: &Row) -> String {
+    let mut reasons = Vec::new();
+    if let Some(o) = ours.tablet
+        && o.peak_l0 >= u64::from(o.pressure_from)
+    {
+        reasons.push(format!(
+            "it slowed down on the pressure the server piggybacks on accepted writes from L0 \
+             {} on (ours reached {})",
+            o.pressure_from, o.peak_l0
+        ));
+    }
+    if naive.refused > ours.refused {
+        reasons.push(format!(
+            "it did not re-send every rejection ({} refused RPCs against {})",
+            naive.refused, ours.refused
+        ));
+    }
+    if reasons.is_empty() {
+        format!("{when}.")
+    } else {
+        format!("{when}: {}.", reasons.join("; "))
+    }
+}
+
+/// What the coordinators counted of the writes each client got executed twice, and what
+/// ours handed back to the user; `None` without execution counts.
+fn failover_note(naive: &Row, ours: &Row) -> Option<String> {
+    let (n2, o1, o2) = (naive.twice?, ours.once?, ours.twice?);
+    let mut out = String::new();
+    if n2 > 0 {
+        let _ = write!(
+            out,
+            "The naive client re-sent writes that had already run: {n2} ran twice. "
+        );
+    }
+    let o_never = ours.ops.saturating_sub(o1 + o2);
+    let _ = write!(
+        out,
+        "Ours ran {o1} writes exactly once and {o2} twice ({o_never} never)"
+    );
+    if ours.failed > 0 {
+        let _ = write!(
+            out,
+            "; it handed {} writes back to the user as errors (by design: a write whose \
+             response was lost may have run, so it is not re-sent)",
+            ours.failed
+        );
+    }
+    if ours.abandoned > 0 {
+        let _ = write!(out, "; {} were unfinished at the deadline", ours.abandoned);
+    }
+    out.push('.');
+    Some(out)
+}
+
 /// What ours' peak L0 says, for a tablet scenario (`None` otherwise): the two peaks, and when
 /// ours' is above naive's or reaches the slowdown trigger, why, from the server's records.
+/// Each clause is printed only when the records show it.
 pub fn peak_note(naive: &Row, ours: &Row) -> Option<String> {
     let (n, o) = (naive.tablet?, ours.tablet?);
     let (np, op, trigger) = (n.peak_l0, o.peak_l0, u64::from(o.slowdown_trigger));
@@ -351,10 +444,7 @@ pub fn peak_note(naive: &Row, ours: &Row) -> Option<String> {
         let _ = write!(
             out,
             " Ours reached {op}{}: the server admitted an RPC of {} writes ({} bytes) at L0 \
-             {}, below the trigger, and its bytes flushed {} L0 file(s) at once (memtable: {} \
-             bytes). Admission is per RPC, so a batch bigger than a memtable can step over the \
-             trigger, which a one-write RPC cannot; {} of ours' accepted RPCs flushed two or \
-             more files.",
+             {}{}, and its bytes flushed {} L0 file(s) at once (memtable: {} bytes).",
             if op > trigger {
                 ", above the trigger"
             } else {
@@ -363,26 +453,50 @@ pub fn peak_note(naive: &Row, ours: &Row) -> Option<String> {
             rpc.ops,
             rpc.bytes,
             rpc.l0_before,
+            if rpc.l0_before < trigger {
+                ", below the trigger"
+            } else {
+                ""
+            },
             rpc.files_added,
             o.flush_bytes,
+        );
+        if rpc.files_added >= 2
+            && rpc.l0_before < trigger
+            && rpc.l0_before + rpc.files_added > trigger
+        {
+            out += " Admission is per RPC, so an RPC that flushes several files at once steps \
+                    over the trigger, which an RPC flushing one file cannot.";
+        }
+        let _ = write!(
+            out,
+            " {} of ours' accepted RPCs flushed two or more files.",
             o.multi_file_rpcs
         );
     } else if op > np {
-        let _ = write!(
-            out,
-            " Ours peaked higher, below the trigger: it delivered its writes in {} against \
-             naive's {}, faster than compaction drained them{}.",
-            secs(ours.elapsed, 2),
-            secs(naive.elapsed, 2),
-            if op < u64::from(o.pressure_from) {
-                format!(
-                    ", and the server reports no pressure below L0 {}, so nothing slowed it",
-                    o.pressure_from
-                )
-            } else {
-                String::new()
-            }
-        );
+        out += " Ours peaked higher, below the trigger";
+        if ours.elapsed < naive.elapsed {
+            let _ = write!(
+                out,
+                ": it delivered its writes in {} against naive's {}, faster than compaction \
+                 drained them",
+                secs(ours.elapsed, 2),
+                secs(naive.elapsed, 2),
+            );
+        }
+        if op < u64::from(o.pressure_from) {
+            let _ = write!(
+                out,
+                "{} the server reports no pressure below L0 {}, so no pressure signal slowed it",
+                if ours.elapsed < naive.elapsed {
+                    ", and"
+                } else {
+                    ";"
+                },
+                o.pressure_from
+            );
+        }
+        out.push('.');
     }
     Some(out)
 }

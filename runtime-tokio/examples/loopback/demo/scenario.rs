@@ -192,6 +192,12 @@ fn feed(p: &Params) -> mpsc::UnboundedReceiver<Op> {
     rx
 }
 
+/// The tablet server's pressure in both tablet scenarios (disk and l0): Fluss's server as
+/// landed by PR #3463 (`Tf = 8`, `Tr = 20`). It pairs with our client's gate,
+/// [`clients::gate_config`] (the landed `max_throttle · p²` curve, 3000 ms): one upstream
+/// pairing, client and server.
+pub const TABLET_PRESSURE: PressureConfig = PressureConfig::fluss_landed();
+
 /// Runs one scenario with one client against fresh servers on 127.0.0.1.
 pub async fn run(p: &Params, client: Client) -> std::io::Result<Row> {
     let start = StdInstant::now();
@@ -199,11 +205,7 @@ pub async fn run(p: &Params, client: Client) -> std::io::Result<Row> {
     let mut tablet_report = None;
     let (stats, counters): (ClientStats, Arc<Counters>) = match p.scenario {
         Scenario::Disk | Scenario::L0 => {
-            let pressure = if p.scenario == Scenario::L0 {
-                PressureConfig::fluss_landed()
-            } else {
-                PressureConfig::fluss_issue_3454()
-            };
+            let pressure = TABLET_PRESSURE;
             let tablet = Tablet::new(
                 TabletConfig {
                     protect: p.protect,
@@ -314,17 +316,32 @@ Runs each scenario against fresh servers on 127.0.0.1, once with a naive client 
 ours, then prints a Markdown table of what the servers counted, its legend, and one verdict
 line per scenario (naive -> ours). See docs/demo.md.";
 
-/// The command that reproduces a run with `opts` (every option spelled out).
-pub fn command_line(opts: &Options) -> String {
+/// The command that reproduces a run with `opts` (every option spelled out), with `--release`
+/// if `release` (the binary's own profile: `main` passes `!cfg!(debug_assertions)`).
+pub fn command_line(opts: &Options, release: bool) -> String {
     let scenario = if opts.scenarios == Scenario::ALL {
         "all"
     } else {
         opts.scenarios.first().map_or("all", |s| s.name())
     };
     format!(
-        "cargo run --release -p throttle-tokio --example loopback -- --scenario {scenario} \
+        "cargo run{} -p throttle-tokio --example loopback -- --scenario {scenario} \
          --scale {} --seed {}",
-        opts.scale, opts.seed
+        if release { " --release" } else { "" },
+        opts.scale,
+        opts.seed
+    )
+}
+
+/// The first lines of the output, as two Markdown paragraphs (each followed by a blank
+/// line): the run's settings, then the [`command_line`] that reproduces it.
+pub fn header(opts: &Options, release: bool) -> String {
+    format!(
+        "loopback demo: scale {}, seed {}; servers on 127.0.0.1, one fresh server per run\n\n\
+         command: {}\n",
+        opts.scale,
+        opts.seed,
+        command_line(opts, release)
     )
 }
 
