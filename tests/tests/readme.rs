@@ -1,15 +1,16 @@
-//! The README's producer snippet is the producer example's code, line for line, so the README
-//! cannot drift from what CI runs.
+//! The README's example snippets are the examples' code, line for line and in order, so the
+//! README cannot drift from what CI runs.
 
 const README: &str = include_str!("../../README.md");
 const PRODUCER: &str = include_str!("../../runtime-tokio/examples/producer.rs");
+const READER: &str = include_str!("../../runtime-tokio/examples/reader.rs");
 
-/// The first `rust,ignore` code block after the producer heading.
-fn snippet() -> Vec<&'static str> {
+/// The first `rust,ignore` code block after `heading`.
+fn snippet(heading: &str) -> Vec<&'static str> {
     let section = README
-        .split("## Example: a producer on tokio")
+        .split(heading)
         .nth(1)
-        .expect("the README has the producer section");
+        .unwrap_or_else(|| panic!("the README has the section {heading:?}"));
     let code = section
         .split("```rust,ignore\n")
         .nth(1)
@@ -18,22 +19,38 @@ fn snippet() -> Vec<&'static str> {
     code.lines().collect()
 }
 
-#[test]
-fn the_readme_producer_is_the_examples_main_in_order() {
-    let lines = snippet();
+/// Every non-blank line of the snippet (trailing `//` notes of the README removed) is a line
+/// of the example, in the same order.
+fn assert_excerpt(heading: &str, example: &str) {
+    let lines = snippet(heading);
     assert!(
-        lines.len() >= 10,
+        lines.len() >= 8,
         "the snippet shrank to {} lines",
         lines.len()
     );
-    let example: Vec<&str> = PRODUCER.lines().map(str::trim).collect();
+    let example: Vec<&str> = example.lines().map(str::trim).collect();
     let mut at = 0;
-    for line in lines {
-        let line = line.trim();
-        let found = example[at..].iter().position(|l| *l == line);
+    for line in lines.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
+        let found = example[at..].iter().position(|l| {
+            *l == line
+                || line
+                    .split(" // ")
+                    .next()
+                    .is_some_and(|code| *l == code.trim_end())
+        });
         let Some(offset) = found else {
-            panic!("README line not in producer.rs (in order): {line:?}");
+            panic!("README line not in the example (in order): {line:?}");
         };
         at += offset + 1;
     }
+}
+
+#[test]
+fn the_readme_producer_is_the_producer_examples_code_in_order() {
+    assert_excerpt("## Example: a producer on tokio", PRODUCER);
+}
+
+#[test]
+fn the_readme_reader_is_the_reader_examples_code_in_order() {
+    assert_excerpt("## Example: a sharded reader", READER);
 }
