@@ -544,3 +544,80 @@ async fn admin_write(
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::server::{Tablet, TabletConfig};
+    use super::*;
+    use throttle_tokio::PressureConfig;
+
+    fn writes(first_id: u64, n: u64) -> Vec<u8> {
+        let w: Vec<(u64, u32)> = (first_id..first_id + n).map(|id| (id, 1_000)).collect();
+        Request::write(0, &w).payload().to_vec()
+    }
+
+    /// The tablet server's own answers, sorted by [`DemoClassifier`]: the disk lock, the
+    /// pressure it piggybacks as L0 grows (read from the payload, not dropped), the L0
+    /// refusal; and the answers a tablet server does not give.
+    #[test]
+    fn the_tablet_servers_answers_classify_into_the_paced_writers_inputs() {
+        let tablet = |protect| {
+            Tablet::new(
+                TabletConfig {
+                    protect,
+                    flush_bytes: 64 << 10,
+                    compact_every: Duration::from_secs(3_600),
+                    pressure: PressureConfig::fluss_landed(),
+                },
+                10_000,
+            )
+        };
+        let c = DemoClassifier;
+        let locked = tablet(Duration::from_secs(3_600));
+        assert_eq!(
+            c.classify(&Ok(locked.serve_write(&writes(0, 1)))),
+            WriteOutcome::DiskWriteLocked
+        );
+        // Each round is one memtable or more: one L0 file, no compaction.
+        let t = tablet(Duration::ZERO);
+        let (mut pressures, mut refused) = (Vec::new(), false);
+        for round in 0..40 {
+            let answer = t.serve_write(&writes(round * 70, 70));
+            let ppm = answer
+                .1
+                .get(..4)
+                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+            match c.classify(&Ok(answer)) {
+                WriteOutcome::Ok { pressure } => {
+                    assert_eq!(pressure, Signal::from_ppm(ppm.expect("OK carries the ppm")));
+                    pressures.push(pressure);
+                }
+                WriteOutcome::StorageBackpressure => {
+                    refused = true;
+                    break;
+                }
+                other => panic!("round {round}: {other:?}"),
+            }
+        }
+        assert!(refused, "L0 reached the trigger: refused");
+        assert!(
+            pressures.iter().any(|p| *p != Signal::Clear),
+            "the piggybacked pressure reaches the writer: {pressures:?}"
+        );
+        assert_eq!(c.classify(&Err(Disconnected)), WriteOutcome::Retriable);
+        assert_eq!(
+            c.classify(&Ok((Status::NotLeader, Vec::new()))),
+            WriteOutcome::Retriable
+        );
+        assert_eq!(
+            c.classify(&Ok((Status::BadRequest, Vec::new()))),
+            WriteOutcome::Fatal
+        );
+        assert_eq!(
+            c.classify(&Ok((Status::Ok, Vec::new()))),
+            WriteOutcome::Ok {
+                pressure: Signal::Clear
+            }
+        );
+    }
+}
