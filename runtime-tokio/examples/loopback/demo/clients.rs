@@ -182,7 +182,8 @@ const COORDINATOR_UID: u32 = 0;
 const OURS_MAX_RETRIES: u32 = 1_000;
 
 /// Our writer's batches stop before this many bytes (a write counts its value and its 12-byte
-/// header on the wire), the byte bound the demo's write batches always had.
+/// header on the wire): the byte bound of the write batcher the demo used before, without its
+/// 1000-operation cap (the paced writer bounds bytes only).
 const OURS_BATCH_BYTES: u64 = 128 * 1024;
 
 /// The one tablet server: every bucket's leader.
