@@ -437,6 +437,14 @@ where
         .await;
     }
 
+    /// Replaces the jitter generator (seeded per client at construction) with one seeded
+    /// from `seed`, as [`FailoverExecutor::reseed`](super::FailoverExecutor::reseed) does:
+    /// two drivers given the same seed and the same answers at the same instants draw the
+    /// same backoff delays.
+    pub fn reseed(&self, seed: u64) {
+        lock(&self.shared.state).rng = SplitMix64::new(seed);
+    }
+
     /// Whether [`close`](Self::close) was called.
     pub fn is_closed(&self) -> bool {
         lock(&self.shared.state).writer.is_closed()

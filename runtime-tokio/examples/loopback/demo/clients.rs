@@ -3,27 +3,29 @@
 //! - naive: re-sends a rejected request at once, has no gate, dispatches every request as its
 //!   own RPC with no bound on how many are in flight, keeps one connection per server uid at
 //!   the address it first learned, and never refreshes metadata.
-//! - ours: the core's drivers from `throttle_tokio::sync` on [`TokioRuntime`]: a
-//!   [`BatchDriver`] over the demo protocol ([`DemoTransport`]), a [`GateHandle`] whose
-//!   `wait_until_open` paces each write, and for admin writes a [`FailoverExecutor`] over a
-//!   [`ConnPool`] keyed by (uid, host, port) whose connections come from [`TcpConnector`].
+//! - ours: the core's drivers from `throttle_tokio::sync` on [`TokioRuntime`]: for writes a
+//!   [`WriteDriver`] (the core paced writer owns the send loop; the demo protocol's answers go
+//!   through [`DemoClassifier`]), for reads a [`BatchDriver`] over [`ReadTransport`], and for
+//!   admin writes a [`FailoverExecutor`] over a [`ConnPool`] keyed by (uid, host, port) whose
+//!   connections come from [`TcpConnector`].
 
-use super::conn::{Conn, Disconnected};
+use super::conn::{Answer, Conn, Disconnected};
 use super::proto::{Request, Status};
 use super::server::lock;
+use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant as StdInstant};
 use throttle_tokio::failover::{AdminWriteGateway, ErrorKind, Unlimited};
-use throttle_tokio::rng::SplitMix64;
+use throttle_tokio::paced_writer::{PacedWriterConfig, WriteOutcome};
 use throttle_tokio::sync::{
-    BatchDriver, BatchOutcome, CallError, ConnPool, Connector, FailoverExecutor, GateHandle,
-    OpError, Transport,
+    BatchDriver, BatchOutcome, CallError, ConnPool, Connector, FailoverExecutor, SendBatch,
+    Transport, WriteClassifier, WriteDriver,
 };
 use throttle_tokio::{
-    BatcherConfig, CallConfig, ConnKey, GateState, Signal, TcpConnector, ThrottleCurve,
-    TokioRuntime, WindowConfig, WriteGateConfig,
+    BatcherConfig, CallConfig, ConnKey, Signal, TcpConnector, ThrottleCurve, TokioRuntime,
+    WindowConfig, WriteGateConfig,
 };
 use tokio::sync::mpsc;
 
@@ -175,98 +177,148 @@ pub const ADMIN_TIMEOUT: Duration = Duration::from_millis(250);
 /// The coordinators' server uid (both share it, as in Fluss: `cs-0`).
 const COORDINATOR_UID: u32 = 0;
 
-/// Upper bound on how often our client submits one operation (each submission follows a
-/// rejection and a wait for the bucket's gate).
-const OURS_MAX_ATTEMPTS: u32 = 1_000;
+/// Our writer gives a batch up after this many retries (each one follows a rejection and the
+/// wait its bucket's gate decides); the run's deadline comes first in every scenario.
+const OURS_MAX_RETRIES: u32 = 1_000;
 
-/// One operation as our data client submits it: with the number of times a batch holding it
-/// was refused with `DISK_WRITE_LOCKED`, which drives the disk backoff's growth.
+/// Our writer's batches stop before this many bytes (a write counts its value and its 12-byte
+/// header on the wire): the byte bound of the write batcher the demo used before, without its
+/// 1000-operation cap (the paced writer bounds bytes only).
+const OURS_BATCH_BYTES: u64 = 128 * 1024;
+
+/// The one tablet server: every bucket's leader.
+const TABLET: u32 = 0;
+
+/// The demo protocol's answer to one WRITE RPC, as [`WriteDriver`] hands it to
+/// [`DemoClassifier`].
+type WriteAnswer = Result<Answer, Disconnected>;
+
+/// The demo protocol's [`WriteClassifier`]: OK carries the piggybacked KV pressure (ppm in
+/// the payload's first 4 bytes), the two refusals before executing are the disk and L0
+/// signals, a malformed request is fatal, and anything else (a broken connection, a status
+/// a tablet server never sends) is retriable.
 #[derive(Clone, Copy, Debug)]
-pub struct Attempt {
-    pub op: Op,
-    pub disk_rejections: u32,
+pub struct DemoClassifier;
+
+impl WriteClassifier<WriteAnswer> for DemoClassifier {
+    fn classify(&self, answer: &WriteAnswer) -> WriteOutcome {
+        classify_write(answer)
+    }
 }
 
-/// Why a batch sent through [`DemoTransport`] has no results.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refused {
-    /// The bucket's gate closed while the batch waited for credit; sent nothing (upstream's
-    /// `shouldSkipBucket` at drain).
-    Skipped,
-    /// `DISK_WRITE_LOCKED`: refused before executing.
-    DiskWriteLocked,
-    /// L0 at the slowdown trigger: refused before executing.
-    Backpressure,
-    /// Disconnected or refused for another reason.
-    Failed,
+fn classify_write(answer: &WriteAnswer) -> WriteOutcome {
+    match answer {
+        Ok((Status::Ok, payload)) => {
+            let ppm = payload
+                .get(..4)
+                .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+            WriteOutcome::Ok {
+                pressure: Signal::from_ppm(ppm),
+            }
+        }
+        Ok((Status::DiskWriteLocked, _)) => WriteOutcome::DiskWriteLocked,
+        Ok((Status::StorageBackpressure, _)) => WriteOutcome::StorageBackpressure,
+        Ok((Status::BadRequest, _)) => WriteOutcome::Fatal,
+        Ok((Status::NotLeader, _)) | Err(Disconnected) => WriteOutcome::Retriable,
+    }
 }
 
-/// The demo protocol as the [`BatchDriver`]'s [`Transport`]: one WRITE or READ RPC per batch on
-/// one pipelined connection. For writes it also feeds the batch's outcome to the shared
-/// [`GateHandle`] (success and piggybacked pressure, disk backoff, storage backpressure,
-/// retriable backoff), and skips a batch whose bucket's gate closed while it was parked.
-#[derive(Clone, Debug)]
-pub struct DemoTransport {
+/// The send closure's body: one WRITE RPC per batch (the protocol carries one bucket per
+/// request), all on the pipelined connection at once; one answer per batch, in order.
+async fn send_writes(conn: Conn, batches: Vec<SendBatch<u32, Op>>) -> Vec<WriteAnswer> {
+    let calls: Vec<_> = batches
+        .into_iter()
+        .map(|b| {
+            let (conn, req) = (conn.clone(), request(true, b.bucket, &b.records));
+            tokio::spawn(async move { conn.call(req).await })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(calls.len());
+    for call in calls {
+        answers.push(call.await.unwrap_or(Err(Disconnected)));
+    }
+    answers
+}
+
+/// Our client for writes: a [`WriteDriver`] on [`TokioRuntime`], the core paced writer with
+/// the Fluss gate (disk-write-locked backoff, the landed KV pressure curve). The writer
+/// decides everything: per-bucket batches (records appended while a bucket waits join its
+/// next batch), one batch in flight per bucket, which buckets the gate lets send, retries up
+/// to [`OURS_MAX_RETRIES`], probes, and when to wake. The demo only appends each operation
+/// as it arrives and maps the protocol's answers through [`DemoClassifier`].
+async fn ours_writes(
     conn: Conn,
-    write: bool,
-    rt: TokioRuntime,
-    gate: GateHandle<u32>,
-    rng: Arc<Mutex<SplitMix64>>,
+    mut ops: mpsc::UnboundedReceiver<Op>,
+    deadline: StdInstant,
+    seed: u64,
+) -> ClientStats {
+    let gate = gate_config();
+    let cfg = PacedWriterConfig::default()
+        .with_gate(gate)
+        .with_batch_bytes(OURS_BATCH_BYTES)
+        .with_max_retries(OURS_MAX_RETRIES);
+    let send = move |_tablet: u32, batches| send_writes(conn.clone(), batches);
+    let Ok(driver) = WriteDriver::new(TokioRuntime::new(), cfg, send, DemoClassifier) else {
+        return ClientStats::default();
+    };
+    driver.reseed(seed);
+    let stats = Arc::new(Mutex::new(ClientStats::default()));
+    let deadline = tokio::time::Instant::from_std(deadline);
+    let mut known = HashSet::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    while let Some(op) = ops.recv().await {
+        // The metadata: the one tablet server leads every bucket.
+        if known.insert(op.shard) {
+            driver.set_leader(op.shard, Some(TABLET));
+        }
+        let written = driver.append(op.shard, op, u64::from(op.len) + 12);
+        let stats = stats.clone();
+        tasks.spawn(async move {
+            let result = tokio::time::timeout_at(deadline, written).await;
+            let mut s = lock(&stats);
+            match result {
+                Ok(Ok(())) => s.latencies.push(op.submitted.elapsed()),
+                Ok(Err(_)) => s.failed += 1,
+                Err(_) => s.abandoned += 1,
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    driver.close();
+    // Batches still in flight at the deadline end on their answers (or the server's stop).
+    let _ = tokio::time::timeout(Duration::from_secs(1), driver.closed()).await;
+    std::mem::take(&mut *lock(&stats))
 }
 
-impl Transport<u32, Attempt> for DemoTransport {
-    type Output = ();
-    type Error = Refused;
+/// The demo protocol's READ RPC as the [`BatchDriver`]'s [`Transport`]: one RPC per batch on
+/// one pipelined connection; any answer but OK fails the batch.
+#[derive(Clone, Debug)]
+pub struct ReadTransport {
+    conn: Conn,
+}
 
-    fn op_bytes(&self, op: &Attempt) -> u64 {
-        u64::from(op.op.len) + 12
+/// A read batch that got no OK: refused, or the connection broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadFailed;
+
+impl Transport<u32, Op> for ReadTransport {
+    type Output = ();
+    type Error = ReadFailed;
+
+    fn op_bytes(&self, _op: &Op) -> u64 {
+        8
     }
 
     fn send(
         &self,
         shard: &u32,
-        ops: Vec<Attempt>,
-    ) -> impl Future<Output = BatchOutcome<(), Refused>> + Send + 'static {
-        let (shard, this) = (*shard, self.clone());
+        ops: Vec<Op>,
+    ) -> impl Future<Output = BatchOutcome<(), ReadFailed>> + Send + 'static {
+        let (conn, req) = (self.conn.clone(), request(false, *shard, &ops));
         async move {
-            let DemoTransport {
-                conn,
-                write,
-                rt,
-                gate,
-                rng,
-            } = this;
-            if write && matches!(gate.check(rt.now(), &shard), GateState::Closed { .. }) {
-                return Err(Refused::Skipped);
-            }
-            let plain: Vec<Op> = ops.iter().map(|a| a.op).collect();
-            let res = conn.call(request(write, shard, &plain)).await;
-            let now = rt.now();
-            match res {
-                Ok((Status::Ok, payload)) => {
-                    if write {
-                        let ppm = payload
-                            .get(..4)
-                            .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-                        gate.handle_success(now, &shard);
-                        gate.handle_kv_signal(now, &shard, Signal::from_ppm(ppm));
-                    }
-                    Ok(vec![Ok(()); ops.len()])
-                }
-                Ok((Status::DiskWriteLocked, _)) => {
-                    // The batch's attempt count before this retry (first rejection: 0).
-                    let attempts = ops.iter().map(|a| a.disk_rejections).max().unwrap_or(0);
-                    gate.handle_disk_write_locked(now, &shard, attempts, &mut *lock(&rng));
-                    Err(Refused::DiskWriteLocked)
-                }
-                Ok((Status::StorageBackpressure, _)) => {
-                    gate.handle_kv_signal(now, &shard, Signal::Full);
-                    Err(Refused::Backpressure)
-                }
-                _ => {
-                    gate.handle_retriable_write(now, &shard, 0, &mut *lock(&rng));
-                    Err(Refused::Failed)
-                }
+            match conn.call(req).await {
+                Ok((Status::Ok, _)) => Ok(vec![Ok(()); ops.len()]),
+                _ => Err(ReadFailed),
             }
         }
     }
@@ -279,13 +331,42 @@ pub fn gate_config() -> WriteGateConfig {
     WriteGateConfig::default().with_kv_curve(ThrottleCurve::fluss_landed())
 }
 
-type DataDriver = BatchDriver<TokioRuntime, DemoTransport, u32, Attempt>;
+/// Our client for reads: a [`BatchDriver`] (per-shard batches, at most 4 in flight per shard,
+/// batches grow while the window is exhausted) over [`ReadTransport`]. Each read is submitted
+/// as it arrives; a failed batch fails its reads (the shard server never refuses one).
+async fn ours_reads(
+    conn: Conn,
+    mut ops: mpsc::UnboundedReceiver<Op>,
+    deadline: StdInstant,
+) -> ClientStats {
+    let cfg = BatcherConfig::reads().with_window(WindowConfig::default());
+    let Ok(driver) = BatchDriver::new(TokioRuntime::new(), ReadTransport { conn }, cfg) else {
+        return ClientStats::default();
+    };
+    let stats = Arc::new(Mutex::new(ClientStats::default()));
+    let deadline = tokio::time::Instant::from_std(deadline);
+    let mut tasks = tokio::task::JoinSet::new();
+    while let Some(op) = ops.recv().await {
+        // Submitted here, not in the task: the driver sees every read already queued before
+        // it flushes, so batches fill up.
+        let read = driver.submit(op.shard, op);
+        let stats = stats.clone();
+        tasks.spawn(async move {
+            let result = tokio::time::timeout_at(deadline, read).await;
+            let mut s = lock(&stats);
+            match result {
+                Ok(Ok(())) => s.latencies.push(op.submitted.elapsed()),
+                Ok(Err(_)) => s.failed += 1,
+                Err(_) => s.abandoned += 1,
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    driver.close();
+    std::mem::take(&mut *lock(&stats))
+}
 
-/// Our client for writes or reads: a [`BatchDriver`] (per-shard batches, at most 4 in flight
-/// per shard, batches grow while the window is exhausted) over [`DemoTransport`], and a
-/// [`GateHandle`] (disk-write-locked backoff, KV pressure throttle). Each operation is one
-/// task: it waits with `wait_until_open` for its bucket, submits, and on a refused batch waits
-/// for the gate again and resubmits.
+/// Our client for writes ([`WriteDriver`]) or reads ([`BatchDriver`]) on one connection.
 pub async fn ours_data(
     addr: SocketAddr,
     write: bool,
@@ -293,7 +374,6 @@ pub async fn ours_data(
     deadline: StdInstant,
     seed: u64,
 ) -> ClientStats {
-    let stats = Arc::new(Mutex::new(ClientStats::default()));
     let Ok(conn) = Conn::connect(addr).await else {
         let mut stats = ClientStats::default();
         while ops.recv().await.is_some() {
@@ -301,100 +381,11 @@ pub async fn ours_data(
         }
         return stats;
     };
-    let rt = TokioRuntime::new();
-    let gate: GateHandle<u32> =
-        GateHandle::new(gate_config()).expect("the Fluss gate config is valid");
-    let transport = DemoTransport {
-        conn,
-        write,
-        rt: rt.clone(),
-        gate: gate.clone(),
-        rng: Arc::new(Mutex::new(SplitMix64::new(seed))),
-    };
-    let cfg = if write {
-        BatcherConfig::writes()
+    if write {
+        ours_writes(conn, ops, deadline, seed).await
     } else {
-        BatcherConfig::reads()
+        ours_reads(conn, ops, deadline).await
     }
-    .with_window(WindowConfig::default());
-    let Ok(driver) = DataDriver::new(rt.clone(), transport, cfg) else {
-        return ClientStats::default();
-    };
-    // The gate's timer loop only frees memory of expired gates; stopped with the client.
-    let evictor = {
-        let (gate, rt) = (gate.clone(), rt.clone());
-        tokio::spawn(async move { gate.drive_timeouts(&rt).await })
-    };
-    let deadline = tokio::time::Instant::from_std(deadline);
-    let mut tasks = tokio::task::JoinSet::new();
-    while let Some(op) = ops.recv().await {
-        // Submitted here, not in the task, when the bucket is open: the driver sees every
-        // operation already queued before it flushes, so batches fill up.
-        let first = match gate.check(rt.now(), &op.shard) {
-            GateState::Closed { .. } => None,
-            _ => Some(driver.submit(
-                op.shard,
-                Attempt {
-                    op,
-                    disk_rejections: 0,
-                },
-            )),
-        };
-        let (driver, gate, rt, stats) = (driver.clone(), gate.clone(), rt.clone(), stats.clone());
-        tasks.spawn(async move {
-            let done = tokio::time::timeout_at(deadline, one_op(&driver, &gate, &rt, op, first))
-                .await
-                .unwrap_or(false);
-            let mut s = lock(&stats);
-            if done {
-                s.latencies.push(op.submitted.elapsed());
-            } else {
-                s.abandoned += 1;
-            }
-        });
-    }
-    while tasks.join_next().await.is_some() {}
-    driver.close();
-    evictor.abort();
-    std::mem::take(&mut *lock(&stats))
-}
-
-/// Drives one operation to its result: wait for the bucket's gate, submit, repeat on a
-/// refused batch. `first` is a submission already made.
-async fn one_op(
-    driver: &DataDriver,
-    gate: &GateHandle<u32>,
-    rt: &TokioRuntime,
-    op: Op,
-    mut first: Option<throttle_tokio::sync::Submit<(), Refused>>,
-) -> bool {
-    let mut disk_rejections = 0u32;
-    for _ in 0..OURS_MAX_ATTEMPTS {
-        let submit = match first.take() {
-            Some(s) => s,
-            None => {
-                // Open, or probing (a submission is the probe); no leader tracking here.
-                let _ = gate.wait_until_open(rt, &op.shard).await;
-                driver.submit(
-                    op.shard,
-                    Attempt {
-                        op,
-                        disk_rejections,
-                    },
-                )
-            }
-        };
-        match submit.await {
-            Ok(()) => return true,
-            Err(OpError::Batch(e)) if *e == Refused::DiskWriteLocked => {
-                disk_rejections = disk_rejections.saturating_add(1)
-            }
-            // Every other refusal fed the gate first (or found it closed): wait and resubmit.
-            Err(OpError::Batch(_) | OpError::NoResponse | OpError::Op(_)) => {}
-            Err(_) => return false, // the driver closed, or the transport panicked
-        }
-    }
-    false
 }
 
 /// Our connector: tokio's [`TcpConnector`] (TCP_NODELAY) with the demo's pipelined client on
@@ -560,4 +551,81 @@ async fn admin_write(
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::server::{Tablet, TabletConfig};
+    use super::*;
+    use throttle_tokio::PressureConfig;
+
+    fn writes(first_id: u64, n: u64) -> Vec<u8> {
+        let w: Vec<(u64, u32)> = (first_id..first_id + n).map(|id| (id, 1_000)).collect();
+        Request::write(0, &w).payload().to_vec()
+    }
+
+    /// The tablet server's own answers, sorted by [`DemoClassifier`]: the disk lock, the
+    /// pressure it piggybacks as L0 grows (read from the payload, not dropped), the L0
+    /// refusal; and the answers a tablet server does not give.
+    #[test]
+    fn the_tablet_servers_answers_classify_into_the_paced_writers_inputs() {
+        let tablet = |protect| {
+            Tablet::new(
+                TabletConfig {
+                    protect,
+                    flush_bytes: 64 << 10,
+                    compact_every: Duration::from_secs(3_600),
+                    pressure: PressureConfig::fluss_landed(),
+                },
+                10_000,
+            )
+        };
+        let c = DemoClassifier;
+        let locked = tablet(Duration::from_secs(3_600));
+        assert_eq!(
+            c.classify(&Ok(locked.serve_write(&writes(0, 1)))),
+            WriteOutcome::DiskWriteLocked
+        );
+        // Each round is one memtable or more: one L0 file, no compaction.
+        let t = tablet(Duration::ZERO);
+        let (mut pressures, mut refused) = (Vec::new(), false);
+        for round in 0..40 {
+            let answer = t.serve_write(&writes(round * 70, 70));
+            let ppm = answer
+                .1
+                .get(..4)
+                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+            match c.classify(&Ok(answer)) {
+                WriteOutcome::Ok { pressure } => {
+                    assert_eq!(pressure, Signal::from_ppm(ppm.expect("OK carries the ppm")));
+                    pressures.push(pressure);
+                }
+                WriteOutcome::StorageBackpressure => {
+                    refused = true;
+                    break;
+                }
+                other => panic!("round {round}: {other:?}"),
+            }
+        }
+        assert!(refused, "L0 reached the trigger: refused");
+        assert!(
+            pressures.iter().any(|p| *p != Signal::Clear),
+            "the piggybacked pressure reaches the writer: {pressures:?}"
+        );
+        assert_eq!(c.classify(&Err(Disconnected)), WriteOutcome::Retriable);
+        assert_eq!(
+            c.classify(&Ok((Status::NotLeader, Vec::new()))),
+            WriteOutcome::Retriable
+        );
+        assert_eq!(
+            c.classify(&Ok((Status::BadRequest, Vec::new()))),
+            WriteOutcome::Fatal
+        );
+        assert_eq!(
+            c.classify(&Ok((Status::Ok, Vec::new()))),
+            WriteOutcome::Ok {
+                pressure: Signal::Clear
+            }
+        );
+    }
 }
