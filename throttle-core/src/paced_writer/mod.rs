@@ -99,7 +99,8 @@ impl<T> WriteBatch<T> {
         self.bytes
     }
 
-    /// Retries so far: 0 on the first send; the number of rejections it has had.
+    /// Earlier sends of this batch, each answered with a rejection: 0 on the first send, so
+    /// also the retries so far (Fluss's batch `attempts`, compared with `max_retries`).
     pub fn attempts(&self) -> u32 {
         self.attempts
     }

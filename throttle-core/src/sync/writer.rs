@@ -48,7 +48,9 @@ pub struct SendBatch<B, R> {
     pub bucket: B,
     /// The records, in append order.
     pub records: Vec<R>,
-    /// Retries so far (0 on the first send).
+    /// Earlier sends of this batch, each answered with a rejection: 0 on the first send, so
+    /// also the retries so far (Fluss's `ProducerBatch::attempts`, compared with
+    /// `max_retries`).
     pub attempts: u32,
 }
 
