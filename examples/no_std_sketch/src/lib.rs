@@ -1,14 +1,17 @@
-//! A `no_std` sketch: a sensor node on a microcontroller uploads records to a Fluss-like
-//! server through a [`WriteGate`], with nothing but a millisecond tick, a link and a sleep.
+//! A `no_std` sketch: a sensor node on a microcontroller uploads readings to a Fluss-like
+//! server through the core's [`PacedWriter`], with nothing but a millisecond tick, a link and
+//! a sleep. The sketch holds no rule of its own: batching, one batch in flight per bucket,
+//! retry counting, the disk backoff and the KV throttle are all the writer's
+//! (`docs/paced-writer.md`); the node only moves its inputs and outputs.
 //!
 //! - **No runtime, no `std`.** Time is the board's tick turned into a core [`Instant`]
-//!   ([`Instant::from_millis`]); the loop sleeps (`WFI`) until the gate's
-//!   [`poll_timeout`](WriteGate::poll_timeout) or the next interrupt, the sans-IO contract
+//!   ([`Instant::from_millis`]); the loop sleeps (`WFI`) until the writer's
+//!   [`poll_timeout`](PacedWriter::poll_timeout) or the next interrupt, the sans-IO contract
 //!   every adapter follows.
-//! - **`alloc` is required.** The keyed machines (the gate's bucket table, its config's
-//!   reason registry) allocate through `alloc`; the user's binary provides the
-//!   `#[global_allocator]` (e.g. `embedded-alloc` over a static heap) and the panic handler.
-//!   This library crate provides neither, so it builds for `thumbv7em-none-eabihf` as is.
+//! - **`alloc` is required.** The writer's batches and bucket table and its gate's state
+//!   allocate through `alloc`; the user's binary provides the `#[global_allocator]` (e.g.
+//!   `embedded-alloc` over a static heap) and the `#[panic_handler]`. This library crate
+//!   provides neither, so it builds for `thumbv7em-none-eabihf` as is.
 //! - **The hasher is the user's too.** `std`'s `RandomState` does not exist here; bucket ids
 //!   are the node's own small integers, not attacker-chosen, so a fixed FNV-1a hasher is fine.
 //! - **Randomness**: the jitter generator is seeded per node (a unique id, a TRNG word); a
@@ -23,40 +26,34 @@ extern crate std;
 
 use core::hash::{BuildHasherDefault, Hasher};
 
+use throttle_sansio::paced_writer::{AppendRefused, BatchId, ResponseError};
 use throttle_sansio::rng::SplitMix64;
-use throttle_sansio::{ConfigError, GateState, Instant, Signal, WriteGate, WriteGateConfig};
+use throttle_sansio::{ConfigError, Instant, PacedWriter, PacedWriterConfig};
+use throttle_sansio::{WriteOutcome, WriterAction};
 
-/// Buckets the node writes to (one record queue each).
-pub const BUCKETS: usize = 4;
+/// One sensor reading, the record the node uploads.
+pub type Reading = u32;
 
 /// The board: a millisecond tick, a link to the server, and a low-power sleep.
 pub trait Board {
     /// Milliseconds since boot, monotonic (a SysTick or RTC counter).
     fn millis(&self) -> u64;
-    /// Starts sending the oldest record of `bucket`; the reply comes through
-    /// [`poll_reply`](Self::poll_reply).
-    fn send(&mut self, bucket: u8);
-    /// The server's reply to an earlier send, if one has arrived.
+    /// Starts sending `readings` of `bucket` as batch `id`; the server's answer comes back
+    /// through [`poll_reply`](Self::poll_reply) carrying the same id.
+    fn send(&mut self, id: BatchId, bucket: u8, readings: &[Reading]);
+    /// The server's answer to an earlier send, if one has arrived.
     fn poll_reply(&mut self) -> Option<Reply>;
     /// Sleeps until the tick reaches `at_ms` (`None`: until an interrupt).
     fn sleep_until(&mut self, at_ms: Option<u64>);
 }
 
-/// A server's reply to one record.
+/// The server's answer to one batch, as the link's classifier sorted it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reply {
-    /// Written; the leader piggybacked its backpressure.
-    Written {
-        /// The record's bucket.
-        bucket: u8,
-        /// The leader's pressure.
-        pressure: Signal,
-    },
-    /// Refused with `DISK_WRITE_LOCKED`: retry the same record after the backoff.
-    DiskWriteLocked {
-        /// The record's bucket.
-        bucket: u8,
-    },
+pub struct Reply {
+    /// The batch answered.
+    pub id: BatchId,
+    /// What the server said.
+    pub outcome: WriteOutcome,
 }
 
 /// FNV-1a: a fixed hasher for the node's own bucket ids.
@@ -80,95 +77,102 @@ impl Hasher for Fnv {
     }
 }
 
-/// The uploader: the gate, the jitter generator, and per bucket the records left to send,
-/// whether one is in flight and how often the head was refused.
+/// The uploader: the paced writer (buckets `u8`, one server `()` that leads every bucket),
+/// the jitter generator, and the tallies of readings written and lost.
 #[derive(Debug)]
 pub struct Uplink {
-    gate: WriteGate<u8, BuildHasherDefault<Fnv>>,
+    writer: PacedWriter<u8, (), Reading, BuildHasherDefault<Fnv>>,
     rng: SplitMix64,
-    queued: [u32; BUCKETS],
-    in_flight: [bool; BUCKETS],
-    attempts: [u32; BUCKETS],
+    written: usize,
+    lost: usize,
 }
 
 impl Uplink {
-    /// An uploader with the gate's default (Fluss) configuration, drawing jitter from a
-    /// generator seeded with `seed` (unique per node).
-    pub fn new(seed: u64) -> Result<Self, ConfigError> {
+    /// An uploader with `cfg` (e.g. `PacedWriterConfig::default().with_batch_bytes(256)` for
+    /// a small radio frame), drawing jitter from a generator seeded with `seed` (unique per
+    /// node). Refuses an invalid `cfg`.
+    pub fn new(cfg: PacedWriterConfig, seed: u64) -> Result<Self, ConfigError> {
         Ok(Uplink {
-            gate: WriteGate::new(WriteGateConfig::default())?,
+            writer: PacedWriter::new(cfg)?,
             rng: SplitMix64::new(seed),
-            queued: [0; BUCKETS],
-            in_flight: [false; BUCKETS],
-            attempts: [0; BUCKETS],
+            written: 0,
+            lost: 0,
         })
     }
 
-    /// A new record for `bucket` (ignored for a bucket out of range).
-    pub fn enqueue(&mut self, bucket: u8) {
-        if let Some(q) = self.queued.get_mut(usize::from(bucket)) {
-            *q = q.saturating_add(1);
-        }
+    /// A new reading for `bucket`, sent by a later [`step`](Self::step). An `Err` hands the
+    /// reading back (the writer refuses appends only once closed, which this node never does).
+    pub fn record(
+        &mut self,
+        now_ms: u64,
+        bucket: u8,
+        r: Reading,
+    ) -> Result<(), AppendRefused<Reading>> {
+        let bytes = core::mem::size_of::<Reading>() as u64;
+        self.writer
+            .append(Instant::from_millis(now_ms), bucket, r, bytes)
     }
 
-    /// Records not yet written, over all buckets.
-    pub fn backlog(&self) -> u32 {
-        self.queued.iter().sum()
+    /// Readings the server acknowledged.
+    pub fn written(&self) -> usize {
+        self.written
     }
 
-    /// The index of `bucket` if a reply for it answers a record in flight: `None` for a
-    /// bucket out of range, or one with nothing sent (a duplicate or corrupt reply).
-    fn awaited(&self, bucket: u8) -> Option<usize> {
-        let i = usize::from(bucket);
-        self.in_flight.get(i).copied()?.then_some(i)
+    /// Readings dropped because their batch failed for good (a fatal answer, retries spent).
+    pub fn lost(&self) -> usize {
+        self.lost
     }
 
-    /// One turn of the main loop: apply the replies that arrived, send the head record of
-    /// every open bucket with nothing in flight, then sleep until the gate's next opening.
-    /// A reply that answers no record in flight (a bucket out of range, or one with nothing
-    /// sent) is ignored: it changes no queue, no flag and no gate.
+    /// Batches not yet written or lost.
+    pub fn pending(&self) -> usize {
+        self.writer.pending_batches()
+    }
+
+    /// Feeds one server answer to the writer. An answer for no batch in flight (a duplicate,
+    /// another writer's id) is refused with the writer's [`ResponseError`] and changes nothing.
+    pub fn answer(&mut self, now_ms: u64, reply: Reply) -> Result<(), ResponseError> {
+        let now = Instant::from_millis(now_ms);
+        self.writer
+            .handle_response(now, reply.id, reply.outcome, &mut self.rng)
+    }
+
+    /// One turn of the main loop: feed the answers that arrived (ignoring refused ones), let
+    /// the writer wake its parked buckets and drain, carry out its actions, then sleep until
+    /// its next wake-up.
     pub fn step<B: Board>(&mut self, board: &mut B) {
         while let Some(reply) = board.poll_reply() {
-            let now = Instant::from_millis(board.millis());
-            match reply {
-                Reply::Written { bucket, pressure } => {
-                    let Some(i) = self.awaited(bucket) else {
-                        continue;
-                    };
-                    self.in_flight[i] = false;
-                    self.attempts[i] = 0;
-                    self.queued[i] = self.queued[i].saturating_sub(1);
-                    self.gate.handle_success(now, &bucket);
-                    self.gate.handle_kv_signal(now, &bucket, pressure);
-                }
-                Reply::DiskWriteLocked { bucket } => {
-                    let Some(i) = self.awaited(bucket) else {
-                        continue;
-                    };
-                    self.in_flight[i] = false;
-                    let attempts = self.attempts[i];
-                    self.gate
-                        .handle_disk_write_locked(now, &bucket, attempts, &mut self.rng);
-                    self.attempts[i] = attempts.saturating_add(1);
-                }
-            }
+            // A refused answer changed nothing; a real node might count it for diagnostics.
+            let _ = self.answer(board.millis(), reply);
         }
         let now = Instant::from_millis(board.millis());
-        self.gate.handle_timeout(now); // evicts what expired; cheap when nothing did
-        for (i, bucket) in (0..BUCKETS).zip(0u8..) {
-            if self.queued[i] > 0
-                && !self.in_flight[i]
-                && self.gate.check(now, &bucket) == GateState::Open
-            {
-                self.gate.handle_send(now, &bucket);
-                self.in_flight[i] = true;
-                board.send(bucket);
+        self.writer.handle_timeout(now);
+        self.writer.drain(now);
+        while let Some(action) = self.writer.poll_action() {
+            match action {
+                WriterAction::Send { bucket, batch, .. } => {
+                    if let Some(b) = self.writer.batch(batch) {
+                        board.send(batch, bucket, b.records());
+                    }
+                }
+                // The one server leads every bucket: answer the metadata refresh at once.
+                WriterAction::RefreshLeader { bucket } => {
+                    self.writer.set_leader(now, bucket, Some(()));
+                    self.writer.drain(now);
+                }
+                WriterAction::Acked { batch } => {
+                    self.written += batch.len();
+                    self.writer.recycle(batch.into_records());
+                }
+                WriterAction::Failed { batch, .. } => {
+                    self.lost += batch.len();
+                    self.writer.recycle(batch.into_records());
+                }
+                _ => {} // `WriterAction` is non-exhaustive
             }
         }
-        // A single loop re-reads the gate every turn, so its `Wake`s need no listener.
-        while self.gate.poll_action().is_some() {}
+        // The first tick at or after the wake-up: a deadline between ticks rounds up.
         let wake = self
-            .gate
+            .writer
             .poll_timeout()
             .map(|at| at.as_nanos().div_ceil(1_000_000));
         board.sleep_until(wake);
@@ -176,195 +180,4 @@ impl Uplink {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::vec::Vec;
-
-    /// A board whose server locks bucket 1's disk twice and piggybacks half pressure on
-    /// bucket 2's first write; `sleep_until` jumps the tick, as an interrupt-free WFI would.
-    struct FakeBoard {
-        now: u64,
-        replies: Vec<Reply>,
-        /// (tick, bucket) of every send, and when each bucket may be sent to next.
-        sends: Vec<(u64, u8)>,
-        not_before: [u64; BUCKETS],
-        locks: u32,
-        /// The KV throttle the half pressure installs, from the config the uploader uses.
-        half_pressure: u64,
-    }
-
-    impl Default for FakeBoard {
-        fn default() -> Self {
-            let delay = WriteGateConfig::default()
-                .kv_curve()
-                .delay(Signal::Pressure(500_000));
-            FakeBoard {
-                now: 0,
-                replies: Vec::new(),
-                sends: Vec::new(),
-                not_before: [0; BUCKETS],
-                locks: 0,
-                half_pressure: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-            }
-        }
-    }
-
-    impl Board for FakeBoard {
-        fn millis(&self) -> u64 {
-            self.now
-        }
-        fn send(&mut self, bucket: u8) {
-            let i = usize::from(bucket);
-            assert!(
-                self.now >= self.not_before[i],
-                "bucket {bucket} sent to while gated"
-            );
-            self.sends.push((self.now, bucket));
-            let reply = if bucket == 1 && self.locks < 2 {
-                self.locks += 1;
-                self.not_before[i] = self.now + 800; // 1 s - 20 % jitter
-                Reply::DiskWriteLocked { bucket }
-            } else if bucket == 2 && self.sends.iter().filter(|s| s.1 == 2).count() == 1 {
-                // Gated from when the node reads this reply (`poll_reply`).
-                Reply::Written {
-                    bucket,
-                    pressure: Signal::Pressure(500_000),
-                }
-            } else {
-                Reply::Written {
-                    bucket,
-                    pressure: Signal::Clear,
-                }
-            };
-            self.replies.push(reply);
-        }
-        fn poll_reply(&mut self) -> Option<Reply> {
-            let reply = self.replies.pop()?;
-            if let Reply::Written {
-                bucket,
-                pressure: Signal::Pressure(_),
-            } = reply
-            {
-                // The node installs the KV throttle at the tick it reads the reply.
-                self.not_before[usize::from(bucket)] = self.now + self.half_pressure;
-            }
-            Some(reply)
-        }
-        fn sleep_until(&mut self, at_ms: Option<u64>) {
-            match at_ms {
-                Some(at) => self.now = self.now.max(at),
-                None => self.now += 1, // the next tick interrupt
-            }
-        }
-    }
-
-    #[test]
-    fn the_loop_writes_every_record_and_never_sends_to_a_gated_bucket() {
-        let mut up = match Uplink::new(7) {
-            Ok(up) => up,
-            Err(e) => panic!("the default config is valid: {e}"),
-        };
-        for bucket in 0..BUCKETS as u8 {
-            up.enqueue(bucket);
-            up.enqueue(bucket);
-        }
-        let mut board = FakeBoard::default();
-        for _ in 0..100 {
-            if up.backlog() == 0 {
-                break;
-            }
-            up.step(&mut board);
-        }
-        assert_eq!(up.backlog(), 0);
-        assert_eq!(
-            board.sends.len(),
-            2 * BUCKETS + 2,
-            "each record once, plus two retries"
-        );
-        assert!(
-            board.now >= 1_600,
-            "two disk backoffs were waited out on the tick"
-        );
-        // Bucket 2's second record left exactly when the KV throttle the board computed from
-        // the config ended: the loop slept until the gate's opening, not past it.
-        let to_2: Vec<u64> = board
-            .sends
-            .iter()
-            .filter(|s| s.1 == 2)
-            .map(|s| s.0)
-            .collect();
-        assert_eq!(to_2.len(), 2);
-        assert_eq!(to_2[1], board.not_before[2]);
-    }
-
-    /// A board whose replies the test delivers by hand.
-    #[derive(Default)]
-    struct HandBoard {
-        now: u64,
-        replies: Vec<Reply>,
-        sends: Vec<u8>,
-    }
-
-    impl Board for HandBoard {
-        fn millis(&self) -> u64 {
-            self.now
-        }
-        fn send(&mut self, bucket: u8) {
-            self.sends.push(bucket);
-        }
-        fn poll_reply(&mut self) -> Option<Reply> {
-            self.replies.pop()
-        }
-        fn sleep_until(&mut self, _: Option<u64>) {}
-    }
-
-    #[test]
-    fn a_reply_that_answers_no_record_in_flight_changes_nothing() {
-        let mut up = match Uplink::new(7) {
-            Ok(up) => up,
-            Err(e) => panic!("the default config is valid: {e}"),
-        };
-        up.enqueue(1);
-        up.enqueue(1);
-        let mut board = HandBoard::default();
-        up.step(&mut board);
-        assert_eq!(board.sends, [1], "bucket 1's head record is in flight");
-        // Out of range (5 and 9 are 1 modulo BUCKETS), and bucket 3 with nothing sent.
-        board.replies.extend([
-            Reply::Written {
-                bucket: 5,
-                pressure: Signal::Full,
-            },
-            Reply::DiskWriteLocked { bucket: 9 },
-            Reply::DiskWriteLocked { bucket: 3 },
-            Reply::Written {
-                bucket: 3,
-                pressure: Signal::Full,
-            },
-        ]);
-        up.step(&mut board);
-        assert_eq!(
-            board.sends,
-            [1],
-            "bucket 1 is still in flight: nothing resent"
-        );
-        assert_eq!(up.backlog(), 2, "no record counted as written");
-        assert_eq!(up.attempts, [0; BUCKETS], "no rejection counted");
-        let now = Instant::from_millis(board.now);
-        for bucket in [1, 3, 5, 9] {
-            assert_eq!(
-                up.gate.check(now, &bucket),
-                GateState::Open,
-                "bucket {bucket}"
-            );
-        }
-        // The real reply is applied as before.
-        board.replies.push(Reply::Written {
-            bucket: 1,
-            pressure: Signal::Clear,
-        });
-        up.step(&mut board);
-        assert_eq!(up.backlog(), 1);
-        assert_eq!(board.sends, [1, 1], "the next record left");
-    }
-}
+mod tests;
