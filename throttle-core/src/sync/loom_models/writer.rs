@@ -1,5 +1,6 @@
 //! The write driver: the end of a batch in flight (its send task answering, or dropped
-//! unfinished) racing `close()` while a producer appends and `closed()` is polled. The sender
+//! unfinished), or the sender task's next drain, racing `close()` while a producer appends and
+//! `closed()` is polled. The sender
 //! task and the send tasks are taken from the [`TestRuntime`]'s queue and polled on the thread
 //! the model gives them.
 
@@ -173,5 +174,84 @@ fn writer_end_racing_close(abandon: bool) {
             late.poll(),
             Poll::Ready(Err(WriteError::Failed(FailCause::Closed)))
         ));
+    });
+}
+
+/// The sender task's turn (woken by the first batch's ack, it drains and sends what is queued,
+/// on one thread) races `close` (on another) while a second record is appended and `closed()`
+/// is polled on the main thread. The record is sent by that turn and acked, or fails with
+/// `Closed`, exactly once; a `closed()` polled during the race does not resolve while a send
+/// the turn decided has not ended (its send task runs only after the race); the sender task
+/// ends.
+#[test]
+fn writer_drain_racing_close_and_an_append_sends_or_fails_the_record_once() {
+    super::model(|| {
+        let rt = TestRuntime::new();
+        let driver = acking_driver(&rt);
+        let mut sender = Hand::new(spawned_one(&rt));
+        assert!(
+            sender.poll().is_pending(),
+            "the sender task waits for input"
+        );
+        driver.set_leader(1, Some(9));
+        let mut first = Hand::new(driver.append(1, 10, 4));
+        assert!(sender.poll().is_pending());
+        let mut send = Hand::new(spawned_one(&rt));
+        assert!(send.poll().is_ready(), "the first send ends at once");
+        assert_eq!(first.poll(), Poll::Ready(Ok(())));
+        assert!(sender.woken(), "the ack wakes the sender task");
+        let mut closed = Hand::new(boxed(driver.closed()));
+        assert!(closed.poll().is_pending());
+
+        let t1 = thread::spawn(move || {
+            // A turn: drain, send, and stop if the close came first.
+            sender.poll().is_pending().then_some(sender)
+        });
+        let d2 = driver.clone();
+        let t2 = thread::spawn(move || d2.close());
+        let mut second = Hand::new(driver.append(1, 20, 4));
+        let mut second_result = match second.poll() {
+            Poll::Ready(r) => Some(r),
+            Poll::Pending => None,
+        };
+        let early = closed.poll().is_ready();
+        let fresh = Hand::new(boxed(driver.closed())).poll().is_ready();
+        if (early || fresh) && second_result.is_none() {
+            match second.poll() {
+                Poll::Ready(r) => second_result = Some(r),
+                Poll::Pending => panic!("closed() resolved with the racing record unanswered"),
+            }
+        }
+        let sender = join(t1);
+        join(t2);
+
+        let mut tasks: Vec<_> = sender.into_iter().collect();
+        settle(&rt, &mut tasks);
+        assert!(
+            tasks.is_empty(),
+            "the sender task or a send task was left pending"
+        );
+        let result = match second_result {
+            Some(r) => r,
+            None => {
+                assert!(second.wakes() >= 1, "the racing record was left unwoken");
+                match second.poll() {
+                    Poll::Ready(r) => r,
+                    Poll::Pending => panic!("the racing record was stranded"),
+                }
+            }
+        };
+        assert!(
+            matches!(result, Ok(()) | Err(WriteError::Failed(FailCause::Closed))),
+            "the racing record: {result:?}"
+        );
+        if !early {
+            assert!(closed.wakes() >= 1, "lost wake-up: closed() never woken");
+            assert!(
+                closed.poll().is_ready(),
+                "closed() pending after the last batch"
+            );
+        }
+        assert_eq!((driver.pending_batches(), driver.in_flight()), (0, 0));
     });
 }
