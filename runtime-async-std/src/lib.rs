@@ -12,7 +12,8 @@
 //! As in `throttle-tokio`, the crate root names each handle and driver with the runtime fixed
 //! to [`AsyncStdRuntime`] and the hasher defaulting to std's `RandomState`: [`GateHandle<K>`]
 //! (inputs without `now` or RNG), [`WindowHandle<Shard>`], [`BatchDriver<T, Shard, Op>`],
-//! [`ConnPool<C, U, H>`], [`Lease<C, U, H>`], [`FailoverExecutor<K, B>`], and re-exports
+//! [`ConnPool<C, U, H>`], [`Lease<C, U, H>`], [`FailoverExecutor<K, B>`],
+//! [`WriteDriver<B, N, R, Resp>`], the retry helper [`retry(rt, op)`](retry()), and re-exports
 //! [`PendingBytes`] and [`WakeSignal`]. The generic forms stay in [`sync`].
 //!
 //! async-std has no paused time: tests inject a [`sync::ManualClock`] instead (a `Runtime`
@@ -120,3 +121,95 @@ pub type Lease<C, U, H, S = RandomState> = sync::Lease<AsyncStdRuntime, C, U, H,
 /// }
 /// ```
 pub type FailoverExecutor<K, B> = sync::FailoverExecutor<AsyncStdRuntime, K, B>;
+
+/// The paced write driver on async-std: [`sync::WriteDriver`] with [`AsyncStdRuntime`] and
+/// std's `RandomState` by default. Buckets `B`, leaders `N`, records `R`, one server answer
+/// `Resp` per batch; build it with [`new`](sync::WriteDriver::new) (its sender task is
+/// spawned on async-std).
+///
+/// ```
+/// use core::time::Duration;
+/// use throttle_async_std::backoff::{BackoffConfig, Jitter};
+/// use throttle_async_std::paced_writer::{PacedWriterConfig, WriteOutcome};
+/// use throttle_async_std::sync::SendBatch;
+/// use throttle_async_std::{AsyncStdRuntime, Signal, WriteDriver, WriteGateConfig};
+///
+/// // A 10 ms backoff after a disk-write-locked rejection (the default is Fluss's, longer).
+/// let disk = BackoffConfig::builder()
+///     .initial(Duration::from_millis(10))
+///     .jitter(Jitter::None)
+///     .build()
+///     .unwrap();
+/// let cfg = PacedWriterConfig::default()
+///     .with_gate(WriteGateConfig::default().with_disk_write_locked(disk));
+/// // The server answers `true` (written) or `false` (disk write locked) per batch: the first
+/// // send is rejected, the retry after the backoff is written.
+/// let sends = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+/// let counted = sends.clone();
+/// let driver: WriteDriver<u32, u16, &'static str, bool> = WriteDriver::new(
+///     AsyncStdRuntime::new(),
+///     cfg,
+///     move |_node: u16, batches: Vec<SendBatch<u32, &'static str>>| {
+///         let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+///         async move { vec![n > 0; batches.len()] }
+///     },
+///     |written: &bool| match written {
+///         true => WriteOutcome::Ok { pressure: Signal::Clear },
+///         false => WriteOutcome::DiskWriteLocked,
+///     },
+/// )
+/// .expect("a valid config");
+/// driver.set_leader(7, Some(1));
+/// async_std::task::block_on(async {
+///     assert_eq!(driver.append(7, "hello", 5).await, Ok(()));
+///     driver.close();
+///     driver.closed().await; // nothing in flight any more
+/// });
+/// assert_eq!(sends.load(std::sync::atomic::Ordering::SeqCst), 2);
+/// ```
+pub type WriteDriver<B, N, R, Resp, S = RandomState> =
+    sync::WriteDriver<AsyncStdRuntime, B, N, R, Resp, S>;
+
+/// [`sync::retry`] on async-std: retries `op` with its sleeps on `rt`'s timer, configured and
+/// run as the core's [`sync::Retry`] (this only fixes the runtime type; the retry is the
+/// core's).
+///
+/// The runtime is passed, not made here: a [`deadline`](sync::Retry::deadline) is an
+/// [`Instant`] on that runtime's timeline (`rt.now() + timeout`), and every `AsyncStdRuntime`
+/// value has its own epoch.
+///
+/// ```
+/// use core::time::Duration;
+/// use throttle_async_std::AsyncStdRuntime;
+/// use throttle_async_std::backoff::{BackoffConfig, Jitter};
+/// use throttle_async_std::sync::Runtime;
+///
+/// let rt = AsyncStdRuntime::new();
+/// let backoff = BackoffConfig::builder()
+///     .initial(Duration::from_millis(5))
+///     .jitter(Jitter::None)
+///     .build()
+///     .unwrap();
+/// let start = rt.now();
+/// // Busy twice, then the answer: sleeps of 5 ms and 10 ms on the system clock.
+/// let got = async_std::task::block_on(
+///     throttle_async_std::retry(rt, |a| async move {
+///         if a.number < 3 { Err("busy") } else { Ok(a.number) }
+///     })
+///     .backoff(backoff)
+///     .deadline(rt.now() + Duration::from_secs(5))
+///     .into_future(),
+/// );
+/// assert_eq!(got, Ok(3));
+/// assert!(rt.now() - start >= Duration::from_millis(15));
+/// ```
+pub fn retry<'a, Op, Fut>(
+    rt: AsyncStdRuntime,
+    op: Op,
+) -> sync::Retry<'a, AsyncStdRuntime, Op, sync::Always, sync::Quiet, failover::Unlimited>
+where
+    Op: FnMut(sync::Attempt) -> Fut,
+    Fut: core::future::Future,
+{
+    sync::retry(rt, op)
+}

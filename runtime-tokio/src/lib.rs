@@ -15,6 +15,8 @@
 //! | [`BatchDriver<T, Shard, Op>`] | [`sync::BatchDriver<TokioRuntime, T, Shard, Op, RandomState>`] |
 //! | [`ConnPool<C, U, H>`], [`Lease<C, U, H>`] | [`sync::ConnPool<TokioRuntime, C, U, H, RandomState>`], its lease |
 //! | [`FailoverExecutor<K, B>`] | [`sync::FailoverExecutor<TokioRuntime, K, B>`] |
+//! | [`WriteDriver<B, N, R, Resp>`] | [`sync::WriteDriver<TokioRuntime, B, N, R, Resp, RandomState>`]: the paced writer's loop, owned |
+//! | [`retry(rt, op)`](retry()) | [`sync::retry`] with the runtime fixed to [`TokioRuntime`] |
 //! | [`PendingBytes`], [`WakeSignal`] | the core's (they take no runtime) |
 //!
 //! The generic forms stay in [`sync`] (`throttle_tokio::sync::GateHandle<K, S, R>`), with the
@@ -139,6 +141,95 @@ pub type Lease<C, U, H, S = RandomState> = sync::Lease<TokioRuntime, C, U, H, S>
 /// }
 /// ```
 pub type FailoverExecutor<K, B> = sync::FailoverExecutor<TokioRuntime, K, B>;
+
+/// The paced write driver on tokio: [`sync::WriteDriver`] with [`TokioRuntime`] and std's
+/// `RandomState` by default. Buckets `B`, leaders `N`, records `R`, one server answer `Resp`
+/// per batch; build it with [`new`](sync::WriteDriver::new) (its sender task is spawned on the
+/// runtime, so call it inside one).
+///
+/// ```
+/// use throttle_tokio::paced_writer::{PacedWriterConfig, WriteOutcome};
+/// use throttle_tokio::sync::SendBatch;
+/// use throttle_tokio::{Signal, TokioRuntime, WriteDriver};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// // The server answers `true` (written) or `false` (disk write locked) per batch: the first
+/// // send is rejected, the retry after the gate's backoff is written.
+/// let sends = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+/// let counted = sends.clone();
+/// let driver: WriteDriver<u32, u16, &'static str, bool> = WriteDriver::new(
+///     TokioRuntime::new(),
+///     PacedWriterConfig::default(),
+///     move |_node: u16, batches: Vec<SendBatch<u32, &'static str>>| {
+///         let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+///         async move { vec![n > 0; batches.len()] }
+///     },
+///     |written: &bool| match written {
+///         true => WriteOutcome::Ok { pressure: Signal::Clear },
+///         false => WriteOutcome::DiskWriteLocked,
+///     },
+/// )
+/// .expect("the default config is valid");
+/// driver.set_leader(7, Some(1));
+/// assert_eq!(driver.append(7, "hello", 5).await, Ok(())); // paused time skips the backoff
+/// assert_eq!(sends.load(std::sync::atomic::Ordering::SeqCst), 2);
+/// driver.close();
+/// driver.closed().await; // nothing in flight any more
+/// # }
+/// ```
+pub type WriteDriver<B, N, R, Resp, S = RandomState> =
+    sync::WriteDriver<TokioRuntime, B, N, R, Resp, S>;
+
+/// [`sync::retry`] on tokio: retries `op` with its sleeps on `rt`'s timer, configured and run
+/// as the core's [`sync::Retry`] (this only fixes the runtime type; the retry is the core's).
+///
+/// The runtime is passed, not made here: a [`deadline`](sync::Retry::deadline) is an
+/// [`Instant`] on that runtime's timeline (`rt.now() + timeout`), and every `TokioRuntime`
+/// value has its own epoch.
+///
+/// ```
+/// use core::time::Duration;
+/// use throttle_tokio::backoff::{BackoffConfig, Jitter};
+/// use throttle_tokio::sync::{Runtime, RetryError};
+/// use throttle_tokio::{Instant, TokioRuntime};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let rt = TokioRuntime::new();
+/// let backoff = BackoffConfig::builder()
+///     .initial(Duration::from_millis(100))
+///     .jitter(Jitter::None)
+///     .build()
+///     .unwrap();
+/// // Busy twice, then the answer: two sleeps of 100 ms and 200 ms on tokio's (paused) clock.
+/// let got = throttle_tokio::retry(rt.clone(), |a| async move {
+///     if a.number < 3 { Err("busy") } else { Ok(a.number) }
+/// })
+/// .backoff(backoff.clone())
+/// .deadline(rt.now() + Duration::from_secs(1))
+/// .await;
+/// assert_eq!(got, Ok(3));
+/// assert_eq!(rt.now(), Instant::from_millis(300));
+///
+/// // A retry that would start at or after the deadline is not made: the last error comes back.
+/// let late: Result<(), _> = throttle_tokio::retry(rt.clone(), |_| async { Err("busy") })
+///     .backoff(backoff)
+///     .deadline(rt.now() + Duration::from_millis(150))
+///     .await;
+/// assert!(matches!(late, Err(RetryError::Surfaced(s)) if s.error == "busy"));
+/// # }
+/// ```
+pub fn retry<'a, Op, Fut>(
+    rt: TokioRuntime,
+    op: Op,
+) -> sync::Retry<'a, TokioRuntime, Op, sync::Always, sync::Quiet, failover::Unlimited>
+where
+    Op: FnMut(sync::Attempt) -> Fut,
+    Fut: core::future::Future,
+{
+    sync::retry(rt, op)
+}
 
 /// The README's snippet, compiled and run as a doctest.
 #[doc = include_str!("../README.md")]

@@ -16,6 +16,7 @@ mod bytes;
 mod drivers;
 mod signal;
 mod window;
+mod writer;
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
