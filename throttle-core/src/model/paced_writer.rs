@@ -47,7 +47,7 @@ const BUCKETS: u8 = 4;
 const NODES: u8 = 3;
 /// Operations the decoder assigns before the panicking-callback ones (see [`check`]); values
 /// `OPS..OPS + Arm::OPS` arm a bucket's `Hash`, `Eq` or `Clone` during one of the first
-/// [`ARMED_OPS`] operations (append, set_leader, drain, a rejection's answer).
+/// `ARMED_OPS` operations (append, set_leader, drain, a rejection's answer).
 pub const OPS: u8 = 9;
 /// Operations that run under an armed callback.
 const ARMED_OPS: u8 = 4;
