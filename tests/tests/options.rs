@@ -306,6 +306,11 @@ fn every_refusal_reports_the_option_that_sets_the_bad_value() {
             &options::write_gate::SET_PROBE_TTL,
         ),
         (Err(too_many), &options::write_gate::REASONS),
+        // The paced writer.
+        (
+            PacedWriterConfig::default().with_batch_bytes(0).validate(),
+            &options::paced_writer::BATCH_BYTES,
+        ),
         // Window, batcher, connections, failover.
         (
             WindowConfig::default().with_max_in_flight(0).validate(),
