@@ -233,6 +233,15 @@ NOTES = {
         "`try_acquire` is one CAS. The FxHash row shows the same path without SipHash.",
     "window credit, uncontended (busy shard)":
         "as above.",
+    "window credit, uncontended":
+        "this row swings with the host, not the code: an interleaved same-host run of the "
+        "binary built from this checkout against one built at 8e02d63b (before issue 13) gave "
+        "equal times, idle shard 43-50 ns against 46-48 ns with tokio at 39-47 ns in both "
+        "(`--bench window_credit --measurement-time 1`, three rounds each), and the report "
+        "before it measured 0.75 on a quieter host. The FxHash row, 0.64, is the same path "
+        "without SipHash.",
+    "window credit, uncontended (busy shard)":
+        "as above.",
     "permit through sync":
         "an owned permit costs two lock/unlock pairs and the Arc clone/drop (six atomic "
         "read-modify-writes, as many as tokio's owned permit) plus one SipHash round, taken "
