@@ -99,6 +99,25 @@ impl rand_core::TryRng for SplitMix64 {
     }
 }
 
+/// An `Rng` that panics on every draw: a user generator that fails, for the tests of the
+/// `# Panics` contracts of the drawing inputs.
+#[cfg(test)]
+pub(crate) struct PanickingRng;
+
+#[cfg(test)]
+impl rand_core::TryRng for PanickingRng {
+    type Error = Infallible;
+    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
+        panic!("the user's generator panics")
+    }
+    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
+        panic!("the user's generator panics")
+    }
+    fn try_fill_bytes(&mut self, _dst: &mut [u8]) -> Result<(), Infallible> {
+        panic!("the user's generator panics")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -920,21 +920,7 @@ mod panicking_keys {
     }
 }
 
-/// An `Rng` that panics on every draw, standing in for a user generator that fails.
-struct PanickingRng;
-
-impl rand_core::TryRng for PanickingRng {
-    type Error = core::convert::Infallible;
-    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
-        panic!("the user's generator panics")
-    }
-    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
-        panic!("the user's generator panics")
-    }
-    fn try_fill_bytes(&mut self, _dst: &mut [u8]) -> Result<(), Self::Error> {
-        panic!("the user's generator panics")
-    }
-}
+use crate::rng::PanickingRng;
 
 /// The `# Panics` contract of the drawing inputs: a panicking `Rng` reaches the caller and the
 /// input did not happen, for a new bucket and for one already gated, and the gate serves on.

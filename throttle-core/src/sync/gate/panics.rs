@@ -280,21 +280,7 @@ fn a_sleeper_whose_key_panics_leaves_no_timer_or_listener_behind() {
     );
 }
 
-/// An `Rng` that panics on every draw, standing in for a caller's generator that fails.
-struct PanickingRng;
-
-impl rand_core::TryRng for PanickingRng {
-    type Error = core::convert::Infallible;
-    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
-        panic!("the caller's generator panics")
-    }
-    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
-        panic!("the caller's generator panics")
-    }
-    fn try_fill_bytes(&mut self, _dst: &mut [u8]) -> Result<(), Self::Error> {
-        panic!("the caller's generator panics")
-    }
-}
+use crate::rng::PanickingRng;
 
 #[test]
 fn a_drawing_input_whose_rng_panics_leaves_the_gate_as_it_was() {
