@@ -272,16 +272,7 @@ async fn ours_writes(
             driver.set_leader(op.shard, Some(TABLET));
         }
         let written = driver.append(op.shard, op, u64::from(op.len) + 12);
-        let stats = stats.clone();
-        tasks.spawn(async move {
-            let result = tokio::time::timeout_at(deadline, written).await;
-            let mut s = lock(&stats);
-            match result {
-                Ok(Ok(())) => s.latencies.push(op.submitted.elapsed()),
-                Ok(Err(_)) => s.failed += 1,
-                Err(_) => s.abandoned += 1,
-            }
-        });
+        tasks.spawn(tally(stats.clone(), deadline, op.submitted, written));
     }
     while tasks.join_next().await.is_some() {}
     driver.close();
@@ -350,20 +341,28 @@ async fn ours_reads(
         // Submitted here, not in the task: the driver sees every read already queued before
         // it flushes, so batches fill up.
         let read = driver.submit(op.shard, op);
-        let stats = stats.clone();
-        tasks.spawn(async move {
-            let result = tokio::time::timeout_at(deadline, read).await;
-            let mut s = lock(&stats);
-            match result {
-                Ok(Ok(())) => s.latencies.push(op.submitted.elapsed()),
-                Ok(Err(_)) => s.failed += 1,
-                Err(_) => s.abandoned += 1,
-            }
-        });
+        tasks.spawn(tally(stats.clone(), deadline, op.submitted, read));
     }
     while tasks.join_next().await.is_some() {}
     driver.close();
     std::mem::take(&mut *lock(&stats))
+}
+
+/// Waits for one of our operations until the run's deadline and counts how it ended: its
+/// latency on success, `failed` on an error, `abandoned` at the deadline.
+async fn tally<E>(
+    stats: Arc<Mutex<ClientStats>>,
+    deadline: tokio::time::Instant,
+    submitted: StdInstant,
+    op: impl Future<Output = Result<(), E>>,
+) {
+    let result = tokio::time::timeout_at(deadline, op).await;
+    let mut s = lock(&stats);
+    match result {
+        Ok(Ok(())) => s.latencies.push(submitted.elapsed()),
+        Ok(Err(_)) => s.failed += 1,
+        Err(_) => s.abandoned += 1,
+    }
 }
 
 /// Our client for writes ([`WriteDriver`]) or reads ([`BatchDriver`]) on one connection.
