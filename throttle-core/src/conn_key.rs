@@ -893,10 +893,10 @@ where
 
     /// Records in the entry named by `timers[pos]` that its timer is at `pos`.
     fn set_heap_pos(&mut self, pos: usize) {
-        if let Some(&(_, slot)) = self.timers.get(pos)
-            && let Some(e) = self.entry_mut(slot)
-        {
-            e.heap_pos = Some(pos);
+        if let Some(&(_, slot)) = self.timers.get(pos) {
+            if let Some(e) = self.entry_mut(slot) {
+                e.heap_pos = Some(pos);
+            }
         }
     }
 
@@ -945,10 +945,10 @@ where
             return;
         }
         self.heap_swap(pos, last);
-        if let Some((_, slot)) = self.timers.pop()
-            && let Some(e) = self.entry_mut(slot)
-        {
-            e.heap_pos = None;
+        if let Some((_, slot)) = self.timers.pop() {
+            if let Some(e) = self.entry_mut(slot) {
+                e.heap_pos = None;
+            }
         }
         if pos < self.timers.len() {
             self.sift_up(pos);
@@ -1078,10 +1078,10 @@ where
             {
                 return Err("an entry is missing from its uid's endpoints");
             }
-            if let Some(p) = e.heap_pos
-                && self.timers.get(p).map(|t| t.1) != Some(slot)
-            {
-                return Err("an entry's timer position is wrong");
+            if let Some(p) = e.heap_pos {
+                if self.timers.get(p).map(|t| t.1) != Some(slot) {
+                    return Err("an entry's timer position is wrong");
+                }
             }
         }
         if self.by_key.len() != used {

@@ -296,14 +296,16 @@ impl<T> Slab<T> {
     /// [`IdSpace::refusal`]) and nothing changes.
     #[inline]
     pub(crate) fn remove(&mut self, key: Key) -> Result<T, ReleaseError> {
-        if key.tag() == self.ids.tag()
-            && let Some(s) = self.slots.get_mut(key.slot() as usize)
-            && matches!(s, Some(l) if l.generation == key.generation)
-            && let Some(l) = s.take()
-        {
-            self.free.push(key.slot());
-            self.live -= 1;
-            return Ok(l.value);
+        if key.tag() == self.ids.tag() {
+            if let Some(s) = self.slots.get_mut(key.slot() as usize) {
+                if matches!(s, Some(l) if l.generation == key.generation) {
+                    if let Some(l) = s.take() {
+                        self.free.push(key.slot());
+                        self.live -= 1;
+                        return Ok(l.value);
+                    }
+                }
+            }
         }
         Err(self.ids.refusal(key.tag(), key.generation))
     }

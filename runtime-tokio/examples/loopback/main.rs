@@ -43,10 +43,10 @@ async fn main() {
     println!("{}", report::legend());
     println!("Verdict, per scenario (what the servers saw, naive → ours):");
     for pair in rows.chunks(2) {
-        if let [naive, ours] = pair
-            && let Some(v) = report::verdict(naive, ours)
-        {
-            println!("{v}");
+        if let [naive, ours] = pair {
+            if let Some(v) = report::verdict(naive, ours) {
+                println!("{v}");
+            }
         }
     }
 }

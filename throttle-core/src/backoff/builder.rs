@@ -272,7 +272,11 @@ impl BackoffConfigBuilder {
                 limit: r.max,
             });
         }
-        if !self.floor.is_multiple_of(self.resolution) {
+        if self
+            .floor
+            .checked_rem(self.resolution)
+            .map_or(self.floor != 0, |r| r != 0)
+        {
             return Err(ConfigError::Invalid {
                 option: r.floor,
                 reason: "must be a multiple of the resolution",
@@ -290,14 +294,14 @@ impl BackoffConfigBuilder {
                 option: r.multiplier,
                 reason: "grows too slowly: the delay must settle within 4096 attempts",
             })?;
-        if let Some(start) = self.slowest_jittered_start()
-            && ramp(start, self.max, self.num, self.den_div()).is_none()
-        {
-            return Err(ConfigError::Invalid {
-                option: r.jitter,
-                reason: "a jittered start grows too slowly: the delay must settle within \
-                         4096 attempts",
-            });
+        if let Some(start) = self.slowest_jittered_start() {
+            if ramp(start, self.max, self.num, self.den_div()).is_none() {
+                return Err(ConfigError::Invalid {
+                    option: r.jitter,
+                    reason: "a jittered start grows too slowly: the delay must settle within \
+                             4096 attempts",
+                });
+            }
         }
         Ok(settles)
     }

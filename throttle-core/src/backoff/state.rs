@@ -81,16 +81,17 @@ impl Backoff {
         // `u64`. It is the general path below specialised (same helpers, same draws); anything
         // else goes there before drawing. Proportional jitter has no additive offset, so the
         // first base is `initial`.
-        if let Some(spread) = &cfg.spread
-            && self.exhausted.is_none()
-            && !self.at_limit(cfg)
-            && let Some(base) = match self.attempt {
-                0 => Some(cfg.initial),
-                _ => cfg.next_base_narrow(self.base),
+        if let Some(spread) = &cfg.spread {
+            if self.exhausted.is_none() && !self.at_limit(cfg) {
+                let base = match self.attempt {
+                    0 => Some(cfg.initial),
+                    _ => cfg.next_base_narrow(self.base),
+                };
+                if let Some(base) = base {
+                    let delay = cfg.draw_spread(spread, base, rng);
+                    return self.hand_out(cfg, base, delay);
+                }
             }
-        {
-            let delay = cfg.draw_spread(spread, base, rng);
-            return self.hand_out(cfg, base, delay);
         }
         self.next_delay_general(cfg, rng)
     }
@@ -152,11 +153,11 @@ impl Backoff {
         base: u64,
         delay: u64,
     ) -> Option<Duration> {
-        if let Some(budget) = cfg.budget
-            && delay > budget.saturating_sub(self.spent)
-        {
-            self.exhausted = Some(Exhausted::Budget);
-            return None;
+        if let Some(budget) = cfg.budget {
+            if delay > budget.saturating_sub(self.spent) {
+                self.exhausted = Some(Exhausted::Budget);
+                return None;
+            }
         }
         self.attempt = self.attempt.saturating_add(1);
         self.base = base;

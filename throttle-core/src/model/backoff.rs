@@ -350,7 +350,7 @@ fn ref_valid(s: &Spec) -> bool {
         && s.num >= s.den
         && jitter_ok
         && s.floor <= s.max
-        && s.floor.is_multiple_of(s.res)
+        && s.floor.checked_rem(s.res).map_or(s.floor == 0, |r| r == 0)
         && (s.initial == 0 || s.res <= s.max)
         && matches!(ref_ramp_len(s, s.initial), Some(n) if n <= RAMP_LIMIT)
         && ref_additive_ok(s)
@@ -501,7 +501,7 @@ fn check_delay(s: &Spec, what: &str, attempt: u32, d: u64, want: u64) -> Result<
     if d == 0 {
         return Err(format!("{what}: an enabled backoff gave a zero delay"));
     }
-    if !d.is_multiple_of(s.res) {
+    if d.checked_rem(s.res).map_or(d != 0, |r| r != 0) {
         return Err(format!("{what}: {d} ns not a multiple of {} ns", s.res));
     }
     let never_earlier = match s.jitter {

@@ -239,7 +239,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut c = Cursor::new(data);
 
     // Server configuration: mostly sound small triggers, sometimes anything at all.
-    let (tf, tr, budget) = if c.u8().is_multiple_of(4) {
+    let (tf, tr, budget) = if c.u8() % 4 == 0 {
         let (tf, tr) = (trigger(&mut c), trigger(&mut c));
         let budget = if c.bool() {
             Some((write_buffer_size(&mut c), trigger(&mut c)))
@@ -295,7 +295,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let k = u32::from(c.u8() % 6);
     let max = max_throttle(&mut c);
     let curve_ok = (1..=4).contains(&k)
-        && max.as_nanos().is_multiple_of(1_000_000)
+        && max.as_nanos() % 1_000_000 == 0
         && max.as_millis() <= u128::from(u32::MAX);
     let curve = match (
         ThrottleCurve::builder()

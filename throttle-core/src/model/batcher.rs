@@ -510,13 +510,12 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool
             *now = c.time_step(*now);
             m.handle_timeout(*now);
             r.clock = r.clock.max(*now);
-            if let Some(t) = m.poll_timeout()
-                && t <= r.clock
-                && t != Instant::MAX
-            {
-                return Err(format!(
-                    "step {step}: maintenance still due at {t:?} after handle_timeout({now:?})"
-                ));
+            if let Some(t) = m.poll_timeout() {
+                if t <= r.clock && t != Instant::MAX {
+                    return Err(format!(
+                        "step {step}: maintenance still due at {t:?} after handle_timeout({now:?})"
+                    ));
+                }
             }
         }
         CANCEL => {

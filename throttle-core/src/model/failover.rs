@@ -213,10 +213,10 @@ pub fn check_coalescer(data: &[u8]) -> Result<(), Divergence> {
                 if !need_matches(&got, want) {
                     return Err(format!("step {step}: need {got:?}, expected {want:?}"));
                 }
-                if let CoalesceAction::Full(w) = got
-                    && w != serial
-                {
-                    return Err(format!("step {step}: Full handed back {w}, not {serial}"));
+                if let CoalesceAction::Full(w) = got {
+                    if w != serial {
+                        return Err(format!("step {step}: Full handed back {w}, not {serial}"));
+                    }
                 }
                 joined.push(!matches!(want, NeedAnswer::Full));
                 released.push(0);
@@ -559,11 +559,11 @@ impl Calls {
         if want != Want::Nothing {
             r.emitted.push(want);
         }
-        if let Some(d) = self.due.get_mut(i)
-            && want != Want::Nothing
-        {
-            // A retry awaits its due report; any other answer ends the wait for one.
-            *d = want == Want::Retry;
+        if let Some(d) = self.due.get_mut(i) {
+            if want != Want::Nothing {
+                // A retry awaits its due report; any other answer ends the wait for one.
+                *d = want == Want::Retry;
+            }
         }
         if r.finished() > 1 {
             return Err(format!("step {step}: call {i} completed twice"));
@@ -782,10 +782,10 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
                     continue;
                 };
                 let got = call.handle_error(s.now, class, &mut s.budget, &mut s.rng);
-                if got != CallAction::None
-                    && let Some(m) = s.machine_last_never.get_mut(i)
-                {
-                    *m = !ne;
+                if got != CallAction::None {
+                    if let Some(m) = s.machine_last_never.get_mut(i) {
+                        *m = !ne;
+                    }
                 }
                 s.settle(i, got, want, "error")?;
             }

@@ -536,12 +536,12 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         };
         let fail = |m: alloc::string::String| format!("step {step}: after {}: {m}", done.what);
 
-        if let Some((got, want)) = done.install_result
-            && u64::try_from(got.as_nanos()).unwrap_or(u64::MAX) != want
-        {
-            return Err(fail(format!(
-                "install returned {got:?}, reference {want} ns"
-            )));
+        if let Some((got, want)) = done.install_result {
+            if u64::try_from(got.as_nanos()).unwrap_or(u64::MAX) != want {
+                return Err(fail(format!(
+                    "install returned {got:?}, reference {want} ns"
+                )));
+            }
         }
         let wake = st.gate.poll_action();
         let want_wake = done.expected_wake.map(|at| GateAction::Wake {
@@ -700,13 +700,13 @@ fn apply(
             gate.handle_timeout(now_v);
             let t = reference.observe(now_v);
             reference.timeout(t);
-            if let Some(p) = gate.poll_timeout()
-                && p.as_nanos() <= t
-            {
-                return Err(format!(
-                    "step {step}: {}: a gate at {p:?} survived",
-                    done.what
-                ));
+            if let Some(p) = gate.poll_timeout() {
+                if p.as_nanos() <= t {
+                    return Err(format!(
+                        "step {step}: {}: a gate at {p:?} survived",
+                        done.what
+                    ));
+                }
             }
         }
         13 => {

@@ -539,10 +539,10 @@ where
                 }
             },
         };
-        if let Some(n) = node_slot
-            && let Some(Some(node)) = self.nodes.get_mut(n as usize)
-        {
-            node.refs = node.refs.saturating_add(1);
+        if let Some(n) = node_slot {
+            if let Some(Some(node)) = self.nodes.get_mut(n as usize) {
+                node.refs = node.refs.saturating_add(1);
+            }
         }
         let old = match self.buckets.get_mut(slot as usize).and_then(Option::as_mut) {
             Some(b) => {
@@ -936,14 +936,12 @@ where
     /// The bucket may have a sendable head batch: list it once (and unpark it).
     fn mark_ready(&mut self, slot: u32) {
         self.parked.remove(slot as usize);
-        if let Some(b) = self.buckets.get_mut(slot as usize).and_then(Option::as_mut)
-            && !b.listed
-            && !b.in_flight
-            && !b.queue.is_empty()
-        {
-            b.listed = true;
-            self.ready.push_back(slot);
-            self.peak_ready.see(self.ready.len());
+        if let Some(b) = self.buckets.get_mut(slot as usize).and_then(Option::as_mut) {
+            if !b.listed && !b.in_flight && !b.queue.is_empty() {
+                b.listed = true;
+                self.ready.push_back(slot);
+                self.peak_ready.see(self.ready.len());
+            }
         }
     }
 
@@ -1172,10 +1170,10 @@ where
             if b.queue.iter().skip(1).any(|q| q.attempts > 0) {
                 return Err("a retried batch is not at the front of its queue");
             }
-            if let Some(n) = b.leader
-                && !matches!(self.nodes.get(n as usize), Some(Some(_)))
-            {
-                return Err("a bucket's leader is a free node slot");
+            if let Some(n) = b.leader {
+                if !matches!(self.nodes.get(n as usize), Some(Some(_))) {
+                    return Err("a bucket's leader is a free node slot");
+                }
             }
             if !b.in_flight && !b.listed && !parked && !b.queue.is_empty() && b.leader.is_some() {
                 // Idle with work and a leader: only right after close, which queues nothing.

@@ -86,11 +86,11 @@ impl<T> Waiters<T> {
             state,
             waker: Some(waker),
         });
-        if let Some(idx) = self.free.pop()
-            && let Some(slot) = self.slots.get_mut(idx)
-        {
-            *slot = entry;
-            return WaiterKey(idx);
+        if let Some(idx) = self.free.pop() {
+            if let Some(slot) = self.slots.get_mut(idx) {
+                *slot = entry;
+                return WaiterKey(idx);
+            }
         }
         self.slots.push(entry);
         WaiterKey(self.slots.len() - 1)

@@ -129,10 +129,10 @@ impl IndexedHeap {
             return;
         }
         self.pos.swap_remove(slot);
-        if let Some(&p) = self.pos.get(slot)
-            && let Some(item) = self.items.get_mut(p as usize)
-        {
-            item.slot = slot as u32;
+        if let Some(&p) = self.pos.get(slot) {
+            if let Some(item) = self.items.get_mut(p as usize) {
+                item.slot = slot as u32;
+            }
         }
     }
 
@@ -193,10 +193,10 @@ impl IndexedHeap {
     /// Record the position of the item at `i`.
     #[inline]
     fn place(&mut self, i: usize) {
-        if let Some(item) = self.items.get(i)
-            && let Some(p) = self.pos.get_mut(item.slot as usize)
-        {
-            *p = i as u32;
+        if let Some(item) = self.items.get(i) {
+            if let Some(p) = self.pos.get_mut(item.slot as usize) {
+                *p = i as u32;
+            }
         }
     }
 
@@ -252,10 +252,10 @@ impl IndexedHeap {
                 break;
             };
             let child = first + c;
-            if let Some(&moved) = self.items.get(child)
-                && let Some(slot) = self.items.get_mut(i)
-            {
-                *slot = moved;
+            if let Some(&moved) = self.items.get(child) {
+                if let Some(slot) = self.items.get_mut(i) {
+                    *slot = moved;
+                }
             }
             self.place(i);
             i = child;

@@ -487,11 +487,10 @@ where
         let i = slot_of(entry);
         self.clean(i, now);
         let open = self.opening(i) == Instant::ZERO;
-        if let Some(p) = self.probes.get_mut(i)
-            && p.armed != 0
-            && open
-        {
-            p.used = p.used.saturating_add(1);
+        if let Some(p) = self.probes.get_mut(i) {
+            if p.armed != 0 && open {
+                p.used = p.used.saturating_add(1);
+            }
         }
         self.settle(i, entry & LEADER_UNKNOWN != 0, now);
     }
@@ -556,10 +555,10 @@ where
         // Keep only the buckets whose leader is unknown, holding nothing else.
         let mut unknown = alloc::vec![false; self.slots.len()];
         for &e in self.index.iter() {
-            if e & LEADER_UNKNOWN != 0
-                && let Some(u) = unknown.get_mut(slot_of(e))
-            {
-                *u = true;
+            if e & LEADER_UNKNOWN != 0 {
+                if let Some(u) = unknown.get_mut(slot_of(e)) {
+                    *u = true;
+                }
             }
         }
         let slots = core::mem::take(&mut self.slots);
@@ -1029,11 +1028,10 @@ where
 
     /// End slot `i`'s probe state if it lapsed by `now` (only while no deadline is pending).
     fn lapse_probe(&mut self, i: usize, now: Instant) {
-        if self.opening(i) == Instant::ZERO
-            && self.probe_lapse(i).is_some_and(|l| l <= now)
-            && let Some(p) = self.probes.get_mut(i)
-        {
-            *p = Probe::default();
+        if self.opening(i) == Instant::ZERO && self.probe_lapse(i).is_some_and(|l| l <= now) {
+            if let Some(p) = self.probes.get_mut(i) {
+                *p = Probe::default();
+            }
         }
     }
 
@@ -1050,11 +1048,12 @@ where
         if let Ok(e) = self.index.find_entry(hash, |&e| slot_of(e) == i) {
             e.remove();
         }
-        if i != last
-            && let Some(moved) = self.hashes.get(last).map(|h| h.map_hash())
-            && let Some(e) = self.index.find_mut(moved, |&e| slot_of(e) == last)
-        {
-            *e = (*e & LEADER_UNKNOWN) | i as u32;
+        if i != last {
+            if let Some(moved) = self.hashes.get(last).map(|h| h.map_hash()) {
+                if let Some(e) = self.index.find_mut(moved, |&e| slot_of(e) == last) {
+                    *e = (*e & LEADER_UNKNOWN) | i as u32;
+                }
+            }
         }
         // The key is dropped at the end, once the gate is consistent again.
         let _gone = self.slots.swap_remove(i);
@@ -1148,10 +1147,10 @@ where
             if wanted != self.heap.contains(i) {
                 return Err("heap membership disagrees with the bucket's state");
             }
-            if let (true, Some(key)) = (wanted, key)
-                && self.heap.position(i).and_then(|p| self.heap.get(p)) != Some((key, i))
-            {
-                return Err("heap item does not match the bucket's opening");
+            if let (true, Some(key)) = (wanted, key) {
+                if self.heap.position(i).and_then(|p| self.heap.get(p)) != Some((key, i)) {
+                    return Err("heap item does not match the bucket's opening");
+                }
             }
             if self.closed && opening != Instant::ZERO {
                 return Err("a gate survived close");

@@ -451,12 +451,12 @@ impl Admin {
             let Ok(lease) = self.pool.lease(&coordinator_key(addr)).await else {
                 continue;
             };
-            if let Ok((Status::Ok, p)) = lease.call(Request::metadata()).await
-                && let Some(b) = p.get(..2)
-            {
-                let port = u16::from_be_bytes([b[0], b[1]]);
-                *lock(&self.leader) = SocketAddr::new(addr.ip(), port);
-                return true;
+            if let Ok((Status::Ok, p)) = lease.call(Request::metadata()).await {
+                if let Some(b) = p.get(..2) {
+                    let port = u16::from_be_bytes([b[0], b[1]]);
+                    *lock(&self.leader) = SocketAddr::new(addr.ip(), port);
+                    return true;
+                }
             }
         }
         false

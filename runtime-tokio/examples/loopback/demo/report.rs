@@ -303,11 +303,11 @@ pub fn verdict(naive: &Row, ours: &Row) -> Option<String> {
     };
     out.push(' ');
     out += &why;
-    if sc == Scenario::Failover
-        && let Some(note) = failover_note(naive, ours)
-    {
-        out.push(' ');
-        out += &note;
+    if sc == Scenario::Failover {
+        if let Some(note) = failover_note(naive, ours) {
+            out.push(' ');
+            out += &note;
+        }
     }
     if let Some(peak) = peak_note(naive, ours) {
         out.push(' ');
@@ -379,14 +379,14 @@ fn disk_later(when: &str, naive: &Row, ours: &Row) -> String {
 /// reported any, and the rejections it did not re-send, if it had fewer.
 fn l0_later(when: &str, naive: &Row, ours: &Row) -> String {
     let mut reasons = Vec::new();
-    if let Some(o) = ours.tablet
-        && o.peak_l0 >= u64::from(o.pressure_from)
-    {
-        reasons.push(format!(
-            "it slowed down on the pressure the server piggybacks on accepted writes from L0 \
-             {} on (ours reached {})",
-            o.pressure_from, o.peak_l0
-        ));
+    if let Some(o) = ours.tablet {
+        if o.peak_l0 >= u64::from(o.pressure_from) {
+            reasons.push(format!(
+                "it slowed down on the pressure the server piggybacks on accepted writes from L0 \
+                 {} on (ours reached {})",
+                o.pressure_from, o.peak_l0
+            ));
+        }
     }
     if naive.refused > ours.refused {
         reasons.push(format!(

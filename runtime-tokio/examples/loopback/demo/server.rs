@@ -189,11 +189,11 @@ impl Tablet {
             st.l0 = st.l0.saturating_sub(u64::from(due));
             st.compacted_at += every.saturating_mul(due);
         }
-        if let Some((start, end)) = st.episode
-            && end <= now
-        {
-            st.overloaded += end.saturating_duration_since(start);
-            st.episode = None;
+        if let Some((start, end)) = st.episode {
+            if end <= now {
+                st.overloaded += end.saturating_duration_since(start);
+                st.episode = None;
+            }
         }
         let l0 = st.l0;
         st.pressure.handle_l0(l0);
