@@ -389,6 +389,13 @@ pub fn check_single(data: &[u8]) -> Result<(), Divergence> {
     run::<SingleWindow<u32>>(data)
 }
 
+/// [`check`], then [`check_single`] on the same input: what the fuzz target and the corpus
+/// replay run.
+pub fn check_all(data: &[u8]) -> Result<(), Divergence> {
+    check(data)?;
+    check_single(data).map_err(|e| format!("single-shard window: {e}"))
+}
+
 fn run<W: Subject>(data: &[u8]) -> Result<(), Divergence> {
     let mut c = Cursor::new(data);
     // The limit, as a client gives it (`usize`); above `u32::MAX` the window clamps, so
