@@ -163,7 +163,8 @@ pub struct Dispatch<Shard, B> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SubmitError<B> {
-    /// The window was closed by [`DispatchWindow::close`].
+    /// The window was closed ([`DispatchWindow::close`]) or is draining
+    /// ([`DispatchWindow::drain`]): it takes no new batch.
     #[error("dispatch window is closed")]
     Closed(B),
     /// `submit_or_park` found a batch already parked for the shard; reclaim it first.
@@ -241,7 +242,7 @@ pub(crate) enum Take {
     Credit(CreditId),
     /// The shard has no free credit, or holds batches back.
     NoCredit,
-    /// The window is closed (by `close`).
+    /// The window is closed (by `close` or `drain`).
     Closed,
     /// The window can issue no new id.
     Exhausted,
