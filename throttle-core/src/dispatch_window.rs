@@ -13,6 +13,11 @@
 //! release dispatches the oldest queued batch first, then the parked one, so operations leave
 //! in the order they arrived.
 //!
+//! [`SingleWindow`] is the window of one shard, for a client that keeps one object per shard:
+//! both types run the same per-shard rules (a shared core), so they answer alike. Both close
+//! two ways: [`close`](DispatchWindow::close) fails held-back work (returns it), and
+//! [`drain`](DispatchWindow::drain) keeps sending it as credits come back.
+//!
 //! See `docs/dispatch-window.md` for the state diagram.
 
 use alloc::vec::Vec;
@@ -259,13 +264,15 @@ pub(crate) enum Take {
 ///   returns the ticket of a queued one), [`submit_or_park`](Self::submit_or_park) (the
 ///   shard's open batch), [`reclaim`](Self::reclaim), [`cancel`](Self::cancel) (withdraw a
 ///   queued batch), [`complete`](Self::complete) (once per credit, when the batch's RPC ends
-///   for any reason), [`close`](Self::close).
+///   for any reason), [`drain`](Self::drain) (close for sending), [`close`](Self::close)
+///   (close failing held-back work).
 /// - Outputs: each input that may send returns the [`Dispatch`]; send it after the call
 ///   returns. There is at most one dispatch per call, so there is no `poll_action`.
 /// - Queries (`&self`): [`in_flight`](Self::in_flight), [`available`](Self::available),
 ///   [`queued`](Self::queued), [`is_parked`](Self::is_parked),
 ///   [`shard_count`](Self::shard_count), [`live_credits`](Self::live_credits),
-///   [`is_closed`](Self::is_closed).
+///   [`is_closed`](Self::is_closed), [`is_draining`](Self::is_draining),
+///   [`is_drained`](Self::is_drained).
 /// - Maintenance: when [`poll_timeout`](Self::poll_timeout) returns a deadline, call
 ///   [`handle_timeout(now)`](Self::handle_timeout) once it has passed (calling it earlier or
 ///   more often is harmless: it runs at most once per [`MAINTENANCE_INTERVAL`]). It is the only
