@@ -86,7 +86,7 @@ corpus_replays! {
     backoff_corpus_matches_reference => "backoff", throttle_sansio::model::backoff::check;
     backpressure_corpus_matches_reference => "backpressure", throttle_sansio::model::backpressure::check;
     write_gate_corpus_matches_reference => "write_gate", throttle_sansio::model::write_gate::check;
-    dispatch_window_corpus_matches_reference => "dispatch_window", throttle_sansio::model::dispatch_window::check;
+    dispatch_window_corpus_matches_reference => "dispatch_window", throttle_sansio::model::dispatch_window::check_all;
     batcher_corpus_matches_reference => "batcher", throttle_sansio::model::batcher::check;
     pending_bytes_corpus_matches_reference => "pending_bytes", throttle_sansio::model::pending_bytes::check;
     conn_key_corpus_matches_reference => "conn_key", throttle_sansio::model::conn_key::check;

@@ -1135,7 +1135,7 @@ mod tests {
     fn reads(max_in_flight: u32) -> B {
         batcher(
             BatcherConfig::reads()
-                .with_window(WindowConfig::default().with_max_in_flight(max_in_flight)),
+                .with_window(WindowConfig::default().with_max_in_flight(max_in_flight as usize)),
         )
     }
 
@@ -1900,7 +1900,7 @@ mod panicking_key_tests {
         let cfg = BatcherConfig::writes()
             .with_max_requests_per_batch(max_ops)
             .with_max_batch_bytes(100)
-            .with_window(WindowConfig::default().with_max_in_flight(max_in_flight));
+            .with_window(WindowConfig::default().with_max_in_flight(max_in_flight as usize));
         match KeyBatcher::new(cfg) {
             Ok(b) => b,
             Err(e) => panic!("valid config refused: {e}"),

@@ -13,26 +13,50 @@
 //! release dispatches the oldest queued batch first, then the parked one, so operations leave
 //! in the order they arrived.
 //!
+//! [`SingleWindow`] is the window of one shard, for a client that keeps one object per shard:
+//! both types run the same per-shard rules (a shared core), so they answer alike. Both close
+//! two ways: [`close`](DispatchWindow::close) fails held-back work (returns it), and
+//! [`drain`](DispatchWindow::drain) keeps sending it as credits come back.
+//!
 //! See `docs/dispatch-window.md` for the state diagram.
 
-use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use core::hash::{BuildHasher, Hash};
+use core::num::NonZeroUsize;
 
 use hashbrown::HashTable;
 
 use crate::error::{ConfigError, ReleaseError};
 pub use crate::maintenance::MAINTENANCE_INTERVAL;
-use crate::maintenance::{Maintenance, Peak};
+use crate::maintenance::Peak;
+use crate::slab::Key;
 pub use crate::slab::{Exhausted, Ticket};
-use crate::slab::{Key, Slab};
-use crate::time::{Clock, Instant};
+use crate::time::Instant;
 
-/// Configuration of a [`DispatchWindow`].
+pub(crate) use shard::Entered;
+use shard::{Books, Mode, ShardWindow};
+pub use single::SingleWindow;
+
+/// Configuration of a [`DispatchWindow`] or a [`SingleWindow`].
+///
+/// The limit is a `usize`, as clients count batches. A config built by
+/// [`WindowConfig::new`] or [`Default`] is valid by construction; only
+/// [`with_max_in_flight(0)`](Self::with_max_in_flight) makes an invalid one, which
+/// [`validate`](Self::validate) (and so every fallible window constructor) refuses.
+///
+/// ```
+/// use core::num::NonZeroUsize;
+/// use throttle_sansio::WindowConfig;
+///
+/// let eight = NonZeroUsize::new(8).expect("not zero");
+/// assert_eq!(WindowConfig::new(eight).max_in_flight(), 8);
+/// assert_eq!(WindowConfig::default().max_in_flight(), 4);
+/// assert!(WindowConfig::default().with_max_in_flight(0).validate().is_err());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WindowConfig {
-    max_in_flight: u32,
+    max_in_flight: usize,
 }
 
 impl Default for WindowConfig {
@@ -44,16 +68,35 @@ impl Default for WindowConfig {
 }
 
 impl WindowConfig {
-    /// At most `n` batches outstanding per shard (must be at least 1).
+    /// At most `max_in_flight` batches outstanding per shard: valid by construction.
     #[must_use]
-    pub fn with_max_in_flight(mut self, n: u32) -> Self {
+    pub const fn new(max_in_flight: NonZeroUsize) -> Self {
+        WindowConfig {
+            max_in_flight: max_in_flight.get(),
+        }
+    }
+
+    /// At most `n` batches outstanding per shard (must be at least 1: `validate` refuses 0).
+    ///
+    /// A window counts its credits in `u32`, so a limit above `u32::MAX` is clamped to
+    /// `u32::MAX` ([`DispatchWindow::capacity`] reports the clamped value). That changes
+    /// nothing a caller can observe: no window can hold `u32::MAX` credits at once (its credit
+    /// slots are numbered in `u32`, so it reports [`SubmitError::Exhausted`] first).
+    #[must_use]
+    pub fn with_max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n;
         self
     }
 
-    /// Batches allowed outstanding per shard.
-    pub fn max_in_flight(&self) -> u32 {
+    /// Batches allowed outstanding per shard, as set (before the clamp to `u32::MAX`).
+    pub fn max_in_flight(&self) -> usize {
         self.max_in_flight
+    }
+
+    /// The window's per-shard capacity: [`Self::max_in_flight`] clamped to `u32::MAX`.
+    #[inline]
+    fn cap(&self) -> u32 {
+        u32::try_from(self.max_in_flight).unwrap_or(u32::MAX)
     }
 
     /// Refuses a window of zero batches (it could never send anything).
@@ -63,7 +106,7 @@ impl WindowConfig {
                 option: &crate::options::window::MAX_IN_FLIGHT,
                 got: 0,
                 min: 1,
-                max: u64::from(u32::MAX),
+                max: u64::try_from(usize::MAX).unwrap_or(u64::MAX),
                 unit: "batches",
             });
         }
@@ -125,7 +168,8 @@ pub struct Dispatch<Shard, B> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SubmitError<B> {
-    /// The window was closed by [`DispatchWindow::close`].
+    /// The window was closed ([`DispatchWindow::close`]) or is draining
+    /// ([`DispatchWindow::drain`]): it takes no new batch.
     #[error("dispatch window is closed")]
     Closed(B),
     /// `submit_or_park` found a batch already parked for the shard; reclaim it first.
@@ -156,44 +200,6 @@ pub enum Submitted<Shard, B> {
     /// Queued behind the shard's older held-back batches. [`DispatchWindow::cancel`] with this
     /// ticket withdraws it in O(1) until a release dispatches it.
     Queued(Ticket),
-}
-
-/// What a shard's window holds. Once all three are empty the shard is idle: the entry stays in
-/// the map (so the next batch for the shard finds it without an insert) until maintenance or
-/// a growing map evicts it.
-#[derive(Clone, Debug)]
-struct ShardWindow<B> {
-    in_flight: u32,
-    /// The shard's waiting line: tickets of its held-back full batches in arrival order, plus
-    /// tombstones (tickets cancelled while waiting, recognised by no longer being live in the
-    /// window's `held` slab). Cancelling only frees the ticket, so it is O(1); tombstones are
-    /// dropped when they reach the head, or all at once when they outnumber the live entries.
-    line: VecDeque<Key>,
-    /// Live (non-tombstone) entries of `line`.
-    queued: usize,
-    parked: Option<B>,
-    /// `line` is one of the window's pooled buffers (counted in `queues_held`), taken when the
-    /// shard first had to queue; it goes back to the pool when the shard idles.
-    owns_queue: bool,
-}
-
-impl<B> ShardWindow<B> {
-    fn is_idle(&self) -> bool {
-        self.in_flight == 0 && self.queued == 0 && self.parked.is_none()
-    }
-
-    /// Whether a batch is held back (queued or parked).
-    #[inline]
-    fn holds_back(&self) -> bool {
-        self.queued > 0 || self.parked.is_some()
-    }
-
-    /// Whether a newcomer would have to wait: no free credit, or anything held back (no
-    /// barging past the line).
-    #[inline]
-    fn must_wait(&self, cap: u32) -> bool {
-        self.in_flight >= cap || self.holds_back()
-    }
 }
 
 /// One entry of the shard map: the key, the hash that placed it, an id unique for the
@@ -233,13 +239,6 @@ impl Place {
     }
 }
 
-/// A held-back full batch, live in the `held` slab while it waits.
-#[derive(Clone, Debug)]
-struct Held<B> {
-    place: Place,
-    batch: B,
-}
-
 /// What [`DispatchWindow::try_take`] did.
 #[cfg(feature = "std")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -248,7 +247,7 @@ pub(crate) enum Take {
     Credit(CreditId),
     /// The shard has no free credit, or holds batches back.
     NoCredit,
-    /// The window is closed (by `close`).
+    /// The window is closed (by `close` or `drain`).
     Closed,
     /// The window can issue no new id.
     Exhausted,
@@ -265,13 +264,15 @@ pub(crate) enum Take {
 ///   returns the ticket of a queued one), [`submit_or_park`](Self::submit_or_park) (the
 ///   shard's open batch), [`reclaim`](Self::reclaim), [`cancel`](Self::cancel) (withdraw a
 ///   queued batch), [`complete`](Self::complete) (once per credit, when the batch's RPC ends
-///   for any reason), [`close`](Self::close).
+///   for any reason), [`drain`](Self::drain) (close for sending), [`close`](Self::close)
+///   (close failing held-back work).
 /// - Outputs: each input that may send returns the [`Dispatch`]; send it after the call
 ///   returns. There is at most one dispatch per call, so there is no `poll_action`.
 /// - Queries (`&self`): [`in_flight`](Self::in_flight), [`available`](Self::available),
 ///   [`queued`](Self::queued), [`is_parked`](Self::is_parked),
 ///   [`shard_count`](Self::shard_count), [`live_credits`](Self::live_credits),
-///   [`is_closed`](Self::is_closed).
+///   [`is_closed`](Self::is_closed), [`is_draining`](Self::is_draining),
+///   [`is_drained`](Self::is_drained).
 /// - Maintenance: when [`poll_timeout`](Self::poll_timeout) returns a deadline, call
 ///   [`handle_timeout(now)`](Self::handle_timeout) once it has passed (calling it earlier or
 ///   more often is harmless: it runs at most once per [`MAINTENANCE_INTERVAL`]). It is the only
@@ -329,30 +330,11 @@ pub struct DispatchWindow<Shard, B, S> {
     hasher: S,
     /// Id of the next shard entry (never reused while the window lives: 2^64 inserts).
     next_entry: u64,
-    closed: bool,
     peak_shards: Peak,
-    clock: Clock,
     /// Everything else, apart from the map, so that an input can hold one shard's entry and
-    /// update the books beside it with a single lookup.
-    books: Books<B>,
-}
-
-/// The window's state beside the shard map: the id slabs, the pool of line buffers, the
-/// counters and maintenance.
-#[derive(Clone, Debug)]
-struct Books<B> {
-    /// Entries of `shards` that are not idle.
-    active: usize,
-    credits: Slab<Place>,
-    /// Held-back full batches, by ticket.
-    held: Slab<Held<B>>,
-    /// Line buffers of shards that went idle, for the next shard that has to queue.
-    spare_queues: Vec<VecDeque<Key>>,
-    /// Shard windows owning a pooled line buffer; with `spare_queues`, every buffer.
-    queues_held: usize,
-    peak_queues_held: Peak,
-    peak_queue_len: Peak,
-    maintenance: Maintenance,
+    /// update the books beside it with a single lookup. The rules of each shard's window live
+    /// there (`shard.rs`), shared with [`SingleWindow`].
+    books: Books<B, Place>,
 }
 
 /// The entry at `place`, found without running user code.
@@ -380,28 +362,40 @@ where
     /// A window hashing shard keys with `hasher`.
     pub fn with_hasher(cfg: WindowConfig, hasher: S) -> Result<Self, ConfigError> {
         cfg.validate()?;
-        let credits = Slab::new();
-        let mut held = Slab::new();
-        held.set_tag(credits.tag());
-        Ok(DispatchWindow {
+        Ok(Self::valid(cfg, hasher))
+    }
+
+    /// A window of at most `max_in_flight` batches per shard, hashing shard keys with
+    /// `hasher`. Infallible: the limit cannot be zero (above `u32::MAX` it is clamped, see
+    /// [`WindowConfig::with_max_in_flight`]).
+    ///
+    /// ```
+    /// use core::num::NonZeroUsize;
+    /// use throttle_sansio::DispatchWindow;
+    /// # use core::hash::BuildHasherDefault;
+    /// # #[derive(Default)] struct H(u64);
+    /// # impl core::hash::Hasher for H {
+    /// #     fn finish(&self) -> u64 { self.0 }
+    /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+    /// # }
+    /// let two = NonZeroUsize::new(2).expect("not zero");
+    /// let w: DispatchWindow<u32, &str, _> = DispatchWindow::limited(two, BuildHasherDefault::<H>::default());
+    /// assert_eq!(w.capacity(), 2);
+    /// ```
+    pub fn limited(max_in_flight: NonZeroUsize, hasher: S) -> Self {
+        Self::valid(WindowConfig::new(max_in_flight), hasher)
+    }
+
+    /// A window of a config that passed `validate`.
+    fn valid(cfg: WindowConfig, hasher: S) -> Self {
+        DispatchWindow {
             cfg,
             shards: HashTable::new(),
             hasher,
             next_entry: 0,
-            closed: false,
             peak_shards: Peak::default(),
-            clock: Clock::default(),
-            books: Books {
-                active: 0,
-                credits,
-                held,
-                spare_queues: Vec::new(),
-                queues_held: 0,
-                peak_queues_held: Peak::default(),
-                peak_queue_len: Peak::default(),
-                maintenance: Maintenance::default(),
-            },
-        })
+            books: Books::new(),
+        }
     }
 
     /// Gives the window the instance tag `tag` (for targets without 32-bit atomics, where
@@ -409,8 +403,7 @@ where
     /// no longer recognised.
     #[must_use]
     pub fn with_instance_tag(mut self, tag: u32) -> Self {
-        self.books.credits.set_tag(tag);
-        self.books.held.set_tag(tag);
+        self.books.set_tag(tag);
         self
     }
 
@@ -466,17 +459,24 @@ where
         shard: Shard,
         batch: B,
     ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
-        if self.closed {
+        if self.books.refuses() {
             return Err(SubmitError::Closed(batch));
         }
         let hash = self.hasher.hash_one(&shard);
-        let cap = self.cfg.max_in_flight;
+        let cap = self.cfg.cap();
         // The lookup (user `Eq`) is the only user code, and it runs before anything changes.
         let Some(e) = self.shards.find_mut(hash, |e| e.key == shard) else {
             return self.open_shard(shard, hash, batch).map(Some);
         };
         let place = Place { hash, entry: e.id };
-        self.books.park_or_send(&mut e.w, place, cap, shard, batch)
+        Ok(self
+            .books
+            .park_or_send(&mut e.w, place, cap, batch)?
+            .map(|(credit, batch)| Dispatch {
+                shard,
+                credit,
+                batch,
+            }))
     }
 
     /// A full batch for `shard`, whose hash by this window's hasher is `hash`; the outcome is
@@ -490,10 +490,10 @@ where
         sent: impl FnOnce(Dispatch<Shard, B>) -> R,
         queued: impl FnOnce(Ticket) -> R,
     ) -> Result<R, SubmitError<B>> {
-        if self.closed {
+        if self.books.refuses() {
             return Err(SubmitError::Closed(batch));
         }
-        let cap = self.cfg.max_in_flight;
+        let cap = self.cfg.cap();
         // The lookup (user `Eq`) is the only user code, and it runs before anything changes.
         let Some(e) = self.shards.find_mut(hash, |e| e.key == shard) else {
             return self.open_shard(shard, hash, batch).map(sent);
@@ -547,13 +547,7 @@ where
                 hash,
                 id: place.entry,
                 pinned: false,
-                w: ShardWindow {
-                    in_flight: 1,
-                    line: VecDeque::new(),
-                    queued: 0,
-                    parked: None,
-                    owns_queue: false,
-                },
+                w: ShardWindow::with_in_flight(1),
             },
             |e| e.hash,
         );
@@ -627,13 +621,7 @@ where
                 hash,
                 id: place.entry,
                 pinned: true,
-                w: ShardWindow {
-                    in_flight: 0,
-                    line: VecDeque::new(),
-                    queued: 0,
-                    parked: None,
-                    owns_queue: false,
-                },
+                w: ShardWindow::with_in_flight(0),
             },
             |e| e.hash,
         );
@@ -654,10 +642,7 @@ where
     /// [`Self::reclaim`] of the shard at `place`.
     pub(crate) fn reclaim_at(&mut self, place: Place) -> Option<B> {
         let e = entry_at(&mut self.shards, place)?;
-        let batch = e.w.parked.take()?;
-        self.books.maintenance.touch();
-        self.books.idle_check(&mut e.w);
-        Some(batch)
+        self.books.reclaim(&mut e.w)
     }
 
     /// [`Self::enqueue`] of a full batch to the shard at `place` (`shard` is the key returned
@@ -668,10 +653,7 @@ where
         shard: Shard,
         batch: B,
     ) -> Result<Submitted<Shard, B>, SubmitError<B>> {
-        if self.closed {
-            return Err(SubmitError::Closed(batch));
-        }
-        let cap = self.cfg.max_in_flight;
+        let cap = self.cfg.cap();
         let Some(e) = entry_at(&mut self.shards, place) else {
             // Unreachable: the caller pinned the entry.
             debug_assert!(false, "a pinned shard has no entry");
@@ -706,16 +688,20 @@ where
         shard: Shard,
         batch: B,
     ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
-        if self.closed {
-            return Err(SubmitError::Closed(batch));
-        }
-        let cap = self.cfg.max_in_flight;
+        let cap = self.cfg.cap();
         let Some(e) = entry_at(&mut self.shards, place) else {
             // Unreachable: the caller pinned the entry.
             debug_assert!(false, "a pinned shard has no entry");
             return Err(SubmitError::Closed(batch));
         };
-        self.books.park_or_send(&mut e.w, place, cap, shard, batch)
+        Ok(self
+            .books
+            .park_or_send(&mut e.w, place, cap, batch)?
+            .map(|(credit, batch)| Dispatch {
+                shard,
+                credit,
+                batch,
+            }))
     }
 
     /// Whether the entry at `place` is in the map and pinned.
@@ -732,20 +718,12 @@ where
     /// [`ReleaseError::AlreadyReleased`], one this window never issued (another window's)
     /// with [`ReleaseError::Unknown`]; either way nothing changes. Runs no user code.
     pub fn cancel(&mut self, ticket: Ticket) -> Result<B, ReleaseError> {
-        let held = self.books.held.remove(ticket.0)?;
-        self.books.maintenance.touch();
+        let held = self.books.withdraw(ticket)?;
         let Some(e) = entry_at(&mut self.shards, held.place) else {
             debug_assert!(false, "a held batch's shard has no entry");
             return Ok(held.batch);
         };
-        let w = &mut e.w;
-        w.queued = w.queued.saturating_sub(1);
-        drop_tombstones(w, &self.books.held);
-        if w.line.len() > w.queued.saturating_mul(2).saturating_add(8) {
-            let live = &self.books.held;
-            w.line.retain(|&k| live.get(k).is_some());
-        }
-        self.books.idle_check(w);
+        self.books.withdrawn(&mut e.w);
         Ok(held.batch)
     }
 
@@ -780,19 +758,17 @@ where
             return Ok(None);
         };
         // The key is cloned for the next dispatch before anything changes (user code).
-        let shard = (!self.closed && e.w.holds_back()).then(|| e.key.clone());
+        let shard = self.books.hands_on(&e.w).then(|| e.key.clone());
         let _ = self.books.credits.remove(credit.0);
-        Ok(
-            match (self.books.hand_on(&mut e.w, place, self.closed), shard) {
-                (Some((credit, batch)), Some(shard)) => Some(Dispatch {
-                    shard,
-                    credit,
-                    batch,
-                }),
-                // A batch is handed on only when one was held back, and then the key was cloned.
-                _ => None,
-            },
-        )
+        Ok(match (self.books.hand_on(&mut e.w, place), shard) {
+            (Some((credit, batch)), Some(shard)) => Some(Dispatch {
+                shard,
+                credit,
+                batch,
+            }),
+            // A batch is handed on only when one was held back, and then the key was cloned.
+            _ => None,
+        })
     }
 
     /// Releases `credit` exactly once and hands a fresh credit to the shard's oldest held-back
@@ -810,7 +786,48 @@ where
             debug_assert!(false, "a live credit's shard has no window");
             return Ok(None);
         };
-        Ok(self.books.hand_on(&mut e.w, place, self.closed))
+        Ok(self.books.hand_on(&mut e.w, place))
+    }
+
+    /// Closes the window for sending: new batches are refused with [`SubmitError::Closed`]
+    /// (which hands the batch back), but every batch already held back still leaves, as
+    /// before: each [`complete`](Self::complete) hands its shard's oldest queued batch, then
+    /// its parked one, a fresh credit, so batches leave whole and in arrival order, at most
+    /// `capacity()` per shard. [`is_drained`](Self::is_drained) turns true once the last credit
+    /// is completed with nothing left held back.
+    ///
+    /// This is the graceful close (Oxia's `close()`, which sends what it holds); [`close`]
+    /// is the one that fails held-back work. `close` after `drain` returns what is still held
+    /// back and stops the hand-on; `drain` after `close` changes nothing. Idempotent. Runs no
+    /// user code. [`cancel`](Self::cancel) and [`reclaim`](Self::reclaim) still work while
+    /// draining (the batch is then the caller's to fail). A window that can issue no new
+    /// credit id keeps its held batches (see [`complete`](Self::complete)): `close` collects
+    /// them.
+    ///
+    /// [`close`]: Self::close
+    ///
+    /// ```
+    /// use throttle_sansio::dispatch_window::{DispatchWindow, SubmitError, WindowConfig};
+    /// # use core::hash::BuildHasherDefault;
+    /// # #[derive(Default)] struct H(u64);
+    /// # impl core::hash::Hasher for H {
+    /// #     fn finish(&self) -> u64 { self.0 }
+    /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+    /// # }
+    /// let cfg = WindowConfig::default().with_max_in_flight(1);
+    /// let mut w: DispatchWindow<u32, &str, BuildHasherDefault<H>> = DispatchWindow::new(cfg).unwrap();
+    /// let a = w.submit(7, "a").unwrap().expect("sent at once");
+    /// assert_eq!(w.submit(7, "b").unwrap(), None); // held back
+    /// w.drain();
+    /// assert_eq!(w.submit(7, "c"), Err(SubmitError::Closed("c")));
+    /// let b = w.complete(a.credit).unwrap().expect("the held batch still leaves");
+    /// assert_eq!(b.batch, "b");
+    /// assert!(!w.is_drained());
+    /// assert_eq!(w.complete(b.credit), Ok(None));
+    /// assert!(w.is_drained());
+    /// ```
+    pub fn drain(&mut self) {
+        self.books.drain();
     }
 
     /// Closes the window and returns every held-back batch (queued in line order, then parked,
@@ -824,8 +841,7 @@ where
         // batches out, so a panicking clone leaves the window open and unchanged.
         let mut keys = Vec::new();
         for e in self.shards.iter() {
-            let held = e.w.queued.saturating_add(usize::from(e.w.parked.is_some()));
-            for _ in 0..held {
+            for _ in 0..e.w.held_count() {
                 keys.push(e.key.clone());
             }
         }
@@ -841,30 +857,13 @@ where
 
     /// Closes the window and hands every held-back batch to `f` (in `close`'s order).
     pub(crate) fn close_with(&mut self, mut f: impl FnMut(&Shard, B)) {
-        self.closed = true;
-        self.books.maintenance.touch();
+        self.books.close();
         for e in self.shards.iter_mut() {
-            let w = &mut e.w;
-            for key in w.line.drain(..) {
-                if let Ok(held) = self.books.held.remove(key) {
-                    f(&e.key, held.batch);
-                }
-            }
-            w.queued = 0;
-            if let Some(batch) = w.parked.take() {
-                f(&e.key, batch);
-            }
-            if w.owns_queue {
-                // Closed: the shard never queues again, so its buffer goes back to the pool
-                // (and from there, at maintenance, back to the allocator).
-                w.owns_queue = false;
-                self.books.queues_held = self.books.queues_held.saturating_sub(1);
-                self.books.spare_queues.push(core::mem::take(&mut w.line));
-            }
+            let key = &e.key;
+            self.books.close_shard(&mut e.w, |batch| f(key, batch));
         }
         self.shards.retain(|e| !e.evictable());
-        self.books.active = self.shards.iter().filter(|e| !e.w.is_idle()).count();
-        self.books.held.reset_if_empty();
+        self.books.closed();
     }
 
     /// Before inserting a new shard: if the map is full (the insert would grow it) and at
@@ -894,8 +893,7 @@ where
     /// the interval keeps what it uses and allocates nothing. Spare line buffers beyond the
     /// peak number of shards that queued at once are freed.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let now = self.clock.observe(now);
-        if !self.books.maintenance.begin(now) {
+        if !self.books.begin_maintenance(now) {
             return;
         }
         // Idle shards' entries go first (they hold no queue buffer); the peak still counts
@@ -907,25 +905,7 @@ where
         if let Some(target) = self.books.maintenance.target(self.shards.capacity(), peak) {
             self.shards.shrink_to(target, |e| e.hash);
         }
-        let held = self.books.peak_queues_held.roll(self.books.queues_held);
-        self.books
-            .spare_queues
-            .truncate(held.saturating_sub(self.books.queues_held));
-        if let Some(target) = self
-            .books
-            .maintenance
-            .target(self.books.spare_queues.capacity(), held)
-        {
-            self.books.spare_queues.shrink_to(target);
-        }
-        let len = self.books.peak_queue_len.roll(0);
-        for q in &mut self.books.spare_queues {
-            if let Some(target) = self.books.maintenance.target(q.capacity(), len) {
-                q.shrink_to(target);
-            }
-        }
-        self.books.credits.shrink(&self.books.maintenance);
-        self.books.held.shrink(&self.books.maintenance);
+        self.books.shrink();
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) should next run, or `None` while it has
@@ -942,7 +922,7 @@ where
 
     /// Batches allowed outstanding per shard.
     pub fn capacity(&self) -> u32 {
-        self.cfg.max_in_flight
+        self.cfg.cap()
     }
 
     /// Batches of `shard` in flight (holding a credit).
@@ -960,7 +940,7 @@ where
     ///
     /// Only if the shard's `Hash` or `Eq`, or the hasher, panics; the window is unchanged.
     pub fn available(&self, shard: &Shard) -> u32 {
-        self.cfg.max_in_flight.saturating_sub(self.in_flight(shard))
+        self.cfg.cap().saturating_sub(self.in_flight(shard))
     }
 
     /// Full batches of `shard` waiting for credit (cancelled ones not counted).
@@ -1016,8 +996,24 @@ where
     }
 
     /// Whether submits are refused after [`close`](Self::close).
+    ///
+    /// True after [`close`](Self::close) and after [`drain`](Self::drain).
     pub fn is_closed(&self) -> bool {
-        self.closed
+        self.books.refuses()
+    }
+
+    /// Whether [`drain`](Self::drain) was called and [`close`](Self::close) was not since:
+    /// new batches are refused, held-back ones still leave as credits come back.
+    pub fn is_draining(&self) -> bool {
+        self.books.mode == Mode::Draining
+    }
+
+    /// Whether the window was closed or drained and nothing is left: no batch queued,
+    /// parked or in flight on any shard. A draining window gets there once every credit was
+    /// completed (unless it ran out of ids with batches still held: collect them with
+    /// [`close`](Self::close)).
+    pub fn is_drained(&self) -> bool {
+        self.books.refuses() && self.books.active == 0
     }
 
     /// Whether the window can issue no new credit or ticket id (see [`Exhausted`]).
@@ -1049,160 +1045,9 @@ where
     }
 }
 
-/// Pops the tombstones at the head of a shard's line, so its head, if any, is live.
-#[inline]
-fn drop_tombstones<B>(w: &mut ShardWindow<B>, held: &Slab<Held<B>>) {
-    while let Some(&head) = w.line.front() {
-        if held.get(head).is_some() {
-            break;
-        }
-        w.line.pop_front();
-    }
-}
-
-impl<B> Books<B> {
-    /// The shard's open batch (window `w`, at `place`): sent under a fresh credit if the
-    /// shard may have one without waiting, else parked.
-    #[inline]
-    fn park_or_send<Shard>(
-        &mut self,
-        w: &mut ShardWindow<B>,
-        place: Place,
-        cap: u32,
-        shard: Shard,
-        batch: B,
-    ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
-        if w.parked.is_some() {
-            return Err(SubmitError::AlreadyParked(batch));
-        }
-        if w.must_wait(cap) {
-            w.parked = Some(batch);
-            self.maintenance.touch();
-            return Ok(None);
-        }
-        let Ok(credit) = self.take_credit(w, place) else {
-            return Err(SubmitError::Exhausted(batch));
-        };
-        Ok(Some(Dispatch {
-            shard,
-            credit,
-            batch,
-        }))
-    }
-
-    /// A credit for the shard at `place`, whose window `w` has one free; nothing changes on
-    /// `Exhausted`.
-    #[inline(always)]
-    fn take_credit(&mut self, w: &mut ShardWindow<B>, place: Place) -> Result<CreditId, Exhausted> {
-        let credit = CreditId(self.credits.insert(place).map_err(|(e, _)| e)?);
-        if w.in_flight == 0 {
-            // It had credit, so nothing was held back: it was idle until now.
-            self.active = self.active.saturating_add(1);
-        }
-        w.in_flight = w.in_flight.saturating_add(1);
-        self.maintenance.touch();
-        Ok(credit)
-    }
-
-    /// A full batch for the shard at `place` (window `w`): a credit if the shard may have one
-    /// without waiting, else a place at the back of its line.
-    #[inline(always)]
-    fn enter(
-        &mut self,
-        w: &mut ShardWindow<B>,
-        place: Place,
-        batch: B,
-        cap: u32,
-    ) -> Result<Entered<B>, SubmitError<B>> {
-        if !w.must_wait(cap) {
-            return match self.take_credit(w, place) {
-                Ok(credit) => Ok(Entered::Credit(credit, batch)),
-                Err(Exhausted) => Err(SubmitError::Exhausted(batch)),
-            };
-        }
-        let ticket = match self.held.insert(Held { place, batch }) {
-            Ok(key) => key,
-            Err((_, held)) => return Err(SubmitError::Exhausted(held.batch)),
-        };
-        if !w.owns_queue && w.line.capacity() == 0 {
-            // First time this shard queues: take a pooled buffer if there is one, so the
-            // number of buffers follows the peak of shards queueing at once.
-            if let Some(q) = self.spare_queues.pop() {
-                w.line = q;
-            }
-            w.owns_queue = true;
-            self.queues_held = self.queues_held.saturating_add(1);
-            self.peak_queues_held.see(self.queues_held);
-        }
-        w.line.push_back(ticket);
-        w.queued += 1;
-        self.peak_queue_len.see(w.line.len());
-        self.maintenance.touch();
-        Ok(Entered::Queued(Ticket(ticket)))
-    }
-
-    /// After a credit of the shard at `place` (window `w`) was freed: hands a fresh one to
-    /// the shard's oldest held-back batch (queued first, then parked) and returns it, unless
-    /// the window is closed or can issue no new id.
-    #[inline(always)]
-    fn hand_on(
-        &mut self,
-        w: &mut ShardWindow<B>,
-        place: Place,
-        closed: bool,
-    ) -> Option<(CreditId, B)> {
-        self.maintenance.touch();
-        w.in_flight = w.in_flight.saturating_sub(1);
-        let mut next = None;
-        if !closed && w.holds_back() && self.credits.can_issue() {
-            drop_tombstones(w, &self.held);
-            let batch = match w.line.pop_front() {
-                Some(head) => {
-                    w.queued = w.queued.saturating_sub(1);
-                    self.held.remove(head).ok().map(|h| h.batch)
-                }
-                None => w.parked.take(),
-            };
-            if let Some(batch) = batch {
-                // `can_issue` was checked above and nothing was issued since.
-                if let Ok(key) = self.credits.insert(place) {
-                    w.in_flight = w.in_flight.saturating_add(1);
-                    next = Some((CreditId(key), batch));
-                }
-            }
-            drop_tombstones(w, &self.held);
-        }
-        self.idle_check(w);
-        next
-    }
-
-    /// Bookkeeping for a shard whose window may just have become idle: it no longer counts
-    /// as active, and its line buffer goes back to the pool at once (as if the entry were
-    /// removed), so idle entries hold no buffers and the pool follows the shards queueing now.
-    #[inline(always)]
-    fn idle_check(&mut self, w: &mut ShardWindow<B>) {
-        if !w.is_idle() {
-            return;
-        }
-        self.active = self.active.saturating_sub(1);
-        // An idle shard's line holds only tombstones: clear them with the buffer.
-        w.line.clear();
-        if core::mem::take(&mut w.owns_queue) {
-            self.queues_held = self.queues_held.saturating_sub(1);
-            self.spare_queues.push(core::mem::take(&mut w.line));
-        }
-    }
-}
-
-/// What a full batch met on entering an existing shard's window.
-pub(crate) enum Entered<B> {
-    /// The shard had credit: the batch goes out under it.
-    Credit(CreditId, B),
-    /// The batch waits in the shard's line under this ticket.
-    Queued(Ticket),
-}
-
 #[cfg(feature = "std")]
 mod hinted;
+mod shard;
+mod single;
 #[cfg(test)]
 mod tests;

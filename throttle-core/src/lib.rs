@@ -47,7 +47,7 @@ pub use batcher::{
 };
 pub use conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, Route};
 pub use dispatch_window::{
-    CreditId, Dispatch, DispatchWindow, SubmitError, Submitted, WindowConfig,
+    CreditId, Dispatch, DispatchWindow, SingleWindow, SubmitError, Submitted, WindowConfig,
 };
 pub use error::{ConfigError, Exhausted, ReleaseError};
 pub use failover::{Call, CallAction, CallConfig, ErrorClass, RefreshCoalescer, RetryBudget};

@@ -10,9 +10,12 @@
 //! let err = WindowConfig::default().with_max_in_flight(0).validate().unwrap_err();
 //! assert_eq!(
 //!     err.to_string(),
-//!     "`max_in_flight` = 0 batches is outside 1..=4294967295 batches \
-//!      (`WindowConfig::with_max_in_flight`; Oxia `maxReadBatchesInFlight`, \
-//!      Oxia `maxWriteBatchesInFlight`)"
+//!     format!(
+//!         "`max_in_flight` = 0 batches is outside 1..={} batches \
+//!          (`WindowConfig::with_max_in_flight`; Oxia `maxReadBatchesInFlight`, \
+//!          Oxia `maxWriteBatchesInFlight`)",
+//!         usize::MAX
+//!     )
 //! );
 //! assert_eq!(err.option().method(), "WindowConfig::with_max_in_flight");
 //! ```

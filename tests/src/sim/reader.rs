@@ -52,7 +52,8 @@ impl RefReader {
     /// A reader with at most `max_in_flight` batches per shard (`None`: unbounded) and at most
     /// `max_per_batch` reads per batch.
     pub fn new(max_in_flight: Option<u32>, max_per_batch: u32) -> Result<Self, ConfigError> {
-        let window = WindowConfig::default().with_max_in_flight(max_in_flight.unwrap_or(u32::MAX));
+        let window = WindowConfig::default()
+            .with_max_in_flight(max_in_flight.map_or(usize::MAX, |n| n as usize));
         let cfg = BatcherConfig::reads()
             .with_max_requests_per_batch(max_per_batch)
             .with_window(window);

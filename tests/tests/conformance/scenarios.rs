@@ -36,7 +36,7 @@ async fn unless<A: Future, B: Future>(a: A, b: B) -> Option<A::Output> {
 }
 
 fn window(capacity: u32) -> WindowHandle<u32> {
-    WindowHandle::new(WindowConfig::default().with_max_in_flight(capacity)).unwrap()
+    WindowHandle::new(WindowConfig::default().with_max_in_flight(capacity as usize)).unwrap()
 }
 
 pub async fn window_of_two_serves_five_submitters_in_arrival_order_never_more_than_two_at_once<

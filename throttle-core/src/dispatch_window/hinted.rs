@@ -64,10 +64,10 @@ where
     /// line (no barging).
     #[inline]
     pub(crate) fn try_take(&mut self, shard: &Shard, hint: u64) -> Take {
-        if self.closed {
+        if self.books.refuses() {
             return Take::Closed;
         }
-        let cap = self.cfg.max_in_flight;
+        let cap = self.cfg.cap();
         match find_hinted(&mut self.shards, &self.hasher, shard, hint) {
             Found::Entry(e, place) => {
                 if e.w.must_wait(cap) {
@@ -106,10 +106,10 @@ where
         hint: u64,
         waiter: B,
     ) -> Result<Entered<B>, SubmitError<B>> {
-        if self.closed {
+        if self.books.refuses() {
             return Err(SubmitError::Closed(waiter));
         }
-        let cap = self.cfg.max_in_flight;
+        let cap = self.cfg.cap();
         match find_hinted(&mut self.shards, &self.hasher, shard, hint) {
             Found::Entry(e, place) => self.books.enter(&mut e.w, place, waiter, cap),
             Found::New(hash) => match self.open_entry(shard.clone(), hash) {

@@ -3,13 +3,14 @@
 use super::*;
 use crate::maintenance::MIN_CAPACITY;
 use crate::test_hasher::TestHasher;
+use alloc::collections::VecDeque;
 use alloc::vec;
 use core::time::Duration;
 
 type Window = DispatchWindow<u32, &'static str, TestHasher>;
 
 fn window(max_in_flight: u32) -> Window {
-    match Window::new(WindowConfig::default().with_max_in_flight(max_in_flight)) {
+    match Window::new(WindowConfig::default().with_max_in_flight(max_in_flight as usize)) {
         Ok(w) => w,
         Err(e) => panic!("valid config refused: {e}"),
     }
@@ -538,4 +539,152 @@ fn a_key_clone_panicking_in_close_leaves_the_window_open_and_unchanged() {
     let mut out: Vec<(u32, &str)> = w.close().into_iter().map(|(k, b)| (k.0, b)).collect();
     out.sort_unstable();
     assert_eq!(out, vec![(1, "b"), (2, "d")], "every held-back batch, once");
+}
+
+#[test]
+fn usize_limits_clamp_to_what_the_window_counts() {
+    assert_eq!(
+        WindowConfig::default()
+            .with_max_in_flight(7)
+            .max_in_flight(),
+        7usize
+    );
+    // Above `u32::MAX` the window counts `u32::MAX` credits per shard; the config keeps the
+    // value as given.
+    let big = usize::try_from(u64::from(u32::MAX) + 1).unwrap_or(usize::MAX);
+    for limit in [big, usize::MAX] {
+        let cfg = WindowConfig::default().with_max_in_flight(limit);
+        assert_eq!(cfg.max_in_flight(), limit);
+        assert_eq!(cfg.validate(), Ok(()));
+        let mut w = match Window::new(cfg) {
+            Ok(w) => w,
+            Err(e) => panic!("{limit} refused: {e}"),
+        };
+        assert_eq!(w.capacity(), u32::MAX);
+        for _ in 0..3 {
+            let _ = sent(w.submit(1, "x"));
+        }
+        assert_eq!(w.available(&1), u32::MAX - 3);
+        let single = match SingleWindow::<&str>::new(cfg) {
+            Ok(s) => s,
+            Err(e) => panic!("{limit} refused: {e}"),
+        };
+        assert_eq!(single.capacity(), u32::MAX);
+    }
+    // Zero is still refused, naming the option, for both window types.
+    let zero = WindowConfig::default().with_max_in_flight(0);
+    assert!(Window::new(zero).is_err());
+    assert!(matches!(
+        SingleWindow::<&str>::new(zero),
+        Err(ConfigError::OutOfRange {
+            option: &crate::options::window::MAX_IN_FLIGHT,
+            got: 0,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn configs_valid_by_construction_build_windows_infallibly() {
+    let two = NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN);
+    assert_eq!(WindowConfig::new(two).max_in_flight(), 2);
+    assert_eq!(WindowConfig::new(two).validate(), Ok(()));
+    let mut w: Window = DispatchWindow::limited(two, TestHasher::default());
+    assert_eq!(w.capacity(), 2);
+    let _ = sent(w.submit(1, "a"));
+    let _ = sent(w.submit(1, "b"));
+    assert_eq!(w.submit(1, "c"), Ok(None));
+    let s = SingleWindow::<&str>::limited(two);
+    assert_eq!(s.capacity(), 2);
+    assert_eq!(SingleWindow::<&str>::default().capacity(), 4);
+}
+
+/// Completes `credit` and every credit its dispatches hand on, in order; returns the batches
+/// sent, in the order they left.
+fn complete_all(w: &mut Window, credits: &[CreditId]) -> Vec<(u32, &'static str)> {
+    let mut live: VecDeque<CreditId> = credits.iter().copied().collect();
+    let mut sent_now = vec![];
+    while let Some(c) = live.pop_front() {
+        match w.complete(c) {
+            Ok(Some(d)) => {
+                sent_now.push((d.shard, d.batch));
+                live.push_back(d.credit);
+            }
+            Ok(None) => {}
+            Err(e) => panic!("live credit refused: {e}"),
+        }
+        conserved(w, &[1, 2]);
+    }
+    sent_now
+}
+
+#[test]
+fn drain_refuses_new_batches_and_sends_held_ones_whole_and_in_order() {
+    let mut w = window(1);
+    let a = sent(w.submit(1, "a"));
+    let b = sent(w.submit(2, "b"));
+    assert_eq!(w.submit(1, "q1"), Ok(None));
+    let Ok(Submitted::Queued(t)) = w.enqueue(1, "q2") else {
+        panic!("no credit: queued");
+    };
+    assert_eq!(w.submit_or_park(1, "open1"), Ok(None));
+    assert_eq!(w.submit(2, "q3"), Ok(None));
+    w.drain();
+    w.drain(); // idempotent
+    assert!(w.is_closed() && w.is_draining() && !w.is_drained());
+    assert_eq!(w.submit(3, "x"), Err(SubmitError::Closed("x")));
+    assert_eq!(w.enqueue(1, "y"), Err(SubmitError::Closed("y")));
+    assert_eq!(w.submit_or_park(2, "z"), Err(SubmitError::Closed("z")));
+    // The queued batch is still queued and cancellable.
+    assert!(w.is_queued(t));
+    let left = complete_all(&mut w, &[a.credit, b.credit]);
+    let shard = |s: u32| -> Vec<&str> {
+        left.iter()
+            .filter(|(k, _)| *k == s)
+            .map(|(_, b)| *b)
+            .collect()
+    };
+    assert_eq!(
+        shard(1),
+        ["q1", "q2", "open1"],
+        "queued in order, then parked"
+    );
+    assert_eq!(shard(2), ["q3"]);
+    assert!(w.is_drained() && w.shard_count() == 0 && w.live_credits() == 0);
+    assert!(w.close().is_empty());
+    assert!(!w.is_draining() && w.is_drained());
+}
+
+#[test]
+fn close_during_a_drain_returns_what_it_has_not_sent() {
+    let mut w = window(1);
+    let a = sent(w.submit(1, "a"));
+    assert_eq!(w.submit(1, "b"), Ok(None));
+    assert_eq!(w.submit(1, "c"), Ok(None));
+    w.drain();
+    let b = sent(Ok(w.complete(a.credit).unwrap_or(None)));
+    assert_eq!(b.batch, "b");
+    assert_eq!(w.close(), [(1, "c")]);
+    assert!(!w.is_draining() && w.is_closed() && !w.is_drained());
+    // Closed now: the release sends nothing, and the window is drained.
+    assert_eq!(w.complete(b.credit), Ok(None));
+    assert!(w.is_drained());
+    // A drain after close changes nothing.
+    w.drain();
+    assert!(!w.is_draining());
+}
+
+#[test]
+fn a_cancel_or_reclaim_while_draining_hands_the_batch_back() {
+    let mut w = window(1);
+    let a = sent(w.submit(1, "a"));
+    let Ok(Submitted::Queued(t)) = w.enqueue(1, "q") else {
+        panic!("no credit: queued");
+    };
+    assert_eq!(w.submit_or_park(1, "open"), Ok(None));
+    w.drain();
+    assert_eq!(w.cancel(t), Ok("q"));
+    assert_eq!(w.reclaim(&1), Some("open"));
+    assert_eq!(w.complete(a.credit), Ok(None));
+    assert!(w.is_drained());
 }

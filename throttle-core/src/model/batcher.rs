@@ -290,7 +290,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let cfg = base
         .with_max_requests_per_batch(max_ops)
         .with_max_batch_bytes(max_bytes)
-        .with_window(WindowConfig::default().with_max_in_flight(cap));
+        .with_window(WindowConfig::default().with_max_in_flight(cap as usize));
     let Ok(mut m) = Machine::new(cfg) else {
         return Err(format!("config refused: {cfg:?}"));
     };

@@ -1,4 +1,4 @@
-//! Model check of [`DispatchWindow`] against a naive reference.
+//! Model check of [`DispatchWindow`] and [`SingleWindow`] against one naive reference.
 //!
 //! The reference keeps every credit ever issued and every held-back batch in plain `Vec`s in
 //! global arrival order, and answers each query by scanning them. It shares no code with the
@@ -17,25 +17,285 @@
 //! that order) to panic and run another operation under `catch_unwind` (see [`super::user`]):
 //! if the armed call fired, the window must be exactly as before and the reference is rolled
 //! back.
+//!
+//! Operation 23 drains the window (`drain`, close for sending): the reference refuses new
+//! batches and keeps handing held-back ones on, and a run that ends draining completes every
+//! credit until nothing is left, checking that every held batch left whole, in order, and
+//! that `is_drained` turns true.
+//!
+//! [`check_single`] runs the same decoder and reference over a [`SingleWindow`], as one
+//! shard: every output of the single-shard window is checked against what the reference
+//! (and so the multi-shard window, on its shard) answers.
 
 use alloc::format;
 use alloc::vec::Vec;
+use core::fmt::Debug;
 
 use super::user::{self, Arm, Key};
 use super::{Cursor, Divergence};
 use crate::dispatch_window::{
-    CreditId, DispatchWindow, SubmitError, Submitted, Ticket, WindowConfig,
+    CreditId, Dispatch, DispatchWindow, SingleWindow, SubmitError, Submitted, Ticket, WindowConfig,
 };
-use crate::error::ReleaseError;
+use crate::error::{ConfigError, ReleaseError};
 use crate::test_hasher::TestHasher;
 use crate::time::Instant;
-
-const SHARDS: u8 = 4;
 
 type Window = DispatchWindow<Key, u32, TestHasher>;
 
 /// Operations before the panicking-callback ones (20 `Hash`, 21 `Eq`, 22 `Clone`).
 const OPS: u8 = 20;
+
+/// `drain`, after the panicking-callback operations.
+const DRAIN: u8 = OPS + Arm::OPS;
+
+/// Every operation value assigned.
+const ALL: u8 = DRAIN + 1;
+
+/// A window under check: the multi-shard window over [`Key`]s, or the single-shard window as
+/// shard 0. Outputs are in the multi-shard window's types.
+pub(crate) trait Subject: Debug + Sized {
+    /// Shards the decoder draws from.
+    const SHARDS: u8;
+    fn make(cfg: WindowConfig) -> Result<Self, ConfigError>;
+    fn set_shrink_floor(&mut self, floor: usize);
+    fn submit(
+        &mut self,
+        shard: Key,
+        batch: u32,
+    ) -> Result<Option<Dispatch<Key, u32>>, SubmitError<u32>>;
+    fn submit_or_park(
+        &mut self,
+        shard: Key,
+        batch: u32,
+    ) -> Result<Option<Dispatch<Key, u32>>, SubmitError<u32>>;
+    fn enqueue(&mut self, shard: Key, batch: u32) -> Result<Submitted<Key, u32>, SubmitError<u32>>;
+    fn reclaim(&mut self, shard: &Key) -> Option<u32>;
+    fn complete(&mut self, credit: CreditId) -> Result<Option<Dispatch<Key, u32>>, ReleaseError>;
+    fn cancel(&mut self, ticket: Ticket) -> Result<u32, ReleaseError>;
+    fn close(&mut self) -> Vec<(u8, u32)>;
+    fn drain(&mut self);
+    fn handle_timeout(&mut self, now: Instant);
+    fn poll_timeout(&self) -> Option<Instant>;
+    fn skip_generations_to(&mut self, next: u64);
+    fn instance_tag(&self) -> u32;
+    fn capacity(&self) -> u32;
+    fn in_flight(&self, shard: &Key) -> u32;
+    fn available(&self, shard: &Key) -> u32;
+    fn queued(&self, shard: &Key) -> usize;
+    fn parked(&self, shard: &Key) -> Option<u32>;
+    fn is_queued(&self, ticket: Ticket) -> bool;
+    fn shard_count(&self) -> usize;
+    fn tracked_shards(&self) -> usize;
+    fn live_credits(&self) -> usize;
+    fn is_closed(&self) -> bool;
+    fn is_draining(&self) -> bool;
+    fn is_drained(&self) -> bool;
+}
+
+impl Subject for Window {
+    const SHARDS: u8 = 4;
+    fn make(cfg: WindowConfig) -> Result<Self, ConfigError> {
+        Window::new(cfg)
+    }
+    fn set_shrink_floor(&mut self, floor: usize) {
+        Window::set_shrink_floor(self, floor);
+    }
+    fn submit(
+        &mut self,
+        shard: Key,
+        batch: u32,
+    ) -> Result<Option<Dispatch<Key, u32>>, SubmitError<u32>> {
+        Window::submit(self, shard, batch)
+    }
+    fn submit_or_park(
+        &mut self,
+        shard: Key,
+        batch: u32,
+    ) -> Result<Option<Dispatch<Key, u32>>, SubmitError<u32>> {
+        Window::submit_or_park(self, shard, batch)
+    }
+    fn enqueue(&mut self, shard: Key, batch: u32) -> Result<Submitted<Key, u32>, SubmitError<u32>> {
+        Window::enqueue(self, shard, batch)
+    }
+    fn reclaim(&mut self, shard: &Key) -> Option<u32> {
+        Window::reclaim(self, shard)
+    }
+    fn complete(&mut self, credit: CreditId) -> Result<Option<Dispatch<Key, u32>>, ReleaseError> {
+        Window::complete(self, credit)
+    }
+    fn cancel(&mut self, ticket: Ticket) -> Result<u32, ReleaseError> {
+        Window::cancel(self, ticket)
+    }
+    fn close(&mut self) -> Vec<(u8, u32)> {
+        Window::close(self)
+            .iter()
+            .map(|(k, b)| (k.id(), *b))
+            .collect()
+    }
+    fn drain(&mut self) {
+        Window::drain(self);
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        Window::handle_timeout(self, now);
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        Window::poll_timeout(self)
+    }
+    fn skip_generations_to(&mut self, next: u64) {
+        Window::skip_generations_to(self, next);
+    }
+    fn instance_tag(&self) -> u32 {
+        Window::instance_tag(self)
+    }
+    fn capacity(&self) -> u32 {
+        Window::capacity(self)
+    }
+    fn in_flight(&self, shard: &Key) -> u32 {
+        Window::in_flight(self, shard)
+    }
+    fn available(&self, shard: &Key) -> u32 {
+        Window::available(self, shard)
+    }
+    fn queued(&self, shard: &Key) -> usize {
+        Window::queued(self, shard)
+    }
+    fn parked(&self, shard: &Key) -> Option<u32> {
+        Window::parked(self, shard).copied()
+    }
+    fn is_queued(&self, ticket: Ticket) -> bool {
+        Window::is_queued(self, ticket)
+    }
+    fn shard_count(&self) -> usize {
+        Window::shard_count(self)
+    }
+    fn tracked_shards(&self) -> usize {
+        Window::tracked_shards(self)
+    }
+    fn live_credits(&self) -> usize {
+        Window::live_credits(self)
+    }
+    fn is_closed(&self) -> bool {
+        Window::is_closed(self)
+    }
+    fn is_draining(&self) -> bool {
+        Window::is_draining(self)
+    }
+    fn is_drained(&self) -> bool {
+        Window::is_drained(self)
+    }
+}
+
+/// The single-shard window's dispatch, as the multi-shard window's for shard 0.
+fn on_shard_0(d: Dispatch<(), u32>) -> Dispatch<Key, u32> {
+    Dispatch {
+        shard: Key::new(0),
+        credit: d.credit,
+        batch: d.batch,
+    }
+}
+
+impl Subject for SingleWindow<u32> {
+    const SHARDS: u8 = 1;
+    fn make(cfg: WindowConfig) -> Result<Self, ConfigError> {
+        SingleWindow::new(cfg)
+    }
+    fn set_shrink_floor(&mut self, floor: usize) {
+        SingleWindow::set_shrink_floor(self, floor);
+    }
+    fn submit(
+        &mut self,
+        _: Key,
+        batch: u32,
+    ) -> Result<Option<Dispatch<Key, u32>>, SubmitError<u32>> {
+        SingleWindow::submit(self, batch).map(|d| d.map(on_shard_0))
+    }
+    fn submit_or_park(
+        &mut self,
+        _: Key,
+        batch: u32,
+    ) -> Result<Option<Dispatch<Key, u32>>, SubmitError<u32>> {
+        SingleWindow::submit_or_park(self, batch).map(|d| d.map(on_shard_0))
+    }
+    fn enqueue(&mut self, _: Key, batch: u32) -> Result<Submitted<Key, u32>, SubmitError<u32>> {
+        SingleWindow::enqueue(self, batch).map(|s| match s {
+            Submitted::Sent(d) => Submitted::Sent(on_shard_0(d)),
+            Submitted::Queued(t) => Submitted::Queued(t),
+        })
+    }
+    fn reclaim(&mut self, _: &Key) -> Option<u32> {
+        SingleWindow::reclaim(self)
+    }
+    fn complete(&mut self, credit: CreditId) -> Result<Option<Dispatch<Key, u32>>, ReleaseError> {
+        SingleWindow::complete(self, credit).map(|d| d.map(on_shard_0))
+    }
+    fn cancel(&mut self, ticket: Ticket) -> Result<u32, ReleaseError> {
+        SingleWindow::cancel(self, ticket)
+    }
+    fn close(&mut self) -> Vec<(u8, u32)> {
+        SingleWindow::close(self)
+            .into_iter()
+            .map(|b| (0, b))
+            .collect()
+    }
+    fn drain(&mut self) {
+        SingleWindow::drain(self);
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        SingleWindow::handle_timeout(self, now);
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        SingleWindow::poll_timeout(self)
+    }
+    fn skip_generations_to(&mut self, next: u64) {
+        SingleWindow::skip_generations_to(self, next);
+    }
+    fn instance_tag(&self) -> u32 {
+        SingleWindow::instance_tag(self)
+    }
+    fn capacity(&self) -> u32 {
+        SingleWindow::capacity(self)
+    }
+    fn in_flight(&self, _: &Key) -> u32 {
+        SingleWindow::in_flight(self)
+    }
+    fn available(&self, _: &Key) -> u32 {
+        SingleWindow::available(self)
+    }
+    fn queued(&self, _: &Key) -> usize {
+        SingleWindow::queued(self)
+    }
+    fn parked(&self, _: &Key) -> Option<u32> {
+        SingleWindow::parked(self).copied()
+    }
+    fn is_queued(&self, ticket: Ticket) -> bool {
+        SingleWindow::is_queued(self, ticket)
+    }
+    fn shard_count(&self) -> usize {
+        // The books' own count, checked against the window's state: 0 or 1.
+        let counted = SingleWindow::shard_count(self);
+        if counted == usize::from(!self.is_idle()) {
+            counted
+        } else {
+            usize::MAX
+        }
+    }
+    fn tracked_shards(&self) -> usize {
+        // No map: only the shard itself, while active.
+        SingleWindow::shard_count(self)
+    }
+    fn live_credits(&self) -> usize {
+        SingleWindow::live_credits(self)
+    }
+    fn is_closed(&self) -> bool {
+        SingleWindow::is_closed(self)
+    }
+    fn is_draining(&self) -> bool {
+        SingleWindow::is_draining(self)
+    }
+    fn is_drained(&self) -> bool {
+        SingleWindow::is_drained(self)
+    }
+}
 
 /// Where a batch ended up (each batch must reach exactly one final place).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +311,10 @@ enum Fate {
 #[derive(Clone, Debug)]
 struct Reference {
     cap: u32,
+    /// New batches are refused (after `close` or `drain`).
     closed: bool,
+    /// `drain` was called and `close` not since: held-back batches still leave.
+    draining: bool,
     /// Credit ids the machine may still issue (only shrinks when the model skips ahead).
     ids_left: u64,
     /// Every credit ever issued: (id, shard, live).
@@ -115,23 +378,48 @@ impl Reference {
     }
 }
 
-/// Decodes `data` into window operations, drives the machine and the reference, and returns
-/// the first disagreement.
+/// Decodes `data` into window operations, drives the multi-shard window and the reference,
+/// and returns the first disagreement.
 pub fn check(data: &[u8]) -> Result<(), Divergence> {
+    run::<Window>(data)
+}
+
+/// As [`check`], over a [`SingleWindow`] (every operation on its one shard).
+pub fn check_single(data: &[u8]) -> Result<(), Divergence> {
+    run::<SingleWindow<u32>>(data)
+}
+
+/// [`check`], then [`check_single`] on the same input: what the fuzz target and the corpus
+/// replay run.
+pub fn check_all(data: &[u8]) -> Result<(), Divergence> {
+    check(data)?;
+    check_single(data).map_err(|e| format!("single-shard window: {e}"))
+}
+
+fn run<W: Subject>(data: &[u8]) -> Result<(), Divergence> {
     let mut c = Cursor::new(data);
-    let cap = match c.below(8) {
-        0 => u32::MAX,
-        n => u32::from(n % 4) + 1,
+    // The limit, as a client gives it (`usize`); above `u32::MAX` the window clamps, so
+    // `usize::MAX` behaves as `u32::MAX` did before the limit was a `usize`.
+    let (limit, cap) = match c.below(8) {
+        0 => (usize::MAX, u32::MAX),
+        n => (usize::from(n % 4) + 1, u32::from(n % 4) + 1),
     };
-    let Ok(mut w) = Window::new(WindowConfig::default().with_max_in_flight(cap)) else {
-        return Err(format!("max_in_flight {cap} refused"));
+    let Ok(mut w) = W::make(WindowConfig::default().with_max_in_flight(limit)) else {
+        return Err(format!("max_in_flight {limit} refused"));
     };
+    if w.capacity() != cap {
+        return Err(format!(
+            "max_in_flight {limit}: capacity {}, want {cap}",
+            w.capacity()
+        ));
+    }
     // Without the production floor of 16, the few shards of a short run reach the shrinking
     // paths of maintenance.
     w.set_shrink_floor(0);
     let r = Reference {
         cap,
         closed: false,
+        draining: false,
         ids_left: u64::MAX - 1,
         credits: Vec::new(),
         queued: Vec::new(),
@@ -148,12 +436,12 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut step = 0usize;
     while !c.is_empty() {
         step += 1;
-        let Some(op) = c.select(OPS + Arm::OPS) else {
+        let Some(op) = c.select(ALL) else {
             continue;
         };
-        if op >= OPS {
+        if (OPS..DRAIN).contains(&op) {
             // A panicking key callback during another operation.
-            let Some(arm) = Arm::decode(&mut c, op - OPS, SHARDS) else {
+            let Some(arm) = Arm::decode(&mut c, op - OPS, W::SHARDS) else {
                 continue;
             };
             let Some(inner) = c.select(OPS) else {
@@ -175,7 +463,23 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         compare(&st.w, &st.r).map_err(|e| format!("step {step}: {e}"))?;
     }
     let State { mut w, mut r, .. } = st;
-    // Close, then complete every live credit: everything must end and nothing may remain.
+    if r.draining {
+        // Draining: completing every credit sends everything held back, whole and in order
+        // (each completion is checked against the reference), until nothing is left.
+        while let Some(&(credit, _, _)) = r.credits.iter().find(|x| x.2) {
+            complete(&mut w, &mut r, credit)?;
+            compare(&w, &r)?;
+        }
+        let stuck = r.queued.len() + r.parked.len();
+        if stuck == 0 && !w.is_drained() {
+            return Err("every credit completed while draining, but not drained".into());
+        }
+        if stuck > 0 && r.ids_left > 0 {
+            return Err(format!("{stuck} batches held after draining with ids left"));
+        }
+    }
+    // Close (collecting what a drain could not send for lack of ids), then complete every
+    // live credit: everything must end and nothing may remain.
     close(&mut w, &mut r)?;
     let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
     for credit in live {
@@ -191,6 +495,9 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     if let Some((b, _)) = r.fates.iter().find(|(_, f)| *f == Fate::Held) {
         return Err(format!("batch {b} never left the window"));
     }
+    if !w.is_drained() {
+        return Err("closed with nothing left, but not drained".into());
+    }
     if w.shard_count() != 0 || w.tracked_shards() != 0 || w.live_credits() != 0 {
         return Err(format!(
             "state left after everything ended and maintenance ran: {} shards ({} entries), {} credits",
@@ -203,22 +510,27 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
 }
 
 /// What one run carries from operation to operation.
-struct State {
-    w: Window,
+struct State<W> {
+    w: W,
     r: Reference,
     next_batch: u32,
     now: Instant,
 }
 
 /// Runs operation `op` on the window and the reference.
-fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<(), Divergence> {
+fn apply<W: Subject>(
+    op: u8,
+    c: &mut Cursor<'_>,
+    st: &mut State<W>,
+    step: usize,
+) -> Result<(), Divergence> {
     let State {
         w,
         r,
         next_batch,
         now,
     } = st;
-    let shard = c.below(SHARDS);
+    let shard = c.below(W::SHARDS);
     match op {
         0..=5 => {
             let park = c.bool();
@@ -337,13 +649,21 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<(), 
                 }
             }
         }
+        // Draining is rare too, so most runs reach it with work held back.
+        DRAIN if c.below(4) == 0 => {
+            w.drain();
+            if !r.closed {
+                r.closed = true;
+                r.draining = true;
+            }
+        }
         _ => {}
     }
     Ok(())
 }
 
-fn submit(
-    w: &mut Window,
+fn submit<W: Subject>(
+    w: &mut W,
     r: &mut Reference,
     shard: u8,
     batch: u32,
@@ -420,7 +740,12 @@ fn expect_submit(
 }
 
 /// `enqueue`: as a full `submit`, and a queued batch's ticket is recorded.
-fn enqueue(w: &mut Window, r: &mut Reference, shard: u8, batch: u32) -> Result<(), Divergence> {
+fn enqueue<W: Subject>(
+    w: &mut W,
+    r: &mut Reference,
+    shard: u8,
+    batch: u32,
+) -> Result<(), Divergence> {
     let (got, ticket) = match w.enqueue(Key::new(shard), batch) {
         Ok(Submitted::Sent(d)) => (Ok(Some(d)), None),
         Ok(Submitted::Queued(t)) => (Ok(None), Some(t)),
@@ -441,7 +766,12 @@ fn enqueue(w: &mut Window, r: &mut Reference, shard: u8, batch: u32) -> Result<(
 }
 
 /// `cancel`: a ticket still queued withdraws its batch; any other is refused unchanged.
-fn cancel(w: &mut Window, r: &mut Reference, ticket: Ticket, batch: u32) -> Result<(), Divergence> {
+fn cancel<W: Subject>(
+    w: &mut W,
+    r: &mut Reference,
+    ticket: Ticket,
+    batch: u32,
+) -> Result<(), Divergence> {
     let got = w.cancel(ticket);
     match r.queued.iter().position(|(_, b)| *b == batch) {
         Some(i) => {
@@ -467,7 +797,7 @@ fn cancel(w: &mut Window, r: &mut Reference, ticket: Ticket, batch: u32) -> Resu
     Ok(())
 }
 
-fn complete(w: &mut Window, r: &mut Reference, credit: CreditId) -> Result<(), Divergence> {
+fn complete<W: Subject>(w: &mut W, r: &mut Reference, credit: CreditId) -> Result<(), Divergence> {
     let got = w.complete(credit);
     let Some(idx) = r.credits.iter().position(|(c, _, _)| *c == credit) else {
         return match got {
@@ -489,7 +819,7 @@ fn complete(w: &mut Window, r: &mut Reference, credit: CreditId) -> Result<(), D
     if let Some(entry) = r.credits.get_mut(idx) {
         entry.2 = false;
     }
-    let next = if r.closed {
+    let next = if r.closed && !r.draining {
         None
     } else if let Some(i) = r.queued.iter().position(|(s, _)| *s == shard) {
         Some((r.queued.remove(i).1, Some(i)))
@@ -528,9 +858,10 @@ fn complete(w: &mut Window, r: &mut Reference, credit: CreditId) -> Result<(), D
     }
 }
 
-fn close(w: &mut Window, r: &mut Reference) -> Result<(), Divergence> {
-    let got: Vec<(u8, u32)> = w.close().iter().map(|(k, b)| (k.id(), *b)).collect();
+fn close<W: Subject>(w: &mut W, r: &mut Reference) -> Result<(), Divergence> {
+    let got: Vec<(u8, u32)> = w.close();
     r.closed = true;
+    r.draining = false;
     let mut want: Vec<(u8, u32)> = core::mem::take(&mut r.queued);
     want.append(&mut r.parked);
     if got.len() != want.len() {
@@ -538,7 +869,7 @@ fn close(w: &mut Window, r: &mut Reference) -> Result<(), Divergence> {
             "close returned {got:?}, want {want:?} (any shard order)"
         ));
     }
-    for shard in 0..SHARDS {
+    for shard in 0..W::SHARDS {
         let g: Vec<u32> = got
             .iter()
             .filter(|(s, _)| *s == shard)
@@ -562,7 +893,7 @@ fn close(w: &mut Window, r: &mut Reference) -> Result<(), Divergence> {
 }
 
 /// After `handle_timeout(now)` the next deadline is later than `now` (or the end of time).
-fn maintenance_is_not_overdue(w: &Window, now: Instant) -> Result<(), Divergence> {
+fn maintenance_is_not_overdue<W: Subject>(w: &W, now: Instant) -> Result<(), Divergence> {
     match w.poll_timeout() {
         Some(t) if t <= now && t != Instant::MAX => Err(format!(
             "maintenance still due at {t:?} after handle_timeout({now:?})"
@@ -571,14 +902,14 @@ fn maintenance_is_not_overdue(w: &Window, now: Instant) -> Result<(), Divergence
     }
 }
 
-fn compare(w: &Window, r: &Reference) -> Result<(), Divergence> {
+fn compare<W: Subject>(w: &W, r: &Reference) -> Result<(), Divergence> {
     let mut active = 0usize;
-    for shard in 0..SHARDS {
+    for shard in 0..W::SHARDS {
         let key = Key::new(shard);
         let in_flight = r.in_flight(shard);
         let queued = r.queued.iter().filter(|(s, _)| *s == shard).count();
         let parked = r.parked_of(shard);
-        let got = (w.in_flight(&key), w.queued(&key), w.parked(&key).copied());
+        let got = (w.in_flight(&key), w.queued(&key), w.parked(&key));
         if got != (in_flight, queued, parked) {
             return Err(format!(
                 "shard {shard}: (in_flight, queued, parked) = {got:?}, want {:?}",
@@ -606,11 +937,18 @@ fn compare(w: &Window, r: &Reference) -> Result<(), Divergence> {
             w.tracked_shards()
         ));
     }
-    if w.shard_count() != active || w.live_credits() != live || w.is_closed() != r.closed {
+    let drained = r.closed && active == 0;
+    let got = (
+        w.shard_count(),
+        w.live_credits(),
+        w.is_closed(),
+        w.is_draining(),
+        w.is_drained(),
+    );
+    let want = (active, live, r.closed, r.draining, drained);
+    if got != want {
         return Err(format!(
-            "(shards, live credits, closed) = {:?}, want {:?}",
-            (w.shard_count(), w.live_credits(), w.is_closed()),
-            (active, live, r.closed)
+            "(shards, live credits, closed, draining, drained) = {got:?}, want {want:?}"
         ));
     }
     Ok(())
@@ -624,5 +962,7 @@ mod tests {
     fn empty_and_short_inputs_pass() {
         assert_eq!(check(&[]), Ok(()));
         assert_eq!(check(&[1, 0, 0, 0, 1, 0, 8]), Ok(()));
+        assert_eq!(check_single(&[]), Ok(()));
+        assert_eq!(check_single(&[1, 0, 0, 0, 1, 0, 8]), Ok(()));
     }
 }

@@ -1291,8 +1291,8 @@ mod tests {
         let mut rt = TestRuntime::new();
         rt.spawner = Some(exec.spawner());
         let held = Held::default();
-        let cfg =
-            BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(window));
+        let cfg = BatcherConfig::reads()
+            .with_window(WindowConfig::default().with_max_in_flight(window as usize));
         let driver = BatchDriver::new(rt, held.clone(), cfg).unwrap();
         (exec, driver, held, Arc::new(StdMutex::new(Vec::new())))
     }

@@ -15,7 +15,7 @@ type Handle<S = TestHasher> = WindowHandle<u32, S>;
 
 fn window<S: BuildHasher + Clone + Default>(cap: u32) -> Handle<S> {
     match Handle::with_hasher(
-        WindowConfig::default().with_max_in_flight(cap),
+        WindowConfig::default().with_max_in_flight(cap as usize),
         S::default(),
     ) {
         Ok(h) => h,

@@ -12,7 +12,7 @@ type Handle = WindowHandle<u32, TestHasher>;
 
 fn handle(cap: u32) -> Handle {
     match Handle::with_hasher(
-        WindowConfig::default().with_max_in_flight(cap),
+        WindowConfig::default().with_max_in_flight(cap as usize),
         TestHasher::default(),
     ) {
         Ok(h) => h,
