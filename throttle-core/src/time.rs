@@ -30,7 +30,7 @@ use core::time::Duration;
 ///
 /// # Wall-clock time freezes gates
 ///
-/// Build instants from a **monotonic** clock: [`Instant::from_std`] of `std::time::Instant`
+/// Build instants from a **monotonic** clock: `Instant::from_std` of `std::time::Instant`
 /// under feature `std` (`time::StdEpoch`), or a runtime's monotonic clock. Do not feed wall-clock
 /// time (`SystemTime`, or `Instant::from_millis` of epoch milliseconds, as Fluss's
 /// `System.currentTimeMillis()` throttles do): a wall clock steps when NTP or an operator
