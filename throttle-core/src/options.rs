@@ -137,6 +137,83 @@ impl fmt::Display for ConfigOption {
     }
 }
 
+/// A caller's own names for our options, so a [`ConfigError`](crate::ConfigError) names the
+/// keys of the caller's configuration instead of our builder methods and upstream keys.
+///
+/// A client that reads its settings under its own names (the Fluss Rust writer's
+/// `writer_batch_size`, `writer_retries`, …) lists which of our options each one sets, then
+/// shows a refusal with [`ConfigError::display_with`](crate::ConfigError::display_with):
+/// every option of the error that has an entry is named by the caller's key alone, one that
+/// has none is named as [`ConfigError`](crate::ConfigError)'s own `Display` names it. The
+/// numbers stay in the unit the message states (a backoff's bounds are in ns even where the
+/// caller's key counts milliseconds).
+///
+/// An entry matches an option equal to it (`==`: the same configuration, name, method and
+/// upstream keys, i.e. the same row of [`ALL`]), not the same address: the constants are
+/// `const`, so two references to one may differ. Map the constant the configuration reports:
+/// a preset's builder reports its own row (`backoff::FLUSS_RETRY_INITIAL` for
+/// `BackoffConfig::fluss_retriable_write().to_builder()`), [`BackoffConfig::builder`]
+/// the general one (`backoff::INITIAL`); map both if the caller's key may reach either. The
+/// first matching entry wins. Looking up and displaying allocate nothing, and cannot panic.
+///
+/// [`BackoffConfig::builder`]: crate::BackoffConfig::builder
+///
+/// ```
+/// use core::time::Duration;
+/// use throttle_sansio::BackoffConfig;
+/// use throttle_sansio::options::{self, OptionKeys};
+///
+/// // The Fluss Rust client's `Config` fields for the options it sets.
+/// const FLUSS_KEYS: OptionKeys<'static> = OptionKeys::new(&[
+///     (&options::backoff::FLUSS_RETRY_INITIAL, "writer_retry_backoff_ms"),
+///     (&options::backoff::FLUSS_RETRY_MAX, "writer_retry_max_backoff_ms"),
+///     (&options::paced_writer::BATCH_BYTES, "writer_batch_size"),
+///     (&options::paced_writer::MAX_RETRIES, "writer_retries"),
+/// ]);
+///
+/// let err = BackoffConfig::fluss_retriable_write()
+///     .to_builder()
+///     .initial(Duration::from_secs(5))
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(
+///     err.display_with(FLUSS_KEYS).to_string(),
+///     "`writer_retry_backoff_ms` must not exceed `writer_retry_max_backoff_ms`"
+/// );
+/// // Without the mapping, our names, methods and upstream keys:
+/// assert!(err.to_string().starts_with("`initial` must not exceed `max` (`BackoffConfigBuilder::initial`"));
+/// assert_eq!(FLUSS_KEYS.key(&options::paced_writer::BATCH_BYTES), Some("writer_batch_size"));
+/// assert_eq!(FLUSS_KEYS.key(&options::backoff::INITIAL), None); // the general row: unmapped
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OptionKeys<'a> {
+    entries: &'a [(&'a ConfigOption, &'a str)],
+}
+
+impl<'a> OptionKeys<'a> {
+    /// No entries: every option is named as [`ConfigError`](crate::ConfigError)'s `Display`
+    /// names it.
+    pub const NONE: OptionKeys<'static> = OptionKeys { entries: &[] };
+
+    /// The mapping of `entries`: each of our options, and the caller's key for it.
+    pub const fn new(entries: &'a [(&'a ConfigOption, &'a str)]) -> Self {
+        OptionKeys { entries }
+    }
+
+    /// The caller's key for `option`: that of the first entry equal to it, or `None`.
+    pub fn key(&self, option: &ConfigOption) -> Option<&'a str> {
+        self.entries
+            .iter()
+            .find(|(ours, _)| *ours == option)
+            .map(|&(_, key)| key)
+    }
+
+    /// The entries, in the order given.
+    pub const fn entries(&self) -> &'a [(&'a ConfigOption, &'a str)] {
+        self.entries
+    }
+}
+
 const NONE: &[Upstream] = &[];
 
 /// [`BackoffConfig`](crate::BackoffConfig): the general rules, and the options each preset

@@ -6,7 +6,11 @@
 //!
 //! With feature `std`, [`StdEpoch`] is such an epoch on `std::time::Instant`, converted with
 //! [`Instant::from_std`] and [`Instant::to_std`]: what a runtime without an async executor (a
-//! thread loop over `poll_timeout`) needs.
+//! thread loop over `poll_timeout`), or a client with its own sender task, needs. No runtime
+//! crate is involved.
+//!
+//! The timeline must be **monotonic**: feed `std::time::Instant` (or a runtime's monotonic
+//! clock), never wall-clock time. See [`Instant`] for what a wall clock's step does to a gate.
 
 use core::fmt;
 use core::ops::{Add, AddAssign, Sub};
@@ -23,6 +27,27 @@ use core::time::Duration;
 /// assert_eq!(Instant::MAX + Duration::from_secs(1), Instant::MAX); // saturates
 /// assert_eq!(t - Instant::from_nanos(5_000), Duration::ZERO); // never negative
 /// ```
+///
+/// # Wall-clock time freezes gates
+///
+/// Build instants from a **monotonic** clock: `Instant::from_std` of `std::time::Instant`
+/// under feature `std` (`time::StdEpoch`), or a runtime's monotonic clock. Do not feed wall-clock
+/// time (`SystemTime`, or `Instant::from_millis` of epoch milliseconds, as Fluss's
+/// `System.currentTimeMillis()` throttles do): a wall clock steps when NTP or an operator
+/// corrects it, and every machine keeps the **latest instant it has seen**, clamping an
+/// earlier `now` to it (so a step never panics or shortens anything by itself). Hence:
+///
+/// - **A step backwards freezes the machines.** Every `now` after the step is clamped to the
+///   instant before it, so for the machine no time passes until the wall clock has caught up
+///   again: a bucket with 1 s left when the clock steps back 1 h opens 1 h 1 s later, and a
+///   caller who sleeps until `reopens_at`/`poll_timeout` on its stepped-back wall clock
+///   sleeps that long too (every deadline looks far away).
+/// - **A step forwards expires everything early.** Every deadline before the new time has
+///   passed at once, so every gated bucket opens and every backoff is over: the burst of
+///   retries the gate exists to prevent. If the clock is then corrected back, the machines
+///   freeze as above, now counting from the future instant they saw.
+///
+/// `tests/tests/clock_steps.rs` shows both on a [`WriteGate`](crate::WriteGate).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Instant(u64);
 
@@ -176,6 +201,12 @@ impl Instant {
 /// keeps one and converts with [`Instant::from_std`] / [`Instant::to_std`], or reads the
 /// current core instant with [`now`](Self::now). `Copy`; every instant the machines see must
 /// come from one epoch.
+///
+/// `std::time::Instant` is monotonic, which is the point: do not build an epoch-like
+/// conversion on `SystemTime` (or hand the machines epoch milliseconds) instead. A wall clock
+/// that steps backwards freezes every gate for the size of the step, because the machines
+/// keep the latest instant they have seen and clamp earlier ones to it; one that steps
+/// forwards expires every deadline at once. See [`Instant`]'s "Wall-clock time freezes gates".
 ///
 /// ```
 /// use throttle_sansio::Instant;
@@ -343,6 +374,63 @@ mod tests {
             "an epoch of now starts near zero"
         );
         assert_eq!(StdEpoch::at(early).epoch(), early);
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn std_conversions_round_trip_both_ways() {
+        let epoch = StdEpoch::new();
+        let e = epoch.epoch();
+        let spans = [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::new(1, 500_000_001),
+            Duration::from_secs(86_400),
+            Duration::from_secs(100 * 365 * 86_400),
+        ];
+        for span in spans {
+            let at = e + span;
+            let core = Instant::from_std(epoch, at);
+            assert_eq!(core.as_nanos(), duration_to_nanos(span), "{span:?}");
+            assert_eq!(core.to_std(epoch), Some(at), "std → core → std, {span:?}");
+        }
+        for nanos in [0, 1, 999_999, 1_500_000_000, u64::MAX / 2, u64::MAX - 1] {
+            let core = Instant::from_nanos(nanos);
+            let at = core.to_std(epoch).expect("representable on this platform");
+            assert_eq!(
+                Instant::from_std(epoch, at),
+                core,
+                "core → std → core, {nanos}"
+            );
+        }
+        // Another epoch is another timeline: the same std instant, a different core one.
+        let later = StdEpoch::at(e + Duration::from_secs(2));
+        assert_eq!(
+            Instant::from_std(later, e + Duration::from_secs(5)),
+            Instant::from_millis(3_000)
+        );
+    }
+
+    #[cfg(all(feature = "std", unix))]
+    #[test]
+    fn a_std_instant_past_the_last_core_instant_saturates_at_max() {
+        let epoch = StdEpoch::new();
+        let e = epoch.epoch();
+        // 600 years: past the 584 of `u64` nanoseconds, within a unix `Instant` (i64 seconds).
+        let far = e
+            .checked_add(Duration::from_secs(600 * 365 * 86_400))
+            .expect("unix instants reach 600 years ahead");
+        assert_eq!(Instant::from_std(epoch, far), Instant::MAX);
+        assert_eq!(
+            Instant::from_std(epoch, e + Duration::from_nanos(u64::MAX)),
+            Instant::MAX,
+            "exactly the last instant"
+        );
+        let max = Instant::MAX
+            .to_std(epoch)
+            .expect("584 years fit a unix instant");
+        assert_eq!(max, e + Duration::from_nanos(u64::MAX));
+        assert!(max < far, "MAX maps to a real instant, not to never");
     }
 
     #[test]
