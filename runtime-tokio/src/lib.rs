@@ -40,11 +40,13 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod gate_sleep;
 mod net;
 mod runtime;
 
 use std::hash::RandomState;
 
+pub use gate_sleep::GateSleep;
 pub use net::TcpConnector;
 pub use runtime::{NoRuntime, TokioRuntime};
 pub use throttle_sansio::sync::{PendingBytes, WakeSignal};

@@ -436,6 +436,8 @@ fn every_method_in_the_table_exists() {
         &write_gate::SET_PROBE => WriteGateConfig::set_probe,
         &write_gate::PROBE_TTL => ReasonSpec::probe_ttl,
         &write_gate::SET_PROBE_TTL => WriteGateConfig::set_probe_ttl,
+        &write_gate::KV_JITTER => WriteGateConfig::with_kv_jitter,
+        &write_gate::KV_HARD_REJECTION => WriteGateConfig::with_kv_hard_rejection_never_shorten,
         &paced_writer::BATCH_BYTES => PacedWriterConfig::with_batch_bytes,
         &paced_writer::MAX_RETRIES => PacedWriterConfig::with_max_retries,
         &paced_writer::GATE => PacedWriterConfig::with_gate,

@@ -495,6 +495,17 @@ pub mod write_gate {
     /// A registered reason's probe time to live.
     pub const SET_PROBE_TTL: ConfigOption =
         ConfigOption::new(G, "probe_ttl", "WriteGateConfig::set_probe_ttl", NONE);
+    /// Jitter on KV throttles, ± ppm of the curve's delay (no upstream key: Fluss has none).
+    pub const KV_JITTER: ConfigOption =
+        ConfigOption::new(G, "kv_jitter_ppm", "WriteGateConfig::with_kv_jitter", NONE);
+    /// The never-shorten rule for KV hard rejections (no upstream key: Fluss's clients let
+    /// the latest KV response win).
+    pub const KV_HARD_REJECTION: ConfigOption = ConfigOption::new(
+        G,
+        "kv_hard_rejection",
+        "WriteGateConfig::with_kv_hard_rejection_never_shorten",
+        NONE,
+    );
 }
 
 /// [`PacedWriterConfig`](crate::PacedWriterConfig).
@@ -717,6 +728,8 @@ pub const ALL: &[&ConfigOption] = &[
     &write_gate::SET_PROBE,
     &write_gate::PROBE_TTL,
     &write_gate::SET_PROBE_TTL,
+    &write_gate::KV_JITTER,
+    &write_gate::KV_HARD_REJECTION,
     &paced_writer::BATCH_BYTES,
     &paced_writer::MAX_RETRIES,
     &paced_writer::GATE,

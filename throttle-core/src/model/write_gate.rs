@@ -12,6 +12,14 @@
 //! says that bucket's remaining time decreased, at its new opening instant), the gate's own
 //! internal invariants, and after `handle_timeout` that no gate survives its deadline.
 //!
+//! Operations 10 and 11 are the snapshot inputs: `forget(b)`, and `retain` with a keep-mask
+//! over the buckets, whose closure may panic on one bucket (through that key's armed `Eq`,
+//! called by the closure: user code). The reference drops a forgotten bucket's records and
+//! lists; a panicking `retain` must leave the gate exactly as it was. The seed's top bits pick
+//! the KV options: bit 63 the never-shorten hard rejection (a `Full` signal installs on its own
+//! never-shorten, leader-scoped reason, index 5), bits 60..63 the KV jitter that operation 4
+//! (`handle_kv_signal_jittered`) draws; operation 3 is the plain `handle_kv_signal`.
+//!
 //! Buckets are [`Key`]s. Operations 16, 17 and 18 each arm one `Hash`, `Eq` or `Clone` call (in
 //! that order) to panic and run another operation under `catch_unwind` (see [`super::user`]):
 //! if the armed call fired, the gate must be exactly as before and the reference is rolled
@@ -270,6 +278,22 @@ impl Reference {
         }
     }
 
+    /// `forget` / a bucket `retain` dropped: as if never seen.
+    fn forget(&mut self, b: u8) {
+        self.records.retain(|r| r.bucket != b);
+        self.unknown.retain(|&x| x != b);
+        self.armed.retain(|&(x, _)| x != b);
+        self.used.retain(|(x, _)| *x != b);
+        self.opened.retain(|(x, _)| *x != b);
+    }
+
+    /// Whether the gate holds state for `b` (what `len` counts, and what `retain` visits).
+    fn has_state(&self, b: u8) -> bool {
+        self.is_unknown(b)
+            || self.records.iter().any(|r| r.bucket == b)
+            || self.armed.iter().any(|&(x, _)| x == b)
+    }
+
     fn close(&mut self) -> Option<u64> {
         let now = self.last;
         let gated = (0..BUCKETS).any(|b| self.remaining(b, now) > 0);
@@ -352,13 +376,7 @@ impl Reference {
     }
 
     fn len(&self) -> usize {
-        (0..BUCKETS)
-            .filter(|&b| {
-                self.is_unknown(b)
-                    || self.records.iter().any(|r| r.bucket == b)
-                    || self.armed.iter().any(|&(x, _)| x == b)
-            })
-            .count()
+        (0..BUCKETS).filter(|&b| self.has_state(b)).count()
     }
 }
 
@@ -389,8 +407,29 @@ fn signal(c: &mut Cursor<'_>) -> Option<Signal> {
     Some(s)
 }
 
-/// Build the gate's configuration and the reference's rules from one byte.
-fn configure(bits: u8) -> Result<(WriteGateConfig, Vec<Rule>, [Reason; 5], Reason), Divergence> {
+/// The KV options the seed's top bits pick: (never-shorten hard rejection, jitter ppm).
+fn kv_options(seed: u64) -> (bool, u32) {
+    let jitter = match (seed >> 60) & 7 {
+        4 => 1,
+        5 => 100_000,
+        6 => 250_000,
+        7 => crate::write_gate::MAX_KV_JITTER_PPM,
+        _ => 0,
+    };
+    (seed >> 63 == 1, jitter)
+}
+
+/// The reason a KV signal installs on in the reference (5: the hard-rejection reason).
+fn kv_index(hard: bool, s: Signal) -> usize {
+    if hard && s == Signal::Full { 5 } else { 1 }
+}
+
+/// Build the gate's configuration and the reference's rules from one byte and the seed.
+fn configure(
+    bits: u8,
+    seed: u64,
+) -> Result<(WriteGateConfig, Vec<Rule>, [Reason; 5], Reason), Divergence> {
+    let (kv_hard, kv_jitter) = kv_options(seed);
     let mut cfg = WriteGateConfig::default().with_kv_curve(ThrottleCurve::fluss_landed());
     let disk_probe = (bits & 1 != 0).then_some(1 + u32::from(bits >> 6));
     let kv_probe = (bits & 2 != 0).then_some(2);
@@ -422,6 +461,13 @@ fn configure(bits: u8) -> Result<(WriteGateConfig, Vec<Rule>, [Reason; 5], Reaso
     let retry_after = cfg
         .register(ReasonSpec::new("retry-after", UpdateRule::NeverShorten).probe(after_probe))
         .map_err(err)?;
+    let mut cfg = cfg.with_kv_jitter(kv_jitter);
+    if kv_hard {
+        cfg = cfg.with_kv_hard_rejection_never_shorten().map_err(err)?;
+        if cfg.kv_hard_rejection().map(Reason::index) != Some(5) {
+            return Err("the hard-rejection reason is not at index 5".into());
+        }
+    }
     let mut other = cfg.clone();
     let foreign = other
         .register(ReasonSpec::new("foreign", UpdateRule::LatestWins))
@@ -433,13 +479,17 @@ fn configure(bits: u8) -> Result<(WriteGateConfig, Vec<Rule>, [Reason; 5], Reaso
         ttl,
     };
     let default_ttl = 600_000_000_000;
-    let rules = alloc::vec![
+    let mut rules = alloc::vec![
         rule(false, false, disk_probe, ttl_ns),
         rule(true, true, kv_probe, default_ttl),
         rule(false, false, None, default_ttl),
         rule(true, quota_scoped, quota_probe, 30_000_000),
         rule(false, false, after_probe, default_ttl),
     ];
+    if kv_hard {
+        // Never-shorten, leader-scoped, no probe mode.
+        rules.push(rule(false, true, None, default_ttl));
+    }
     let handles = [
         Reason::DISK_WRITE_LOCKED,
         Reason::KV_BACKPRESSURE,
@@ -467,6 +517,9 @@ struct State {
     disk: crate::backoff::BackoffConfig,
     retriable: crate::backoff::BackoffConfig,
     curve: ThrottleCurve,
+    /// The never-shorten KV hard rejection is on (its reason is index 5).
+    kv_hard: bool,
+    kv_jitter: u32,
 }
 
 /// What one operation did, for the checks after it.
@@ -489,8 +542,10 @@ impl Step {
 /// Decode `data` into operations, drive the gate and the reference, and compare.
 pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut c = Cursor::new(data);
-    let (cfg, rules, handles, foreign) = configure(c.u8())?;
+    let bits = c.u8();
     let seed = c.u64();
+    let (cfg, rules, handles, foreign) = configure(bits, seed)?;
+    let (kv_hard, kv_jitter) = kv_options(seed);
     let disk = cfg.disk_write_locked().clone();
     let retriable = cfg.retriable_write().clone();
     let curve = *cfg.kv_curve();
@@ -512,6 +567,8 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         disk,
         retriable,
         curve,
+        kv_hard,
+        kv_jitter,
     };
     let mut step = 0usize;
     while !c.is_empty() {
@@ -603,6 +660,8 @@ fn apply(
         disk,
         retriable,
         curve,
+        kv_hard,
+        kv_jitter,
     } = st;
     let now_v = *now;
     let b = c.below(BUCKETS);
@@ -639,14 +698,37 @@ fn apply(
             done.install_result = Some((got, want));
             done.expected_wake = wake;
         }
-        3 | 4 => {
+        3 => {
             let Some(s) = signal(c) else {
                 return Ok(None);
             };
             done = Step::new(format!("kv_signal(b{b}, {s:?})"));
             let got = gate.handle_kv_signal(now_v, &key, s);
             let t = reference.observe(now_v);
-            let (want, wake) = reference.install(t, b, 1, curve.delay(s));
+            let (want, wake) = reference.install(t, b, kv_index(*kv_hard, s), curve.delay(s));
+            done.install_result = Some((got, want));
+            done.expected_wake = wake;
+        }
+        4 => {
+            let Some(s) = signal(c) else {
+                return Ok(None);
+            };
+            done = Step::new(format!("kv_signal_jittered(b{b}, {s:?})"));
+            let got = gate.handle_kv_signal_jittered(now_v, &key, s, gate_rng);
+            let t = reference.observe(now_v);
+            // The documented jitter: one uniform draw from d · (1 ± ppm / 10⁶) in whole ns,
+            // only when on, the delay is not zero and the gate is open for installs.
+            let d = curve.delay(s);
+            let d = if reference.shut || *kv_jitter == 0 || d.is_zero() {
+                d
+            } else {
+                let ns = d.as_nanos();
+                let spread = ns * u128::from(*kv_jitter) / 1_000_000;
+                let lo = u64::try_from(ns - spread).unwrap_or(u64::MAX);
+                let hi = u64::try_from(ns + spread).unwrap_or(u64::MAX);
+                Duration::from_nanos(crate::rng::between_inclusive(ref_rng, lo, hi))
+            };
+            let (want, wake) = reference.install(t, b, kv_index(*kv_hard, s), d);
             done.install_result = Some((got, want));
             done.expected_wake = wake;
         }
@@ -695,6 +777,62 @@ fn apply(
             let t = reference.observe(now_v);
             reference.success(t, b);
         }
+        10 => {
+            done = Step::new(format!("forget(b{b})"));
+            let had = gate.forget(&key);
+            if had != reference.has_state(b) {
+                return Err(format!(
+                    "step {step}: {}: returned {had}, reference {}",
+                    done.what, !had
+                ));
+            }
+            reference.forget(b);
+        }
+        11 => {
+            // `b` is unused (read for the layout); a keep-mask and the bucket whose verdict
+            // panics (`BUCKETS`: none).
+            let mask = c.u8();
+            let panic_on = c.below(BUCKETS + 1);
+            done = Step::new(format!("retain(mask {mask:05b}, panic on {panic_on})"));
+            let before = user::snapshot(gate);
+            let mut visited = 0u32;
+            let arm = Arm {
+                callback: user::Callback::Eq,
+                key: Some(panic_on),
+                skip: 0,
+            };
+            // The closure is user code: for `panic_on` it calls that key's armed `Eq`.
+            let out = user::run(arm, || {
+                gate.retain(|k| {
+                    visited |= 1 << k.id();
+                    if k.id() == panic_on {
+                        let _ = k.eq(&Key::new(k.id()));
+                    }
+                    mask & (1 << k.id()) != 0
+                })
+            });
+            let judged = (0..BUCKETS).filter(|&x| reference.has_state(x));
+            let want_visited = judged.fold(0u32, |m, x| m | 1 << x);
+            match out {
+                Err(user::Panicked) => {
+                    user::unchanged(&before, gate, arm)
+                        .map_err(|e| format!("step {step}: {}: {e}", done.what))?;
+                }
+                Ok(()) => {
+                    if visited != want_visited {
+                        return Err(format!(
+                            "step {step}: {}: visited {visited:05b}, reference {want_visited:05b}",
+                            done.what
+                        ));
+                    }
+                    for x in 0..BUCKETS {
+                        if mask & (1 << x) == 0 {
+                            reference.forget(x);
+                        }
+                    }
+                }
+            }
+        }
         12 => {
             done = Step::new(format!("handle_timeout({now_v:?})"));
             gate.handle_timeout(now_v);
@@ -724,7 +862,7 @@ fn apply(
             gate.close();
             done.expected_wake = reference.close();
         }
-        // 10, 11, 14, and 15 when it does not close: a time step.
+        // 14, and 15 when it does not close: a time step.
         _ => {
             *now = c.time_step(now_v);
             done = Step::new(format!("time -> {now:?}"));

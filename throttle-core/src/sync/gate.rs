@@ -473,6 +473,9 @@ gate_methods! {
     /// The leader piggybacked KV backpressure `signal` (latest-wins). Returns the bucket's
     /// remaining time.
     input fn handle_kv_signal(bucket: &K, signal: Signal) -> Duration;
+    /// The leader piggybacked KV backpressure `signal`, with the configured KV jitter drawn
+    /// ([`WriteGateConfig::with_kv_jitter`]). Returns the bucket's remaining time.
+    draws fn handle_kv_signal_jittered(bucket: &K, signal: Signal) -> Duration;
     /// Installs `delay` for a registered `reason`, exactly as given.
     input fn handle_throttle(bucket: &K, reason: Reason, delay: Duration)
         -> Result<Duration, GateError>;
@@ -542,6 +545,50 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
         })
         .await;
         state
+    }
+
+    /// [`WriteGate::forget`] under the lock: drop everything the gate holds for `bucket`
+    /// (a bucket gone from the metadata snapshot). Returns whether it had state. Tasks in
+    /// `wait_until_open` are notified when it had, so one parked on the bucket re-checks and
+    /// finds it open instead of sleeping until the forgotten deadline.
+    ///
+    /// ```
+    /// use throttle_sansio::sync::GateHandle;
+    /// use throttle_sansio::{GateState, Instant, Signal, WriteGateConfig};
+    ///
+    /// let gate: GateHandle<u32> = GateHandle::new(WriteGateConfig::default()).unwrap();
+    /// gate.handle_kv_signal(Instant::ZERO, &7, Signal::Full);
+    /// assert!(gate.forget(&7));
+    /// assert_eq!(gate.check(Instant::ZERO, &7), GateState::Open);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Only if the bucket's `Hash` or `Eq`, or the hasher, panics; the gate is unchanged and
+    /// the handle serves every later call.
+    pub fn forget(&self, bucket: &K) -> bool {
+        let had = self.update(|g| g.forget(bucket));
+        self.signal.notify_if(had);
+        had
+    }
+
+    /// [`WriteGate::retain`] under the lock: keep only the buckets `keep` keeps (the buckets
+    /// of a new metadata snapshot), with no key callback run. Do not block in `keep` or call
+    /// the handle from it (the gate's lock is held). Waiting tasks are notified when any
+    /// bucket was dropped, as by [`forget`](Self::forget).
+    ///
+    /// # Panics
+    ///
+    /// Only if `keep` panics: the panic reaches the caller, the gate is exactly as it was (the
+    /// gate collects every verdict before it drops anything), and the handle serves every
+    /// later call.
+    pub fn retain(&self, keep: impl FnMut(&K) -> bool) {
+        let dropped = self.update(|g| {
+            let before = g.len();
+            g.retain(keep);
+            g.len() < before
+        });
+        self.signal.notify_if(dropped);
     }
 
     /// The timer loop of both forms' `drive_timeouts`, on `rt`'s clock.
@@ -643,6 +690,64 @@ mod tests {
         assert_eq!(ex.run_until_stalled(), 0);
         let got = result.lock().ok().and_then(|r| *r);
         assert_eq!(got, Some((GateState::Open, Instant::from_millis(625))));
+    }
+
+    #[test]
+    fn forget_and_retain_reach_the_gate_and_release_a_waiter_on_a_dropped_bucket() {
+        let mut ex = Executor::default();
+        let rt = TestRuntime::new();
+        let gate = Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
+            .expect("the default config is valid");
+        gate.handle_kv_signal(Instant::ZERO, &3, Signal::Full);
+        gate.handle_kv_signal(Instant::ZERO, &4, Signal::Full);
+        gate.handle_kv_signal(Instant::ZERO, &5, Signal::Full);
+        let result = std::sync::Arc::new(StdMutex::new(None));
+        {
+            let (gate, rt2, result) = (gate.clone(), rt.clone(), std::sync::Arc::clone(&result));
+            ex.spawn(async move {
+                let state = gate.wait_until_open(&rt2, &3).await;
+                if let Ok(mut r) = result.lock() {
+                    *r = Some((state, rt2.now()));
+                }
+            });
+        }
+        assert_eq!(ex.run_until_stalled(), 1);
+        // The table of bucket 3 was dropped: the waiter wakes now, not at 3 s.
+        assert!(gate.forget(&3));
+        assert_eq!(ex.run_until_stalled(), 0);
+        assert_eq!(
+            result.lock().ok().and_then(|r| *r),
+            Some((GateState::Open, Instant::ZERO))
+        );
+        assert!(!gate.forget(&3));
+        let epoch = gate.signal().epoch();
+        gate.retain(|&b| b == 4);
+        assert!(
+            gate.signal().has_changed(epoch),
+            "a dropped bucket notifies"
+        );
+        assert_eq!(gate.check(Instant::ZERO, &5), GateState::Open);
+        assert!(matches!(
+            gate.check(Instant::ZERO, &4),
+            GateState::Closed { .. }
+        ));
+        let epoch = gate.signal().epoch();
+        gate.retain(|_| true);
+        assert!(
+            !gate.signal().has_changed(epoch),
+            "nothing dropped, nothing notified"
+        );
+        // A panicking verdict leaves the gate as it was and the handle serving.
+        let out = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            gate.retain(|_| panic!("the snapshot lookup panics"))
+        }));
+        assert!(out.is_err());
+        assert!(matches!(
+            gate.check(Instant::ZERO, &4),
+            GateState::Closed { .. }
+        ));
+        gate.retain(|_| false);
+        assert_eq!(gate.check(Instant::ZERO, &4), GateState::Open);
     }
 
     #[test]

@@ -261,6 +261,10 @@ pub struct WriteGateConfig {
     pub(super) disk_write_locked: BackoffConfig,
     pub(super) retriable_write: BackoffConfig,
     pub(super) kv_curve: ThrottleCurve,
+    /// KV jitter, ± this many ppm of the curve's delay (0: none).
+    pub(super) kv_jitter_ppm: u32,
+    /// The registered KV hard-rejection reason, if the never-shorten rule is on.
+    kv_hard: Option<Reason>,
     reasons: SmallVec<[ReasonSpec; INLINE_REASONS]>,
 }
 
@@ -273,10 +277,19 @@ impl Default for WriteGateConfig {
             disk_write_locked: BackoffConfig::fluss_disk_write_locked(),
             retriable_write: BackoffConfig::fluss_retriable_write(),
             kv_curve: ThrottleCurve::default(),
+            kv_jitter_ppm: 0,
+            kv_hard: None,
             reasons,
         }
     }
 }
+
+/// The largest KV jitter [`WriteGateConfig::with_kv_jitter`] accepts: ±50 % (500 000 ppm), so
+/// a jittered throttle keeps at least half of the curve's delay.
+pub const MAX_KV_JITTER_PPM: u32 = 500_000;
+
+/// The name of the reason [`WriteGateConfig::with_kv_hard_rejection_never_shorten`] registers.
+pub const KV_HARD_REJECTION_NAME: &str = "kv-hard-rejection";
 
 impl WriteGateConfig {
     /// The default backoffs with the KV curve proposed in Fluss issue #3454,
@@ -298,6 +311,114 @@ impl WriteGateConfig {
     /// ```
     pub fn fluss_issue_3454() -> Self {
         Self::default().with_kv_curve(ThrottleCurve::fluss_issue_3454())
+    }
+
+    /// The whole gate as Fluss has it, pinned: unlike [`Default`], which may change, this
+    /// preset keeps these numbers.
+    ///
+    /// - `DISK_WRITE_LOCKED`: [`BackoffConfig::fluss_disk_write_locked`] (1 s → 10 s, ×2,
+    ///   ±20 %, the Java keys `client.writer.disk-write-locked.backoff` / `-backoff-max` of
+    ///   Fluss PR #4293);
+    /// - `RETRIABLE_WRITE`: [`BackoffConfig::fluss_retriable_write`] (100 ms → 1 s, ×2, ±20 %,
+    ///   the Rust client's `writer_retry_backoff_ms` / `writer_retry_max_backoff_ms`, PR #4403);
+    /// - `KV_BACKPRESSURE`: [`ThrottleCurve::fluss_landed`], `3000 ms · p²` truncated to whole
+    ///   milliseconds, the Java client's `updateThrottle` (PR #3463), with its rule: every KV
+    ///   response replaces the bucket's throttle (latest wins), a hard rejection
+    ///   ([`Signal::Full`](crate::backpressure::Signal::Full), the Java client's internal
+    ///   `1.0f`) included, and no jitter.
+    ///
+    /// Today it equals [`WriteGateConfig::default`]. The KV rule that Fluss's review of PR
+    /// #4403 asked for (a hard rejection is never shortened) is opt-in:
+    /// [`Self::with_kv_hard_rejection_never_shorten`].
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::backoff::BackoffConfig;
+    /// use throttle_sansio::backpressure::{Signal, ThrottleCurve};
+    /// use throttle_sansio::write_gate::WriteGateConfig;
+    ///
+    /// let landed = WriteGateConfig::fluss_landed();
+    /// assert_eq!(landed.kv_curve(), &ThrottleCurve::fluss_landed());
+    /// assert_eq!(landed.disk_write_locked(), &BackoffConfig::fluss_disk_write_locked());
+    /// assert_eq!(landed.retriable_write(), &BackoffConfig::fluss_retriable_write());
+    /// assert_eq!(landed.kv_curve().delay(Signal::Pressure(500_000)), Duration::from_millis(750));
+    /// assert_eq!(landed.kv_hard_rejection(), None); // latest wins, as in the Java client
+    /// assert_eq!(landed.kv_jitter_ppm(), 0);
+    /// ```
+    pub fn fluss_landed() -> Self {
+        let reasons = Builtin::ALL.iter().map(|b| b.spec()).collect();
+        WriteGateConfig {
+            disk_write_locked: BackoffConfig::fluss_disk_write_locked(),
+            retriable_write: BackoffConfig::fluss_retriable_write(),
+            kv_curve: ThrottleCurve::fluss_landed(),
+            kv_jitter_ppm: 0,
+            kv_hard: None,
+            reasons,
+        }
+    }
+
+    /// Jitter on KV throttles: [`WriteGate::handle_kv_signal_jittered`](super::WriteGate::handle_kv_signal_jittered)
+    /// draws each throttle uniformly from `delay · (1 ± ppm / 10⁶)` (whole nanoseconds,
+    /// from the caller's generator), so buckets throttled by one response do not reopen in
+    /// the same instant. `0` (the default) turns it off. At most [`MAX_KV_JITTER_PPM`]
+    /// (±50 %); a larger value is refused by [`Self::validate`] and the gate's constructor.
+    /// [`WriteGate::handle_kv_signal`](super::WriteGate::handle_kv_signal) takes no generator
+    /// and installs the curve's delay as is.
+    ///
+    /// ```
+    /// use throttle_sansio::write_gate::WriteGateConfig;
+    /// assert!(WriteGateConfig::default().with_kv_jitter(200_000).validate().is_ok());
+    /// assert!(WriteGateConfig::default().with_kv_jitter(500_001).validate().is_err());
+    /// ```
+    #[must_use]
+    pub fn with_kv_jitter(mut self, ppm: u32) -> Self {
+        self.kv_jitter_ppm = ppm;
+        self
+    }
+
+    /// The KV jitter in ppm (see [`Self::with_kv_jitter`]).
+    pub fn kv_jitter_ppm(&self) -> u32 {
+        self.kv_jitter_ppm
+    }
+
+    /// A KV hard rejection ([`Signal::Full`](crate::backpressure::Signal::Full): the server
+    /// rejected the write, Java's `StorageBackpressureException`) holds its bucket for the
+    /// curve's whole ceiling, and later KV responses can only lengthen that hold: a
+    /// low-pressure or `Clear` response that arrives before it ends no longer cuts it short
+    /// (the "last one wins" defect found in the review of Fluss PR #4403).
+    ///
+    /// It registers a reason named [`KV_HARD_REJECTION_NAME`] (never-shorten, leader-scoped,
+    /// like [`Reason::KV_BACKPRESSURE`] dropped when the leader becomes unknown) at the next
+    /// free index, as [`Self::register`] would: [`Self::kv_hard_rejection`] returns it, and
+    /// [`GateState::Closed`](super::GateState::Closed) names it while a hard rejection
+    /// dominates. Pressure signals stay latest-wins on `KV_BACKPRESSURE`. Calling it again
+    /// changes nothing. Without it (the default and [`Self::fluss_landed`]), a hard
+    /// rejection is one more latest-wins KV install, as in the Java client's
+    /// `updateThrottle`.
+    ///
+    /// Refused (nothing added) when the registry is full ([`MAX_REASONS`]).
+    ///
+    /// ```
+    /// use throttle_sansio::write_gate::WriteGateConfig;
+    /// let cfg = WriteGateConfig::default().with_kv_hard_rejection_never_shorten()?;
+    /// let hard = cfg.kv_hard_rejection().expect("registered");
+    /// assert_eq!(hard.index(), 3);
+    /// assert_eq!(cfg.reason(hard).map(|s| s.name()), Some("kv-hard-rejection"));
+    /// # Ok::<(), throttle_sansio::ConfigError>(())
+    /// ```
+    pub fn with_kv_hard_rejection_never_shorten(mut self) -> Result<Self, ConfigError> {
+        if self.kv_hard.is_none() {
+            let spec = ReasonSpec::new(KV_HARD_REJECTION_NAME, UpdateRule::NeverShorten)
+                .leader_scoped(true);
+            self.kv_hard = Some(self.register(spec)?);
+        }
+        Ok(self)
+    }
+
+    /// The KV hard-rejection reason, if [`Self::with_kv_hard_rejection_never_shorten`]
+    /// registered it (`None`: hard rejections are latest-wins KV installs).
+    pub fn kv_hard_rejection(&self) -> Option<Reason> {
+        self.kv_hard
     }
 
     /// Backoff for `DISK_WRITE_LOCKED` rejections (`client.writer.disk-write-locked.backoff`).
@@ -395,6 +516,15 @@ impl WriteGateConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.reasons.len() > MAX_REASONS {
             return Err(self.too_many());
+        }
+        if self.kv_jitter_ppm > MAX_KV_JITTER_PPM {
+            return Err(ConfigError::OutOfRange {
+                option: &opt::KV_JITTER,
+                got: u64::from(self.kv_jitter_ppm),
+                min: 0,
+                max: u64::from(MAX_KV_JITTER_PPM),
+                unit: "ppm",
+            });
         }
         self.reasons.iter().try_for_each(ReasonSpec::validate)
     }

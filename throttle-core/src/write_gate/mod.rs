@@ -11,6 +11,7 @@
 
 mod config;
 pub(crate) mod heap;
+mod timer;
 
 use alloc::vec::Vec;
 use core::hash::{BuildHasher, Hash};
@@ -23,8 +24,12 @@ use crate::error::ConfigError;
 use crate::rng::Rng;
 use crate::time::{Clock, Instant, ceil_millis};
 
-pub use config::{DEFAULT_PROBE_TTL, MAX_REASONS, Reason, ReasonSpec, UpdateRule, WriteGateConfig};
+pub use config::{
+    DEFAULT_PROBE_TTL, KV_HARD_REJECTION_NAME, MAX_KV_JITTER_PPM, MAX_REASONS, Reason, ReasonSpec,
+    UpdateRule, WriteGateConfig,
+};
 use heap::IndexedHeap;
+pub use timer::{GateTimer, TimerChange};
 
 /// The floor of a disk-write-locked backoff: a disk rejection always holds the bucket for at
 /// least 1 ms, whatever the configured jitter draws (the Fluss rule `1 ms ≤ initial`).
@@ -374,6 +379,11 @@ where
     /// the KV throttle). Ignored while the bucket's leader is unknown (it is the old
     /// leader's word). Returns the bucket's remaining time.
     ///
+    /// With [`WriteGateConfig::with_kv_hard_rejection_never_shorten`], a hard rejection
+    /// ([`Signal::Full`]) installs the ceiling on that reason instead, never-shorten, so no
+    /// later signal shortens it. No jitter, even when configured (it needs a generator:
+    /// [`Self::handle_kv_signal_jittered`]).
+    ///
     /// # Panics
     ///
     /// Only if user code panics: the bucket's `Hash`, `Eq` or `Clone`, or the hasher. The
@@ -381,7 +391,74 @@ where
     /// serves the next call.
     pub fn handle_kv_signal(&mut self, now: Instant, bucket: &K, signal: Signal) -> Duration {
         let delay = self.cfg.kv_curve.delay(signal);
-        self.install(now, bucket, Reason::KV_BACKPRESSURE.index(), delay)
+        let r = self.kv_reason(signal);
+        self.install(now, bucket, r, delay)
+    }
+
+    /// [`Self::handle_kv_signal`] with the configured KV jitter
+    /// ([`WriteGateConfig::with_kv_jitter`]): the curve's delay `d` becomes a uniform draw
+    /// from `d · (1 ± jitter)` in whole nanoseconds. Draws from `rng` exactly once when the
+    /// jitter is on, the delay is not zero and the gate is not closed; never otherwise (a
+    /// `Clear` lifts the throttle exactly as without jitter).
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::backpressure::Signal;
+    /// use throttle_sansio::rng::SplitMix64;
+    /// use throttle_sansio::write_gate::{WriteGate, WriteGateConfig};
+    /// use throttle_sansio::Instant;
+    /// # #[derive(Default, Clone)] struct H; impl core::hash::BuildHasher for H {
+    /// #   type Hasher = F; fn build_hasher(&self) -> F { F(0) } }
+    /// # struct F(u64); impl core::hash::Hasher for F { fn finish(&self) -> u64 { self.0 }
+    /// #   fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.rotate_left(5) ^ u64::from(*x) } } }
+    ///
+    /// let cfg = WriteGateConfig::default().with_kv_jitter(100_000); // ±10 %
+    /// let mut gate: WriteGate<u32, H> = WriteGate::new(cfg)?;
+    /// let mut rng = SplitMix64::new(3);
+    /// let t0 = Instant::from_millis(10);
+    /// // 3000 ms · 0.5² = 750 ms, jittered into 675..=825 ms.
+    /// let wait = gate.handle_kv_signal_jittered(t0, &1, Signal::Pressure(500_000), &mut rng);
+    /// assert!(wait >= Duration::from_millis(675) && wait <= Duration::from_millis(825));
+    /// # Ok::<(), throttle_sansio::ConfigError>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the bucket's `Hash`, `Eq` or `Clone`, the hasher, or the
+    /// `Rng`. The panic reaches the caller and the input did not happen: the gate is as it
+    /// was, and serves the next call.
+    pub fn handle_kv_signal_jittered<R: Rng + ?Sized>(
+        &mut self,
+        now: Instant,
+        bucket: &K,
+        signal: Signal,
+        rng: &mut R,
+    ) -> Duration {
+        let delay = self.cfg.kv_curve.delay(signal);
+        let ppm = u64::from(self.cfg.kv_jitter_ppm);
+        let delay = if self.closed || ppm == 0 || delay.is_zero() {
+            delay
+        } else {
+            let ns = u128::from(crate::time::duration_to_nanos(delay));
+            let spread = u64::try_from(ns * u128::from(ppm) / 1_000_000).unwrap_or(u64::MAX);
+            let ns = u64::try_from(ns).unwrap_or(u64::MAX);
+            Duration::from_nanos(crate::rng::between_inclusive(
+                rng,
+                ns.saturating_sub(spread),
+                ns.saturating_add(spread),
+            ))
+        };
+        let r = self.kv_reason(signal);
+        self.install(now, bucket, r, delay)
+    }
+
+    /// The reason a KV `signal` installs on: the hard-rejection reason for `Full` when it is
+    /// registered, else `KV_BACKPRESSURE`.
+    fn kv_reason(&self, signal: Signal) -> usize {
+        match (signal, self.cfg.kv_hard_rejection()) {
+            (Signal::Full, Some(hard)) => hard.index(),
+            _ => Reason::KV_BACKPRESSURE.index(),
+        }
     }
 
     /// Install `delay` for `reason` (custom or built-in) on `bucket` under that reason's
@@ -516,6 +593,107 @@ where
             *p = Probe::default();
         }
         self.settle(i, entry & LEADER_UNKNOWN != 0, now);
+    }
+
+    /// Drop everything the gate holds for `bucket` (its deadlines, probe state and unknown
+    /// leader), as if it had never been seen: it reads `Open` afterwards, leaves
+    /// [`Self::poll_timeout`] and [`Self::len`], and no `Wake` is emitted for it (now or
+    /// later: it holds no deadline that could open). For a bucket that no longer exists in a
+    /// metadata snapshot (a dropped table or partition); see [`Self::retain`] for a whole
+    /// snapshot. Returns whether the bucket had any state. Runs the key's `Hash` and `Eq` once
+    /// (the lookup), nothing else; takes no `now`, since nothing about time changes.
+    ///
+    /// ```
+    /// use throttle_sansio::rng::SplitMix64;
+    /// use throttle_sansio::write_gate::{GateState, WriteGate, WriteGateConfig};
+    /// use throttle_sansio::Instant;
+    /// # #[derive(Default, Clone)] struct H; impl core::hash::BuildHasher for H {
+    /// #   type Hasher = F; fn build_hasher(&self) -> F { F(0) } }
+    /// # struct F(u64); impl core::hash::Hasher for F { fn finish(&self) -> u64 { self.0 }
+    /// #   fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.rotate_left(5) ^ u64::from(*x) } } }
+    ///
+    /// let mut gate: WriteGate<u32, H> = WriteGate::new(WriteGateConfig::default())?;
+    /// let t0 = Instant::from_millis(1);
+    /// gate.handle_disk_write_locked(t0, &7, 0, &mut SplitMix64::new(1));
+    /// assert!(gate.forget(&7));
+    /// assert_eq!(gate.check(t0, &7), GateState::Open);
+    /// assert_eq!((gate.len(), gate.poll_timeout(), gate.poll_action()), (0, None, None));
+    /// assert!(!gate.forget(&7));
+    /// # Ok::<(), throttle_sansio::ConfigError>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Only if the bucket's `Hash` or `Eq`, or the hasher, panics; the gate is unchanged.
+    pub fn forget(&mut self, bucket: &K) -> bool {
+        let Some(entry) = self.find(bucket) else {
+            return false;
+        };
+        self.evict(slot_of(entry));
+        self.maybe_shrink();
+        true
+    }
+
+    /// Keep only the buckets for which `keep` returns `true` (e.g. "is in the new metadata
+    /// snapshot"); drop the others as [`Self::forget`] does, with no `Wake`. `keep` sees each
+    /// bucket with state once, in no particular order. No key's `Hash`, `Eq` or `Clone`
+    /// runs: buckets are removed by their stored hashes. O(n) in [`Self::len`]; allocates one
+    /// bit per bucket for the verdicts.
+    ///
+    /// All or nothing: every verdict is collected before anything is removed, so if `keep`
+    /// panics the gate is exactly as it was (the bucket `keep` panicked on, and every other,
+    /// is kept) and serves the next call.
+    ///
+    /// ```
+    /// use throttle_sansio::rng::SplitMix64;
+    /// use throttle_sansio::write_gate::{WriteGate, WriteGateConfig};
+    /// use throttle_sansio::Instant;
+    /// # #[derive(Default, Clone)] struct H; impl core::hash::BuildHasher for H {
+    /// #   type Hasher = F; fn build_hasher(&self) -> F { F(0) } }
+    /// # struct F(u64); impl core::hash::Hasher for F { fn finish(&self) -> u64 { self.0 }
+    /// #   fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.rotate_left(5) ^ u64::from(*x) } } }
+    ///
+    /// // Buckets are (table, bucket); table 2 was dropped from the metadata snapshot.
+    /// let mut gate: WriteGate<(u32, u32), H> = WriteGate::new(WriteGateConfig::default())?;
+    /// let (t0, mut rng) = (Instant::from_millis(1), SplitMix64::new(1));
+    /// for b in [(1, 0), (2, 0), (2, 1)] {
+    ///     gate.handle_disk_write_locked(t0, &b, 0, &mut rng);
+    /// }
+    /// gate.retain(|&(table, _)| table != 2);
+    /// assert_eq!(gate.len(), 1);
+    /// # Ok::<(), throttle_sansio::ConfigError>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Only if `keep` panics; the gate is unchanged.
+    pub fn retain<F: FnMut(&K) -> bool>(&mut self, mut keep: F) {
+        let n = self.slots.len();
+        if n == 0 {
+            return;
+        }
+        // User code first: every verdict before any change.
+        let mut drop = alloc::vec![0u64; n.div_ceil(64)];
+        let mut any = false;
+        for (i, slot) in self.slots.iter().enumerate() {
+            if !keep(&slot.key) {
+                if let Some(w) = drop.get_mut(i / 64) {
+                    *w |= 1 << (i % 64);
+                }
+                any = true;
+            }
+        }
+        if !any {
+            return;
+        }
+        // Highest index first: `evict` moves the last slot into the hole, and that slot was
+        // already judged (and kept).
+        for i in (0..n).rev() {
+            if drop.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0) {
+                self.evict(i);
+            }
+        }
+        self.maybe_shrink();
     }
 
     /// Evict every gate whose deadline has passed (`deadline ≤ now`) and every probe state

@@ -1089,3 +1089,415 @@ fn reopens_at_is_when_check_changes_by_time_alone() {
         "leader unknown: an input changes it"
     );
 }
+
+// ------------------------------------------------------------ snapshot-driven clients (issue 14)
+
+mod snapshots {
+    use super::*;
+    use crate::test_hasher::TestHasher;
+    use crate::test_key::{Call, PanicKey, panics};
+
+    type KeyGate = WriteGate<PanicKey, TestHasher>;
+
+    fn probing_key_gate() -> KeyGate {
+        let mut cfg = WriteGateConfig::default();
+        cfg.set_probe(DISK, Some(1)).expect("valid");
+        KeyGate::new(cfg).expect("a valid config")
+    }
+
+    /// Bucket 0 gated by a long retry, 1 by a short KV throttle (the earliest deadline), 2
+    /// with an unknown leader, 3 probing (its disk backoff passed, allowance used).
+    fn populated() -> KeyGate {
+        let mut g = probing_key_gate();
+        let _ = g.handle_throttle(at(0), &PanicKey(0), RETRY, ms(900));
+        let _ = g.handle_throttle(at(0), &PanicKey(1), KV, ms(100));
+        g.handle_leader(at(0), &PanicKey(2), false);
+        let _ = g.handle_throttle(at(0), &PanicKey(3), DISK, ms(5));
+        g.handle_send(at(10), &PanicKey(3));
+        assert!(matches!(
+            g.check(at(10), &PanicKey(3)),
+            GateState::Probing { .. }
+        ));
+        let _ = g.poll_action();
+        assert_eq!(g.len(), 4);
+        g
+    }
+
+    #[test]
+    fn forget_drops_every_kind_of_state_and_emits_no_wake() {
+        for k in 0..4 {
+            let mut g = populated();
+            assert!(g.forget(&PanicKey(k)), "bucket {k} had state");
+            assert_eq!(g.check_invariants(), Ok(()));
+            assert_eq!(g.len(), 3, "forgetting {k}");
+            assert_eq!(g.check(at(10), &PanicKey(k)), GateState::Open);
+            assert_eq!(g.remaining(at(10), &PanicKey(k)), Duration::ZERO);
+            assert_eq!(g.poll_action(), None, "forgetting {k} woke the sender");
+            assert!(!g.forget(&PanicKey(k)), "a second forget finds nothing");
+            // Its deadline no longer takes part in the timeout.
+            let want = if k == 1 { at(900) } else { at(100) };
+            assert_eq!(g.poll_timeout(), Some(want), "forgetting {k}");
+            g.handle_timeout(Instant::MAX);
+            assert_eq!(g.poll_action(), None);
+        }
+        assert!(!populated().forget(&PanicKey(9)));
+    }
+
+    #[test]
+    fn forget_runs_hash_and_eq_only_never_clone() {
+        let mut g = populated();
+        assert!(!panics(0, Call::Clone, 0, || {
+            g.forget(&PanicKey(0));
+        }));
+        // A panicking `Eq` leaves the gate as it was.
+        let mut g = populated();
+        let before = std::format!("{g:?}");
+        assert!(panics(1, Call::Eq, 0, || {
+            g.forget(&PanicKey(1));
+        }));
+        assert_eq!(std::format!("{g:?}"), before);
+        assert!(g.forget(&PanicKey(1)));
+        assert_eq!(g.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn retain_keeps_exactly_the_buckets_the_closure_keeps() {
+        for mask in 0u32..16 {
+            let mut g = populated();
+            let mut seen = std::vec::Vec::new();
+            g.retain(|k| {
+                seen.push(k.0);
+                mask & (1 << k.0) != 0
+            });
+            seen.sort_unstable();
+            assert_eq!(seen, [0, 1, 2, 3], "each bucket judged once");
+            assert_eq!(g.check_invariants(), Ok(()), "mask {mask:04b}");
+            assert_eq!(g.len(), mask.count_ones() as usize, "mask {mask:04b}");
+            assert_eq!(g.poll_action(), None);
+            for k in 0..4 {
+                let kept = mask & (1 << k) != 0;
+                let open = g.check(at(10), &PanicKey(k)) == GateState::Open;
+                assert_eq!(open, !kept, "mask {mask:04b}, bucket {k}");
+            }
+            g.handle_timeout(Instant::MAX);
+            assert_eq!(g.check_invariants(), Ok(()));
+        }
+    }
+
+    #[test]
+    fn retain_runs_no_key_callback() {
+        for k in 0..4 {
+            for call in [Call::Hash, Call::Eq, Call::Clone] {
+                let mut g = populated();
+                let fired = panics(k, call, 0, || g.retain(|b| b.0 % 2 == 0));
+                assert!(!fired, "retain ran {call:?} of key {k}");
+                assert_eq!(g.len(), 2);
+            }
+        }
+    }
+
+    #[test]
+    fn a_panicking_retain_closure_leaves_the_gate_as_it_was() {
+        for panic_on in 0..4 {
+            let mut g = populated();
+            let before = std::format!("{g:?}");
+            let out = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+                g.retain(|k| {
+                    assert_ne!(k.0, panic_on, "the closure panics");
+                    false
+                })
+            }));
+            assert!(out.is_err());
+            assert_eq!(std::format!("{g:?}"), before, "panic on {panic_on}");
+            assert_eq!(g.check_invariants(), Ok(()));
+            // Still serving: the same snapshot without the panic.
+            g.retain(|k| k.0 != panic_on);
+            assert_eq!(g.len(), 3);
+            assert_eq!(g.check(at(10), &PanicKey(panic_on)), GateState::Open);
+            assert_eq!(g.check_invariants(), Ok(()));
+        }
+    }
+
+    #[test]
+    fn retain_over_many_buckets_shrinks_and_keeps_the_heap_right() {
+        let mut g = gate();
+        install_many(
+            &mut g,
+            at(0),
+            (0..1000).map(|b| (b, ms(10 + u64::from(b)))),
+            RETRY,
+        );
+        g.retain(|&b| b % 10 == 7);
+        assert_eq!(g.check_invariants(), Ok(()));
+        assert_eq!(g.len(), 100);
+        assert_eq!(g.poll_timeout(), Some(at(17)));
+        g.retain(|_| false);
+        assert!(g.is_empty());
+        assert_eq!(g.poll_timeout(), None);
+        assert_eq!(g.check_invariants(), Ok(()));
+    }
+
+    // ------------------------------------------------------------------- KV hard rejection
+
+    fn hard_gate() -> Gate {
+        let cfg = WriteGateConfig::default()
+            .with_kv_hard_rejection_never_shorten()
+            .expect("room for the reason");
+        Gate::new(cfg).expect("a valid config")
+    }
+
+    #[test]
+    fn a_kv_hard_rejection_is_never_shortened_with_the_never_shorten_rule() {
+        let mut g = hard_gate();
+        let hard = g.config().kv_hard_rejection().expect("registered");
+        assert_eq!(g.handle_kv_signal(at(0), &1, Signal::Full), ms(3_000));
+        // Later low-pressure and clear responses do not cut it short.
+        assert_eq!(
+            g.handle_kv_signal(at(100), &1, Signal::Pressure(100_000)),
+            ms(2_900)
+        );
+        assert_eq!(g.handle_kv_signal(at(200), &1, Signal::Clear), ms(2_800));
+        assert_eq!(g.poll_action(), None, "nothing opened earlier");
+        assert_eq!(
+            g.check(at(200), &1),
+            GateState::Closed {
+                until: at(3_000),
+                reason: hard
+            }
+        );
+        // A later hard rejection moves it later; pressure above it is latest-wins as ever.
+        assert_eq!(g.handle_kv_signal(at(1_000), &1, Signal::Full), ms(3_000));
+        assert_eq!(
+            g.handle_kv_signal(at(1_000), &1, Signal::Pressure(999_000)),
+            ms(3_000)
+        );
+        assert_eq!(g.check_invariants(), Ok(()));
+        // Dropped with the leader, as KV pressure is.
+        g.handle_leader(at(1_100), &1, false);
+        g.handle_leader(at(1_100), &1, true);
+        assert_eq!(g.remaining(at(1_100), &1), Duration::ZERO);
+        assert!(g.is_empty());
+    }
+
+    #[test]
+    fn without_the_rule_a_later_response_shortens_a_hard_rejection_as_in_fluss_java() {
+        for cfg in [WriteGateConfig::default(), WriteGateConfig::fluss_landed()] {
+            assert_eq!(cfg.kv_hard_rejection(), None);
+            let mut g = Gate::new(cfg).expect("valid");
+            assert_eq!(g.handle_kv_signal(at(0), &1, Signal::Full), ms(3_000));
+            assert_eq!(
+                g.handle_kv_signal(at(100), &1, Signal::Pressure(100_000)),
+                ms(30)
+            );
+            assert_eq!(g.poll_action(), Some(GateAction::Wake { at: at(130) }));
+            assert_eq!(
+                g.handle_kv_signal(at(110), &1, Signal::Clear),
+                Duration::ZERO
+            );
+        }
+    }
+
+    #[test]
+    fn the_hard_rejection_reason_is_registered_once_and_refused_when_full() {
+        let cfg = WriteGateConfig::default()
+            .with_kv_hard_rejection_never_shorten()
+            .and_then(WriteGateConfig::with_kv_hard_rejection_never_shorten)
+            .expect("idempotent");
+        assert_eq!(cfg.reasons().len(), 4);
+        let mut full = WriteGateConfig::default();
+        while full.reasons().len() < MAX_REASONS {
+            full.register(ReasonSpec::new("x", UpdateRule::LatestWins))
+                .expect("room");
+        }
+        let err = full.with_kv_hard_rejection_never_shorten().unwrap_err();
+        assert_eq!(err.option(), &crate::options::write_gate::REASONS);
+    }
+
+    // ---------------------------------------------------------------------------- KV jitter
+
+    #[test]
+    fn kv_jitter_draws_from_the_callers_rng_within_its_range() {
+        let cfg = WriteGateConfig::default().with_kv_jitter(200_000);
+        let mut g = Gate::new(cfg).expect("valid");
+        let mut rng = SplitMix64::new(42);
+        let mut seen = std::collections::BTreeSet::new();
+        for b in 0..200u32 {
+            let mut expected_rng = rng.clone();
+            let got = g.handle_kv_signal_jittered(at(0), &b, Signal::Pressure(500_000), &mut rng);
+            // 750 ms ± 20 %, one uniform draw in whole nanoseconds from the caller's rng.
+            let want = crate::rng::between_inclusive(&mut expected_rng, 600_000_000, 900_000_000);
+            assert_eq!(got, Duration::from_nanos(want), "bucket {b}");
+            assert_eq!(rng, expected_rng, "exactly one draw");
+            seen.insert(got);
+        }
+        assert!(
+            seen.len() > 190,
+            "the draws spread: {} distinct",
+            seen.len()
+        );
+        assert!(seen.iter().any(|d| *d < ms(700)) && seen.iter().any(|d| *d > ms(800)));
+        // Fixed seed, fixed outcome.
+        let mut g = Gate::new(WriteGateConfig::default().with_kv_jitter(200_000)).expect("valid");
+        let first = g.handle_kv_signal_jittered(at(0), &1, Signal::Full, &mut SplitMix64::new(7));
+        let mut h = Gate::new(WriteGateConfig::default().with_kv_jitter(200_000)).expect("valid");
+        let again = h.handle_kv_signal_jittered(at(0), &1, Signal::Full, &mut SplitMix64::new(7));
+        assert_eq!(first, again);
+        assert_ne!(first, ms(3_000));
+    }
+
+    #[test]
+    fn kv_jitter_off_or_a_zero_delay_draws_nothing() {
+        let mut g = gate();
+        let d =
+            g.handle_kv_signal_jittered(at(0), &1, Signal::Pressure(500_000), &mut PanickingRng);
+        assert_eq!(d, ms(750));
+        let mut g = Gate::new(WriteGateConfig::default().with_kv_jitter(500_000)).expect("valid");
+        assert_eq!(
+            g.handle_kv_signal_jittered(at(0), &1, Signal::Clear, &mut PanickingRng),
+            Duration::ZERO
+        );
+        // The plain input takes no rng and applies none.
+        assert_eq!(
+            g.handle_kv_signal(at(0), &1, Signal::Pressure(500_000)),
+            ms(750)
+        );
+    }
+
+    #[test]
+    fn kv_jitter_is_validated() {
+        let err = Gate::new(WriteGateConfig::default().with_kv_jitter(MAX_KV_JITTER_PPM + 1))
+            .unwrap_err();
+        assert_eq!(err.option(), &crate::options::write_gate::KV_JITTER);
+        assert!(Gate::new(WriteGateConfig::default().with_kv_jitter(MAX_KV_JITTER_PPM)).is_ok());
+    }
+
+    // --------------------------------------------------------------------------------- timer
+
+    #[test]
+    fn the_timer_follows_poll_timeout_and_ignores_stale_firings() {
+        let mut g = gate();
+        let mut timer = GateTimer::new();
+        assert_eq!(timer.update(g.poll_timeout()), TimerChange::Keep);
+        let _ = g.handle_throttle(at(0), &1, RETRY, ms(500));
+        assert_eq!(timer.update(g.poll_timeout()), TimerChange::Arm(at(500)));
+        let _ = g.handle_throttle(at(0), &2, RETRY, ms(200));
+        assert_eq!(timer.update(g.poll_timeout()), TimerChange::Arm(at(200)));
+        assert_eq!(timer.update(g.poll_timeout()), TimerChange::Keep);
+        g.forget(&2);
+        assert_eq!(
+            timer.update(g.poll_timeout()),
+            TimerChange::Arm(at(500)),
+            "later"
+        );
+        assert!(!timer.fire(at(200)), "the earlier arming is stale");
+        assert!(timer.fire(at(500)));
+        g.handle_timeout(at(500));
+        assert_eq!(
+            timer.update(g.poll_timeout()),
+            TimerChange::Keep,
+            "already disarmed"
+        );
+        let _ = g.handle_throttle(at(600), &1, RETRY, ms(10));
+        assert_eq!(timer.update(g.poll_timeout()), TimerChange::Arm(at(610)));
+        g.forget(&1);
+        assert_eq!(timer.update(g.poll_timeout()), TimerChange::Disarm);
+        assert_eq!(timer.armed(), None);
+    }
+
+    // ------------------------------------------------ the landed preset against Fluss Java
+
+    /// The Java client's `RecordAccumulator.updateThrottle` (Fluss PR #3463), restated from
+    /// its formula: a per-bucket map of expiry milliseconds, replaced on every response.
+    /// `pressure ≥ 1` (the internal hard-rejection value) installs the whole ceiling;
+    /// `pressure > 0` installs `(long) (maxThrottleMs · p · p)` in float arithmetic when that is
+    /// positive; anything else removes the entry.
+    fn java_update_throttle(expiry: &mut Option<u64>, now_ms: u64, max_ms: u64, pressure: f32) {
+        if pressure >= 1.0 {
+            *expiry = Some(now_ms + max_ms);
+            return;
+        }
+        if pressure > 0.0 {
+            // Java: long · float → float, then · float; `(long)` truncates toward zero.
+            let delay = (max_ms as f32 * pressure * pressure) as i64;
+            if delay > 0 {
+                *expiry = Some(now_ms + delay as u64);
+                return;
+            }
+        }
+        *expiry = None;
+    }
+
+    /// The Java client's `isThrottled`-side reading: milliseconds left before `now`.
+    fn java_remaining(expiry: Option<u64>, now_ms: u64) -> u64 {
+        expiry.map_or(0, |e| e.saturating_sub(now_ms))
+    }
+
+    #[test]
+    fn the_landed_preset_matches_the_java_update_throttle_arithmetic() {
+        let cfg = WriteGateConfig::fluss_landed();
+        let max_ms = 3_000;
+        assert_eq!(cfg.kv_curve().max_throttle(), ms(max_ms));
+        // The grid: every thousandth of pressure, the wire's edge values, and the hard
+        // rejection (1.0f, and above it).
+        let mut grid: std::vec::Vec<f32> = (0..=1000).map(|i| i as f32 / 1000.0).collect();
+        grid.extend([
+            1e-7,
+            1e-4,
+            0.0182,
+            0.0183,
+            0.05,
+            0.333,
+            0.9999,
+            0.99999,
+            1.0,
+            1.5,
+            -0.5,
+            f32::NAN,
+        ]);
+        let mut mismatches = std::vec::Vec::new();
+        // One response at a time from an unthrottled bucket.
+        for &p in &grid {
+            let mut g = Gate::new(cfg.clone()).expect("valid");
+            let mut java = None;
+            let now = 1_000;
+            java_update_throttle(&mut java, now, max_ms, p);
+            let got = g.handle_kv_signal(at(now), &1, Signal::from_f32(p));
+            let want = java_remaining(java, now);
+            if got != ms(want) {
+                mismatches.push((p, got, want));
+            }
+        }
+        assert_eq!(mismatches, [], "single responses (pressure, gate, Java ms)");
+        // Sequences: every pair of grid pressures on one bucket, the second response 1..=7 ms
+        // later, compared while the throttle runs down (latest wins, shortening included).
+        let coarse: std::vec::Vec<f32> = grid.iter().copied().step_by(37).collect();
+        for &p1 in &coarse {
+            for &p2 in &coarse {
+                for gap in [1, 7, 500] {
+                    let mut g = Gate::new(cfg.clone()).expect("valid");
+                    let mut java = None;
+                    java_update_throttle(&mut java, 0, max_ms, p1);
+                    let _ = g.handle_kv_signal(at(0), &1, Signal::from_f32(p1));
+                    java_update_throttle(&mut java, gap, max_ms, p2);
+                    let _ = g.handle_kv_signal(at(gap), &1, Signal::from_f32(p2));
+                    for t in [gap, gap + 1, 1_000, 2_999, 3_000 + gap] {
+                        let got = g.remaining(at(t), &1);
+                        let want = java_remaining(java, t);
+                        assert_eq!(got, ms(want), "p {p1} then {p2} at {gap} ms, read at {t}");
+                    }
+                }
+            }
+        }
+        // The whole gate, not only the curve: the backoffs are the Fluss clients' presets.
+        assert_eq!(
+            cfg.disk_write_locked(),
+            &BackoffConfig::fluss_disk_write_locked()
+        );
+        assert_eq!(
+            cfg.retriable_write(),
+            &BackoffConfig::fluss_retriable_write()
+        );
+        assert_eq!(cfg.kv_hard_rejection(), None);
+        assert_eq!(cfg.kv_jitter_ppm(), 0);
+    }
+}
