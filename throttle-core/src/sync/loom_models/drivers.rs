@@ -76,7 +76,9 @@ fn batch_closed_resolves_only_after_the_last_batch_delivers() {
 fn batch_finish_racing_close(parked: bool, fresh: bool) {
     super::model(move || {
         let rt = TestRuntime::new();
-        let cfg = BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+        let cfg = BatcherConfig::reads()
+            .with_window(WindowConfig::default().with_max_in_flight(1))
+            .unwrap();
         let driver = match Driver::with_hasher(rt.clone(), Echo, cfg, TestHasher::default()) {
             Ok(d) => d,
             Err(e) => panic!("valid config refused: {e}"),
@@ -352,8 +354,9 @@ fn batch_dropped_submit_racing_its_batch_leaving_is_withdrawn_or_sent_once() {
     for parked in [true, false] {
         super::model(move || {
             let rt = TestRuntime::new();
-            let cfg =
-                BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+            let cfg = BatcherConfig::reads()
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap();
             let sent = StdArc::new(AtomicUsize::new(0));
             let transport = Counting(StdArc::clone(&sent));
             let driver =
