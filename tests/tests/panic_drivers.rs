@@ -55,8 +55,9 @@ async fn within<F: Future>(future: F) -> F::Output {
 type Driver = BatchDriver<TokioRuntime, Echo, u8, u32, RandomState>;
 
 fn driver(window: u32) -> Driver {
-    let cfg =
-        BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(window));
+    let cfg = BatcherConfig::reads()
+        .with_window(WindowConfig::default().with_max_in_flight(window))
+        .unwrap();
     BatchDriver::new(TokioRuntime::new(), Echo::default(), cfg).unwrap()
 }
 
