@@ -1397,7 +1397,10 @@ where
 mod tests {
     use super::*;
     use crate::test_hasher::TestHasher;
+    use alloc::format;
     use alloc::vec;
+
+    extern crate std;
 
     /// A batch limit in operations.
     fn nz(n: usize) -> NonZeroUsize {
@@ -2123,6 +2126,235 @@ mod tests {
             [Instant::MAX, Instant::MAX],
             "time running backwards is clamped"
         );
+    }
+
+    /// A payload type with no `Clone`: only a move can hand it over.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Request(u32);
+
+    type PB = Batcher<u32, u32, TestHasher, Request, Shared>;
+
+    /// An error that counts its copies.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Shared {
+        id: u32,
+        clones: alloc::rc::Rc<core::cell::Cell<u32>>,
+    }
+
+    impl Clone for Shared {
+        fn clone(&self) -> Self {
+            assert_ne!(self.id, 666, "this error's clone panics");
+            self.clones.set(self.clones.get() + 1);
+            Shared {
+                id: self.id,
+                clones: alloc::rc::Rc::clone(&self.clones),
+            }
+        }
+    }
+
+    fn payload_batcher(max_ops: usize, in_flight: u32) -> PB {
+        PB::new(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(nz(max_ops))
+                .with_window(WindowConfig::default().with_max_in_flight(in_flight))
+                .unwrap(),
+        )
+    }
+
+    fn payload_op(b: &mut PB, shard: u32, h: u32) -> OpId {
+        match b.handle_op_with_payload(T0, shard, h, Request(100 + h), 0) {
+            Ok(id) => id,
+            Err(e) => panic!("refused: {e:?}"),
+        }
+    }
+
+    #[test]
+    fn a_sent_batch_hands_its_payloads_over_by_value_and_keeps_the_handles() {
+        let mut b = payload_batcher(3, 1);
+        for h in 1..=4 {
+            payload_op(&mut b, 1, h);
+        }
+        let withdrawn = payload_op(&mut b, 1, 5);
+        assert_eq!(
+            b.cancel_with_payload(withdrawn),
+            Ok(Withdrawal::Withdrawn((5, Request(105)))),
+            "a withdrawal hands both back"
+        );
+        let Some(BatchAction::Send {
+            shard: 1,
+            credit,
+            payloads,
+        }) = b.poll_action()
+        else {
+            panic!("the full batch is sent");
+        };
+        assert_eq!(payloads, [Request(101), Request(102), Request(103)]);
+        assert_eq!(
+            b.batch(credit).map(|x| x.ops().to_vec()),
+            Some(vec![1, 2, 3]),
+            "the handles stay, by position"
+        );
+        assert_eq!(b.poll_action(), None, "[4] parked: no credit");
+        assert_eq!(b.handle_response(T0, credit, [0, 2]), Ok(()));
+        let a: Vec<_> = core::iter::from_fn(|| b.poll_action()).collect();
+        assert!(matches!(
+            &a[..],
+            [
+                BatchAction::Deliver {
+                    handle: 1,
+                    position: 0
+                },
+                BatchAction::Fail {
+                    handle: 2,
+                    reason: FailReason::NoResponse
+                },
+                BatchAction::Deliver {
+                    handle: 3,
+                    position: 2
+                },
+                BatchAction::Send { payloads, .. },
+            ] if payloads[..] == [Request(104)]
+        ));
+        assert_eq!(
+            b.handle_op_with_payload(T0, 1, 9, Request(9), 0).map(drop),
+            Ok(())
+        );
+        b.close();
+        assert_eq!(
+            b.handle_op_with_payload(T0, 1, 10, Request(10), 0),
+            Err(Refused((10, Request(10)))),
+            "a refusal hands both back"
+        );
+    }
+
+    #[test]
+    fn a_failed_batch_hands_each_operation_its_own_copy_of_the_error() {
+        let mut b = payload_batcher(10, 4);
+        for h in 1..=3 {
+            payload_op(&mut b, 1, h);
+        }
+        let Some(BatchAction::Send { credit, .. }) = b.poll_action() else {
+            panic!("sent");
+        };
+        let clones = alloc::rc::Rc::new(core::cell::Cell::new(0));
+        let error = |id| Shared {
+            id,
+            clones: alloc::rc::Rc::clone(&clones),
+        };
+        // A clone that panics: the failure did not happen, and can be reported again.
+        let before = format!("{b:?}");
+        let caught = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            b.handle_failure(T0, credit, error(666))
+        }));
+        assert!(caught.is_err());
+        assert_eq!(format!("{b:?}"), before, "unchanged by the panicking clone");
+        assert_eq!(b.handle_failure(T0, credit, error(7)), Ok(()));
+        assert_eq!(clones.get(), 2, "n - 1 copies for n operations");
+        let got: Vec<(u32, Option<u32>)> = core::iter::from_fn(|| b.poll_action())
+            .map(|a| match a {
+                BatchAction::Fail { handle, reason } => (handle, reason.into_error().map(|e| e.id)),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(got, [(1, Some(7)), (2, Some(7)), (3, Some(7))]);
+        assert_eq!(
+            b.handle_failure(T0, credit, error(8)),
+            Err(ReleaseError::AlreadyReleased)
+        );
+        assert_eq!(clones.get(), 2, "a refused failure copies nothing");
+        assert_eq!(b.poll_action(), None);
+    }
+
+    /// The seed of item 3: an operation for an exhausted shard, then its credit returns, and
+    /// the caller never calls `flush`. Draining the actions (which it does anyway) parks the
+    /// open batch where the returning credit sends it.
+    #[test]
+    fn an_open_batch_is_not_stranded_by_a_forgotten_flush() {
+        let mut b = reads(1);
+        op(&mut b, 1, 1, 0);
+        let first = take_sends(&mut b);
+        assert_eq!(first.len(), 1, "a shard with credit: drained, so sent");
+        op(&mut b, 1, 2, 0); // exhausted: open here, invisible to the window
+        assert_eq!(b.open_batches(), 1);
+        assert!(take_sends(&mut b).is_empty());
+        assert!(b.window().is_parked(&1), "draining parked it");
+        assert_eq!(b.handle_response(T0, first[0].1, [0]), Ok(()));
+        let a = drain(&mut b);
+        assert_eq!(
+            sends(&b, &a).into_iter().map(|s| s.2).collect::<Vec<_>>(),
+            [vec![2]],
+            "the returning credit sends it, with no flush"
+        );
+    }
+
+    #[test]
+    fn drain_refuses_new_operations_and_sends_everything_accepted_in_order() {
+        // Shard 1: [0, 1] in flight, [2, 3] queued, [4] open; shard 2: [9] open.
+        let mut b = batcher(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(nz(2))
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap(),
+        );
+        for h in 0..5 {
+            op(&mut b, 1, h, 0);
+        }
+        op(&mut b, 2, 9, 0);
+        b.drain(T0);
+        assert!(b.is_draining() && !b.is_closed() && !b.is_drained());
+        assert_eq!(b.handle_op(T0, 1, 42, 0), Err(Refused(42)));
+        let mut sent: Vec<(u32, CreditId, Vec<u32>)> = take_sends(&mut b);
+        let mut batches = Vec::new();
+        while let Some((shard, credit, ops)) = sent.pop() {
+            let n = ops.len();
+            batches.push((shard, ops));
+            assert_eq!(b.handle_response(T0, credit, 0..n), Ok(()));
+            let a = drain(&mut b);
+            assert!(
+                a.iter().all(|x| !matches!(x, BatchAction::Fail { .. })),
+                "nothing fails: {a:?}"
+            );
+            sent.extend(sends(&b, &a));
+        }
+        batches.sort_by_key(|(shard, _)| *shard);
+        assert_eq!(
+            batches,
+            [(1, vec![0, 1]), (1, vec![2, 3]), (1, vec![4]), (2, vec![9])]
+        );
+        assert!(b.is_drained());
+        b.close();
+        assert!(
+            b.is_drained() && b.poll_action().is_none(),
+            "nothing left to fail"
+        );
+    }
+
+    #[test]
+    fn close_fails_each_shards_held_operations_in_arrival_order() {
+        // [0, 1] in flight, [2, 3] queued, [4] open and never drained: Oxia's `fail_all` would
+        // fail 4 first; this close fails in arrival order.
+        let mut b = batcher(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(nz(2))
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap(),
+        );
+        for h in 0..5 {
+            op(&mut b, 1, h, 0);
+        }
+        assert_eq!(b.open_batches(), 1);
+        b.close();
+        let failed: Vec<u32> = drain(&mut b)
+            .into_iter()
+            .filter_map(|a| match a {
+                BatchAction::Fail {
+                    handle,
+                    reason: FailReason::Closed,
+                } => Some(handle),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(failed, [2, 3, 4]);
     }
 
     #[test]
