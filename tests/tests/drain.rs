@@ -9,7 +9,7 @@ use core::time::Duration;
 use std::hash::RandomState;
 use std::sync::{Arc, Mutex};
 
-use throttle_sansio::sync::{BatchDriver, BatchOutcome, OpError, Runtime, Submit, Transport};
+use throttle_sansio::sync::{BatchDriver, BatchOutcome, OpError, Submit, Transport};
 use throttle_sansio::{BatcherConfig, WindowConfig};
 use throttle_tokio::{Instant, TokioRuntime};
 
@@ -24,7 +24,10 @@ async fn within<F: Future>(future: F) -> F::Output {
 
 /// Records each batch as the server sees it, and answers each get `x` with `10 x` after 10 ms.
 #[derive(Clone, Default)]
-struct Server(Arc<Mutex<Vec<(u8, Vec<u32>)>>>);
+struct Server(Arc<Mutex<Vec<Seen>>>);
+
+/// A batch as the server saw it: its shard and its gets.
+type Seen = (u8, Vec<u32>);
 
 impl Transport<u8, u32> for Server {
     type Output = u32;

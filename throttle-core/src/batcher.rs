@@ -9,14 +9,22 @@
 //! input queue is empty it calls [`flush`](Batcher::flush): open batches of shards with credit
 //! go out at once (there is no linger timer); open batches of exhausted shards are parked in the
 //! window and keep growing, since the next operation for that shard reclaims the parked batch
-//! rather than starting a new one behind it.
+//! rather than starting a new one behind it. [`poll_action`](Batcher::poll_action) flushes the
+//! same way once it runs out of actions, so a caller that drains the actions (as it must, to
+//! get its sends) never strands an open batch, even if it never calls `flush`.
 //!
 //! The batcher owns every operation's caller handle `H` from [`handle_op`](Batcher::handle_op)
 //! until it ends, and ends each exactly once: [`BatchAction::Deliver`] (a response arrived) or
-//! [`BatchAction::Fail`] (no response, the batch failed, or the batcher closed), unless the
-//! caller withdraws it first with [`cancel`](Batcher::cancel): an operation whose batch has not
-//! left yet (open, parked or queued) is taken out of it and its handle handed back, and a batch
-//! left empty is dropped without ever taking a credit.
+//! [`BatchAction::Fail`] (no response, the batch failed with the caller's error, or the
+//! batcher closed), unless the caller withdraws it first with [`cancel`](Batcher::cancel): an
+//! operation whose batch has not left yet (open, parked or queued) is taken out of it and its
+//! handle handed back, and a batch left empty is dropped without ever taking a credit. An
+//! operation may also carry a payload `P` ([`handle_op_with_payload`](Batcher::handle_op_with_payload)),
+//! the request itself, which leaves by value in its batch's [`BatchAction::Send`]: the caller
+//! puts it on the wire without a copy, while the handle stays for the `Deliver` or `Fail`.
+//!
+//! Two closes: [`close`](Batcher::close) fails everything not yet sent;
+//! [`drain`](Batcher::drain) refuses new operations but sends everything accepted.
 //!
 //! See `docs/dispatch-window.md` for the state diagram.
 
@@ -299,7 +307,7 @@ impl<H> Refused<H> {
 /// #     fn finish(&self) -> u64 { self.0 }
 /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
 /// # }
-/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads()).unwrap();
+/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads());
 /// let id = b.handle_op(Instant::ZERO, 1, "get a", 0).unwrap();
 /// assert_eq!(b.cancel(id), Ok(Withdrawal::Withdrawn("get a")));
 /// assert_eq!(b.cancel(id), Ok(Withdrawal::TooLate), "nothing left to withdraw");
@@ -346,7 +354,7 @@ impl OpId {
 /// #     fn finish(&self) -> u64 { self.0 }
 /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
 /// # }
-/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads()).unwrap();
+/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads());
 /// let (now, a) = (Instant::ZERO, b.handle_op(Instant::ZERO, 1, "get a", 0).unwrap());
 /// b.flush(now); // shard 1 has credit: the batch leaves
 /// assert!(matches!(b.poll_action(), Some(BatchAction::Send { .. })));
@@ -406,22 +414,31 @@ fn open_hash<Shard, H, P>(list: &[OpenShard<Shard, H, P>], i: u32) -> u64 {
 ///
 /// # Driving contract
 ///
-/// - Inputs: [`handle_op`](Self::handle_op) for each operation; [`flush`](Self::flush) whenever
-///   the driver's input queue is empty; [`handle_response`](Self::handle_response) or
-///   [`handle_failure`](Self::handle_failure) exactly once per sent batch;
-///   [`close`](Self::close) to close.
-/// - Output: after every input, drain [`poll_action`](Self::poll_action) until `None`. For a
-///   `Send`, read the batch with [`batch`](Self::batch) and put it on the wire after the drain
-///   loop or from within it; nothing re-enters the batcher.
+/// - Type parameters: the shard key, the per-operation handle `H`, the hasher `S`, the
+///   per-operation payload `P` (default `()`: none) and the batch error `E` passed to
+///   `handle_failure` (default `()`).
+/// - Inputs: [`handle_op`](Self::handle_op) (or
+///   [`handle_op_with_payload`](Self::handle_op_with_payload)) for each operation;
+///   [`flush`](Self::flush) whenever the driver's input queue is empty;
+///   [`handle_response`](Self::handle_response) or [`handle_failure`](Self::handle_failure)
+///   exactly once per sent batch; [`close`](Self::close) or [`drain`](Self::drain) to close.
+/// - Output: after a burst of inputs, drain [`poll_action`](Self::poll_action) until `None`
+///   (running out of actions flushes open batches: add every operation of a burst before
+///   draining, or each one leaves alone while its shard has credit). A `Send` carries the
+///   batch's payloads by value; the handles stay, readable by position with
+///   [`batch`](Self::batch). Put it on the wire after the drain loop or from within it;
+///   nothing re-enters the batcher.
 /// - Queries (`&self`): [`batch`](Self::batch), [`window`](Self::window),
 ///   [`open_batches`](Self::open_batches), [`open_ops`](Self::open_ops),
-///   [`is_closed`](Self::is_closed).
+///   [`is_closed`](Self::is_closed), [`is_draining`](Self::is_draining),
+///   [`is_drained`](Self::is_drained).
 /// - Completion: `handle_response(now, credit, positions)` names the positions (indexes into
 ///   [`Batch::ops`]) that got a response; each of those is `Deliver`ed once, every other
 ///   operation of the batch `Fail`s with [`FailReason::NoResponse`]. Out-of-range and repeated
-///   positions are ignored. `handle_failure` fails every operation with
-///   [`FailReason::BatchFailed`]. Either releases the batch's credit exactly once (through
-///   [`DispatchWindow::complete`], the single point of truth) and may `Send` the next batch.
+///   positions are ignored. `handle_failure(now, credit, error)` fails every operation with
+///   [`FailReason::BatchFailed`] carrying its own copy of `error`. Either releases the batch's
+///   credit exactly once (through [`DispatchWindow::complete`], the single point of truth) and
+///   may `Send` the next batch.
 /// - Maintenance: when [`poll_timeout`](Self::poll_timeout) returns a deadline, call
 ///   [`handle_timeout(now)`](Self::handle_timeout) once it has passed (earlier or more often is
 ///   harmless: it runs at most once per
@@ -443,12 +460,12 @@ fn open_hash<Shard, H, P>(list: &[OpenShard<Shard, H, P>], i: u32) -> u64 {
 /// #     fn finish(&self) -> u64 { self.0 }
 /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
 /// # }
-/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads()).unwrap();
+/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads());
 /// let now = Instant::ZERO;
 /// b.handle_op(now, 1, "get a", 0).unwrap();
 /// b.handle_op(now, 1, "get b", 0).unwrap();
 /// b.flush(now); // input queue empty and shard 1 has credit: the batch goes out now
-/// let Some(BatchAction::Send { shard: 1, credit }) = b.poll_action() else { unreachable!() };
+/// let Some(BatchAction::Send { shard: 1, credit, .. }) = b.poll_action() else { unreachable!() };
 /// assert_eq!(b.batch(credit).unwrap().ops(), ["get a", "get b"]);
 ///
 /// b.handle_response(now, credit, [0]).unwrap(); // the response covered only position 0
@@ -1071,7 +1088,8 @@ where
     /// beyond those of an open batcher.
     ///
     /// ```
-    /// use throttle_sansio::{BatchAction, Batcher, BatcherConfig, Instant, Refused, WindowConfig};
+    /// use throttle_sansio::batcher::Refused;
+    /// use throttle_sansio::{BatchAction, Batcher, BatcherConfig, Instant, WindowConfig};
     /// # use core::hash::BuildHasherDefault;
     /// # #[derive(Default)] struct H(u64);
     /// # impl core::hash::Hasher for H {
