@@ -741,8 +741,9 @@ where
 {
     /// A driver batching with `cfg` (shard keys hashed with a fresh std
     /// [`RandomState`](std::hash::RandomState)), sending through `transport`; its task is
-    /// spawned on `rt`. Refuses an invalid config. For another hasher,
-    /// [`with_hasher`](Self::with_hasher).
+    /// spawned on `rt`. Never `Err` today: a [`BatcherConfig`] is valid by construction
+    /// (its one fallible part, [`BatcherConfig::with_window`], refuses a bad window). For
+    /// another hasher, [`with_hasher`](Self::with_hasher).
     ///
     /// # Panics
     ///
