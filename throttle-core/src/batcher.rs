@@ -866,8 +866,12 @@ where
     /// with an `Arc`), and releases the credit (which may `Send` the next batch). An unknown
     /// or already-released credit is an `Err`, changes nothing and drops `error`.
     ///
-    /// The copies are made first: if `E::clone` panics, the panic propagates and the batcher
-    /// is as it was (report the failure again). `E = ()` for a caller with no error to pass.
+    /// `E = ()` for a caller with no error to pass.
+    ///
+    /// # Panics
+    ///
+    /// If `E::clone` panics. The copies are made before anything changes, so the batcher is
+    /// then as it was (the credit is still live: report the failure again).
     ///
     /// ```
     /// use throttle_sansio::{BatchAction, Batcher, BatcherConfig, FailReason, Instant};
