@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -77,7 +78,8 @@ async fn main() {
         return println!("usage: reader (no options)");
     }
     let (addr, seen) = server().await.expect("a loopback server");
-    let cfg = BatcherConfig::reads().with_max_requests_per_batch(100);
+    let per_batch = NonZeroUsize::new(100).expect("not zero");
+    let cfg = BatcherConfig::reads().with_max_requests_per_batch(per_batch);
     let send = move |shard: &u8, keys| exchange(addr, *shard, keys);
     let driver = BatchDriver::new(TokioRuntime::new(), send, cfg).expect("a valid config");
     // Keys 1600 and up wait behind 4 full batches per shard; their callers give up at 30 ms.

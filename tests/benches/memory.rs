@@ -116,8 +116,7 @@ fn governor(results: &mut BTreeMap<String, f64>) {
 fn batcher_allocs(results: &mut BTreeMap<String, f64>) {
     const OPS: u64 = 10_000;
     for (name, shards) in [("1_shard", 1u32), ("1000_shards", 1000)] {
-        let mut b: Batcher<u32, u64, RandomState> =
-            Batcher::new(BatcherConfig::writes()).expect("valid config");
+        let mut b: Batcher<u32, u64, RandomState> = Batcher::new(BatcherConfig::writes());
         let mut in_flight = VecDeque::with_capacity(4096);
         for _ in 0..2 {
             workloads::batcher_round(&mut b, &mut in_flight, shards, OPS);

@@ -688,8 +688,7 @@ fn batcher(c: &mut C) {
     let mut g = c.benchmark_group("batcher");
     g.throughput(Throughput::Elements(BATCHER_OPS));
     for (name, shards) in [("1_shard", 1u32), ("1000_shards", 1000)] {
-        let mut b: Batcher<u32, u64, RandomState> =
-            Batcher::new(BatcherConfig::writes()).expect("valid config");
+        let mut b: Batcher<u32, u64, RandomState> = Batcher::new(BatcherConfig::writes());
         let mut in_flight = VecDeque::with_capacity(4096);
         assert_eq!(
             batcher_round(&mut b, &mut in_flight, shards, BATCHER_OPS),

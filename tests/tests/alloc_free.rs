@@ -221,7 +221,7 @@ fn batcher_round(
 }
 
 fn batcher() -> Batcher<u32, u64, RandomState> {
-    Batcher::new(BatcherConfig::writes()).expect("valid config")
+    Batcher::new(BatcherConfig::writes())
 }
 
 #[test]

@@ -57,7 +57,9 @@ impl Transport<u8, u32> for Server {
 type Driver = BatchDriver<TokioRuntime, Server, u8, u32, RandomState>;
 
 fn driver(server: &Server) -> Driver {
-    let cfg = BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+    let cfg = BatcherConfig::reads()
+        .with_window(WindowConfig::default().with_max_in_flight(1))
+        .unwrap();
     BatchDriver::new(TokioRuntime::new(), server.clone(), cfg).unwrap()
 }
 

@@ -56,7 +56,8 @@ type Driver = BatchDriver<TokioRuntime, Echo, u8, u32, RandomState>;
 
 fn driver(window: u32) -> Driver {
     let cfg = BatcherConfig::reads()
-        .with_window(WindowConfig::default().with_max_in_flight(window as usize));
+        .with_window(WindowConfig::default().with_max_in_flight(window as usize))
+        .unwrap();
     BatchDriver::new(TokioRuntime::new(), Echo::default(), cfg).unwrap()
 }
 

@@ -59,7 +59,9 @@ impl Transport<u8, u32> for Slow {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn driver_close_fails_held_back_work_at_once_and_closed_waits_for_the_batch_in_flight() {
     let rt = TokioRuntime::new();
-    let cfg = BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+    let cfg = BatcherConfig::reads()
+        .with_window(WindowConfig::default().with_max_in_flight(1))
+        .unwrap();
     let driver: BatchDriver<_, _, u8, u32, RandomState> =
         BatchDriver::new(rt.clone(), Slow, cfg).unwrap();
     let in_flight = tokio::spawn(driver.submit(0, 1));

@@ -9,20 +9,29 @@
 //! input queue is empty it calls [`flush`](Batcher::flush): open batches of shards with credit
 //! go out at once (there is no linger timer); open batches of exhausted shards are parked in the
 //! window and keep growing, since the next operation for that shard reclaims the parked batch
-//! rather than starting a new one behind it.
+//! rather than starting a new one behind it. [`poll_action`](Batcher::poll_action) flushes the
+//! same way once it runs out of actions, so a caller that drains the actions (as it must, to
+//! get its sends) never strands an open batch, even if it never calls `flush`.
 //!
 //! The batcher owns every operation's caller handle `H` from [`handle_op`](Batcher::handle_op)
 //! until it ends, and ends each exactly once: [`BatchAction::Deliver`] (a response arrived) or
-//! [`BatchAction::Fail`] (no response, the batch failed, or the batcher closed), unless the
-//! caller withdraws it first with [`cancel`](Batcher::cancel): an operation whose batch has not
-//! left yet (open, parked or queued) is taken out of it and its handle handed back, and a batch
-//! left empty is dropped without ever taking a credit.
+//! [`BatchAction::Fail`] (no response, the batch failed with the caller's error, or the
+//! batcher closed), unless the caller withdraws it first with [`cancel`](Batcher::cancel): an
+//! operation whose batch has not left yet (open, parked or queued) is taken out of it and its
+//! handle handed back, and a batch left empty is dropped without ever taking a credit. An
+//! operation may also carry a payload `P` ([`handle_op_with_payload`](Batcher::handle_op_with_payload)),
+//! the request itself, which leaves by value in its batch's [`BatchAction::Send`]: the caller
+//! puts it on the wire without a copy, while the handle stays for the `Deliver` or `Fail`.
+//!
+//! Two closes: [`close`](Batcher::close) fails everything not yet sent;
+//! [`drain`](Batcher::drain) refuses new operations but sends everything accepted.
 //!
 //! See `docs/dispatch-window.md` for the state diagram.
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use core::hash::{BuildHasher, Hash};
+use core::num::{NonZeroU64, NonZeroUsize};
 
 use hashbrown::HashTable;
 use smallvec::SmallVec;
@@ -34,10 +43,6 @@ use crate::error::{ConfigError, ReleaseError};
 use crate::maintenance::{Maintenance, Peak};
 use crate::slab::{Key, Slab};
 use crate::time::{Clock, Instant};
-
-use crate::options::batcher::{
-    MAX_BATCH_BYTES as MAX_BYTES_OPTION, MAX_REQUESTS_PER_BATCH as MAX_REQUESTS_OPTION,
-};
 
 /// Which limits a batcher applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -54,10 +59,23 @@ pub enum BatchKind {
 #[non_exhaustive]
 pub struct BatcherConfig {
     kind: BatchKind,
-    max_requests_per_batch: u32,
-    max_batch_bytes: u64,
+    max_requests_per_batch: NonZeroUsize,
+    max_batch_bytes: NonZeroU64,
+    /// Valid: [`BatcherConfig::with_window`] refuses an invalid one.
     window: WindowConfig,
 }
+
+/// 1000 operations per batch (Oxia's `maxRequestsPerBatch`).
+const DEFAULT_MAX_REQUESTS: NonZeroUsize = match NonZeroUsize::new(1000) {
+    Some(n) => n,
+    None => NonZeroUsize::MIN,
+};
+
+/// 128 KiB per write batch (Oxia's `maxBatchSize`).
+const DEFAULT_MAX_BYTES: NonZeroU64 = match NonZeroU64::new(128 * 1024) {
+    Some(n) => n,
+    None => NonZeroU64::MIN,
+};
 
 impl Default for BatcherConfig {
     /// The Oxia Java client's write defaults: 1000 operations (`maxRequestsPerBatch`), 128 KiB,
@@ -65,8 +83,8 @@ impl Default for BatcherConfig {
     fn default() -> Self {
         BatcherConfig {
             kind: BatchKind::Write,
-            max_requests_per_batch: 1000,
-            max_batch_bytes: 128 * 1024,
+            max_requests_per_batch: DEFAULT_MAX_REQUESTS,
+            max_batch_bytes: DEFAULT_MAX_BYTES,
             window: WindowConfig::default(),
         }
     }
@@ -86,25 +104,36 @@ impl BatcherConfig {
         }
     }
 
-    /// At most `n` operations per batch (at least 1).
+    /// At most `n` operations per batch. Infallible: a zero limit cannot be written.
     #[must_use]
-    pub fn with_max_requests_per_batch(mut self, n: u32) -> Self {
+    pub fn with_max_requests_per_batch(mut self, n: NonZeroUsize) -> Self {
         self.max_requests_per_batch = n;
         self
     }
 
-    /// Write batches stop before exceeding `bytes` (at least 1; ignored for reads).
+    /// Write batches stop before exceeding `bytes` (ignored for reads). Infallible: a zero
+    /// limit cannot be written.
     #[must_use]
-    pub fn with_max_batch_bytes(mut self, bytes: u64) -> Self {
+    pub fn with_max_batch_bytes(mut self, bytes: NonZeroU64) -> Self {
         self.max_batch_bytes = bytes;
         self
     }
 
-    /// The per-shard dispatch window.
-    #[must_use]
-    pub fn with_window(mut self, window: WindowConfig) -> Self {
+    /// The per-shard dispatch window. The one fallible builder: a [`WindowConfig`] can still
+    /// be invalid (`max_in_flight` 0), and is refused here with its own error, so a
+    /// `BatcherConfig` is valid by construction and [`Batcher::new`] cannot fail.
+    ///
+    /// ```
+    /// use throttle_sansio::{BatcherConfig, WindowConfig};
+    ///
+    /// let four = BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(4));
+    /// assert_eq!(four.map(|c| c.window().max_in_flight()), Ok(4));
+    /// assert!(BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(0)).is_err());
+    /// ```
+    pub fn with_window(mut self, window: WindowConfig) -> Result<Self, ConfigError> {
+        window.validate()?;
         self.window = window;
-        self
+        Ok(self)
     }
 
     /// Read or write limits.
@@ -112,49 +141,31 @@ impl BatcherConfig {
         self.kind
     }
 
-    /// Operations per batch at most.
-    pub fn max_requests_per_batch(&self) -> u32 {
-        self.max_requests_per_batch
+    /// Operations per batch at most (at least 1).
+    pub fn max_requests_per_batch(&self) -> usize {
+        self.max_requests_per_batch.get()
     }
 
-    /// Bytes per write batch at most (an operation larger than this goes alone).
+    /// Bytes per write batch at most (at least 1; an operation larger than this goes alone).
     pub fn max_batch_bytes(&self) -> u64 {
-        self.max_batch_bytes
+        self.max_batch_bytes.get()
     }
 
     /// The per-shard dispatch window.
     pub fn window(&self) -> WindowConfig {
         self.window
     }
-
-    /// Refuses zero limits and an invalid window.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.max_requests_per_batch == 0 {
-            return Err(ConfigError::OutOfRange {
-                option: &MAX_REQUESTS_OPTION,
-                got: 0,
-                min: 1,
-                max: u64::from(u32::MAX),
-                unit: "operations",
-            });
-        }
-        if self.max_batch_bytes == 0 {
-            return Err(ConfigError::OutOfRange {
-                option: &MAX_BYTES_OPTION,
-                got: 0,
-                min: 1,
-                max: u64::MAX,
-                unit: "bytes",
-            });
-        }
-        self.window.validate()
-    }
 }
 
-/// A batch of operations for one shard, in arrival order.
+/// A batch of operations for one shard, in arrival order: the operations' handles `H`, which
+/// the batcher keeps until each operation ends, and their payloads `P` (`()` unless the
+/// operations were added with [`Batcher::handle_op_with_payload`]), which leave by value in
+/// the batch's [`BatchAction::Send`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Batch<H> {
+pub struct Batch<H, P = ()> {
     ops: Vec<H>,
+    /// The payloads, position by position with `ops`, until the batch is sent (then empty).
+    payloads: Vec<P>,
     bytes: u64,
     opened_at: Instant,
     /// Its id in the batcher's `held` slab while it has not left (stale once it has).
@@ -167,7 +178,7 @@ pub struct Batch<H> {
     ordinals: Vec<u64>,
 }
 
-impl<H> Batch<H> {
+impl<H, P> Batch<H, P> {
     /// The operations' handles, in arrival order; a response's position indexes this slice.
     pub fn ops(&self) -> &[H] {
         &self.ops
@@ -196,29 +207,63 @@ impl<H> Batch<H> {
     }
 }
 
-/// Why an operation ended without a response.
+/// Why an operation ended without a response. `E` is the error the caller passed to
+/// [`Batcher::handle_failure`] for the operation's batch (`()` when it has none).
+///
+/// ```
+/// use throttle_sansio::FailReason;
+///
+/// let why: FailReason<&str> = FailReason::BatchFailed("shard 3 is not the leader");
+/// assert_eq!(why.error(), Some(&"shard 3 is not the leader"));
+/// assert_eq!(FailReason::<&str>::Closed.error(), None);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum FailReason {
+pub enum FailReason<E = ()> {
     /// Its batch completed but the response did not cover it.
     NoResponse,
-    /// Its batch failed as a whole.
-    BatchFailed,
+    /// Its batch failed as a whole, with this error (a copy of the one passed to
+    /// [`Batcher::handle_failure`]; each operation of the batch gets its own).
+    BatchFailed(E),
     /// The batcher closed before the operation was sent.
     Closed,
+}
+
+impl<E> FailReason<E> {
+    /// The batch's error, for [`BatchFailed`](Self::BatchFailed).
+    pub fn error(&self) -> Option<&E> {
+        match self {
+            FailReason::BatchFailed(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The batch's error by value, for [`BatchFailed`](Self::BatchFailed).
+    pub fn into_error(self) -> Option<E> {
+        match self {
+            FailReason::BatchFailed(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// What the driver must do next, drained with [`Batcher::poll_action`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum BatchAction<Shard, H> {
-    /// Send the batch held under `credit` (read it with [`Batcher::batch`]); report its end
-    /// with [`Batcher::handle_response`] or [`Batcher::handle_failure`] exactly once.
+pub enum BatchAction<Shard, H, P = (), E = ()> {
+    /// Send the batch held under `credit`: its operations' payloads are here by value, in
+    /// batch order (the handles stay in the batcher: read them with [`Batcher::batch`]).
+    /// Report its end with [`Batcher::handle_response`] or [`Batcher::handle_failure`]
+    /// exactly once.
     Send {
         /// The shard to send to.
         shard: Shard,
         /// The batch's credit.
         credit: CreditId,
+        /// The operations' payloads, position by position (a response's position indexes
+        /// this vector too). All `()` for operations added with [`Batcher::handle_op`]
+        /// (a `Vec<()>` never allocates).
+        payloads: Vec<P>,
     },
     /// Hand the operation its response: entry `position` of its batch's response.
     Deliver {
@@ -231,8 +276,8 @@ pub enum BatchAction<Shard, H> {
     Fail {
         /// The operation's handle.
         handle: H,
-        /// Why it failed.
-        reason: FailReason,
+        /// Why it failed (with the batch's error for a failed batch).
+        reason: FailReason<E>,
     },
 }
 
@@ -262,7 +307,7 @@ impl<H> Refused<H> {
 /// #     fn finish(&self) -> u64 { self.0 }
 /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
 /// # }
-/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads()).unwrap();
+/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads());
 /// let id = b.handle_op(Instant::ZERO, 1, "get a", 0).unwrap();
 /// assert_eq!(b.cancel(id), Ok(Withdrawal::Withdrawn("get a")));
 /// assert_eq!(b.cancel(id), Ok(Withdrawal::TooLate), "nothing left to withdraw");
@@ -309,7 +354,7 @@ impl OpId {
 /// #     fn finish(&self) -> u64 { self.0 }
 /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
 /// # }
-/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads()).unwrap();
+/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads());
 /// let (now, a) = (Instant::ZERO, b.handle_op(Instant::ZERO, 1, "get a", 0).unwrap());
 /// b.flush(now); // shard 1 has credit: the batch leaves
 /// assert!(matches!(b.poll_action(), Some(BatchAction::Send { .. })));
@@ -338,25 +383,25 @@ enum Held {
 }
 
 #[derive(Clone, Debug)]
-struct InFlight<H> {
+struct InFlight<H, P> {
     credit: CreditId,
-    batch: Batch<H>,
+    batch: Batch<H, P>,
 }
 
 /// A shard with an open batch in the batcher (`batch` is `None` once the last one left full).
 #[derive(Clone, Debug)]
-struct OpenShard<Shard, H> {
+struct OpenShard<Shard, H, P> {
     key: Shard,
     /// The window's hash of `key`, taken once by `handle_op`.
     hash: u64,
     /// The shard's entry in the window, pinned while it is listed here, so that `flush` and
     /// `close` reach it without a lookup: they run no user code.
     place: Place,
-    batch: Option<Batch<H>>,
+    batch: Option<Batch<H, P>>,
 }
 
 /// The stored hash of the open shard at `i`, to rehash the index without running user code.
-fn open_hash<Shard, H>(list: &[OpenShard<Shard, H>], i: u32) -> u64 {
+fn open_hash<Shard, H, P>(list: &[OpenShard<Shard, H, P>], i: u32) -> u64 {
     list.get(i as usize).map_or(0, |o| o.hash)
 }
 
@@ -369,22 +414,31 @@ fn open_hash<Shard, H>(list: &[OpenShard<Shard, H>], i: u32) -> u64 {
 ///
 /// # Driving contract
 ///
-/// - Inputs: [`handle_op`](Self::handle_op) for each operation; [`flush`](Self::flush) whenever
-///   the driver's input queue is empty; [`handle_response`](Self::handle_response) or
-///   [`handle_failure`](Self::handle_failure) exactly once per sent batch;
-///   [`close`](Self::close) to close.
-/// - Output: after every input, drain [`poll_action`](Self::poll_action) until `None`. For a
-///   `Send`, read the batch with [`batch`](Self::batch) and put it on the wire after the drain
-///   loop or from within it; nothing re-enters the batcher.
+/// - Type parameters: the shard key, the per-operation handle `H`, the hasher `S`, the
+///   per-operation payload `P` (default `()`: none) and the batch error `E` passed to
+///   `handle_failure` (default `()`).
+/// - Inputs: [`handle_op`](Self::handle_op) (or
+///   [`handle_op_with_payload`](Self::handle_op_with_payload)) for each operation;
+///   [`flush`](Self::flush) whenever the driver's input queue is empty;
+///   [`handle_response`](Self::handle_response) or [`handle_failure`](Self::handle_failure)
+///   exactly once per sent batch; [`close`](Self::close) or [`drain`](Self::drain) to close.
+/// - Output: after a burst of inputs, drain [`poll_action`](Self::poll_action) until `None`
+///   (running out of actions flushes open batches: add every operation of a burst before
+///   draining, or each one leaves alone while its shard has credit). A `Send` carries the
+///   batch's payloads by value; the handles stay, readable by position with
+///   [`batch`](Self::batch). Put it on the wire after the drain loop or from within it;
+///   nothing re-enters the batcher.
 /// - Queries (`&self`): [`batch`](Self::batch), [`window`](Self::window),
 ///   [`open_batches`](Self::open_batches), [`open_ops`](Self::open_ops),
-///   [`is_closed`](Self::is_closed).
+///   [`is_closed`](Self::is_closed), [`is_draining`](Self::is_draining),
+///   [`is_drained`](Self::is_drained).
 /// - Completion: `handle_response(now, credit, positions)` names the positions (indexes into
 ///   [`Batch::ops`]) that got a response; each of those is `Deliver`ed once, every other
 ///   operation of the batch `Fail`s with [`FailReason::NoResponse`]. Out-of-range and repeated
-///   positions are ignored. `handle_failure` fails every operation with
-///   [`FailReason::BatchFailed`]. Either releases the batch's credit exactly once (through
-///   [`DispatchWindow::complete`], the single point of truth) and may `Send` the next batch.
+///   positions are ignored. `handle_failure(now, credit, error)` fails every operation with
+///   [`FailReason::BatchFailed`] carrying its own copy of `error`. Either releases the batch's
+///   credit exactly once (through [`DispatchWindow::complete`], the single point of truth) and
+///   may `Send` the next batch.
 /// - Maintenance: when [`poll_timeout`](Self::poll_timeout) returns a deadline, call
 ///   [`handle_timeout(now)`](Self::handle_timeout) once it has passed (earlier or more often is
 ///   harmless: it runs at most once per
@@ -406,12 +460,12 @@ fn open_hash<Shard, H>(list: &[OpenShard<Shard, H>], i: u32) -> u64 {
 /// #     fn finish(&self) -> u64 { self.0 }
 /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
 /// # }
-/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads()).unwrap();
+/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(BatcherConfig::reads());
 /// let now = Instant::ZERO;
 /// b.handle_op(now, 1, "get a", 0).unwrap();
 /// b.handle_op(now, 1, "get b", 0).unwrap();
 /// b.flush(now); // input queue empty and shard 1 has credit: the batch goes out now
-/// let Some(BatchAction::Send { shard: 1, credit }) = b.poll_action() else { unreachable!() };
+/// let Some(BatchAction::Send { shard: 1, credit, .. }) = b.poll_action() else { unreachable!() };
 /// assert_eq!(b.batch(credit).unwrap().ops(), ["get a", "get b"]);
 ///
 /// b.handle_response(now, credit, [0]).unwrap(); // the response covered only position 0
@@ -423,20 +477,20 @@ fn open_hash<Shard, H>(list: &[OpenShard<Shard, H>], i: u32) -> u64 {
 /// assert_eq!(b.poll_action(), None);
 /// ```
 #[derive(Clone, Debug)]
-pub struct Batcher<Shard, H, S> {
+pub struct Batcher<Shard, H, S, P = (), E = ()> {
     cfg: BatcherConfig,
     clock: Clock,
-    window: DispatchWindow<Shard, Batch<H>, S>,
+    window: DispatchWindow<Shard, Batch<H, P>, S>,
     /// Index of `open_list` by the shards' stored hashes.
     open: HashTable<u32>,
     /// Shards with an open batch in the batcher, in arrival order: `flush` and `close` drain
     /// it without scanning every shard ever seen.
-    open_list: Vec<OpenShard<Shard, H>>,
+    open_list: Vec<OpenShard<Shard, H, P>>,
     /// Entries of `open_list` holding `Some` batch, so `open_batches` is exact and O(1).
     open_count: usize,
     /// Batches in flight, indexed by their credit's slot.
-    sent: Vec<Option<InFlight<H>>>,
-    actions: VecDeque<BatchAction<Shard, H>>,
+    sent: Vec<Option<InFlight<H, P>>>,
+    actions: VecDeque<BatchAction<Shard, H, P, E>>,
     /// Where each batch that has not left is, by [`Batch::id`]: what [`cancel`](Self::cancel)
     /// follows from an [`OpId`].
     held: Slab<Held>,
@@ -446,7 +500,12 @@ pub struct Batcher<Shard, H, S> {
     /// Operation buffers in use (open, parked, queued or in flight).
     ops_out: usize,
     responded: Vec<bool>,
+    /// Scratch for [`handle_failure`](Self::handle_failure): one copy of the error per
+    /// operation, made before anything changes. Empty between calls.
+    errors: Vec<E>,
     closed: bool,
+    /// After [`drain`](Self::drain): operations are refused, but everything accepted is sent.
+    draining: bool,
     maintenance: Maintenance,
     peak_ops_out: Peak,
     peak_batch_len: Peak,
@@ -454,26 +513,60 @@ pub struct Batcher<Shard, H, S> {
     peak_actions: Peak,
 }
 
-impl<Shard, H, S> Batcher<Shard, H, S>
+impl<Shard, H, S, E> Batcher<Shard, H, S, (), E>
 where
     Shard: Hash + Eq + Clone,
     S: BuildHasher + Clone,
 {
-    /// A batcher with the default hasher of `S`.
-    pub fn new(cfg: BatcherConfig) -> Result<Self, ConfigError>
+    /// Adds an operation of `bytes` bytes for `shard`, with no payload: the batch's `Send`
+    /// carries `()`s and the caller reads the handles by reference with
+    /// [`batch`](Self::batch). Otherwise exactly
+    /// [`handle_op_with_payload`](Self::handle_op_with_payload).
+    pub fn handle_op(
+        &mut self,
+        now: Instant,
+        shard: Shard,
+        handle: H,
+        bytes: u64,
+    ) -> Result<OpId, Refused<H>> {
+        self.handle_op_with_payload(now, shard, handle, (), bytes)
+            .map_err(|Refused((handle, ()))| Refused(handle))
+    }
+
+    /// Withdraws the operation `op` if its batch has not left yet, handing its handle back:
+    /// [`cancel_with_payload`](Self::cancel_with_payload) without a payload.
+    pub fn cancel(&mut self, op: OpId) -> Result<Withdrawal<H>, ReleaseError> {
+        self.cancel_with_payload(op).map(|w| match w {
+            Withdrawal::Withdrawn((handle, ())) => Withdrawal::Withdrawn(handle),
+            Withdrawal::TooLate => Withdrawal::TooLate,
+        })
+    }
+}
+
+impl<Shard, H, S, P, E> Batcher<Shard, H, S, P, E>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    /// A batcher with the default hasher of `S`. Infallible: a [`BatcherConfig`] is valid by
+    /// construction.
+    pub fn new(cfg: BatcherConfig) -> Self
     where
         S: Default,
     {
         Self::with_hasher(cfg, S::default())
     }
 
-    /// A batcher hashing shard keys with `hasher`.
-    pub fn with_hasher(cfg: BatcherConfig, hasher: S) -> Result<Self, ConfigError> {
-        cfg.validate()?;
-        Ok(Batcher {
+    /// A batcher hashing shard keys with `hasher`. Infallible, as [`new`](Self::new).
+    pub fn with_hasher(cfg: BatcherConfig, hasher: S) -> Self {
+        // `BatcherConfig::with_window` refuses a window of 0, the one invalid `WindowConfig`,
+        // so the limit is never 0 here (and 1 would be the safe reading if it were).
+        let limit = NonZeroUsize::new(cfg.window.max_in_flight()).unwrap_or(NonZeroUsize::MIN);
+        let window = DispatchWindow::limited(limit, hasher.clone());
+        Batcher {
             cfg,
             clock: Clock::default(),
-            window: DispatchWindow::with_hasher(cfg.window, hasher)?,
+            window,
             open: HashTable::new(),
             open_list: Vec::new(),
             open_count: 0,
@@ -483,39 +576,67 @@ where
             spare_ops: Vec::new(),
             ops_out: 0,
             responded: Vec::new(),
+            errors: Vec::new(),
             closed: false,
+            draining: false,
             maintenance: Maintenance::default(),
             peak_ops_out: Peak::default(),
             peak_batch_len: Peak::default(),
             peak_open: Peak::default(),
             peak_actions: Peak::default(),
-        })
+        }
     }
 
-    /// Adds an operation of `bytes` bytes for `shard`. A batch that becomes full is handed to
-    /// the window at once (poll for a `Send`). Refused after [`close`](Self::close). The
-    /// returned [`OpId`] withdraws the operation with [`cancel`](Self::cancel) until its batch
-    /// leaves.
+    /// Adds an operation of `bytes` bytes for `shard`: its `handle` stays in the batcher until
+    /// the operation ends (`Deliver` or `Fail`), its `payload` leaves by value in its batch's
+    /// [`BatchAction::Send`]. A batch that becomes full is handed to the window at once; the
+    /// open batch goes out (or is parked) at the next [`flush`](Self::flush), or when
+    /// [`poll_action`](Self::poll_action) runs out of actions, so an accepted operation is
+    /// never stranded. Refused, handle and payload handed back, after [`close`](Self::close)
+    /// or [`drain`](Self::drain). The returned [`OpId`] withdraws the operation with
+    /// [`cancel_with_payload`](Self::cancel_with_payload) until its batch leaves.
     ///
     /// Should the batcher run out of batch ids (2^64 batches; see
     /// [`Exhausted`](crate::Exhausted)), it closes, as when its window does.
     ///
     /// The shard's key is hashed once, looked up (`Eq`) and copied (`Clone`, once per copy this
     /// operation keeps or sends) before anything changes, so a panic in any of them leaves the
-    /// batcher as it was (the operation's handle is dropped with the panic).
-    pub fn handle_op(
+    /// batcher as it was (the operation's handle and payload are dropped with the panic).
+    ///
+    /// ```
+    /// use throttle_sansio::{BatchAction, Batcher, BatcherConfig, Instant};
+    /// # use core::hash::BuildHasherDefault;
+    /// # #[derive(Default)] struct H(u64);
+    /// # impl core::hash::Hasher for H {
+    /// #     fn finish(&self) -> u64 { self.0 }
+    /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+    /// # }
+    /// // Handles are reply ids the batcher keeps; payloads are requests the caller takes.
+    /// let mut b: Batcher<u32, u64, BuildHasherDefault<H>, String> =
+    ///     Batcher::new(BatcherConfig::reads());
+    /// let now = Instant::ZERO;
+    /// b.handle_op_with_payload(now, 1, 7, "get a".to_string(), 0).unwrap();
+    /// b.handle_op_with_payload(now, 1, 8, "get b".to_string(), 0).unwrap();
+    /// let Some(BatchAction::Send { credit, payloads, .. }) = b.poll_action() else { unreachable!() };
+    /// assert_eq!(payloads, ["get a", "get b"]); // by value: no clone
+    /// b.handle_response(now, credit, [0, 1]).unwrap();
+    /// assert!(matches!(b.poll_action(), Some(BatchAction::Deliver { handle: 7, position: 0 })));
+    /// assert!(matches!(b.poll_action(), Some(BatchAction::Deliver { handle: 8, position: 1 })));
+    /// ```
+    pub fn handle_op_with_payload(
         &mut self,
         now: Instant,
         shard: Shard,
         handle: H,
+        payload: P,
         bytes: u64,
-    ) -> Result<OpId, Refused<H>> {
+    ) -> Result<OpId, Refused<(H, P)>> {
         if !self.closed && !self.held.can_issue() {
             self.close();
         }
-        if self.closed {
+        if self.closed || self.draining {
             self.clock.observe(now);
-            return Err(Refused(handle));
+            return Err(Refused((handle, payload)));
         }
         // User code first: the hash, the lookups and every key copy needed below.
         let hash = self.window.hash_key(&shard);
@@ -530,8 +651,8 @@ where
         };
         let (held, held_bytes) = current.map_or((0, 0), |b| (b.ops.len(), b.bytes));
         let by_bytes = self.cfg.kind == BatchKind::Write;
-        let max_bytes = self.cfg.max_batch_bytes;
-        let max_ops = usize::try_from(self.cfg.max_requests_per_batch).unwrap_or(usize::MAX);
+        let max_bytes = self.cfg.max_batch_bytes();
+        let max_ops = self.cfg.max_requests_per_batch();
         // An operation that would push a non-empty write batch past the byte limit closes it.
         let overflows = by_bytes && held > 0 && held_bytes.saturating_add(bytes) > max_bytes;
         let (held, held_bytes) = if overflows {
@@ -567,7 +688,7 @@ where
                     }
                     None => match keys.pop() {
                         Some(key) => self.window.open_pinned(key, hash),
-                        None => return Err(Refused(handle)), // unreachable: counted above
+                        None => return Err(Refused((handle, payload))), // unreachable: counted above
                     },
                 };
                 // Reclaim the parked batch so newer operations join it instead of queueing
@@ -579,7 +700,7 @@ where
                 }
                 let Some(key) = keys.pop() else {
                     self.window.unpin(place);
-                    return Err(Refused(handle)); // unreachable: counted above
+                    return Err(Refused((handle, payload))); // unreachable: counted above
                 };
                 let i = self.open_list.len();
                 self.open_list.push(OpenShard {
@@ -597,7 +718,7 @@ where
         };
         let Some(open) = self.open_list.get_mut(i) else {
             // Unreachable: listed above. Hand the operation back rather than lose it.
-            return Err(Refused(handle));
+            return Err(Refused((handle, payload)));
         };
         let place = open.place;
         let slot = &mut open.batch;
@@ -611,13 +732,14 @@ where
             None => {
                 // `can_issue` was checked above and nothing was issued since.
                 let Ok(id) = self.held.insert(Held::Open(place)) else {
-                    return Err(Refused(handle)); // unreachable
+                    return Err(Refused((handle, payload))); // unreachable
                 };
                 self.open_count += 1;
                 self.ops_out = self.ops_out.saturating_add(1);
                 self.peak_ops_out.see(self.ops_out);
                 slot.insert(Batch {
                     ops: self.spare_ops.pop().unwrap_or_default(),
+                    payloads: Vec::new(),
                     bytes: 0,
                     opened_at: now,
                     id,
@@ -636,6 +758,7 @@ where
             batch.ordinals.push(op_id.ordinal);
         }
         batch.ops.push(handle);
+        batch.payloads.push(payload);
         batch.bytes = batch.bytes.saturating_add(bytes);
         self.peak_batch_len.see(batch.ops.len());
         let full = if fills {
@@ -648,7 +771,7 @@ where
             match keys.pop() {
                 Some(key) => self.submit_full(place, key, b),
                 // Unreachable: one copy was made per batch sent.
-                None => self.end_ops(b, FailReason::Closed),
+                None => self.fail_closed(b),
             }
         }
         Ok(op_id)
@@ -675,7 +798,7 @@ where
                     Err(e) => {
                         // Closed (id space spent) or, impossibly, already parked: never lose
                         // ops.
-                        self.end_ops(e.into_batch(), FailReason::Closed);
+                        self.fail_closed(e.into_batch());
                         self.close_if_window_closed();
                     }
                 }
@@ -731,18 +854,82 @@ where
         Ok(())
     }
 
-    /// The batch under `credit` failed as a whole: fails every operation with
-    /// [`FailReason::BatchFailed`] and releases the credit (which may `Send` the next batch).
-    /// An unknown or already-released credit is an `Err` and changes nothing.
-    pub fn handle_failure(&mut self, now: Instant, credit: CreditId) -> Result<(), ReleaseError> {
+    /// The batch under `credit` failed as a whole with `error`: fails every operation with
+    /// [`FailReason::BatchFailed`] carrying its own copy of `error` (the last operation gets
+    /// `error` itself, so a batch of `n` clones it `n - 1` times; share an expensive error
+    /// with an `Arc`), and releases the credit (which may `Send` the next batch). An unknown
+    /// or already-released credit is an `Err`, changes nothing and drops `error`.
+    ///
+    /// `E = ()` for a caller with no error to pass.
+    ///
+    /// # Panics
+    ///
+    /// If `E::clone` panics. The copies are made before anything changes, so the batcher is
+    /// then as it was (the credit is still live: report the failure again).
+    ///
+    /// ```
+    /// use throttle_sansio::{BatchAction, Batcher, BatcherConfig, FailReason, Instant};
+    /// # use core::hash::BuildHasherDefault;
+    /// # #[derive(Default)] struct H(u64);
+    /// # impl core::hash::Hasher for H {
+    /// #     fn finish(&self) -> u64 { self.0 }
+    /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+    /// # }
+    /// let mut b: Batcher<u32, &str, BuildHasherDefault<H>, (), &str> =
+    ///     Batcher::new(BatcherConfig::reads());
+    /// b.handle_op(Instant::ZERO, 1, "get a", 0).unwrap();
+    /// let Some(BatchAction::Send { credit, .. }) = b.poll_action() else { unreachable!() };
+    /// b.handle_failure(Instant::ZERO, credit, "not the leader").unwrap();
+    /// assert_eq!(
+    ///     b.poll_action(),
+    ///     Some(BatchAction::Fail { handle: "get a", reason: FailReason::BatchFailed("not the leader") })
+    /// );
+    /// ```
+    pub fn handle_failure(
+        &mut self,
+        now: Instant,
+        credit: CreditId,
+        error: E,
+    ) -> Result<(), ReleaseError>
+    where
+        E: Clone,
+    {
+        // User code first: one copy of the error per operation but the last (`E::clone`), into
+        // a scratch buffer of our own that a panic drops.
+        let n = self.batch(credit).map_or(0, Batch::len);
+        let mut errors = core::mem::take(&mut self.errors);
+        errors.clear();
+        for _ in 1..n {
+            errors.push(error.clone());
+        }
+        if n > 0 {
+            errors.push(error);
+        }
         // `complete` copies the key (user `Clone`) before it changes anything.
         let next = self.window.complete(credit);
         self.clock.observe(now);
-        let next = next?;
+        let next = match next {
+            Ok(next) => next,
+            Err(e) => {
+                errors.clear();
+                self.errors = errors;
+                return Err(e);
+            }
+        };
         self.maintenance.touch();
         if let Some(flight) = self.take_sent(credit) {
-            self.end_ops(flight.batch, FailReason::BatchFailed);
+            let _ = self.held.remove(flight.batch.id);
+            let mut ops = flight.batch.ops;
+            for (handle, error) in ops.drain(..).zip(errors.drain(..)) {
+                self.push_action(BatchAction::Fail {
+                    handle,
+                    reason: FailReason::BatchFailed(error),
+                });
+            }
+            self.recycle(ops);
         }
+        errors.clear();
+        self.errors = errors;
         self.after_release(next);
         Ok(())
     }
@@ -760,7 +947,20 @@ where
     ///
     /// O(operations in the batch). The first withdrawal from a batch allocates a list of the
     /// positions' ordinals for it.
-    pub fn cancel(&mut self, op: OpId) -> Result<Withdrawal<H>, ReleaseError> {
+    ///
+    /// ```
+    /// use throttle_sansio::{Batcher, BatcherConfig, Instant, Withdrawal};
+    /// # use core::hash::BuildHasherDefault;
+    /// # #[derive(Default)] struct H(u64);
+    /// # impl core::hash::Hasher for H {
+    /// #     fn finish(&self) -> u64 { self.0 }
+    /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+    /// # }
+    /// let mut b: Batcher<u32, u64, BuildHasherDefault<H>, &str> = Batcher::new(BatcherConfig::reads());
+    /// let id = b.handle_op_with_payload(Instant::ZERO, 1, 7, "get a", 0).unwrap();
+    /// assert_eq!(b.cancel_with_payload(id), Ok(Withdrawal::Withdrawn((7, "get a"))));
+    /// ```
+    pub fn cancel_with_payload(&mut self, op: OpId) -> Result<Withdrawal<(H, P)>, ReleaseError> {
         let Some(&at) = self.held.get(op.batch) else {
             return match self.held.refusal(op.batch) {
                 ReleaseError::AlreadyReleased => Ok(Withdrawal::TooLate),
@@ -799,12 +999,14 @@ where
                 Err(_) => return Ok(Withdrawal::TooLate), // withdrawn before
             }
         };
-        if position >= batch.ops.len() {
+        // Payloads are kept position by position with the handles until the batch is sent.
+        if position >= batch.ops.len() || position >= batch.payloads.len() {
             debug_assert!(false, "an ordinal beyond the batch");
             return Ok(Withdrawal::TooLate);
         }
         batch.ordinals.remove(position);
         let handle = batch.ops.remove(position);
+        let payload = batch.payloads.remove(position);
         let emptied = batch.ops.is_empty();
         self.maintenance.touch();
         if emptied {
@@ -826,7 +1028,7 @@ where
                 self.recycle(b.ops);
             }
         }
-        Ok(Withdrawal::Withdrawn(handle))
+        Ok(Withdrawal::Withdrawn((handle, payload)))
     }
 
     /// The index in `open_list` of the shard at `place` (no user code).
@@ -839,28 +1041,100 @@ where
             .map(|&j| j as usize)
     }
 
-    /// Closes the batcher: every operation not yet sent (open, queued or parked) fails with
+    /// The failing close: every operation not yet sent (open, queued or parked) fails with
     /// [`FailReason::Closed`] (drain them with [`poll_action`](Self::poll_action)). Batches in
-    /// flight are untouched; complete them as usual. Later operations are refused.
-    /// Idempotent: a second `close` fails nothing more. Runs no user code.
+    /// flight are untouched; complete them as usual (their releases send nothing). Later
+    /// operations are refused. Idempotent: a second `close` fails nothing more; after
+    /// [`drain`](Self::drain) it fails what the drain had not sent yet. Runs no user code.
+    ///
+    /// Order: per shard, arrival order, batch by batch: the queued batches oldest first, then
+    /// the open batch (parked or not), each in its operations' order, which is the order
+    /// [`drain`](Self::drain) would have sent them in. (Oxia's `fail_all` fails the open
+    /// batch first; arrival order lets a caller that retries failed operations in the order
+    /// it gets them keep each shard's order.) Shards come in no particular order.
     pub fn close(&mut self) {
         self.closed = true;
         self.maintenance.touch();
         self.open.clear();
         let mut list = core::mem::take(&mut self.open_list);
-        for open in list.drain(..) {
-            self.window.unpin(open.place);
-            if let Some(batch) = open.batch {
+        let mut open = Vec::new();
+        for o in list.drain(..) {
+            self.window.unpin(o.place);
+            if let Some(batch) = o.batch {
                 self.open_count = self.open_count.saturating_sub(1);
-                self.end_ops(batch, FailReason::Closed);
+                open.push(batch);
             }
         }
         self.open_list = list;
+        // A shard's open batch is either parked (handed out after its queued ones) or held
+        // here, never both: `handle_op` reclaims the parked one.
         let mut held = Vec::new();
         self.window.close_with(|_, batch| held.push(batch));
-        for batch in held {
-            self.end_ops(batch, FailReason::Closed);
+        for batch in held.into_iter().chain(open) {
+            self.fail_closed(batch);
         }
+    }
+
+    /// The draining close: later operations are refused ([`Refused`], as after
+    /// [`close`](Self::close)), but every operation already accepted is still sent: open
+    /// batches are flushed now, and queued and parked batches go out as credits return,
+    /// keeping batch boundaries and per-shard arrival order. Complete batches in flight as
+    /// usual; once nothing is open, queued, parked or in flight and every action is drained,
+    /// [`is_drained`](Self::is_drained). Withdrawing with `cancel` still works until a batch
+    /// leaves. A [`close`](Self::close) afterwards fails what is still held back.
+    /// Idempotent; does nothing after `close`. Runs no user code; uses no window operation
+    /// beyond those of an open batcher.
+    ///
+    /// ```
+    /// use throttle_sansio::batcher::Refused;
+    /// use throttle_sansio::{BatchAction, Batcher, BatcherConfig, Instant, WindowConfig};
+    /// # use core::hash::BuildHasherDefault;
+    /// # #[derive(Default)] struct H(u64);
+    /// # impl core::hash::Hasher for H {
+    /// #     fn finish(&self) -> u64 { self.0 }
+    /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+    /// # }
+    /// let one = BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1)).unwrap();
+    /// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(one);
+    /// let now = Instant::ZERO;
+    /// b.handle_op(now, 1, "a", 0).unwrap();
+    /// let Some(BatchAction::Send { credit, .. }) = b.poll_action() else { unreachable!() };
+    /// b.handle_op(now, 1, "b", 0).unwrap(); // no credit left: held back
+    /// b.drain(now);
+    /// assert_eq!(b.handle_op(now, 1, "c", 0), Err(Refused("c")));
+    /// assert_eq!(b.poll_action(), None);
+    /// b.handle_response(now, credit, [0]).unwrap(); // the credit returns: "b" goes out
+    /// assert!(matches!(b.poll_action(), Some(BatchAction::Deliver { handle: "a", .. })));
+    /// let Some(BatchAction::Send { credit, .. }) = b.poll_action() else { unreachable!() };
+    /// assert!(!b.is_drained(), "b is in flight");
+    /// b.handle_response(now, credit, [0]).unwrap();
+    /// assert!(matches!(b.poll_action(), Some(BatchAction::Deliver { handle: "b", .. })));
+    /// assert!(b.is_drained());
+    /// ```
+    pub fn drain(&mut self, now: Instant) {
+        if self.closed {
+            self.clock.observe(now);
+            return;
+        }
+        self.draining = true;
+        self.flush(now);
+    }
+
+    /// Whether operations are refused ([`close`](Self::close) or [`drain`](Self::drain)) and
+    /// everything accepted has ended: nothing open, queued, parked or in flight, and no
+    /// action left to [`poll_action`](Self::poll_action).
+    pub fn is_drained(&self) -> bool {
+        (self.closed || self.draining)
+            && self.open_count == 0
+            && self.window.shard_count() == 0
+            && self.window.live_credits() == 0
+            && self.actions.is_empty()
+    }
+
+    /// Whether [`drain`](Self::drain) was called (operations are refused, but everything
+    /// accepted is sent).
+    pub fn is_draining(&self) -> bool {
+        self.draining
     }
 
     /// Maintenance for the batcher and its window: gives memory back, once at most per
@@ -898,6 +1172,9 @@ where
         if let Some(target) = self.maintenance.target(self.responded.capacity(), len) {
             self.responded.shrink_to(target);
         }
+        if let Some(target) = self.maintenance.target(self.errors.capacity(), len) {
+            self.errors.shrink_to(target);
+        }
         self.held.shrink(&self.maintenance);
         let actions = self.peak_actions.roll(self.actions.len());
         if let Some(target) = self.maintenance.target(self.actions.capacity(), actions) {
@@ -928,12 +1205,24 @@ where
     }
 
     /// The next thing to do, or `None` when there is nothing left.
-    pub fn poll_action(&mut self) -> Option<BatchAction<Shard, H>> {
+    ///
+    /// Once the actions run out, it first [`flush`](Self::flush)es any open batch (at the
+    /// latest time seen), so draining the actions, which a caller does anyway to get its
+    /// `Send`s, is enough for every accepted operation to go out or be parked where a
+    /// returning credit sends it: an open batch cannot be stranded by a forgotten `flush`.
+    /// Call `flush` yourself, as before, when your input queue is empty; to batch several
+    /// operations for a shard with credit, add them all before draining.
+    pub fn poll_action(&mut self) -> Option<BatchAction<Shard, H, P, E>> {
+        if self.actions.is_empty() && self.open_count > 0 {
+            let now = self.clock.peek(Instant::ZERO);
+            self.flush(now);
+        }
         self.actions.pop_front()
     }
 
-    /// The batch in flight under `credit`, to put on the wire after a `Send`.
-    pub fn batch(&self, credit: CreditId) -> Option<&Batch<H>> {
+    /// The batch in flight under `credit`: its handles in position order (its payloads left
+    /// in the `Send`).
+    pub fn batch(&self, credit: CreditId) -> Option<&Batch<H, P>> {
         match self.sent.get(credit.slot()) {
             Some(Some(f)) if f.credit == credit => Some(&f.batch),
             _ => None,
@@ -941,7 +1230,7 @@ where
     }
 
     /// The dispatch window (credits, queued and parked batches per shard).
-    pub fn window(&self) -> &DispatchWindow<Shard, Batch<H>, S> {
+    pub fn window(&self) -> &DispatchWindow<Shard, Batch<H, P>, S> {
         &self.window
     }
 
@@ -1021,20 +1310,21 @@ where
             .map(|&j| j as usize)
     }
 
-    /// Whether operations are refused (after [`close`](Self::close), or once the window
-    /// ran out of credit ids).
+    /// Whether the failing [`close`](Self::close) ran (called, or once the window ran out of
+    /// credit ids). Operations are refused then, and also while
+    /// [`is_draining`](Self::is_draining).
     pub fn is_closed(&self) -> bool {
         self.closed
     }
 
     /// Hands a full batch to the shard's (pinned) window entry at `place`.
-    fn submit_full(&mut self, place: Place, shard: Shard, batch: Batch<H>) {
+    fn submit_full(&mut self, place: Place, shard: Shard, batch: Batch<H, P>) {
         let id = batch.id;
         match self.window.submit_at(place, shard, batch) {
             Ok(Submitted::Sent(d)) => self.record(d),
             Ok(Submitted::Queued(ticket)) => self.locate(id, Held::Queued(ticket)),
             Err(e) => {
-                self.end_ops(e.into_batch(), FailReason::Closed);
+                self.fail_closed(e.into_batch());
                 self.close_if_window_closed();
             }
         }
@@ -1049,8 +1339,9 @@ where
 
     /// The batch `d` left: it holds a credit now, and its operations can no longer be
     /// withdrawn.
-    fn record(&mut self, d: Dispatch<Shard, Batch<H>>) {
+    fn record(&mut self, mut d: Dispatch<Shard, Batch<H, P>>) {
         let _ = self.held.remove(d.batch.id);
+        let payloads = core::mem::take(&mut d.batch.payloads);
         let slot = d.credit.slot();
         if self.sent.len() <= slot {
             self.sent.resize_with(slot.saturating_add(1), || None);
@@ -1063,11 +1354,12 @@ where
             self.push_action(BatchAction::Send {
                 shard: d.shard,
                 credit: d.credit,
+                payloads,
             });
         }
     }
 
-    fn take_sent(&mut self, credit: CreditId) -> Option<InFlight<H>> {
+    fn take_sent(&mut self, credit: CreditId) -> Option<InFlight<H, P>> {
         let entry = self.sent.get_mut(credit.slot())?;
         if entry.as_ref().is_some_and(|f| f.credit == credit) {
             entry.take()
@@ -1076,7 +1368,7 @@ where
         }
     }
 
-    fn after_release(&mut self, next: Option<Dispatch<Shard, Batch<H>>>) {
+    fn after_release(&mut self, next: Option<Dispatch<Shard, Batch<H, P>>>) {
         if let Some(d) = next {
             self.record(d);
         }
@@ -1091,17 +1383,20 @@ where
         }
     }
 
-    fn end_ops(&mut self, batch: Batch<H>, reason: FailReason) {
-        // A batch that never left (a close) is held until now; one in flight is not.
+    /// Fails every operation of a batch that never left with [`FailReason::Closed`].
+    fn fail_closed(&mut self, batch: Batch<H, P>) {
         let _ = self.held.remove(batch.id);
         let mut ops = batch.ops;
         for handle in ops.drain(..) {
-            self.push_action(BatchAction::Fail { handle, reason });
+            self.push_action(BatchAction::Fail {
+                handle,
+                reason: FailReason::Closed,
+            });
         }
         self.recycle(ops);
     }
 
-    fn push_action(&mut self, action: BatchAction<Shard, H>) {
+    fn push_action(&mut self, action: BatchAction<Shard, H, P, E>) {
         self.actions.push_back(action);
         self.peak_actions.see(self.actions.len());
     }
@@ -1118,7 +1413,20 @@ where
 mod tests {
     use super::*;
     use crate::test_hasher::TestHasher;
+    use alloc::format;
     use alloc::vec;
+
+    extern crate std;
+
+    /// A batch limit in operations.
+    fn nz(n: usize) -> NonZeroUsize {
+        NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN)
+    }
+
+    /// A batch limit in bytes.
+    fn nzb(n: u64) -> NonZeroU64 {
+        NonZeroU64::new(n).unwrap_or(NonZeroU64::MIN)
+    }
 
     type B = Batcher<u32, u32, TestHasher>;
     type Action = BatchAction<u32, u32>;
@@ -1126,16 +1434,14 @@ mod tests {
     const T0: Instant = Instant::ZERO;
 
     fn batcher(cfg: BatcherConfig) -> B {
-        match B::new(cfg) {
-            Ok(b) => b,
-            Err(e) => panic!("valid config refused: {e}"),
-        }
+        B::new(cfg)
     }
 
     fn reads(max_in_flight: u32) -> B {
         batcher(
             BatcherConfig::reads()
-                .with_window(WindowConfig::default().with_max_in_flight(max_in_flight as usize)),
+                .with_window(WindowConfig::default().with_max_in_flight(max_in_flight as usize))
+                .unwrap(),
         )
     }
 
@@ -1148,7 +1454,7 @@ mod tests {
         actions
             .iter()
             .filter_map(|a| match a {
-                BatchAction::Send { shard, credit } => Some((
+                BatchAction::Send { shard, credit, .. } => Some((
                     *shard,
                     *credit,
                     b.batch(*credit)
@@ -1184,8 +1490,9 @@ mod tests {
         // open.
         let mut b = batcher(
             BatcherConfig::reads()
-                .with_max_requests_per_batch(3)
-                .with_window(WindowConfig::default().with_max_in_flight(1)),
+                .with_max_requests_per_batch(nz(3))
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap(),
         );
         op(&mut b, 1, 1, 0);
         b.flush(T0);
@@ -1195,7 +1502,7 @@ mod tests {
         assert_eq!((b.window().queued(&1), b.open_ops(&1)), (1, 1));
         let six = op_id(&mut b, 2, 6, 0);
         let _seven = op_id(&mut b, 2, 7, 0);
-        assert!(drain(&mut b).is_empty(), "nothing left yet");
+        assert!(b.actions.is_empty(), "nothing left yet");
         assert_eq!(b.cancel(ids[0]), Ok(Withdrawal::Withdrawn(2)), "queued");
         assert_eq!(b.cancel(ids[3]), Ok(Withdrawal::Withdrawn(5)), "parked");
         assert_eq!(b.cancel(six), Ok(Withdrawal::Withdrawn(6)), "open");
@@ -1209,7 +1516,7 @@ mod tests {
             !b.window().is_parked(&1),
             "the emptied parked batch is gone"
         );
-        assert!(drain(&mut b).is_empty(), "a withdrawal emits nothing");
+        assert!(b.actions.is_empty(), "a withdrawal emits nothing");
         b.flush(T0);
         assert_eq!(
             take_sends(&mut b)
@@ -1235,8 +1542,9 @@ mod tests {
         // A window of 1: [1] in flight, [2, 3] queued, [4] parked.
         let mut b = batcher(
             BatcherConfig::reads()
-                .with_max_requests_per_batch(2)
-                .with_window(WindowConfig::default().with_max_in_flight(1)),
+                .with_max_requests_per_batch(nz(2))
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap(),
         );
         op(&mut b, 1, 1, 0);
         b.flush(T0);
@@ -1341,24 +1649,22 @@ mod tests {
     }
 
     #[test]
-    fn defaults_match_the_seed_and_zero_limits_are_refused() {
+    fn defaults_match_the_seed_and_only_an_invalid_window_is_refused() {
         let c = BatcherConfig::default();
         assert_eq!(c.kind(), BatchKind::Write);
         assert_eq!(c.max_requests_per_batch(), 1000);
         assert_eq!(c.max_batch_bytes(), 128 * 1024);
         assert_eq!(c.window().max_in_flight(), 4);
         assert_eq!(BatcherConfig::reads().kind(), BatchKind::Read);
-        for bad in [
-            c.with_max_requests_per_batch(0),
-            c.with_max_batch_bytes(0),
+        // Zero limits cannot be written (`NonZero*`); the window is the one fallible part.
+        assert!(matches!(
             c.with_window(WindowConfig::default().with_max_in_flight(0)),
-        ] {
-            assert!(matches!(
-                bad.validate(),
-                Err(ConfigError::OutOfRange { got: 0, .. })
-            ));
-            assert!(B::new(bad).is_err());
-        }
+            Err(ConfigError::OutOfRange { got: 0, .. })
+        ));
+        let one = c.with_max_requests_per_batch(NonZeroUsize::MIN);
+        assert_eq!(one.max_requests_per_batch(), 1);
+        let b: B = Batcher::new(one); // infallible
+        assert_eq!(b.window().capacity(), 4);
     }
 
     #[test]
@@ -1407,7 +1713,11 @@ mod tests {
     fn flush_sends_open_batch_at_once_when_shard_has_credit() {
         let mut b = reads(4);
         op(&mut b, 1, 7, 0);
-        assert!(drain(&mut b).is_empty(), "an open batch waits for flush");
+        assert_eq!(
+            b.open_batches(),
+            1,
+            "an open batch waits for flush (or a drain)"
+        );
         b.flush(T0);
         let a = drain(&mut b);
         assert_eq!(
@@ -1421,8 +1731,9 @@ mod tests {
     fn open_batches_counts_only_shards_holding_operations() {
         let mut b = batcher(
             BatcherConfig::reads()
-                .with_max_requests_per_batch(2)
-                .with_window(WindowConfig::default().with_max_in_flight(1)),
+                .with_max_requests_per_batch(nz(2))
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap(),
         );
         op(&mut b, 7, 1, 0);
         op(&mut b, 7, 2, 0); // full at once: sent, nothing left open for shard 7
@@ -1469,8 +1780,9 @@ mod tests {
     fn full_batches_queue_fifo_behind_the_window() {
         let mut b = batcher(
             BatcherConfig::reads()
-                .with_max_requests_per_batch(2)
-                .with_window(WindowConfig::default().with_max_in_flight(1)),
+                .with_max_requests_per_batch(nz(2))
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap(),
         );
         for h in 0..7 {
             op(&mut b, 1, h, 0);
@@ -1482,7 +1794,7 @@ mod tests {
         let mut order = vec![];
         while let Some((_, credit, ops)) = got.pop() {
             order.push(ops);
-            assert_eq!(b.handle_failure(T0, credit), Ok(()));
+            assert_eq!(b.handle_failure(T0, credit, ()), Ok(()));
             got = take_sends(&mut b);
         }
         assert_eq!(order, [vec![0, 1], vec![2, 3], vec![4, 5], vec![6]]);
@@ -1491,7 +1803,7 @@ mod tests {
 
     #[test]
     fn oversized_write_operation_travels_alone() {
-        let cfg = BatcherConfig::writes().with_max_batch_bytes(100);
+        let cfg = BatcherConfig::writes().with_max_batch_bytes(nzb(100));
         let mut b = batcher(cfg);
         op(&mut b, 1, 1, 30);
         op(&mut b, 1, 2, 500); // closes [1] and goes out alone
@@ -1510,15 +1822,15 @@ mod tests {
     fn reads_are_bounded_by_count_only() {
         let mut b = batcher(
             BatcherConfig::reads()
-                .with_max_batch_bytes(1)
-                .with_max_requests_per_batch(3),
+                .with_max_batch_bytes(nzb(1))
+                .with_max_requests_per_batch(nz(3)),
         );
         for h in 0..4 {
             op(&mut b, 1, h, u64::MAX);
         }
         let got = take_sends(&mut b);
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].2, [0, 1, 2]);
+        assert_eq!(got.len(), 2, "the full batch, then the open one (drained)");
+        assert_eq!((&got[0].2[..], &got[1].2[..]), (&[0, 1, 2][..], &[3][..]));
         assert_eq!(
             b.batch(got[0].1).map(Batch::bytes),
             Some(u64::MAX),
@@ -1560,23 +1872,23 @@ mod tests {
 
     #[test]
     fn failed_batch_fails_exactly_its_operations() {
-        let mut b = batcher(BatcherConfig::reads().with_max_requests_per_batch(2));
+        let mut b = batcher(BatcherConfig::reads().with_max_requests_per_batch(nz(2)));
         for h in 0..4 {
             op(&mut b, 1, h, 0);
         }
         let got = take_sends(&mut b);
         assert_eq!(got.len(), 2);
-        assert_eq!(b.handle_failure(T0, got[1].1), Ok(()));
+        assert_eq!(b.handle_failure(T0, got[1].1, ()), Ok(()));
         assert_eq!(
             drain(&mut b),
             [
                 BatchAction::Fail {
                     handle: 2,
-                    reason: FailReason::BatchFailed
+                    reason: FailReason::BatchFailed(())
                 },
                 BatchAction::Fail {
                     handle: 3,
-                    reason: FailReason::BatchFailed
+                    reason: FailReason::BatchFailed(())
                 },
             ]
         );
@@ -1590,17 +1902,18 @@ mod tests {
     fn close_fails_held_back_operations_and_leaves_in_flight_ones() {
         let mut b = batcher(
             BatcherConfig::reads()
-                .with_max_requests_per_batch(2)
-                .with_window(WindowConfig::default().with_max_in_flight(1)),
+                .with_max_requests_per_batch(nz(2))
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap(),
         );
         for h in 0..5 {
             op(&mut b, 1, h, 0); // [0,1] sent, [2,3] queued, [4] parked after flush
         }
         b.flush(T0);
-        op(&mut b, 2, 9, 0); // open, never flushed
         let sent = take_sends(&mut b);
+        op(&mut b, 2, 9, 0); // open, never flushed (nor drained)
         b.close();
-        let mut failed: Vec<u32> = drain(&mut b)
+        let failed: Vec<u32> = drain(&mut b)
             .into_iter()
             .map(|a| match a {
                 BatchAction::Fail {
@@ -1610,8 +1923,7 @@ mod tests {
                 other => panic!("unexpected {other:?}"),
             })
             .collect();
-        failed.sort_unstable();
-        assert_eq!(failed, [2, 3, 4, 9]);
+        assert_eq!(failed, [2, 3, 4, 9], "held back: queued, parked, then open");
         assert!(b.is_closed());
         assert_eq!(b.handle_op(T0, 1, 42, 0), Err(Refused(42)));
         assert_eq!(b.handle_response(T0, sent[0].1, [0, 1]), Ok(()));
@@ -1639,10 +1951,10 @@ mod tests {
         op(&mut b, 1, 2, 0);
         b.flush(T0);
         let got = take_sends(&mut b);
-        assert_eq!(b.handle_failure(T0, got[0].1), Ok(()));
+        assert_eq!(b.handle_failure(T0, got[0].1, ()), Ok(()));
         drain(&mut b);
         assert_eq!(
-            b.handle_failure(T0, got[0].1),
+            b.handle_failure(T0, got[0].1, ()),
             Err(ReleaseError::AlreadyReleased)
         );
         assert_eq!(
@@ -1812,8 +2124,8 @@ mod tests {
     fn backwards_time_and_extreme_limits_are_defined() {
         let mut b = batcher(
             BatcherConfig::writes()
-                .with_max_requests_per_batch(u32::MAX)
-                .with_max_batch_bytes(u64::MAX),
+                .with_max_requests_per_batch(NonZeroUsize::MAX)
+                .with_max_batch_bytes(NonZeroU64::MAX),
         );
         assert!(b.handle_op(Instant::MAX, 1, 1, u64::MAX).is_ok()); // exactly the limit: full
         assert!(b.handle_op(Instant::from_nanos(5), 1, 2, u64::MAX).is_ok());
@@ -1830,6 +2142,235 @@ mod tests {
             [Instant::MAX, Instant::MAX],
             "time running backwards is clamped"
         );
+    }
+
+    /// A payload type with no `Clone`: only a move can hand it over.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Request(u32);
+
+    type PB = Batcher<u32, u32, TestHasher, Request, Shared>;
+
+    /// An error that counts its copies.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Shared {
+        id: u32,
+        clones: alloc::rc::Rc<core::cell::Cell<u32>>,
+    }
+
+    impl Clone for Shared {
+        fn clone(&self) -> Self {
+            assert_ne!(self.id, 666, "this error's clone panics");
+            self.clones.set(self.clones.get() + 1);
+            Shared {
+                id: self.id,
+                clones: alloc::rc::Rc::clone(&self.clones),
+            }
+        }
+    }
+
+    fn payload_batcher(max_ops: usize, in_flight: u32) -> PB {
+        PB::new(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(nz(max_ops))
+                .with_window(WindowConfig::default().with_max_in_flight(in_flight as usize))
+                .unwrap(),
+        )
+    }
+
+    fn payload_op(b: &mut PB, shard: u32, h: u32) -> OpId {
+        match b.handle_op_with_payload(T0, shard, h, Request(100 + h), 0) {
+            Ok(id) => id,
+            Err(e) => panic!("refused: {e:?}"),
+        }
+    }
+
+    #[test]
+    fn a_sent_batch_hands_its_payloads_over_by_value_and_keeps_the_handles() {
+        let mut b = payload_batcher(3, 1);
+        for h in 1..=4 {
+            payload_op(&mut b, 1, h);
+        }
+        let withdrawn = payload_op(&mut b, 1, 5);
+        assert_eq!(
+            b.cancel_with_payload(withdrawn),
+            Ok(Withdrawal::Withdrawn((5, Request(105)))),
+            "a withdrawal hands both back"
+        );
+        let Some(BatchAction::Send {
+            shard: 1,
+            credit,
+            payloads,
+        }) = b.poll_action()
+        else {
+            panic!("the full batch is sent");
+        };
+        assert_eq!(payloads, [Request(101), Request(102), Request(103)]);
+        assert_eq!(
+            b.batch(credit).map(|x| x.ops().to_vec()),
+            Some(vec![1, 2, 3]),
+            "the handles stay, by position"
+        );
+        assert_eq!(b.poll_action(), None, "[4] parked: no credit");
+        assert_eq!(b.handle_response(T0, credit, [0, 2]), Ok(()));
+        let a: Vec<_> = core::iter::from_fn(|| b.poll_action()).collect();
+        assert!(matches!(
+            &a[..],
+            [
+                BatchAction::Deliver {
+                    handle: 1,
+                    position: 0
+                },
+                BatchAction::Fail {
+                    handle: 2,
+                    reason: FailReason::NoResponse
+                },
+                BatchAction::Deliver {
+                    handle: 3,
+                    position: 2
+                },
+                BatchAction::Send { payloads, .. },
+            ] if payloads[..] == [Request(104)]
+        ));
+        assert_eq!(
+            b.handle_op_with_payload(T0, 1, 9, Request(9), 0).map(drop),
+            Ok(())
+        );
+        b.close();
+        assert_eq!(
+            b.handle_op_with_payload(T0, 1, 10, Request(10), 0),
+            Err(Refused((10, Request(10)))),
+            "a refusal hands both back"
+        );
+    }
+
+    #[test]
+    fn a_failed_batch_hands_each_operation_its_own_copy_of_the_error() {
+        let mut b = payload_batcher(10, 4);
+        for h in 1..=3 {
+            payload_op(&mut b, 1, h);
+        }
+        let Some(BatchAction::Send { credit, .. }) = b.poll_action() else {
+            panic!("sent");
+        };
+        let clones = alloc::rc::Rc::new(core::cell::Cell::new(0));
+        let error = |id| Shared {
+            id,
+            clones: alloc::rc::Rc::clone(&clones),
+        };
+        // A clone that panics: the failure did not happen, and can be reported again.
+        let before = format!("{b:?}");
+        let caught = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            b.handle_failure(T0, credit, error(666))
+        }));
+        assert!(caught.is_err());
+        assert_eq!(format!("{b:?}"), before, "unchanged by the panicking clone");
+        assert_eq!(b.handle_failure(T0, credit, error(7)), Ok(()));
+        assert_eq!(clones.get(), 2, "n - 1 copies for n operations");
+        let got: Vec<(u32, Option<u32>)> = core::iter::from_fn(|| b.poll_action())
+            .map(|a| match a {
+                BatchAction::Fail { handle, reason } => (handle, reason.into_error().map(|e| e.id)),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(got, [(1, Some(7)), (2, Some(7)), (3, Some(7))]);
+        assert_eq!(
+            b.handle_failure(T0, credit, error(8)),
+            Err(ReleaseError::AlreadyReleased)
+        );
+        assert_eq!(clones.get(), 2, "a refused failure copies nothing");
+        assert_eq!(b.poll_action(), None);
+    }
+
+    /// The seed of item 3: an operation for an exhausted shard, then its credit returns, and
+    /// the caller never calls `flush`. Draining the actions (which it does anyway) parks the
+    /// open batch where the returning credit sends it.
+    #[test]
+    fn an_open_batch_is_not_stranded_by_a_forgotten_flush() {
+        let mut b = reads(1);
+        op(&mut b, 1, 1, 0);
+        let first = take_sends(&mut b);
+        assert_eq!(first.len(), 1, "a shard with credit: drained, so sent");
+        op(&mut b, 1, 2, 0); // exhausted: open here, invisible to the window
+        assert_eq!(b.open_batches(), 1);
+        assert!(take_sends(&mut b).is_empty());
+        assert!(b.window().is_parked(&1), "draining parked it");
+        assert_eq!(b.handle_response(T0, first[0].1, [0]), Ok(()));
+        let a = drain(&mut b);
+        assert_eq!(
+            sends(&b, &a).into_iter().map(|s| s.2).collect::<Vec<_>>(),
+            [vec![2]],
+            "the returning credit sends it, with no flush"
+        );
+    }
+
+    #[test]
+    fn drain_refuses_new_operations_and_sends_everything_accepted_in_order() {
+        // Shard 1: [0, 1] in flight, [2, 3] queued, [4] open; shard 2: [9] open.
+        let mut b = batcher(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(nz(2))
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap(),
+        );
+        for h in 0..5 {
+            op(&mut b, 1, h, 0);
+        }
+        op(&mut b, 2, 9, 0);
+        b.drain(T0);
+        assert!(b.is_draining() && !b.is_closed() && !b.is_drained());
+        assert_eq!(b.handle_op(T0, 1, 42, 0), Err(Refused(42)));
+        let mut sent: Vec<(u32, CreditId, Vec<u32>)> = take_sends(&mut b);
+        let mut batches = Vec::new();
+        while let Some((shard, credit, ops)) = sent.pop() {
+            let n = ops.len();
+            batches.push((shard, ops));
+            assert_eq!(b.handle_response(T0, credit, 0..n), Ok(()));
+            let a = drain(&mut b);
+            assert!(
+                a.iter().all(|x| !matches!(x, BatchAction::Fail { .. })),
+                "nothing fails: {a:?}"
+            );
+            sent.extend(sends(&b, &a));
+        }
+        batches.sort_by_key(|(shard, _)| *shard);
+        assert_eq!(
+            batches,
+            [(1, vec![0, 1]), (1, vec![2, 3]), (1, vec![4]), (2, vec![9])]
+        );
+        assert!(b.is_drained());
+        b.close();
+        assert!(
+            b.is_drained() && b.poll_action().is_none(),
+            "nothing left to fail"
+        );
+    }
+
+    #[test]
+    fn close_fails_each_shards_held_operations_in_arrival_order() {
+        // [0, 1] in flight, [2, 3] queued, [4] open and never drained: Oxia's `fail_all` would
+        // fail 4 first; this close fails in arrival order.
+        let mut b = batcher(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(nz(2))
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap(),
+        );
+        for h in 0..5 {
+            op(&mut b, 1, h, 0);
+        }
+        assert_eq!(b.open_batches(), 1);
+        b.close();
+        let failed: Vec<u32> = drain(&mut b)
+            .into_iter()
+            .filter_map(|a| match a {
+                BatchAction::Fail {
+                    handle,
+                    reason: FailReason::Closed,
+                } => Some(handle),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(failed, [2, 3, 4]);
     }
 
     #[test]
@@ -1878,7 +2419,10 @@ mod tests {
             one.handle_response(T0, theirs, [0]),
             Err(ReleaseError::Unknown)
         );
-        assert_eq!(one.handle_failure(T0, theirs), Err(ReleaseError::Unknown));
+        assert_eq!(
+            one.handle_failure(T0, theirs, ()),
+            Err(ReleaseError::Unknown)
+        );
         assert_eq!(drain(&mut one), [], "nothing delivered or failed");
         assert_eq!(one.window().live_credits(), 1);
         assert_eq!(one.handle_response(T0, mine, [0]), Ok(()));
@@ -1892,19 +2436,25 @@ mod panicking_key_tests {
     use crate::test_key::{Call, PanicKey, panics};
     use alloc::format;
 
+    fn nz(n: usize) -> NonZeroUsize {
+        NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN)
+    }
+
+    fn nzb(n: u64) -> NonZeroU64 {
+        NonZeroU64::new(n).unwrap_or(NonZeroU64::MIN)
+    }
+
     type KeyBatcher = Batcher<PanicKey, u32, TestHasher>;
 
     const T0: Instant = Instant::ZERO;
 
-    fn writes(max_ops: u32, max_in_flight: u32) -> KeyBatcher {
+    fn writes(max_ops: usize, max_in_flight: u32) -> KeyBatcher {
         let cfg = BatcherConfig::writes()
-            .with_max_requests_per_batch(max_ops)
-            .with_max_batch_bytes(100)
-            .with_window(WindowConfig::default().with_max_in_flight(max_in_flight as usize));
-        match KeyBatcher::new(cfg) {
-            Ok(b) => b,
-            Err(e) => panic!("valid config refused: {e}"),
-        }
+            .with_max_requests_per_batch(nz(max_ops))
+            .with_max_batch_bytes(nzb(100))
+            .with_window(WindowConfig::default().with_max_in_flight(max_in_flight as usize))
+            .unwrap();
+        KeyBatcher::new(cfg)
     }
 
     /// Drains the actions: the shards sent to, and the operations that ended.
@@ -1912,7 +2462,7 @@ mod panicking_key_tests {
         let (mut sent, mut ended) = (Vec::new(), Vec::new());
         while let Some(a) = b.poll_action() {
             match a {
-                BatchAction::Send { shard, credit } => sent.push((shard.0, credit)),
+                BatchAction::Send { shard, credit, .. } => sent.push((shard.0, credit)),
                 BatchAction::Deliver { handle, .. } | BatchAction::Fail { handle, .. } => {
                     ended.push(handle)
                 }
@@ -1952,8 +2502,8 @@ mod panicking_key_tests {
             b.flush(T0); // parked
             assert!(b.handle_op(T0, PanicKey(2), 3, 100).is_ok()); // full: in flight
             assert!(b.handle_op(T0, PanicKey(2), 4, 100).is_ok()); // full: queued
-            assert!(b.handle_op(T0, PanicKey(3), 5, 1).is_ok()); // open
             let _ = drain(&mut b);
+            assert!(b.handle_op(T0, PanicKey(3), 5, 1).is_ok()); // open (not drained)
             for k in 1..=3 {
                 assert!(
                     !panics(k, call, 0, || b.close()),
@@ -1983,7 +2533,7 @@ mod panicking_key_tests {
             let _ = b.handle_response(Instant::from_millis(5), c, [0]);
         }),
         ("failure", |b, _, c| {
-            let _ = b.handle_failure(Instant::from_millis(5), c);
+            let _ = b.handle_failure(Instant::from_millis(5), c, ());
         }),
         ("timeout", |b, _, _| b.handle_timeout(Instant::MAX)),
     ];
@@ -1997,14 +2547,16 @@ mod panicking_key_tests {
         let mut base = writes(3, 1);
         let t = Instant::from_millis(1);
         // Shard 2: one batch in flight, one parked. Shard 1: one in flight, two ops open.
-        for (k, h, flush) in [(2, 10, true), (2, 11, true), (1, 20, true), (1, 21, false)] {
+        for (k, h) in [(2, 10), (2, 11), (1, 20)] {
             assert!(base.handle_op(t, PanicKey(k), h, 1).is_ok());
-            if flush {
-                base.flush(t);
-            }
+            base.flush(t);
         }
-        assert!(base.handle_op(t, PanicKey(1), 22, 1).is_ok());
+        // Drained before the last two, which stay open (draining would flush them).
         let (sent, _) = drain(&mut base);
+        for h in [21, 22] {
+            assert!(base.handle_op(t, PanicKey(1), h, 1).is_ok());
+        }
+        assert_eq!(base.open_batches(), 1);
         let credits: Vec<CreditId> = sent.iter().map(|s| s.1).collect();
         let mut fired = 0;
         for (name, input) in INPUTS {

@@ -94,7 +94,7 @@ struct Driver {
 impl Driver {
     fn new(cfg: BatcherConfig, step: Duration) -> Self {
         Driver {
-            b: Batcher::new(cfg).expect("valid config"),
+            b: Batcher::new(cfg),
             now: Instant::ZERO,
             step,
             credits: Vec::with_capacity(4096),
@@ -171,8 +171,9 @@ fn exhausted_batcher_rounds_that_queue_and_park_allocate_nothing_after_warm_up()
     // One batch in flight per shard and two operations per batch: seven operations per shard
     // send one batch, queue two and park the last, so window queues and parking are exercised.
     let cfg = BatcherConfig::reads()
-        .with_max_requests_per_batch(2)
-        .with_window(WindowConfig::default().with_max_in_flight(1));
+        .with_max_requests_per_batch(core::num::NonZeroUsize::MIN.saturating_add(1))
+        .with_window(WindowConfig::default().with_max_in_flight(1))
+        .expect("valid window");
     for step in CADENCES {
         for shards in [4, 64] {
             let mut d = Driver::new(cfg, step);

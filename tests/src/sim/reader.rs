@@ -10,6 +10,7 @@
 //! `max_in_flight = None` gives the client upstream had before Oxia PR #362: the same
 //! batcher with no in-flight limit, so a batch leaves the moment the input queue drains.
 
+use core::num::NonZeroUsize;
 use throttle_sansio::batcher::{BatchAction, Batcher, BatcherConfig};
 use throttle_sansio::dispatch_window::{CreditId, WindowConfig};
 use throttle_sansio::{ConfigError, Instant};
@@ -50,15 +51,16 @@ pub struct RefReader {
 
 impl RefReader {
     /// A reader with at most `max_in_flight` batches per shard (`None`: unbounded) and at most
-    /// `max_per_batch` reads per batch.
+    /// `max_per_batch` reads per batch (0 counts as 1). Refuses `Some(0)` in flight.
     pub fn new(max_in_flight: Option<u32>, max_per_batch: u32) -> Result<Self, ConfigError> {
         let window = WindowConfig::default()
             .with_max_in_flight(max_in_flight.map_or(usize::MAX, |n| n as usize));
+        let per_batch = usize::try_from(max_per_batch).unwrap_or(usize::MAX);
         let cfg = BatcherConfig::reads()
-            .with_max_requests_per_batch(max_per_batch)
-            .with_window(window);
+            .with_max_requests_per_batch(NonZeroUsize::new(per_batch).unwrap_or(NonZeroUsize::MIN))
+            .with_window(window)?;
         Ok(RefReader {
-            batcher: Batcher::new(cfg)?,
+            batcher: Batcher::new(cfg),
         })
     }
 
@@ -83,13 +85,13 @@ impl RefReader {
 
     /// Input: the batch under `credit` failed as a whole.
     pub fn handle_failure(&mut self, now: Instant, credit: CreditId) -> bool {
-        self.batcher.handle_failure(now, credit).is_ok()
+        self.batcher.handle_failure(now, credit, ()).is_ok()
     }
 
     /// Output: the next action.
     pub fn poll_action(&mut self) -> Option<ReaderAction> {
         Some(match self.batcher.poll_action()? {
-            BatchAction::Send { shard, credit } => ReaderAction::Send {
+            BatchAction::Send { shard, credit, .. } => ReaderAction::Send {
                 reads: self.batcher.batch(credit).map_or(0, |b| b.len()),
                 shard,
                 credit,

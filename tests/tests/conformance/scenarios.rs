@@ -177,7 +177,9 @@ pub async fn close_fails_waiters_and_held_batches_while_batches_in_flight_finish
         release: release.clone(),
         sent: Arc::clone(&sent),
     };
-    let cfg = BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+    let cfg = BatcherConfig::reads()
+        .with_window(WindowConfig::default().with_max_in_flight(1))
+        .unwrap();
     let driver: BatchDriver<_, _, u32, u32> = BatchDriver::new(rt.clone(), transport, cfg).unwrap();
     let results = Arc::new(Mutex::new(Vec::new()));
     let submit = |op: u32| {

@@ -20,6 +20,23 @@
 //! real one that the batcher never issued (refused as unknown, or too late when the real
 //! one's batch has left). A withdrawn operation counts as ended once, and never ends again.
 //!
+//! Operations carry a payload (derived from their handle) that must leave by value in their
+//! batch's `Send`, in position order; a failed batch's error (a number drawn per failure) must
+//! reach every one of its operations' `Fail`.
+//!
+//! Actions are drained (which flushes open batches once they run out) after every operation
+//! except `handle_op`, so several operations join an open batch between drains. After each
+//! drain the checker reports a *stranded* batch: an open batch the batcher still holds, or a
+//! shard holding a batch back while it has credit. At the end, before the close, every batch
+//! in flight is answered until none is left, without any `flush`: an operation still held
+//! back then is stranded too. With no flush in the operation list at all (operations 7 and 8
+//! only sometimes occur), this shows that no operation sequence strands an accepted operation.
+//!
+//! Operation 14 closes (the failing close) or drains (the draining close): after a drain
+//! operations are refused and everything accepted is still sent, and `is_drained` must hold
+//! exactly when nothing is open, queued or in flight. A failing close fails each shard's held
+//! operations in arrival order.
+//!
 //! Shards are [`Key`]s. Operations 16, 17 and 18 each arm one `Hash`, `Eq` or `Clone` call (in
 //! that order) to panic and run another operation under `catch_unwind` (see [`super::user`]):
 //! if the armed call fired, the batcher must be exactly as before and the reference is rolled
@@ -30,6 +47,8 @@ use alloc::vec::Vec;
 
 use super::user::{self, Arm, Key};
 use super::{Cursor, Divergence};
+use core::num::{NonZeroU64, NonZeroUsize};
+
 use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, OpId, Refused, Withdrawal};
 use crate::dispatch_window::{CreditId, WindowConfig};
 use crate::error::ReleaseError;
@@ -38,7 +57,13 @@ use crate::time::Instant;
 
 const SHARDS: u8 = 4;
 
-type Machine = Batcher<Key, u32, TestHasher>;
+/// Handles, payloads and failure errors are all numbers.
+type Machine = Batcher<Key, u32, TestHasher, u32, u32>;
+
+/// The payload the checker gives the operation with handle `h`.
+fn payload(h: u32) -> u32 {
+    h ^ 0xA5A5_0000
+}
 
 /// Operations before the panicking-callback ones (16 `Hash`, 17 `Eq`, 18 `Clone`).
 const OPS: u8 = 16;
@@ -51,7 +76,7 @@ const CANCEL: u8 = OPS + Arm::OPS;
 enum End {
     Delivered(usize),
     NoResponse,
-    BatchFailed,
+    BatchFailed(u32),
     Closed,
 }
 
@@ -71,6 +96,10 @@ struct Reference {
     max_bytes: u64,
     cap: u64,
     closed: bool,
+    /// After a drain: operations refused, everything accepted still sent.
+    draining: bool,
+    /// The shard of each operation, by handle.
+    shard_of: Vec<u8>,
     clock: Instant,
     /// One open batch per shard at most; `true` when it sits parked in the window.
     open: Vec<(u8, RefBatch, bool)>,
@@ -222,8 +251,9 @@ impl Reference {
         }
     }
 
-    /// Ends the batch of a live credit and releases it; `None` for not-live credits.
-    fn complete(&mut self, credit: CreditId, positions: Option<&[usize]>) -> bool {
+    /// Ends the batch of a live credit and releases it (`positions` answered, or failed as a
+    /// whole with `error`); `false` for not-live credits.
+    fn complete(&mut self, credit: CreditId, positions: Option<&[usize]>, error: u32) -> bool {
         let Some(i) = self.in_flight.iter().position(|(c, _, _)| *c == credit) else {
             return false;
         };
@@ -233,7 +263,7 @@ impl Reference {
             let end = match positions {
                 Some(ps) if ps.contains(&pos) => End::Delivered(pos),
                 Some(_) => End::NoResponse,
-                None => End::BatchFailed,
+                None => End::BatchFailed(error),
             };
             self.to_end.push((*h, end));
         }
@@ -253,6 +283,22 @@ impl Reference {
         true
     }
 
+    fn drain(&mut self) {
+        if !self.closed {
+            self.draining = true;
+            self.flush();
+        }
+    }
+
+    /// Nothing is open, queued or in flight, and operations are refused.
+    fn is_drained(&self) -> bool {
+        (self.closed || self.draining)
+            && self.open.is_empty()
+            && self.queued.is_empty()
+            && self.in_flight.is_empty()
+            && self.to_send.is_empty()
+    }
+
     fn close(&mut self) {
         self.closed = true;
         for (_, b, _) in core::mem::take(&mut self.open) {
@@ -270,13 +316,13 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut c = Cursor::new(data);
     let write = c.bool();
     let max_ops = match c.below(8) {
-        0 => u32::MAX,
-        n => u32::from(n),
+        0 => NonZeroUsize::MAX,
+        n => NonZeroUsize::new(usize::from(n)).unwrap_or(NonZeroUsize::MIN),
     };
     let max_bytes = match c.below(8) {
-        0 => u64::MAX,
-        1 => 1,
-        n => u64::from(n) * 16,
+        0 => NonZeroU64::MAX,
+        1 => NonZeroU64::MIN,
+        n => NonZeroU64::new(u64::from(n) * 16).unwrap_or(NonZeroU64::MIN),
     };
     let cap = match c.below(8) {
         0 => u32::MAX,
@@ -287,22 +333,26 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     } else {
         BatcherConfig::reads()
     };
-    let cfg = base
+    let window = WindowConfig::default().with_max_in_flight(cap as usize);
+    let Ok(cfg) = base
         .with_max_requests_per_batch(max_ops)
         .with_max_batch_bytes(max_bytes)
-        .with_window(WindowConfig::default().with_max_in_flight(cap as usize));
-    let Ok(mut m) = Machine::new(cfg) else {
-        return Err(format!("config refused: {cfg:?}"));
+        .with_window(window)
+    else {
+        return Err(format!("window refused: {window:?}"));
     };
+    let mut m = Machine::new(cfg);
     // Without the production floor of 16, the few shards of a short run reach the shrinking
     // paths of maintenance.
     m.set_shrink_floor(0);
     let r = Reference {
         write,
-        max_ops: u64::from(max_ops),
-        max_bytes,
+        max_ops: u64::try_from(max_ops.get()).unwrap_or(u64::MAX),
+        max_bytes: max_bytes.get(),
         cap: u64::from(cap),
         closed: false,
+        draining: false,
+        shard_of: Vec::new(),
         clock: Instant::ZERO,
         open: Vec::new(),
         queued: Vec::new(),
@@ -325,11 +375,19 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         ids: Vec::new(),
     };
     let mut step = 0usize;
+    // Operations added since the last drain of the actions.
+    let mut pending = false;
     while !c.is_empty() {
         step += 1;
         let Some(op) = c.select(CANCEL + 1) else {
             continue;
         };
+        let adds = op <= LAST_ADD;
+        // A close or drain may find operations not yet drained (an open batch held here).
+        if pending && !adds && op != CLOSE {
+            settle(&mut st.m, &mut st.r, false).map_err(|e| format!("step {step}: {e}"))?;
+            pending = false;
+        }
         let flushed = if op == CANCEL {
             apply(op, &mut c, &mut st, step)?
         } else if op >= OPS {
@@ -358,8 +416,13 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         };
         st.m.check_invariants()
             .map_err(|e| format!("step {step}: {e}"))?;
-        settle(&mut st.m, &mut st.r, flushed).map_err(|e| format!("step {step}: {e}"))?;
+        if adds {
+            pending = true;
+        } else {
+            settle(&mut st.m, &mut st.r, flushed).map_err(|e| format!("step {step}: {e}"))?;
+        }
     }
+    settle(&mut st.m, &mut st.r, false).map_err(|e| format!("at the end: {e}"))?;
     let State {
         mut m,
         mut r,
@@ -367,6 +430,29 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         next_handle,
         ids: _,
     } = st;
+    // Answer every batch in flight, again and again, with no flush: whatever was accepted
+    // must go out (or, after a close, have failed). Anything still held back is stranded.
+    while let Some(&(credit, _, ref batch)) = r.in_flight.first() {
+        let all: Vec<usize> = (0..batch.ops.len()).collect();
+        if m.handle_response(now, credit, all.iter().copied()).is_err() {
+            return Err(format!("live {credit:?} refused at the end"));
+        }
+        r.complete(credit, Some(&all), 0);
+        settle(&mut m, &mut r, false).map_err(|e| format!("answering at the end: {e}"))?;
+    }
+    if m.held_batches() != 0 || m.open_batches() != 0 || !r.open.is_empty() || !r.queued.is_empty()
+    {
+        return Err(format!(
+            "stranded: nothing in flight, but {} batches held back ({} open), reference {:?} {:?}",
+            m.held_batches(),
+            m.open_batches(),
+            r.open,
+            r.queued
+        ));
+    }
+    if (m.is_closed() || m.is_draining()) && !m.is_drained() {
+        return Err("nothing left, but not is_drained()".into());
+    }
     // Close and complete everything in flight: every operation must have ended exactly once.
     m.close();
     r.close();
@@ -375,7 +461,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         if m.handle_response(now, credit, [0]).is_err() {
             return Err(format!("live {credit:?} refused at the end"));
         }
-        r.complete(credit, Some(&[0]));
+        r.complete(credit, Some(&[0]), 0);
         settle(&mut m, &mut r, true)?;
     }
     for h in 0..next_handle {
@@ -420,6 +506,12 @@ struct State {
     ids: Vec<Option<(OpId, u32)>>,
 }
 
+/// The last operation that adds (`handle_op`); the checker drains actions after every other.
+const LAST_ADD: u8 = 6;
+
+/// Close or drain.
+const CLOSE: u8 = 14;
+
 /// Runs operation `op` on the batcher and the reference; whether it flushed or closed.
 fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool, Divergence> {
     let State {
@@ -441,14 +533,16 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool
             *now = c.time_step(*now);
             let handle = *next_handle;
             *next_handle = next_handle.wrapping_add(1);
-            let got = m.handle_op(*now, Key::new(shard), handle, bytes);
+            let got =
+                m.handle_op_with_payload(*now, Key::new(shard), handle, payload(handle), bytes);
             r.clock = r.clock.max(*now);
-            if r.closed {
+            r.shard_of.push(shard);
+            if r.closed || r.draining {
                 r.refused.push(handle);
                 ids.push(None);
-                if got != Err(Refused(handle)) {
+                if got != Err(Refused((handle, payload(handle)))) {
                     return Err(format!(
-                        "step {step}: op after close = {got:?}, want Refused({handle})"
+                        "step {step}: op after close or drain = {got:?}, want Refused({handle})"
                     ));
                 }
             } else {
@@ -481,15 +575,16 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool
                     _ => usize::from(c.u8()) % len.saturating_add(2),
                 });
             }
+            let error = u32::from(c.u8());
             *now = c.time_step(*now);
             let got = if fail {
-                m.handle_failure(*now, credit)
+                m.handle_failure(*now, credit, error)
             } else {
                 m.handle_response(*now, credit, positions.iter().copied())
             };
             r.clock = r.clock.max(*now);
             let want_released = r.released.contains(&credit);
-            let live = r.complete(credit, if fail { None } else { Some(&positions) });
+            let live = r.complete(credit, (!fail).then_some(&positions[..]), error);
             match (live, got) {
                 (true, Ok(())) => {}
                 (false, Err(ReleaseError::AlreadyReleased)) if want_released => {}
@@ -501,11 +596,21 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool
                 }
             }
         }
-        14 if c.below(4) == 0 => {
-            m.close();
-            r.close();
-            flushed = true;
-        }
+        14 => match c.below(8) {
+            0 => {
+                m.close();
+                r.close();
+                flushed = true;
+            }
+            1 => {
+                *now = c.time_step(*now);
+                m.drain(*now);
+                r.clock = r.clock.max(*now);
+                r.drain();
+                flushed = true;
+            }
+            _ => {}
+        },
         15 => {
             *now = c.time_step(*now);
             m.handle_timeout(*now);
@@ -550,10 +655,10 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool
                     };
                     (forged, want)
                 }
-                _ if r.cancel(handle) => (id, Ok(Withdrawal::Withdrawn(handle))),
+                _ if r.cancel(handle) => (id, Ok(Withdrawal::Withdrawn((handle, payload(handle))))),
                 _ => (id, Ok(Withdrawal::TooLate)),
             };
-            let got = m.cancel(id);
+            let got = m.cancel_with_payload(id);
             if got != want {
                 return Err(format!(
                     "step {step}: cancel of {handle} ({how}) = {got:?}, want {want:?}"
@@ -588,11 +693,15 @@ fn pick_credit(c: &mut Cursor<'_>, r: &Reference, tag: u32) -> CreditId {
 /// Drains the machine's actions and checks them against what the reference decided, then
 /// compares the state.
 fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Result<(), Divergence> {
-    let mut sends: Vec<(u8, CreditId)> = Vec::new();
+    let mut sends: Vec<(u8, CreditId, Vec<u32>)> = Vec::new();
     let mut ends: Vec<(u32, End)> = Vec::new();
     while let Some(a) = m.poll_action() {
         match a {
-            BatchAction::Send { shard, credit } => sends.push((shard.id(), credit)),
+            BatchAction::Send {
+                shard,
+                credit,
+                payloads,
+            } => sends.push((shard.id(), credit, payloads)),
             BatchAction::Deliver { handle, position } => {
                 ends.push((handle, End::Delivered(position)))
             }
@@ -600,10 +709,33 @@ fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Result<(), Diver
                 handle,
                 match reason {
                     FailReason::NoResponse => End::NoResponse,
-                    FailReason::BatchFailed => End::BatchFailed,
+                    FailReason::BatchFailed(e) => End::BatchFailed(e),
                     _ => End::Closed,
                 },
             )),
+        }
+    }
+    // The actions ran out: no open batch may be left where nothing would send it.
+    stranded(m)?;
+    // Running out of actions flushed (the reference's flush adds its sends after the others).
+    r.flush();
+    // A close fails each shard's held operations in arrival order (handles grow with it).
+    for shard in 0..SHARDS {
+        let closed: Vec<u32> = ends
+            .iter()
+            .filter(|(h, e)| {
+                *e == End::Closed
+                    && usize::try_from(*h)
+                        .ok()
+                        .and_then(|i| r.shard_of.get(i))
+                        .is_some_and(|s| *s == shard)
+            })
+            .map(|(h, _)| *h)
+            .collect();
+        if closed.windows(2).any(|w| w.first() >= w.get(1)) {
+            return Err(format!(
+                "shard {shard}: closed in order {closed:?}, not arrival order"
+            ));
         }
     }
     // Ends: as a set (shard order of a close is unspecified), each operation once ever.
@@ -629,9 +761,15 @@ fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Result<(), Diver
         ));
     }
     for shard in 0..SHARDS {
-        let got = sends.iter().filter(|(s, _)| *s == shard);
+        let got = sends.iter().filter(|(s, _, _)| *s == shard);
         let want = want_sends.iter().filter(|(s, _)| *s == shard);
-        for ((_, credit), (_, batch)) in got.zip(want) {
+        for ((_, credit, payloads), (_, batch)) in got.zip(want) {
+            let want_payloads: Vec<u32> = batch.ops.iter().map(|h| payload(*h)).collect();
+            if *payloads != want_payloads {
+                return Err(format!(
+                    "shard {shard} sent payloads {payloads:?}, want {want_payloads:?}"
+                ));
+            }
             let Some(b) = m.batch(*credit) else {
                 return Err(format!("sent {credit:?} has no batch"));
             };
@@ -677,6 +815,30 @@ fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Result<(), Diver
     compare(m, r, flushed)
 }
 
+/// A batch no input would ever send, now that the actions are drained: one still open in the
+/// batcher (a flush was due), or one held back by a shard with credit to send it.
+fn stranded(m: &Machine) -> Result<(), Divergence> {
+    if m.is_closed() {
+        return Ok(());
+    }
+    if m.open_batches() != 0 {
+        return Err(format!(
+            "stranded: {} open batches left after the actions ran out",
+            m.open_batches()
+        ));
+    }
+    let w = m.window();
+    for shard in 0..SHARDS {
+        let key = Key::new(shard);
+        if w.available(&key) > 0 && (w.queued(&key) > 0 || w.is_parked(&key)) {
+            return Err(format!(
+                "stranded: shard {shard} holds a batch back with credit"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn compare(m: &Machine, r: &Reference, flushed: bool) -> Result<(), Divergence> {
     let w = m.window();
     let mut active = 0usize;
@@ -717,6 +879,13 @@ fn compare(m: &Machine, r: &Reference, flushed: bool) -> Result<(), Divergence> 
     }
     // Open batches held by the batcher: the reference's unparked ones (never empty).
     let open = r.open.iter().filter(|(_, _, parked)| !parked).count();
+    if m.is_draining() != r.draining || m.is_drained() != r.is_drained() {
+        return Err(format!(
+            "(draining, drained) = {:?}, want {:?}",
+            (m.is_draining(), m.is_drained()),
+            (r.draining, r.is_drained())
+        ));
+    }
     if m.is_closed() != r.closed || m.open_batches() != open || (flushed && m.open_batches() != 0) {
         return Err(format!(
             "closed {} (want {}), {} open batches (want {open}) after flush {flushed}",

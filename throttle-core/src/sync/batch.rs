@@ -37,6 +37,7 @@ use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, OpId, With
 use crate::dispatch_window::CreditId;
 use crate::error::ConfigError;
 use crate::slab::{Key, Slab};
+use crate::time::Instant;
 
 /// What a [`Transport`] answers for one batch: one result per operation by position, or the
 /// whole batch's error.
@@ -409,7 +410,8 @@ impl<Shard, S> Shards<Shard, S> {
 }
 
 struct DriverState<T: Transport<Shard, Op>, Shard, Op, S> {
-    batcher: Batcher<ShardId, Key, S>,
+    /// Failed batches carry their [`BatchEnd`] to each operation's `Fail`.
+    batcher: Batcher<ShardId, Key, S, (), BatchEnd<T::Error>>,
     shards: Shards<Shard, S>,
     /// Operations submitted and not yet handed to the batcher: their shard, slot and size.
     inbox: VecDeque<(ShardId, Key, u64)>,
@@ -437,10 +439,10 @@ impl<T: Transport<Shard, Op>, Shard, Op, S> DriverState<T, Shard, Op, S>
 where
     S: BuildHasher + Clone,
 {
-    /// Closed, no batch in the transport (no live window credit), and every result decided
+    /// Closed (or draining), nothing held back or in the transport, and every result decided
     /// already handed to its submitter.
     fn is_drained(&self) -> bool {
-        self.closed && self.batcher.window().live_credits() == 0 && self.delivering == 0
+        self.closed && self.batcher.is_drained() && self.delivering == 0
     }
 }
 
@@ -453,6 +455,39 @@ struct Effects<T: Transport<Shard, Op>, Shard, Op> {
 
 /// A submitter's slot and the result to hand it.
 type Done<T, Shard, Op> = (Sender<OpResult<T, Shard, Op>>, OpResult<T, Shard, Op>);
+
+/// Why a batch failed as a whole, passed to [`Batcher::handle_failure`], which hands each
+/// operation of the batch its own copy in [`FailReason::BatchFailed`] (a copy shares the
+/// transport's error through [`BatchFailure`]'s `Arc`).
+enum BatchEnd<E> {
+    /// The transport failed the batch.
+    Failed(BatchFailure<E>),
+    /// `send` or its future panicked.
+    Panicked,
+    /// The send task was dropped before the transport answered.
+    Abandoned,
+}
+
+impl<E> Clone for BatchEnd<E> {
+    fn clone(&self) -> Self {
+        match self {
+            BatchEnd::Failed(f) => BatchEnd::Failed(f.clone()),
+            BatchEnd::Panicked => BatchEnd::Panicked,
+            BatchEnd::Abandoned => BatchEnd::Abandoned,
+        }
+    }
+}
+
+impl<E> BatchEnd<E> {
+    /// The operation's error.
+    fn into_error(self) -> OpError<E> {
+        match self {
+            BatchEnd::Failed(f) => OpError::Batch(f),
+            BatchEnd::Panicked => OpError::Panicked(Panicked),
+            BatchEnd::Abandoned => OpError::NoResponse,
+        }
+    }
+}
 
 /// How the batch whose end is being reported ended.
 enum Ending<O, E> {
@@ -483,8 +518,10 @@ enum Ending<O, E> {
 ///   returns. At most `window.max_in_flight` batches per shard are in the transport.
 /// - [`close`](Self::close) fails every operation not yet sent (queued, open or parked) with
 ///   [`OpError::Closed`], refuses later submits, and stops the driver task; batches already in
-///   the transport finish normally. Until `close`, the driver task lives on (it holds the
-///   driver), so close a driver you are done with.
+///   the transport finish normally. [`drain`](Self::drain) refuses later submits too, but
+///   sends everything already submitted and resolves once all of it has ended. Until one of
+///   them, the driver task lives on (it holds the driver), so close or drain a driver you are
+///   done with.
 /// - A panic in the transport's `op_bytes`, `send` or `send`'s future fails the operations it
 ///   concerned with [`OpError::Panicked`]; the batch's credit is released and later submits to
 ///   the shard proceed. A send task the runtime drops unfinished releases its credit too
@@ -704,8 +741,9 @@ where
 {
     /// A driver batching with `cfg` (shard keys hashed with a fresh std
     /// [`RandomState`](std::hash::RandomState)), sending through `transport`; its task is
-    /// spawned on `rt`. Refuses an invalid config. For another hasher,
-    /// [`with_hasher`](Self::with_hasher).
+    /// spawned on `rt`. Never `Err` today: a [`BatcherConfig`] is valid by construction
+    /// (its one fallible part, [`BatcherConfig::with_window`], refuses a bad window). For
+    /// another hasher, [`with_hasher`](Self::with_hasher).
     ///
     /// # Panics
     ///
@@ -740,7 +778,7 @@ where
             rt,
             transport,
             state: Mutex::new(DriverState {
-                batcher: Batcher::with_hasher(cfg, hasher.clone())?,
+                batcher: Batcher::with_hasher(cfg, hasher.clone()),
                 shards: Shards::new(hasher),
                 inbox: VecDeque::new(),
                 withdrawn: 0,
@@ -842,9 +880,67 @@ where
         self.delivered(1);
     }
 
-    /// Resolves once the driver is closed and no batch is in the transport (every batch sent
-    /// before the close has ended and delivered its results). With [`close`](Self::close), a
-    /// graceful shutdown: `driver.close(); driver.closed().await`. Cancel-safe.
+    /// The draining close: refuses later submits (with [`OpError::Closed`]) and stops the
+    /// driver task, but sends every operation already submitted: the input queue goes to the
+    /// batcher, open batches go out now, and held-back batches go out as credits return
+    /// ([`Batcher::drain`]), keeping batch boundaries and each shard's submission order. The
+    /// returned future resolves once every one of them has ended and its result was handed
+    /// to its submitter (it is [`closed`](Self::closed)). The draining happens at the call,
+    /// not on first poll, so dropping the future drains all the same.
+    /// [`close`](Self::close) afterwards fails whatever is still held back. Idempotent; after
+    /// `close`, only waits.
+    ///
+    /// ```
+    #[doc = include_str!("doc/tiny_runtime.md")]
+    /// use throttle_sansio::BatcherConfig;
+    /// use throttle_sansio::sync::{BatchDriver, BatchOutcome, OpError};
+    ///
+    /// let send = |_: &u8, gets: Vec<u64>| async move {
+    ///     let ok: BatchOutcome<u64, std::io::Error> = Ok(gets.into_iter().map(Ok).collect());
+    ///     ok
+    /// };
+    /// let rt = Tiny::default();
+    /// let driver: BatchDriver<_, _, u8, u64> =
+    ///     BatchDriver::new(rt.clone(), send, BatcherConfig::reads()).unwrap();
+    /// let (a, b) = (driver.submit(1, 7), driver.submit(2, 8));
+    /// let drained = driver.drain();
+    /// assert!(matches!(rt.block_on(driver.submit(1, 9)), Err(OpError::Closed)));
+    /// rt.block_on(drained);
+    /// assert_eq!((rt.block_on(a).unwrap(), rt.block_on(b).unwrap()), (7, 8));
+    /// ```
+    pub fn drain(&self) -> impl Future<Output = ()> + '_ {
+        let (effects, waker) = {
+            let mut guard = lock(&self.shared.state);
+            let st = &mut *guard;
+            let effects = if st.closed {
+                None
+            } else {
+                st.closed = true;
+                let now = self.shared.rt.now();
+                let mut effects = Effects::new();
+                feed(st, now, &mut effects);
+                st.batcher.drain(now);
+                drain(st, &mut effects, &mut Ending::Nothing);
+                st.delivering += 1;
+                Some(effects)
+            };
+            (effects, st.driver.take())
+        };
+        if let Some(effects) = effects {
+            self.apply(effects);
+            self.delivered(1);
+        }
+        if let Some(w) = waker {
+            wake_one(w);
+        }
+        self.closed()
+    }
+
+    /// Resolves once the driver is closed (or draining) and nothing is held back or in the
+    /// transport (every batch sent has ended and delivered its results). With
+    /// [`close`](Self::close), a graceful shutdown that fails what was held back:
+    /// `driver.close(); driver.closed().await`; [`drain`](Self::drain) sends it instead.
+    /// Cancel-safe.
     pub async fn closed(&self) {
         wait_for(&self.shared.drained, || {
             lock(&self.shared.state).is_drained()
@@ -908,25 +1004,7 @@ where
                     } else {
                         let now = self.shared.rt.now();
                         let mut effects = Effects::new();
-                        while let Some((shard, slot, bytes)) = st.inbox.pop_front() {
-                            if st.slots.get(slot).is_none() {
-                                // Withdrawn while it waited here.
-                                st.withdrawn = st.withdrawn.saturating_sub(1);
-                                continue;
-                            }
-                            match st.batcher.handle_op(now, shard, slot, bytes) {
-                                Ok(id) => {
-                                    if let Some(s) = st.slots.get_mut(slot) {
-                                        s.in_batcher = Some(id);
-                                    }
-                                }
-                                Err(refused) => {
-                                    if let Some(s) = take_slot(st, refused.into_handle()) {
-                                        effects.done.push((s.tx, Err(OpError::Closed)));
-                                    }
-                                }
-                            }
-                        }
+                        feed(st, now, &mut effects);
                         // The input queue is empty: the rate-adaptive flush.
                         st.batcher.flush(now);
                         drain(st, &mut effects, &mut Ending::Nothing);
@@ -1045,9 +1123,18 @@ where
         let st = &mut *guard;
         let now = self.shared.rt.now();
         let mut effects = Effects::new();
-        let released = match &ending {
-            Ending::Answered(results) => st.batcher.handle_response(now, credit, 0..results.len()),
-            _ => st.batcher.handle_failure(now, credit),
+        // A failure goes to the batcher, which copies it to each operation's `Fail`.
+        let released = match core::mem::replace(&mut ending, Ending::Nothing) {
+            Ending::Answered(results) => {
+                let n = results.len();
+                ending = Ending::Answered(results);
+                st.batcher.handle_response(now, credit, 0..n)
+            }
+            Ending::Failed(f) => st.batcher.handle_failure(now, credit, BatchEnd::Failed(f)),
+            Ending::Panicked => st.batcher.handle_failure(now, credit, BatchEnd::Panicked),
+            Ending::Abandoned | Ending::Nothing => {
+                st.batcher.handle_failure(now, credit, BatchEnd::Abandoned)
+            }
         };
         // An unknown credit cannot come back here (each credit is reported once).
         let _ = released;
@@ -1061,11 +1148,11 @@ where
     /// release would send are failed the same way instead of sent: this runs in a destructor
     /// (the runtime is dropping tasks, or a panic is unwinding), where no transport is called.
     fn abandon(&self, credit: CreditId) {
-        let ending = || {
+        let end = || {
             if std::thread::panicking() {
-                Ending::Panicked
+                BatchEnd::Panicked
             } else {
-                Ending::Abandoned
+                BatchEnd::Abandoned
             }
         };
         let done = {
@@ -1075,8 +1162,8 @@ where
             let mut effects = Effects::new();
             let mut credits = alloc::vec![credit];
             while let Some(credit) = credits.pop() {
-                let _ = st.batcher.handle_failure(now, credit);
-                drain(st, &mut effects, &mut ending());
+                let _ = st.batcher.handle_failure(now, credit, end());
+                drain(st, &mut effects, &mut Ending::Nothing);
                 credits.extend(effects.sends.drain(..).map(|(_, credit, _)| credit));
             }
             st.delivering += 1;
@@ -1132,6 +1219,37 @@ impl<T: Transport<Shard, Op>, Shard, Op> Effects<T, Shard, Op> {
     }
 }
 
+/// Hands every operation of the input queue to the batcher, in order (skipping withdrawn
+/// entries); one the batcher refuses fails with [`OpError::Closed`].
+fn feed<T, Shard, Op, S>(
+    st: &mut DriverState<T, Shard, Op, S>,
+    now: Instant,
+    effects: &mut Effects<T, Shard, Op>,
+) where
+    T: Transport<Shard, Op>,
+    S: BuildHasher + Clone,
+{
+    while let Some((shard, slot, bytes)) = st.inbox.pop_front() {
+        if st.slots.get(slot).is_none() {
+            // Withdrawn while it waited here.
+            st.withdrawn = st.withdrawn.saturating_sub(1);
+            continue;
+        }
+        match st.batcher.handle_op(now, shard, slot, bytes) {
+            Ok(id) => {
+                if let Some(s) = st.slots.get_mut(slot) {
+                    s.in_batcher = Some(id);
+                }
+            }
+            Err(refused) => {
+                if let Some(s) = take_slot(st, refused.into_handle()) {
+                    effects.done.push((s.tx, Err(OpError::Closed)));
+                }
+            }
+        }
+    }
+}
+
 fn take_slot<T, Shard, Op, S>(
     st: &mut DriverState<T, Shard, Op, S>,
     slot: Key,
@@ -1156,7 +1274,7 @@ fn drain<T, Shard, Op, S>(
 {
     while let Some(action) = st.batcher.poll_action() {
         match action {
-            BatchAction::Send { shard: _, credit } => {
+            BatchAction::Send { credit, .. } => {
                 let handles: Vec<Key> = st
                     .batcher
                     .batch(credit)
@@ -1194,10 +1312,10 @@ fn drain<T, Shard, Op, S>(
             }
             BatchAction::Fail { handle, reason } => {
                 if let Some(slot) = take_slot(st, handle) {
-                    let error = match (reason, &*ending) {
-                        (FailReason::BatchFailed, Ending::Failed(e)) => OpError::Batch(e.clone()),
-                        (FailReason::BatchFailed, Ending::Panicked) => OpError::Panicked(Panicked),
-                        (FailReason::Closed, _) => OpError::Closed,
+                    // The batcher carried the batch's failure to this operation.
+                    let error = match reason {
+                        FailReason::BatchFailed(end) => end.into_error(),
+                        FailReason::Closed => OpError::Closed,
                         _ => OpError::NoResponse,
                     };
                     effects.done.push((slot.tx, Err(error)));
@@ -1292,7 +1410,8 @@ mod tests {
         rt.spawner = Some(exec.spawner());
         let held = Held::default();
         let cfg = BatcherConfig::reads()
-            .with_window(WindowConfig::default().with_max_in_flight(window as usize));
+            .with_window(WindowConfig::default().with_max_in_flight(window as usize))
+            .unwrap();
         let driver = BatchDriver::new(rt, held.clone(), cfg).unwrap();
         (exec, driver, held, Arc::new(StdMutex::new(Vec::new())))
     }
@@ -1713,7 +1832,9 @@ mod tests {
             spawned: Arc::default(),
         };
         let held = Held::default();
-        let cfg = BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+        let cfg = BatcherConfig::reads()
+            .with_window(WindowConfig::default().with_max_in_flight(1))
+            .unwrap();
         let driver = BatchDriver::new(rt, held.clone(), cfg).unwrap();
         let (w, _) = CountingWaker::new();
         for op in [1, 2] {
@@ -1769,8 +1890,9 @@ mod tests {
             let mut rt = TestRuntime::new();
             rt.spawner = Some(exec.spawner());
             let held = Held::default();
-            let cfg =
-                BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+            let cfg = BatcherConfig::reads()
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap();
             let driver =
                 BatchDriver::with_hasher(rt, held.clone(), cfg, TestHasher::default()).unwrap();
             Fixture {
@@ -2014,8 +2136,9 @@ mod tests {
             let mut rt = TestRuntime::new();
             rt.spawner = Some(exec.spawner());
             let held = Held::default();
-            let cfg =
-                BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+            let cfg = BatcherConfig::reads()
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap();
             let driver: BatchDriver<_, _, Sour, u32, TestHasher> =
                 BatchDriver::with_hasher(rt, held.clone(), cfg, TestHasher::default()).unwrap();
             let (mut exec, out) = (exec, Results::default());

@@ -25,7 +25,7 @@ use throttle_tokio::sync::{
 };
 use throttle_tokio::{
     BatcherConfig, CallConfig, ConnKey, Signal, TcpConnector, ThrottleCurve, TokioRuntime,
-    WindowConfig, WriteGateConfig,
+    WriteGateConfig,
 };
 use tokio::sync::mpsc;
 
@@ -330,7 +330,7 @@ async fn ours_reads(
     mut ops: mpsc::UnboundedReceiver<Op>,
     deadline: StdInstant,
 ) -> ClientStats {
-    let cfg = BatcherConfig::reads().with_window(WindowConfig::default());
+    let cfg = BatcherConfig::reads();
     let Ok(driver) = BatchDriver::new(TokioRuntime::new(), ReadTransport { conn }, cfg) else {
         return ClientStats::default();
     };

@@ -56,7 +56,15 @@ type Driver = BatchDriver<TestRuntime, Echo, u32, u32, TestHasher>;
 /// batch has ended and delivered, and not before.
 #[test]
 fn batch_finish_racing_close_answers_every_operation_and_drains() {
-    batch_finish_racing_close(true, false);
+    batch_finish_racing_close(true, false, false);
+}
+
+/// As the first, with `drain` (the draining close) in place of `close`: the parked operation
+/// is never failed, it rides the batch the end's credit sends (whichever of the two comes
+/// first), and `closed()` waits for that batch too.
+#[test]
+fn batch_finish_racing_drain_sends_the_parked_operation() {
+    batch_finish_racing_close(true, false, true);
 }
 
 /// As above, with nothing parked (the batch in the transport is the last), and a second
@@ -68,15 +76,17 @@ fn batch_finish_racing_close_answers_every_operation_and_drains() {
 /// not drained yet and the waiting `closed()` is safe.)
 #[test]
 fn batch_closed_resolves_only_after_the_last_batch_delivers() {
-    batch_finish_racing_close(false, true);
+    batch_finish_racing_close(false, true, false);
 }
 
 /// The batch model. `parked`: a second operation waits behind the full window; `fresh`: also
-/// poll a `closed()` for the first time during the race.
-fn batch_finish_racing_close(parked: bool, fresh: bool) {
+/// poll a `closed()` for the first time during the race; `drains`: `drain` instead of `close`.
+fn batch_finish_racing_close(parked: bool, fresh: bool, drains: bool) {
     super::model(move || {
         let rt = TestRuntime::new();
-        let cfg = BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+        let cfg = BatcherConfig::reads()
+            .with_window(WindowConfig::default().with_max_in_flight(1))
+            .unwrap();
         let driver = match Driver::with_hasher(rt.clone(), Echo, cfg, TestHasher::default()) {
             Ok(d) => d,
             Err(e) => panic!("valid config refused: {e}"),
@@ -102,7 +112,13 @@ fn batch_finish_racing_close(parked: bool, fresh: bool) {
             assert!(send.poll().is_ready(), "the send task ends at once");
         });
         let d2 = driver.clone();
-        let t2 = thread::spawn(move || d2.close());
+        let t2 = thread::spawn(move || {
+            if drains {
+                drop(d2.drain()); // it drains at the call
+            } else {
+                d2.close();
+            }
+        });
         let early = closed.poll();
         let fresh_ready = fresh && Hand::new(boxed(driver.closed())).poll().is_ready();
         // Once `closed()` resolves, the batch that was in the transport has ended and
@@ -137,9 +153,14 @@ fn batch_finish_racing_close(parked: bool, fresh: bool) {
         );
         if let Some(second) = &mut second {
             assert!(second.wakes() >= 1, "the parked submitter was left unwoken");
+            let got = second.poll();
             assert!(
-                matches!(second.poll(), Poll::Ready(Ok(20) | Err(OpError::Closed))),
+                matches!(got, Poll::Ready(Ok(20) | Err(OpError::Closed))),
                 "the parked operation was dropped unanswered"
+            );
+            assert!(
+                !drains || matches!(got, Poll::Ready(Ok(20))),
+                "drain failed the parked operation"
             );
         }
         if early.is_pending() {
@@ -352,8 +373,9 @@ fn batch_dropped_submit_racing_its_batch_leaving_is_withdrawn_or_sent_once() {
     for parked in [true, false] {
         super::model(move || {
             let rt = TestRuntime::new();
-            let cfg =
-                BatcherConfig::reads().with_window(WindowConfig::default().with_max_in_flight(1));
+            let cfg = BatcherConfig::reads()
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap();
             let sent = StdArc::new(AtomicUsize::new(0));
             let transport = Counting(StdArc::clone(&sent));
             let driver =
