@@ -6,7 +6,8 @@
 //! window is exhausted join its parked batch: the batch size follows the server's rate. Each
 //! `Send` is carried out by a task that awaits the user's [`Transport`] and reports the batch's
 //! end back to the batcher (which releases the credit exactly once and may send the next
-//! batch). Results are handed to submitters through one-shot slots, after the lock is dropped.
+//! batch): one task per batch, or, with [`SendOrder::PerShard`], one per shard that sends
+//! the shard's batches in dispatch order (`ordered.rs`). Results are handed to submitters through one-shot slots, after the lock is dropped.
 //!
 //! User code that panics (`op_bytes`, the shard key's `Hash`, `Eq` or `Clone`, `send`, or the
 //! future `send` returns) fails the operations it was working on with [`OpError::Panicked`]
@@ -509,6 +510,10 @@ impl<O, E> Ending<O, E> {
 /// - Batching: the driver task drains the queue, then flushes: a shard with free credit sends
 ///   its open batch at once; an exhausted shard's batch is parked and grows until a credit
 ///   returns. At most `window.max_in_flight` batches per shard are in the transport.
+/// - Send order: each batch is sent and awaited on its own ([`SendOrder::Concurrent`], what
+///   [`new`](Self::new) builds), or, built with
+///   [`builder`](Self::builder)`.with_send_order(SendOrder::PerShard)`, each shard's batches
+///   are sent, and their futures first polled, in dispatch order (see [`SendOrder`]).
 /// - [`close`](Self::close) fails every operation not yet sent (queued, open or parked) with
 ///   [`OpError::Closed`], refuses later submits, and stops the driver task; batches already in
 ///   the transport finish normally. Until `close`, the driver task lives on (it holds the

@@ -540,3 +540,141 @@ where
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::WindowConfig;
+    use crate::sync::OpError;
+    use crate::sync::test_support::{CountingWaker, Executor, TestRuntime, poll_once};
+    use crate::test_hasher::TestHasher;
+    use std::sync::Arc as StdArc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Answers every batch at once; counts the batches it was sent.
+    #[derive(Clone, Default)]
+    struct Echo(StdArc<AtomicUsize>);
+
+    impl Transport<u8, u32> for Echo {
+        type Output = u32;
+        type Error = &'static str;
+        fn send(
+            &self,
+            _shard: &u8,
+            ops: Vec<u32>,
+        ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            core::future::ready(Ok(ops.into_iter().map(Ok).collect()))
+        }
+    }
+
+    /// Runs its first task (the driver's) and refuses every later one: drops it, then panics,
+    /// as tokio's `spawn` does outside a runtime. Counts the spawns asked for.
+    #[derive(Clone)]
+    struct Refusing {
+        inner: TestRuntime,
+        spawns: StdArc<AtomicUsize>,
+    }
+
+    impl Runtime for Refusing {
+        fn now(&self) -> crate::time::Instant {
+            self.inner.now()
+        }
+        fn sleep_until(
+            &self,
+            deadline: crate::time::Instant,
+        ) -> impl Future<Output = ()> + Send + 'static {
+            self.inner.sleep_until(deadline)
+        }
+        fn spawn<F: Future<Output = ()> + Send + 'static>(&self, future: F) {
+            if self.spawns.fetch_add(1, Ordering::SeqCst) == 0 {
+                self.inner.spawn(future);
+            } else {
+                drop(future);
+                panic!("cannot spawn");
+            }
+        }
+    }
+
+    #[test]
+    fn a_lane_task_the_runtime_refuses_releases_every_batch_of_its_lane_and_starts_no_other() {
+        let mut exec = Executor::default();
+        let mut inner = TestRuntime::new();
+        inner.spawner = Some(exec.spawner());
+        let spawns = StdArc::new(AtomicUsize::new(0));
+        let rt = Refusing {
+            inner,
+            spawns: StdArc::clone(&spawns),
+        };
+        let echo = Echo::default();
+        let cfg = BatcherConfig::reads()
+            .with_max_requests_per_batch(1)
+            .with_window(WindowConfig::default().with_max_in_flight(2));
+        let driver = BatchDriver::builder(rt, echo.clone(), cfg)
+            .with_send_order(SendOrder::PerShard)
+            .with_hasher(TestHasher::default())
+            .build()
+            .unwrap();
+        // Three batches of one: two take the shard's credits and go to its lane, the third
+        // waits in the window until a credit comes back (then into the same lane).
+        let mut submits: Vec<_> = (0..3).map(|op| driver.submit(1, op)).collect();
+        exec.run_until_stalled();
+        let (w, _) = CountingWaker::new();
+        for (op, s) in submits.iter_mut().enumerate() {
+            assert!(
+                matches!(poll_once(s, &w), Poll::Ready(Err(OpError::NoResponse))),
+                "op {op}"
+            );
+        }
+        assert_eq!(
+            (driver.in_flight(&1), driver.open_ops(&1), driver.queued()),
+            (0, 0, 0),
+            "every credit back"
+        );
+        assert_eq!(
+            echo.0.load(Ordering::SeqCst),
+            0,
+            "nothing sent from a destructor"
+        );
+        assert_eq!(
+            spawns.load(Ordering::SeqCst),
+            2,
+            "the driver task and one lane task: no lane started from the drop"
+        );
+        assert_eq!(exec.run_until_stalled(), 1, "the driver task lives on");
+        driver.close();
+        assert_eq!(exec.run_until_stalled(), 0);
+    }
+
+    #[test]
+    fn a_lane_ends_when_its_shard_is_idle_and_a_later_batch_starts_a_new_one() {
+        let mut exec = Executor::default();
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(exec.spawner());
+        let echo = Echo::default();
+        let driver = BatchDriver::builder(rt, echo.clone(), BatcherConfig::reads())
+            .with_send_order(SendOrder::PerShard)
+            .with_hasher(TestHasher::default())
+            .build()
+            .unwrap();
+        let (w, _) = CountingWaker::new();
+        for op in [1, 2] {
+            let mut s = driver.submit(7, op);
+            assert_eq!(
+                exec.run_until_stalled(),
+                1,
+                "op {op}: only the driver task left"
+            );
+            assert!(matches!(poll_once(&mut s, &w), Poll::Ready(Ok(v)) if v == op));
+        }
+        assert_eq!(echo.0.load(Ordering::SeqCst), 2);
+        let st = lock(&driver.shared.state);
+        let Lanes::PerShard(lanes) = &st.lanes else {
+            panic!("built per shard");
+        };
+        assert!(lanes.iter().all(Option::is_none), "no lane left behind");
+        drop(st);
+        driver.close();
+        assert_eq!(exec.run_until_stalled(), 0);
+    }
+}
