@@ -43,8 +43,9 @@ impl Draws {
 }
 
 /// Tokio, except that each spawned task first yields a drawn number of times (0 to 3): tasks
-/// start in a scrambled order, as on a multi-threaded runtime (whose LIFO slot alone runs the
-/// last-spawned task first). The `Runtime` contract promises no order between tasks.
+/// start in a scrambled order, as on a multi-threaded runtime (where two workers, or a
+/// worker's LIFO slot, can start the later of two spawned tasks first). The `Runtime`
+/// contract promises no order between tasks.
 #[derive(Clone)]
 struct Scrambled {
     tokio: TokioRuntime,

@@ -7,7 +7,8 @@
 //! `Send` is carried out by a task that awaits the user's [`Transport`] and reports the batch's
 //! end back to the batcher (which releases the credit exactly once and may send the next
 //! batch): one task per batch, or, with [`SendOrder::PerShard`], one per shard that sends
-//! the shard's batches in dispatch order (`ordered.rs`). Results are handed to submitters through one-shot slots, after the lock is dropped.
+//! the shard's batches in dispatch order (`ordered.rs`). Results are handed to submitters
+//! through one-shot slots, after the lock is dropped.
 //!
 //! User code that panics (`op_bytes`, the shard key's `Hash`, `Eq` or `Clone`, `send`, or the
 //! future `send` returns) fails the operations it was working on with [`OpError::Panicked`]
