@@ -6,7 +6,9 @@
 //! window is exhausted join its parked batch: the batch size follows the server's rate. Each
 //! `Send` is carried out by a task that awaits the user's [`Transport`] and reports the batch's
 //! end back to the batcher (which releases the credit exactly once and may send the next
-//! batch). Results are handed to submitters through one-shot slots, after the lock is dropped.
+//! batch): one task per batch, or, with [`SendOrder::PerShard`], one per shard that sends
+//! the shard's batches in dispatch order (`ordered.rs`). Results are handed to submitters
+//! through one-shot slots, after the lock is dropped.
 //!
 //! User code that panics (`op_bytes`, the shard key's `Hash`, `Eq` or `Clone`, `send`, or the
 //! future `send` returns) fails the operations it was working on with [`OpError::Panicked`]
@@ -38,6 +40,10 @@ use crate::dispatch_window::CreditId;
 use crate::error::ConfigError;
 use crate::slab::{Key, Slab};
 use crate::time::Instant;
+
+mod ordered;
+
+pub use ordered::{BatchDriverBuilder, SendOrder};
 
 /// What a [`Transport`] answers for one batch: one result per operation by position, or the
 /// whole batch's error.
@@ -425,6 +431,9 @@ struct DriverState<T: Transport<Shard, Op>, Shard, Op, S> {
     /// Critical sections whose results are still being handed to their submitters after
     /// unlock (a batch's end, `close`): [`BatchDriver::closed`] waits for them too.
     delivering: usize,
+    /// Where dispatched batches go: back to the critical section's caller (concurrent), or to
+    /// their shard's lane ([`SendOrder::PerShard`]).
+    lanes: ordered::Lanes<Shard, Op>,
 }
 
 struct DriverShared<R, T: Transport<Shard, Op>, Shard, Op, S> {
@@ -446,11 +455,17 @@ where
     }
 }
 
+/// A dispatched batch: the key of its first operation (always there: see `drain`), its
+/// credit and its operations.
+type Outgoing<Shard, Op> = (Option<Shard>, CreditId, Vec<Op>);
+
 /// What a critical section decided, carried out after the lock is dropped.
 struct Effects<T: Transport<Shard, Op>, Shard, Op> {
-    /// Each batch to send, with the key of its first operation (always there: see `drain`).
-    sends: Vec<(Option<Shard>, CreditId, Vec<Op>)>,
+    /// Each batch to send (concurrent mode).
+    sends: Vec<Outgoing<Shard, Op>>,
     done: Vec<Done<T, Shard, Op>>,
+    /// Lane tasks to start or wake ([`SendOrder::PerShard`]).
+    lanes: ordered::LaneWork,
 }
 
 /// A submitter's slot and the result to hand it.
@@ -503,6 +518,21 @@ enum Ending<O, E> {
     Abandoned,
 }
 
+impl<O, E> Ending<O, E> {
+    /// How a batch of `ops` operations ended, from its send future's output (`Err`: the
+    /// future panicked).
+    fn of(outcome: Result<BatchOutcome<O, E>, Panicked>, ops: usize) -> Self {
+        match outcome {
+            Ok(Ok(results)) => Ending::Answered(results.into_iter().map(Some).collect()),
+            Ok(Err(e)) => Ending::Failed(BatchFailure {
+                error: ErrArc::new(e),
+                ops,
+            }),
+            Err(Panicked) => Ending::Panicked,
+        }
+    }
+}
+
 /// A batching driver over a [`Batcher`] and a user [`Transport`]. `Clone + Send + Sync`;
 /// clones submit to the same driver.
 ///
@@ -516,6 +546,10 @@ enum Ending<O, E> {
 /// - Batching: the driver task drains the queue, then flushes: a shard with free credit sends
 ///   its open batch at once; an exhausted shard's batch is parked and grows until a credit
 ///   returns. At most `window.max_in_flight` batches per shard are in the transport.
+/// - Send order: each batch is sent and awaited on its own ([`SendOrder::Concurrent`], what
+///   [`new`](Self::new) builds), or, built with
+///   [`builder`](Self::builder)`.with_send_order(SendOrder::PerShard)`, each shard's batches
+///   are sent, and their futures first polled, in dispatch order (see [`SendOrder`]).
 /// - [`close`](Self::close) fails every operation not yet sent (queued, open or parked) with
 ///   [`OpError::Closed`], refuses later submits, and stops the driver task; batches already in
 ///   the transport finish normally. [`drain`](Self::drain) refuses later submits too, but
@@ -774,6 +808,17 @@ where
         cfg: BatcherConfig,
         hasher: S,
     ) -> Result<Self, ConfigError> {
+        Self::start(rt, transport, cfg, hasher, SendOrder::Concurrent)
+    }
+
+    /// Builds the driver and spawns its task (every constructor and the builder end here).
+    fn start(
+        rt: R,
+        transport: T,
+        cfg: BatcherConfig,
+        hasher: S,
+        order: SendOrder,
+    ) -> Result<Self, ConfigError> {
         let shared = Arc::new(DriverShared {
             rt,
             transport,
@@ -786,6 +831,7 @@ where
                 driver: None,
                 closed: false,
                 delivering: 0,
+                lanes: ordered::Lanes::new(order),
             }),
             drained: WakeSignal::new(),
         });
@@ -1045,6 +1091,7 @@ where
                     Err(Panicked) => unsent.push((credit, Ending::Panicked)),
                 }
             }
+            self.carry_lanes(&mut effects.lanes);
             if unsent.is_empty() {
                 self.delivered(ended);
                 return;
@@ -1087,18 +1134,8 @@ where
             credit: Some(credit),
         };
         let task = async move {
-            let mut guard = guard;
-            let ending = match unwind::catch(sending).await {
-                Ok(Ok(results)) => Ending::Answered(results.into_iter().map(Some).collect()),
-                Ok(Err(e)) => Ending::Failed(BatchFailure {
-                    error: ErrArc::new(e),
-                    ops,
-                }),
-                Err(Panicked) => Ending::Panicked,
-            };
-            if let Some(credit) = guard.credit.take() {
-                guard.driver.finish(credit, ending);
-            }
+            let guard = guard;
+            guard.finish(Ending::of(unwind::catch(sending).await, ops));
         };
         let _refused = unwind::call(|| self.shared.rt.spawn(task));
     }
@@ -1190,6 +1227,22 @@ where
     credit: Option<CreditId>,
 }
 
+impl<R, T, Shard, Op, S> SendGuard<R, T, Shard, Op, S>
+where
+    R: Runtime,
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone + Send + 'static,
+    Op: Send + 'static,
+    S: BuildHasher + Clone + Send + 'static,
+{
+    /// The batch ended as `ending`: reports it (which releases the credit) instead of `Drop`.
+    fn finish(mut self, ending: Ending<T::Output, T::Error>) {
+        if let Some(credit) = self.credit.take() {
+            self.driver.finish(credit, ending);
+        }
+    }
+}
+
 impl<R, T, Shard, Op, S> Drop for SendGuard<R, T, Shard, Op, S>
 where
     R: Runtime,
@@ -1210,12 +1263,14 @@ impl<T: Transport<Shard, Op>, Shard, Op> Effects<T, Shard, Op> {
         Effects {
             sends: Vec::new(),
             done: Vec::new(),
+            lanes: ordered::LaneWork::default(),
         }
     }
 
     fn extend(&mut self, more: Self) {
         self.sends.extend(more.sends);
         self.done.extend(more.done);
+        self.lanes.extend(more.lanes);
     }
 }
 
@@ -1274,7 +1329,7 @@ fn drain<T, Shard, Op, S>(
 {
     while let Some(action) = st.batcher.poll_action() {
         match action {
-            BatchAction::Send { credit, .. } => {
+            BatchAction::Send { shard, credit, .. } => {
                 let handles: Vec<Key> = st
                     .batcher
                     .batch(credit)
@@ -1294,7 +1349,13 @@ fn drain<T, Shard, Op, S>(
                         slot.op.take()
                     })
                     .collect();
-                effects.sends.push((key, credit, ops));
+                // Per-shard mode: to the shard's lane, in this (dispatch) order.
+                if let Some(send) = st
+                    .lanes
+                    .route(shard, (key, credit, ops), &mut effects.lanes)
+                {
+                    effects.sends.push(send);
+                }
             }
             BatchAction::Deliver { handle, position } => {
                 let result = match ending {

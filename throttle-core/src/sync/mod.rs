@@ -86,7 +86,10 @@ mod loom_models;
 
 pub(crate) use waiters::wake_all;
 
-pub use batch::{BatchDriver, BatchFailure, BatchOutcome, OpError, Submit, Transport};
+pub use batch::{
+    BatchDriver, BatchDriverBuilder, BatchFailure, BatchOutcome, OpError, SendOrder, Submit,
+    Transport,
+};
 pub use classify::WriteClassifier;
 pub use failover::{CallError, FailoverExecutor, Surfaced};
 pub use gate::{GateHandle, Unbound};

@@ -14,6 +14,7 @@
 
 mod bytes;
 mod drivers;
+mod ordered;
 mod signal;
 mod window;
 mod writer;
