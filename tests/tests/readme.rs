@@ -4,6 +4,8 @@
 const README: &str = include_str!("../../README.md");
 const PRODUCER: &str = include_str!("../../runtime-tokio/examples/producer.rs");
 const READER: &str = include_str!("../../runtime-tokio/examples/reader.rs");
+const FLUSS_SENDER: &str = include_str!("../../runtime-tokio/examples/fluss_sender.rs");
+const OXIA_SHARD: &str = include_str!("../../runtime-tokio/examples/oxia_shard.rs");
 
 /// The first `rust,ignore` code block after `heading`.
 fn snippet(heading: &str) -> Vec<&'static str> {
@@ -53,4 +55,14 @@ fn the_readme_producer_is_the_producer_examples_code_in_order() {
 #[test]
 fn the_readme_reader_is_the_reader_examples_code_in_order() {
     assert_excerpt("## Example: a sharded reader", READER);
+}
+
+#[test]
+fn the_readme_sender_task_is_the_fluss_sender_examples_code_in_order() {
+    assert_excerpt("### A sender task that owns a `WriteGate`", FLUSS_SENDER);
+}
+
+#[test]
+fn the_readme_shard_object_is_the_oxia_shard_examples_code_in_order() {
+    assert_excerpt("### A per-shard object that owns a `SingleWindow`", OXIA_SHARD);
 }
