@@ -64,5 +64,8 @@ fn the_readme_sender_task_is_the_fluss_sender_examples_code_in_order() {
 
 #[test]
 fn the_readme_shard_object_is_the_oxia_shard_examples_code_in_order() {
-    assert_excerpt("### A per-shard object that owns a `SingleWindow`", OXIA_SHARD);
+    assert_excerpt(
+        "### A per-shard object that owns a `SingleWindow`",
+        OXIA_SHARD,
+    );
 }

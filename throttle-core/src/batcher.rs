@@ -136,6 +136,22 @@ impl BatcherConfig {
         Ok(self)
     }
 
+    /// At most `n` batches in flight per shard: the window of
+    /// [`WindowConfig::new(n)`](WindowConfig::new), infallible since `n` is not 0.
+    ///
+    /// ```
+    /// use core::num::NonZeroUsize;
+    /// use throttle_sansio::BatcherConfig;
+    ///
+    /// let two = NonZeroUsize::new(2).expect("not zero");
+    /// assert_eq!(BatcherConfig::writes().with_max_in_flight(two).window().max_in_flight(), 2);
+    /// ```
+    #[must_use]
+    pub fn with_max_in_flight(mut self, n: NonZeroUsize) -> Self {
+        self.window = WindowConfig::new(n);
+        self
+    }
+
     /// Read or write limits.
     pub fn kind(&self) -> BatchKind {
         self.kind
@@ -281,11 +297,12 @@ pub enum BatchAction<Shard, H, P = (), E = ()> {
     },
 }
 
-/// An operation refused because the batcher is closed; the handle is handed back. (Not
-/// `Closed`: that is `sync::Closed` (feature `std`), the handles' unit error, and no
-/// two public types of the crate share a name.)
+/// An operation refused because the batcher is closed or draining ([`Batcher::close`],
+/// [`Batcher::drain`]); what was offered is handed back: the handle, or `(handle, payload)`
+/// from [`Batcher::handle_op_with_payload`]. (Not `Closed`: that is `sync::Closed` (feature
+/// `std`), the handles' unit error, and no two public types of the crate share a name.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("batcher is closed")]
+#[error("batcher is closed or draining")]
 pub struct Refused<H>(pub H);
 
 impl<H> Refused<H> {

@@ -609,7 +609,9 @@ where
             WriteOutcome::Ok { pressure } => {
                 self.gate.handle_success(now, key);
                 if self.cfg.kv_pressure() {
-                    self.gate.handle_kv_signal(now, key, pressure);
+                    // Jittered if the gate's config asks for it (`with_kv_jitter`); with no
+                    // jitter configured this draws nothing.
+                    self.gate.handle_kv_signal_jittered(now, key, pressure, rng);
                 }
                 Some(None)
             }
@@ -626,7 +628,8 @@ where
                 None
             }
             WriteOutcome::StorageBackpressure if self.cfg.kv_pressure() => {
-                self.gate.handle_kv_signal(now, key, Signal::Full);
+                self.gate
+                    .handle_kv_signal_jittered(now, key, Signal::Full, rng);
                 None
             }
             WriteOutcome::StorageBackpressure | WriteOutcome::Retriable => {

@@ -494,3 +494,38 @@ fn a_bad_config_is_refused() {
         })
     ));
 }
+
+#[test]
+fn kv_jitter_configured_on_the_gate_reaches_the_writers_kv_holds() {
+    let hold = |jitter: u32, pressure: Signal| {
+        let gate = WriteGateConfig::default().with_kv_jitter(jitter);
+        let mut w = writer(PacedWriterConfig::default().with_gate(gate));
+        w.set_leader(T0, 1, Some(1));
+        w.append(T0, 1, 1, 1).unwrap();
+        let s = drain_sends(&mut w, T0);
+        w.append(T0, 1, 2, 1).unwrap();
+        let outcome = match pressure {
+            Signal::Full => WriteOutcome::StorageBackpressure,
+            p => WriteOutcome::Ok { pressure: p },
+        };
+        respond(&mut w, T0, s[0].3, outcome);
+        assert!(drain_sends(&mut w, T0).is_empty(), "the bucket is held");
+        w.poll_timeout().map(|t| t - T0)
+    };
+    let nominal = [
+        (Signal::Pressure(500_000), Duration::from_millis(750)),
+        (Signal::Full, Duration::from_millis(3000)),
+    ];
+    for (signal, delay) in nominal {
+        assert_eq!(hold(0, signal), Some(delay), "no jitter: the curve's delay");
+        let jittered = hold(200_000, signal).expect("a hold");
+        assert_ne!(
+            jittered, delay,
+            "±20 % jitter drawn from the writer's generator"
+        );
+        assert!(
+            jittered >= delay * 4 / 5 && jittered <= delay * 6 / 5,
+            "{jittered:?}"
+        );
+    }
+}

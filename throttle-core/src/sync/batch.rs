@@ -899,22 +899,28 @@ where
         }
     }
 
-    /// Fails every operation not yet sent with [`OpError::Closed`], refuses later submits and
-    /// stops the driver task. Batches in the transport finish normally. Idempotent.
+    /// The failing close: fails every operation whose batch has not been dispatched (given a
+    /// credit) with [`OpError::Closed`], in submission order (oldest first), refuses later
+    /// submits and stops the driver task. Dispatched batches finish normally: in
+    /// [`SendOrder::PerShard`] mode that includes batches already in a shard's lane that the
+    /// lane has not yet handed to [`Transport::send`]. Idempotent. For a close that sends
+    /// everything accepted, see [`drain`](Self::drain).
     pub fn close(&self) {
         let (effects, waker, drained) = {
             let mut guard = lock(&self.shared.state);
             let st = &mut *guard;
             st.closed = true;
             let mut effects = Effects::new();
+            // Oldest first: what the batcher holds back arrived before what still waits in
+            // the input queue, and the batcher fails its own in arrival order.
+            st.batcher.close();
+            drain(st, &mut effects, &mut Ending::Nothing);
             while let Some((_, index, _)) = st.inbox.pop_front() {
                 if let Some(slot) = take_slot(st, index) {
                     effects.done.push((slot.tx, Err(OpError::Closed)));
                 }
             }
             st.withdrawn = 0;
-            st.batcher.close();
-            drain(st, &mut effects, &mut Ending::Nothing);
             st.delivering += 1;
             (effects, st.driver.take(), st.is_drained())
         };
@@ -1000,7 +1006,8 @@ where
         lock(&self.shared.state).slots.live()
     }
 
-    /// Whether [`close`](Self::close) was called.
+    /// Whether [`close`](Self::close) or [`drain`](Self::drain) was called (submits are
+    /// refused from then on).
     pub fn is_closed(&self) -> bool {
         lock(&self.shared.state).closed
     }

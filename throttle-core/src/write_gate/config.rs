@@ -363,7 +363,8 @@ impl WriteGateConfig {
     /// the same instant. `0` (the default) turns it off. At most [`MAX_KV_JITTER_PPM`]
     /// (±50 %); a larger value is refused by [`Self::validate`] and the gate's constructor.
     /// [`WriteGate::handle_kv_signal`](super::WriteGate::handle_kv_signal) takes no generator
-    /// and installs the curve's delay as is.
+    /// and installs the curve's delay as is. The paced writer (and so `sync::WriteDriver`)
+    /// feeds every KV response through the jittered input, so the option applies there.
     ///
     /// ```
     /// use throttle_sansio::write_gate::WriteGateConfig;
