@@ -239,8 +239,7 @@ impl Place {
     }
 }
 
-/// What [`DispatchWindow::try_take`] did.
-#[cfg(feature = "std")]
+/// What the admission rule decided ([`DispatchWindow::try_take`], and every submit).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Take {
     /// A credit was issued.

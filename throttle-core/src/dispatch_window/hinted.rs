@@ -69,15 +69,7 @@ where
         }
         let cap = self.cfg.cap();
         match find_hinted(&mut self.shards, &self.hasher, shard, hint) {
-            Found::Entry(e, place) => {
-                if e.w.must_wait(cap) {
-                    return Take::NoCredit;
-                }
-                match self.books.take_credit(&mut e.w, place) {
-                    Ok(credit) => Take::Credit(credit),
-                    Err(Exhausted) => Take::Exhausted,
-                }
-            }
+            Found::Entry(e, place) => self.books.admit(&mut e.w, place, cap),
             Found::New(hash) => match self.open_entry(shard.clone(), hash) {
                 Ok(credit) => Take::Credit(credit),
                 Err(Exhausted) => Take::Exhausted,

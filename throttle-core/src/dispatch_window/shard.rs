@@ -11,7 +11,7 @@
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
-use super::{CreditId, SubmitError};
+use super::{CreditId, SubmitError, Take};
 use crate::error::ReleaseError;
 use crate::maintenance::{Maintenance, Peak};
 use crate::slab::{Exhausted, Key, Slab, Ticket};
@@ -234,6 +234,24 @@ impl<B, P: Copy> Books<B, P> {
         Ok(credit)
     }
 
+    /// The admission rule of a shard's window, for every entry point: refused while closed
+    /// or draining; else a credit if one is free and nothing waits in the shard's line (no
+    /// barging); else the caller must wait (`NoCredit`). [`Self::enter`] queues on
+    /// `NoCredit`; the `sync` handle's `try_take` reports it.
+    #[inline(always)]
+    pub(super) fn admit(&mut self, w: &mut ShardWindow<B>, place: P, cap: u32) -> Take {
+        if self.refuses() {
+            return Take::Closed;
+        }
+        if w.must_wait(cap) {
+            return Take::NoCredit;
+        }
+        match self.take_credit(w, place) {
+            Ok(credit) => Take::Credit(credit),
+            Err(Exhausted) => Take::Exhausted,
+        }
+    }
+
     /// A full batch for the shard at `place` (window `w`): a credit if the shard may have one
     /// without waiting, else a place at the back of its line.
     #[inline(always)]
@@ -244,14 +262,11 @@ impl<B, P: Copy> Books<B, P> {
         batch: B,
         cap: u32,
     ) -> Result<Entered<B>, SubmitError<B>> {
-        if self.refuses() {
-            return Err(SubmitError::Closed(batch));
-        }
-        if !w.must_wait(cap) {
-            return match self.take_credit(w, place) {
-                Ok(credit) => Ok(Entered::Credit(credit, batch)),
-                Err(Exhausted) => Err(SubmitError::Exhausted(batch)),
-            };
+        match self.admit(w, place, cap) {
+            Take::Credit(credit) => return Ok(Entered::Credit(credit, batch)),
+            Take::Closed => return Err(SubmitError::Closed(batch)),
+            Take::Exhausted => return Err(SubmitError::Exhausted(batch)),
+            Take::NoCredit => {}
         }
         let ticket = match self.held.insert(Held { place, batch }) {
             Ok(key) => key,
