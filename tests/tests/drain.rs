@@ -56,7 +56,7 @@ fn driver(rt: &TokioRuntime, server: &Server) -> Driver {
         .with_max_requests_per_batch(NonZeroUsize::new(3).unwrap())
         .with_window(WindowConfig::default().with_max_in_flight(1))
         .unwrap();
-    BatchDriver::new(rt.clone(), server.clone(), cfg).unwrap()
+    BatchDriver::new(rt.clone(), server.clone(), cfg)
 }
 
 /// Shard 0: `[1]` in flight, then 2..=6 and shard 1's 7 still in the driver's input queue.

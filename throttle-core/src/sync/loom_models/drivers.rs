@@ -379,10 +379,7 @@ fn batch_dropped_submit_racing_its_batch_leaving_is_withdrawn_or_sent_once() {
             let sent = StdArc::new(AtomicUsize::new(0));
             let transport = Counting(StdArc::clone(&sent));
             let driver =
-                match BatchDriver::with_hasher(rt.clone(), transport, cfg, TestHasher::default()) {
-                    Ok(d) => d,
-                    Err(e) => panic!("valid config refused: {e}"),
-                };
+                BatchDriver::with_hasher(rt.clone(), transport, cfg, TestHasher::default());
             let mut task = Hand::new(spawned_one(&rt));
             assert!(task.poll().is_pending());
             let mut first = Hand::new(driver.submit(1, 10));
