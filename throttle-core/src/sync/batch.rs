@@ -989,7 +989,8 @@ where
         lock(&self.shared.state).slots.live()
     }
 
-    /// Whether [`close`](Self::close) was called.
+    /// Whether [`close`](Self::close) or [`drain`](Self::drain) was called (submits are
+    /// refused).
     pub fn is_closed(&self) -> bool {
         lock(&self.shared.state).closed
     }
