@@ -174,3 +174,30 @@ async fn drain_in_per_shard_mode_sends_through_the_lanes_in_dispatch_order() {
     assert_eq!(shard0, each, "shard 0's batches sent in submission order");
     assert!(matches!(driver.submit(0, 8).await, Err(OpError::Closed)));
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn close_after_drain_in_per_shard_mode_still_sends_what_reached_a_lane() {
+    let (rt, server) = (TokioRuntime::new(), Server::default());
+    let cfg = BatcherConfig::reads()
+        .with_max_requests_per_batch(NonZeroUsize::MIN)
+        .with_window(WindowConfig::default().with_max_in_flight(2))
+        .unwrap();
+    let driver: Driver = BatchDriver::builder(rt.clone(), server.clone(), cfg)
+        .with_send_order(SendOrder::PerShard)
+        .build();
+    let subs: Vec<_> = (1..=4).map(|x| (x, driver.submit(0, x))).collect();
+    let drained = driver.drain(); // [1] and [2] take the credits, into the lane; [3], [4] wait
+    driver.close(); // before the lane task ran: it fails only what is held back
+    within(drained).await;
+    let mut ended = Vec::new();
+    for (x, sub) in subs {
+        ended.push((x, sub.await.map_err(|e| matches!(e, OpError::Closed))));
+    }
+    assert_eq!(
+        ended,
+        [(1, Ok(10)), (2, Ok(20)), (3, Err(true)), (4, Err(true))],
+        "dispatched batches are sent by the lane, held-back ones fail Closed"
+    );
+    assert_eq!(*server.0.lock().unwrap(), [(0, vec![1]), (0, vec![2])]);
+    assert_eq!(rt.now(), Instant::ZERO + 10 * MS);
+}
