@@ -81,7 +81,7 @@ async fn main() {
     let per_batch = NonZeroUsize::new(100).expect("not zero");
     let cfg = BatcherConfig::reads().with_max_requests_per_batch(per_batch);
     let send = move |shard: &u8, keys| exchange(addr, *shard, keys);
-    let driver = BatchDriver::new(TokioRuntime::new(), send, cfg).expect("a valid config");
+    let driver = BatchDriver::new(TokioRuntime::new(), send, cfg);
     // Keys 1600 and up wait behind 4 full batches per shard; their callers give up at 30 ms.
     let patience = |k: u32| Duration::from_millis(if k < 1600 { 9_000 } else { 30 });
     let get = |k: u32| timeout(patience(k), driver.submit(k as u8 % 4, k));

@@ -60,7 +60,7 @@ fn driver(server: &Server) -> Driver {
     let cfg = BatcherConfig::reads()
         .with_window(WindowConfig::default().with_max_in_flight(1))
         .unwrap();
-    BatchDriver::new(TokioRuntime::new(), server.clone(), cfg).unwrap()
+    BatchDriver::new(TokioRuntime::new(), server.clone(), cfg)
 }
 
 /// `future`'s output, or a failure once it is still pending after a minute of (paused) time:

@@ -9,7 +9,7 @@ use core::time::Duration;
 use std::hash::RandomState;
 use std::sync::{Arc, Mutex};
 
-use throttle_sansio::sync::{BatchDriver, BatchOutcome, OpError, Submit, Transport};
+use throttle_sansio::sync::{BatchDriver, BatchOutcome, OpError, SendOrder, Submit, Transport};
 use throttle_sansio::{BatcherConfig, WindowConfig};
 use throttle_tokio::{Instant, TokioRuntime};
 
@@ -56,7 +56,7 @@ fn driver(rt: &TokioRuntime, server: &Server) -> Driver {
         .with_max_requests_per_batch(NonZeroUsize::new(3).unwrap())
         .with_window(WindowConfig::default().with_max_in_flight(1))
         .unwrap();
-    BatchDriver::new(rt.clone(), server.clone(), cfg).unwrap()
+    BatchDriver::new(rt.clone(), server.clone(), cfg)
 }
 
 /// Shard 0: `[1]` in flight, then 2..=6 and shard 1's 7 still in the driver's input queue.
@@ -134,4 +134,70 @@ async fn close_after_drain_fails_what_is_still_held_back() {
         ],
         "sent batches finish normally, held-back ones fail Closed"
     );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn drain_in_per_shard_mode_sends_through_the_lanes_in_dispatch_order() {
+    let (rt, server) = (TokioRuntime::new(), Server::default());
+    let cfg = BatcherConfig::reads()
+        .with_max_requests_per_batch(NonZeroUsize::MIN)
+        .with_window(WindowConfig::default().with_max_in_flight(2))
+        .unwrap();
+    let driver: Driver = BatchDriver::builder(rt.clone(), server.clone(), cfg)
+        .with_send_order(SendOrder::PerShard)
+        .build();
+    // All still in the input queue: the driver task has not run.
+    let subs: Vec<_> = (1..=6)
+        .map(|x| (x, driver.submit(0, x)))
+        .chain([(7, driver.submit(1, 7))])
+        .collect();
+    let drained = driver.drain();
+    assert!(
+        server.0.lock().unwrap().is_empty(),
+        "per shard, `send` runs in the lane tasks, not in the draining call"
+    );
+    within(drained).await;
+    assert_eq!(
+        rt.now(),
+        Instant::ZERO + 30 * MS,
+        "shard 0's six batches, two at a time"
+    );
+    for (x, sub) in subs {
+        assert_eq!(sub.await.unwrap(), 10 * x, "get {x}");
+    }
+    let seen = server.0.lock().unwrap().clone();
+    let shard0: Vec<Vec<u32>> = seen
+        .into_iter()
+        .filter_map(|(shard, gets)| (shard == 0).then_some(gets))
+        .collect();
+    let each: Vec<Vec<u32>> = (1..=6).map(|x| vec![x]).collect();
+    assert_eq!(shard0, each, "shard 0's batches sent in submission order");
+    assert!(matches!(driver.submit(0, 8).await, Err(OpError::Closed)));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn close_after_drain_in_per_shard_mode_still_sends_what_reached_a_lane() {
+    let (rt, server) = (TokioRuntime::new(), Server::default());
+    let cfg = BatcherConfig::reads()
+        .with_max_requests_per_batch(NonZeroUsize::MIN)
+        .with_window(WindowConfig::default().with_max_in_flight(2))
+        .unwrap();
+    let driver: Driver = BatchDriver::builder(rt.clone(), server.clone(), cfg)
+        .with_send_order(SendOrder::PerShard)
+        .build();
+    let subs: Vec<_> = (1..=4).map(|x| (x, driver.submit(0, x))).collect();
+    let drained = driver.drain(); // [1] and [2] take the credits, into the lane; [3], [4] wait
+    driver.close(); // before the lane task ran: it fails only what is held back
+    within(drained).await;
+    let mut ended = Vec::new();
+    for (x, sub) in subs {
+        ended.push((x, sub.await.map_err(|e| matches!(e, OpError::Closed))));
+    }
+    assert_eq!(
+        ended,
+        [(1, Ok(10)), (2, Ok(20)), (3, Err(true)), (4, Err(true))],
+        "dispatched batches are sent by the lane, held-back ones fail Closed"
+    );
+    assert_eq!(*server.0.lock().unwrap(), [(0, vec![1]), (0, vec![2])]);
+    assert_eq!(rt.now(), Instant::ZERO + 10 * MS);
 }

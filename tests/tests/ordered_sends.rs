@@ -198,7 +198,6 @@ fn driver(order: SendOrder, server: &Server, seed: u64) -> Driver {
     BatchDriver::builder(rt, server.clone(), cfg)
         .with_send_order(order)
         .build()
-        .unwrap()
 }
 
 /// `future`'s output, or a failure after a minute of (paused) time: a stranded credit shows
@@ -327,7 +326,6 @@ fn single_op_batches(server: &Server) -> BatchDriver<TokioRuntime, Server, u8, u
     BatchDriver::builder(TokioRuntime::new(), server.clone(), cfg)
         .with_send_order(SendOrder::PerShard)
         .build()
-        .unwrap()
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -58,7 +58,7 @@ fn driver(window: u32) -> Driver {
     let cfg = BatcherConfig::reads()
         .with_window(WindowConfig::default().with_max_in_flight(window as usize))
         .unwrap();
-    BatchDriver::new(TokioRuntime::new(), Echo::default(), cfg).unwrap()
+    BatchDriver::new(TokioRuntime::new(), Echo::default(), cfg)
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -196,7 +196,7 @@ fn a_batch_driver_built_outside_a_tokio_runtime_panics_as_documented() {
         .build()
         .unwrap();
     let rt = TokioRuntime::with_handle(runtime.handle().clone());
-    let driver: Driver = BatchDriver::new(rt, Echo::default(), BatcherConfig::reads()).unwrap();
+    let driver: Driver = BatchDriver::new(rt, Echo::default(), BatcherConfig::reads());
     assert_eq!(runtime.block_on(driver.submit(1, 5)).unwrap(), 5);
     driver.close();
 }

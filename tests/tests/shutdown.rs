@@ -62,8 +62,7 @@ async fn driver_close_fails_held_back_work_at_once_and_closed_waits_for_the_batc
     let cfg = BatcherConfig::reads()
         .with_window(WindowConfig::default().with_max_in_flight(1))
         .unwrap();
-    let driver: BatchDriver<_, _, u8, u32, RandomState> =
-        BatchDriver::new(rt.clone(), Slow, cfg).unwrap();
+    let driver: BatchDriver<_, _, u8, u32, RandomState> = BatchDriver::new(rt.clone(), Slow, cfg);
     let in_flight = tokio::spawn(driver.submit(0, 1));
     tokio::task::yield_now().await;
     assert_eq!(driver.in_flight(&0), 1);

@@ -62,7 +62,7 @@ fn close_fails_in_arrival_order() {
         .with_window(WindowConfig::new(NonZeroUsize::MIN))
         .unwrap()
         .with_max_requests_per_batch(NonZeroUsize::MIN);
-    let d: BatchDriver<_, _, u8, u32> = BatchDriver::new(rt.clone(), send, cfg).unwrap();
+    let d: BatchDriver<_, _, u8, u32> = BatchDriver::new(rt.clone(), send, cfg);
     let mut futs: Vec<_> = (0..3).map(|k| Box::pin(d.submit(1, k))).collect();
     rt.run_tasks(); // 0 sent, 1 and 2 held in the batcher
     futs.extend((3..5).map(|k| Box::pin(d.submit(1, k)))); // 3, 4 in the inbox
@@ -121,8 +121,7 @@ fn per_shard_drain_sends_everything_in_order() {
         .with_max_requests_per_batch(NonZeroUsize::new(3).unwrap());
     let d: BatchDriver<_, _, u8, u32> = BatchDriver::builder(rt.clone(), log.clone(), cfg)
         .with_send_order(SendOrder::PerShard)
-        .build()
-        .unwrap();
+        .build();
     let mut futs: Vec<_> = (0..10)
         .map(|k| (k, Box::pin(d.submit((k % 2) as u8, k))))
         .collect();

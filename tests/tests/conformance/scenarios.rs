@@ -180,7 +180,7 @@ pub async fn close_fails_waiters_and_held_batches_while_batches_in_flight_finish
     let cfg = BatcherConfig::reads()
         .with_window(WindowConfig::default().with_max_in_flight(1))
         .unwrap();
-    let driver: BatchDriver<_, _, u32, u32> = BatchDriver::new(rt.clone(), transport, cfg).unwrap();
+    let driver: BatchDriver<_, _, u32, u32> = BatchDriver::new(rt.clone(), transport, cfg);
     let results = Arc::new(Mutex::new(Vec::new()));
     let submit = |op: u32| {
         let (fut, out) = (driver.submit(1, op), Arc::clone(&results));

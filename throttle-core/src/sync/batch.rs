@@ -37,7 +37,6 @@ use super::waiters::wake_one;
 use super::{Closed, Panicked, Runtime};
 use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, OpId, Withdrawal};
 use crate::dispatch_window::CreditId;
-use crate::error::ConfigError;
 use crate::slab::{Key, Slab};
 use crate::time::Instant;
 
@@ -97,7 +96,7 @@ pub trait Transport<Shard, Op>: Send + Sync + 'static {
 ///     Ok(keys.into_iter().map(|k| Ok(u64::from(k) + u64::from(shard))).collect())
 /// }
 /// let send = |shard: &u8, keys| exchange(*shard, keys);
-/// let driver = BatchDriver::new(rt, send, BatcherConfig::reads()).unwrap();
+/// let driver = BatchDriver::new(rt, send, BatcherConfig::reads());
 /// # driver.close();
 /// ```
 impl<Shard, Op, F, Fut, O, E> Transport<Shard, Op> for F
@@ -210,7 +209,7 @@ impl<E> From<Panicked> for OpError<E> {
 ///
 /// let rt = Tiny::default();
 /// let driver: BatchDriver<_, _, u8, u64> =
-///     BatchDriver::new(rt.clone(), Down, BatcherConfig::reads()).unwrap();
+///     BatchDriver::new(rt.clone(), Down, BatcherConfig::reads());
 /// let (a, _b) = (driver.submit(1, 20), driver.submit(1, 21));
 /// let Err(OpError::Batch(failure)) = rt.block_on(a) else { unreachable!() };
 /// assert_eq!(failure.ops(), 2);
@@ -594,7 +593,7 @@ impl<O, E> Ending<O, E> {
 ///
 /// let rt = Tiny::default();
 /// let driver: BatchDriver<_, _, u8, u64> =
-///     BatchDriver::new(rt.clone(), Doubler, BatcherConfig::reads()).unwrap();
+///     BatchDriver::new(rt.clone(), Doubler, BatcherConfig::reads());
 /// let (a, b) = (driver.submit(1, 20), driver.submit(1, 21)); // one batch to shard 1
 /// assert_eq!(rt.block_on(a).unwrap(), 40);
 /// assert_eq!(rt.block_on(b).unwrap(), 42);
@@ -712,7 +711,7 @@ impl<R, T: Transport<Shard, Op>, Shard, Op, S> fmt::Debug for BatchDriver<R, T, 
 ///
 /// let (rt, server) = (Tiny::default(), Server::default());
 /// let driver: BatchDriver<_, _, u8, u64> =
-///     BatchDriver::new(rt.clone(), server.clone(), BatcherConfig::reads()).unwrap();
+///     BatchDriver::new(rt.clone(), server.clone(), BatcherConfig::reads());
 /// let wanted = driver.submit(1, 7);
 /// let given_up = driver.submit(1, 8);
 /// drop(given_up); // before its batch left: withdrawn
@@ -775,16 +774,17 @@ where
 {
     /// A driver batching with `cfg` (shard keys hashed with a fresh std
     /// [`RandomState`](std::hash::RandomState)), sending through `transport`; its task is
-    /// spawned on `rt`. Never `Err` today: a [`BatcherConfig`] is valid by construction
-    /// (its one fallible part, [`BatcherConfig::with_window`], refuses a bad window). For
-    /// another hasher, [`with_hasher`](Self::with_hasher).
+    /// spawned on `rt`. Infallible: a [`BatcherConfig`] is valid by construction (its one
+    /// fallible part, [`BatcherConfig::with_window`], refuses a bad window). For another
+    /// hasher, [`with_hasher`](Self::with_hasher); for per-shard ordered sends,
+    /// [`builder`](Self::builder).
     ///
     /// # Panics
     ///
     /// If `rt`'s [`spawn`](Runtime::spawn) panics: `throttle_tokio::TokioRuntime` does when it
     /// was made outside a tokio runtime and this is called outside one too (make it with
     /// `TokioRuntime::with_handle`, or inside the runtime). Nothing is left behind then.
-    pub fn new(rt: R, transport: T, cfg: BatcherConfig) -> Result<Self, ConfigError> {
+    pub fn new(rt: R, transport: T, cfg: BatcherConfig) -> Self {
         Self::with_hasher(rt, transport, cfg, std::hash::RandomState::new())
     }
 }
@@ -802,23 +802,12 @@ where
     /// # Panics
     ///
     /// If `rt`'s [`spawn`](Runtime::spawn) panics, as for [`new`](Self::new).
-    pub fn with_hasher(
-        rt: R,
-        transport: T,
-        cfg: BatcherConfig,
-        hasher: S,
-    ) -> Result<Self, ConfigError> {
+    pub fn with_hasher(rt: R, transport: T, cfg: BatcherConfig, hasher: S) -> Self {
         Self::start(rt, transport, cfg, hasher, SendOrder::Concurrent)
     }
 
     /// Builds the driver and spawns its task (every constructor and the builder end here).
-    fn start(
-        rt: R,
-        transport: T,
-        cfg: BatcherConfig,
-        hasher: S,
-        order: SendOrder,
-    ) -> Result<Self, ConfigError> {
+    fn start(rt: R, transport: T, cfg: BatcherConfig, hasher: S, order: SendOrder) -> Self {
         let shared = Arc::new(DriverShared {
             rt,
             transport,
@@ -843,7 +832,7 @@ where
         };
         let task = driver.clone();
         driver.shared.rt.spawn(async move { task.run().await });
-        Ok(driver)
+        driver
     }
 
     /// Queues `op` for `shard`; the future resolves with its result (see the contract).
@@ -953,7 +942,7 @@ where
     /// };
     /// let rt = Tiny::default();
     /// let driver: BatchDriver<_, _, u8, u64> =
-    ///     BatchDriver::new(rt.clone(), send, BatcherConfig::reads()).unwrap();
+    ///     BatchDriver::new(rt.clone(), send, BatcherConfig::reads());
     /// let (a, b) = (driver.submit(1, 7), driver.submit(2, 8));
     /// let drained = driver.drain();
     /// assert!(matches!(rt.block_on(driver.submit(1, 9)), Err(OpError::Closed)));
@@ -1480,7 +1469,7 @@ mod tests {
         let cfg = BatcherConfig::reads()
             .with_window(WindowConfig::default().with_max_in_flight(window as usize))
             .unwrap();
-        let driver = BatchDriver::new(rt, held.clone(), cfg).unwrap();
+        let driver = BatchDriver::new(rt, held.clone(), cfg);
         (exec, driver, held, Arc::new(StdMutex::new(Vec::new())))
     }
 
@@ -1589,7 +1578,7 @@ mod tests {
         let mut exec = Executor::default();
         let mut rt = TestRuntime::new();
         rt.spawner = Some(exec.spawner());
-        let driver = BatchDriver::new(rt, Failing, BatcherConfig::reads()).unwrap();
+        let driver = BatchDriver::new(rt, Failing, BatcherConfig::reads());
         type IoResult = Result<u32, OpError<std::io::Error>>;
         let out: Arc<StdMutex<Vec<(u32, IoResult)>>> = Arc::default();
         for op in [0, 1, 2] {
@@ -1903,7 +1892,7 @@ mod tests {
         let cfg = BatcherConfig::reads()
             .with_window(WindowConfig::default().with_max_in_flight(1))
             .unwrap();
-        let driver = BatchDriver::new(rt, held.clone(), cfg).unwrap();
+        let driver = BatchDriver::new(rt, held.clone(), cfg);
         let (w, _) = CountingWaker::new();
         for op in [1, 2] {
             let mut result = driver.submit(1, op);
@@ -1961,8 +1950,7 @@ mod tests {
             let cfg = BatcherConfig::reads()
                 .with_window(WindowConfig::default().with_max_in_flight(1))
                 .unwrap();
-            let driver =
-                BatchDriver::with_hasher(rt, held.clone(), cfg, TestHasher::default()).unwrap();
+            let driver = BatchDriver::with_hasher(rt, held.clone(), cfg, TestHasher::default());
             Fixture {
                 exec,
                 driver,
@@ -2208,7 +2196,7 @@ mod tests {
                 .with_window(WindowConfig::default().with_max_in_flight(1))
                 .unwrap();
             let driver: BatchDriver<_, _, Sour, u32, TestHasher> =
-                BatchDriver::with_hasher(rt, held.clone(), cfg, TestHasher::default()).unwrap();
+                BatchDriver::with_hasher(rt, held.clone(), cfg, TestHasher::default());
             let (mut exec, out) = (exec, Results::default());
             let submit = |exec: &Executor, n: u8, op: u32| {
                 let (fut, out) = (driver.submit(Sour { n, sour: None }, op), Arc::clone(&out));

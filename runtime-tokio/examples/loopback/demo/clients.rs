@@ -331,9 +331,7 @@ async fn ours_reads(
     deadline: StdInstant,
 ) -> ClientStats {
     let cfg = BatcherConfig::reads();
-    let Ok(driver) = BatchDriver::new(TokioRuntime::new(), ReadTransport { conn }, cfg) else {
-        return ClientStats::default();
-    };
+    let driver = BatchDriver::new(TokioRuntime::new(), ReadTransport { conn }, cfg);
     let stats = Arc::new(Mutex::new(ClientStats::default()));
     let deadline = tokio::time::Instant::from_std(deadline);
     let mut tasks = tokio::task::JoinSet::new();

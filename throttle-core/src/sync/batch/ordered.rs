@@ -34,7 +34,6 @@ use super::{
     wake_one,
 };
 use crate::batcher::BatcherConfig;
-use crate::error::ConfigError;
 use crate::sync::{Panicked, Runtime};
 
 /// How a [`BatchDriver`] hands a shard's batches to its [`Transport`].
@@ -99,8 +98,7 @@ use crate::sync::{Panicked, Runtime};
 ///     .expect("a window above 0 is valid");
 /// let driver: BatchDriver<_, _, u8, u64> = BatchDriver::builder(rt.clone(), stream.clone(), cfg)
 ///     .with_send_order(SendOrder::PerShard)
-///     .build()
-///     .unwrap();
+///     .build();
 /// assert_eq!(driver.send_order(), SendOrder::PerShard);
 /// let puts: Vec<_> = (0..3).map(|k| driver.submit(1, k)).collect();
 /// for (k, put) in puts.into_iter().enumerate() {
@@ -137,8 +135,7 @@ pub enum SendOrder {
 /// let driver = BatchDriver::builder(rt.clone(), send, BatcherConfig::reads())
 ///     .with_send_order(SendOrder::PerShard)
 ///     .with_hasher(std::hash::RandomState::new())
-///     .build()
-///     .unwrap();
+///     .build();
 /// assert_eq!(rt.block_on(driver.submit(2, 40)).unwrap(), 42);
 /// driver.close();
 /// ```
@@ -215,12 +212,13 @@ where
         }
     }
 
-    /// The driver, its task spawned on the runtime. Refuses an invalid config.
+    /// The driver, its task spawned on the runtime. Infallible, as [`BatchDriver::new`]: a
+    /// [`BatcherConfig`] is valid by construction.
     ///
     /// # Panics
     ///
     /// If the runtime's [`spawn`](Runtime::spawn) panics, as for [`BatchDriver::new`].
-    pub fn build(self) -> Result<BatchDriver<R, T, Shard, Op, S>, ConfigError> {
+    pub fn build(self) -> BatchDriver<R, T, Shard, Op, S> {
         BatchDriver::start(self.rt, self.transport, self.cfg, self.hasher, self.order)
     }
 }
@@ -617,8 +615,7 @@ mod tests {
         let driver = BatchDriver::builder(rt, echo.clone(), cfg)
             .with_send_order(SendOrder::PerShard)
             .with_hasher(TestHasher::default())
-            .build()
-            .unwrap();
+            .build();
         // Three batches of one: two take the shard's credits and go to its lane, the third
         // waits in the window until a credit comes back (then into the same lane).
         let mut submits: Vec<_> = (0..3).map(|op| driver.submit(1, op)).collect();
@@ -659,8 +656,7 @@ mod tests {
         let driver = BatchDriver::builder(rt, echo.clone(), BatcherConfig::reads())
             .with_send_order(SendOrder::PerShard)
             .with_hasher(TestHasher::default())
-            .build()
-            .unwrap();
+            .build();
         let (w, _) = CountingWaker::new();
         for op in [1, 2] {
             let mut s = driver.submit(7, op);

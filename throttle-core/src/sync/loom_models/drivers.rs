@@ -87,10 +87,7 @@ fn batch_finish_racing_close(parked: bool, fresh: bool, drains: bool) {
         let cfg = BatcherConfig::reads()
             .with_window(WindowConfig::default().with_max_in_flight(1))
             .unwrap();
-        let driver = match Driver::with_hasher(rt.clone(), Echo, cfg, TestHasher::default()) {
-            Ok(d) => d,
-            Err(e) => panic!("valid config refused: {e}"),
-        };
+        let driver = Driver::with_hasher(rt.clone(), Echo, cfg, TestHasher::default());
         let mut task = Hand::new(spawned_one(&rt));
         assert!(task.poll().is_pending(), "the driver task waits for work");
         let mut first = Hand::new(driver.submit(1, 10));
@@ -310,15 +307,12 @@ fn pool_connect_racing_close(fresh: bool) {
 fn batch_submit_racing_the_driver_task_sleep_loses_no_operation() {
     super::model(|| {
         let rt = TestRuntime::new();
-        let driver = match Driver::with_hasher(
+        let driver = Driver::with_hasher(
             rt.clone(),
             Echo,
             BatcherConfig::reads(),
             TestHasher::default(),
-        ) {
-            Ok(d) => d,
-            Err(e) => panic!("valid config refused: {e}"),
-        };
+        );
         let mut task = Hand::new(spawned_one(&rt));
         let d1 = driver.clone();
         let t1 = thread::spawn(move || d1.submit(1, 10));
@@ -379,10 +373,7 @@ fn batch_dropped_submit_racing_its_batch_leaving_is_withdrawn_or_sent_once() {
             let sent = StdArc::new(AtomicUsize::new(0));
             let transport = Counting(StdArc::clone(&sent));
             let driver =
-                match BatchDriver::with_hasher(rt.clone(), transport, cfg, TestHasher::default()) {
-                    Ok(d) => d,
-                    Err(e) => panic!("valid config refused: {e}"),
-                };
+                BatchDriver::with_hasher(rt.clone(), transport, cfg, TestHasher::default());
             let mut task = Hand::new(spawned_one(&rt));
             assert!(task.poll().is_pending());
             let mut first = Hand::new(driver.submit(1, 10));

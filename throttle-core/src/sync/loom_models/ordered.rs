@@ -116,14 +116,10 @@ fn lane_racing_dispatch_and_close(hold: bool) {
         let cfg = BatcherConfig::reads()
             .with_window(WindowConfig::default().with_max_in_flight(2))
             .expect("a window above 0 is valid");
-        let driver: Driver = match BatchDriver::builder(rt.clone(), stream.clone(), cfg)
+        let driver: Driver = BatchDriver::builder(rt.clone(), stream.clone(), cfg)
             .with_send_order(SendOrder::PerShard)
             .with_hasher(TestHasher::default())
-            .build()
-        {
-            Ok(d) => d,
-            Err(e) => panic!("valid config refused: {e}"),
-        };
+            .build();
         let mut tasks = spawned(&rt);
         let mut task = match tasks.pop() {
             Some(t) if tasks.is_empty() => t,
