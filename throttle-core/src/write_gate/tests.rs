@@ -1220,16 +1220,17 @@ mod snapshots {
 
     #[test]
     fn retain_over_many_buckets_shrinks_and_keeps_the_heap_right() {
+        let n = if cfg!(miri) { 100 } else { 1000 };
         let mut g = gate();
         install_many(
             &mut g,
             at(0),
-            (0..1000).map(|b| (b, ms(10 + u64::from(b)))),
+            (0..n).map(|b| (b, ms(10 + u64::from(b)))),
             RETRY,
         );
         g.retain(|&b| b % 10 == 7);
         assert_eq!(g.check_invariants(), Ok(()));
-        assert_eq!(g.len(), 100);
+        assert_eq!(g.len(), n as usize / 10);
         assert_eq!(g.poll_timeout(), Some(at(17)));
         g.retain(|_| false);
         assert!(g.is_empty());
