@@ -1843,51 +1843,11 @@ mod tests {
         assert_books(&driver, 1, 0);
     }
 
-    /// A runtime that runs its first task (the driver's) and refuses every later one: it drops
-    /// the task and panics, as tokio's `spawn` does outside a runtime.
-    #[derive(Clone)]
-    struct Refusing {
-        inner: TestRuntime,
-        spawned: Arc<std::sync::atomic::AtomicUsize>,
-    }
-
-    impl Runtime for Refusing {
-        fn now(&self) -> crate::time::Instant {
-            self.inner.now()
-        }
-        fn sleep_until(
-            &self,
-            deadline: crate::time::Instant,
-        ) -> impl Future<Output = ()> + Send + 'static {
-            self.inner.sleep_until(deadline)
-        }
-        fn spawn<F>(&self, future: F)
-        where
-            F: Future<Output = ()> + Send + 'static,
-        {
-            if self
-                .spawned
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-                == 0
-            {
-                self.inner.spawn(future);
-            } else {
-                drop(future);
-                panic!("cannot spawn");
-            }
-        }
-    }
-
     #[test]
     fn a_spawn_that_panics_fails_that_batch_and_the_driver_task_keeps_running() {
-        use crate::sync::test_support::{CountingWaker, poll_once};
+        use crate::sync::test_support::{CountingWaker, RefusingRuntime, poll_once};
         let mut exec = Executor::default();
-        let mut inner = TestRuntime::new();
-        inner.spawner = Some(exec.spawner());
-        let rt = Refusing {
-            inner,
-            spawned: Arc::default(),
-        };
+        let rt = RefusingRuntime::new(&mut exec);
         let held = Held::default();
         let cfg = BatcherConfig::reads()
             .with_window(WindowConfig::default().with_max_in_flight(1))

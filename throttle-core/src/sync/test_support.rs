@@ -209,3 +209,48 @@ impl super::Runtime for TestRuntime {
         }
     }
 }
+
+/// A [`TestRuntime`] that runs its first task (a driver's) and refuses every later one: it
+/// drops the task, then panics, as tokio's `spawn` does outside a runtime. `spawns` counts
+/// the spawns asked for (std's atomic: these tests run outside loom).
+#[cfg(not(loom))]
+#[derive(Clone)]
+pub(crate) struct RefusingRuntime {
+    pub(crate) inner: TestRuntime,
+    pub(crate) spawns: StdArc<std::sync::atomic::AtomicUsize>,
+}
+
+#[cfg(not(loom))]
+impl RefusingRuntime {
+    /// Spawns go to `exec` (the first one only).
+    pub(crate) fn new(exec: &mut Executor) -> Self {
+        let mut inner = TestRuntime::new();
+        inner.spawner = Some(exec.spawner());
+        RefusingRuntime {
+            inner,
+            spawns: StdArc::default(),
+        }
+    }
+}
+
+#[cfg(not(loom))]
+impl super::Runtime for RefusingRuntime {
+    fn now(&self) -> crate::time::Instant {
+        self.inner.now()
+    }
+    fn sleep_until(
+        &self,
+        deadline: crate::time::Instant,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        self.inner.sleep_until(deadline)
+    }
+    fn spawn<F: Future<Output = ()> + Send + 'static>(&self, future: F) {
+        use std::sync::atomic::Ordering as StdOrdering;
+        if self.spawns.fetch_add(1, StdOrdering::SeqCst) == 0 {
+            self.inner.spawn(future);
+        } else {
+            drop(future);
+            panic!("cannot spawn");
+        }
+    }
+}

@@ -546,7 +546,9 @@ mod tests {
     use super::*;
     use crate::WindowConfig;
     use crate::sync::OpError;
-    use crate::sync::test_support::{CountingWaker, Executor, TestRuntime, poll_once};
+    use crate::sync::test_support::{
+        CountingWaker, Executor, RefusingRuntime, TestRuntime, poll_once,
+    };
     use crate::test_hasher::TestHasher;
     use core::num::NonZeroUsize;
     use std::sync::Arc as StdArc;
@@ -569,44 +571,11 @@ mod tests {
         }
     }
 
-    /// Runs its first task (the driver's) and refuses every later one: drops it, then panics,
-    /// as tokio's `spawn` does outside a runtime. Counts the spawns asked for.
-    #[derive(Clone)]
-    struct Refusing {
-        inner: TestRuntime,
-        spawns: StdArc<AtomicUsize>,
-    }
-
-    impl Runtime for Refusing {
-        fn now(&self) -> crate::time::Instant {
-            self.inner.now()
-        }
-        fn sleep_until(
-            &self,
-            deadline: crate::time::Instant,
-        ) -> impl Future<Output = ()> + Send + 'static {
-            self.inner.sleep_until(deadline)
-        }
-        fn spawn<F: Future<Output = ()> + Send + 'static>(&self, future: F) {
-            if self.spawns.fetch_add(1, Ordering::SeqCst) == 0 {
-                self.inner.spawn(future);
-            } else {
-                drop(future);
-                panic!("cannot spawn");
-            }
-        }
-    }
-
     #[test]
     fn a_lane_task_the_runtime_refuses_releases_every_batch_of_its_lane_and_starts_no_other() {
         let mut exec = Executor::default();
-        let mut inner = TestRuntime::new();
-        inner.spawner = Some(exec.spawner());
-        let spawns = StdArc::new(AtomicUsize::new(0));
-        let rt = Refusing {
-            inner,
-            spawns: StdArc::clone(&spawns),
-        };
+        let rt = RefusingRuntime::new(&mut exec);
+        let spawns = StdArc::clone(&rt.spawns);
         let echo = Echo::default();
         let cfg = BatcherConfig::reads()
             .with_max_requests_per_batch(NonZeroUsize::MIN)
