@@ -241,7 +241,7 @@ impl<T> Slab<T> {
 
     /// A fresh id carrying `value`. On [`Exhausted`] nothing changes and `value` is handed
     /// back.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert(&mut self, value: T) -> Result<Key, (Exhausted, T)> {
         // Check both limits before changing anything, so a refusal leaves no trace.
         let slot = match self.free.last() {
