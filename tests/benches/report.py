@@ -228,12 +228,6 @@ REPORT_ROWS = [
 # Why a row misses and what would close it: printed only under a row that missed.
 NOTES = {
     "window credit, uncontended":
-        "submit and complete hash the shard key once between them (the credit slot keeps the "
-        "hash), so what is left is one SipHash round plus the slab update; tokio's "
-        "`try_acquire` is one CAS. The FxHash row shows the same path without SipHash.",
-    "window credit, uncontended (busy shard)":
-        "as above.",
-    "window credit, uncontended":
         "this row swings with the host, not the code: an interleaved same-host run of the "
         "binary built from this checkout against one built at 8e02d63b (before issue 13) gave "
         "equal times, idle shard 43-50 ns against 46-48 ns with tokio at 39-47 ns in both "
@@ -419,6 +413,22 @@ def main():
         w("")
         for what, note in missed:
             w(f"- *{what}*: {note}")
+        w("")
+
+    counts = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "instructions",
+                          "counts.md")
+    if os.path.exists(counts):
+        w("## Instructions per operation, against an earlier checkout")
+        w("")
+        w("Times above move by tens of percent between runs on this shared host, code or not.")
+        w("Instruction counts do not: `tests/instructions/count.sh` builds the hot paths of the")
+        w("stable rows against this checkout and an earlier one and counts them with callgrind")
+        w("(valgrind), so a row that moved while its count did not moved with the host.")
+        w("The table is the script's output, saved in `tests/instructions/counts.md`:")
+        w("")
+        with open(counts) as f:
+            for line in f.read().rstrip().splitlines():
+                w(line)
         w("")
 
     # Memory.
