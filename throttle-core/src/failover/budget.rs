@@ -636,6 +636,18 @@ impl RetryBudget for FinagleBudget {
 ///
 /// Every combination is valid: a cost above `max_tokens` only means that retry is never paid
 /// for, and a zero cost makes that retry free.
+///
+/// ```
+/// use throttle_sansio::failover::{AwsRetryQuotaConfig, ErrorCause};
+///
+/// let classic = AwsRetryQuotaConfig::aws_standard();
+/// assert_eq!((classic.max_tokens(), classic.cost(ErrorCause::Timeout)), (500, 10));
+/// let revised = AwsRetryQuotaConfig::aws_standard_2026();
+/// assert_eq!(revised.cost(ErrorCause::Timeout), 14);
+/// assert_eq!(revised.cost(ErrorCause::Throttling), 5);
+/// let custom = AwsRetryQuotaConfig::default().with_max_tokens(100).with_retry_cost(2);
+/// assert_eq!((custom.max_tokens(), custom.cost(ErrorCause::Transient)), (100, 2));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AwsRetryQuotaConfig {

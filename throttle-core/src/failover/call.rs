@@ -209,7 +209,11 @@ pub enum CallState {
 /// `decide` retries only an error classified [`RetrySafety::NotExecuted`], only while fewer
 /// than `max_auto_retries` retries were sent, only when the backoff (if any) grants a delay,
 /// the retry would start before the call's deadline (if any), and the [`RetryBudget`] grants
-/// a withdrawal; otherwise it surfaces and says why.
+/// a withdrawal; otherwise it surfaces and says why. The error's
+/// [`ErrorCause`](super::ErrorCause) picks the backoff (the throttling one, when configured,
+/// for [`ErrorCause::Throttling`](super::ErrorCause::Throttling)) and is passed to the budget
+/// ([`RetryBudget::try_withdraw_for`], and [`RetryBudget::handle_retry_success`] when that
+/// retry succeeds).
 ///
 /// # Deadline
 ///

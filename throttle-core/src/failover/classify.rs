@@ -230,6 +230,28 @@ mod tests {
     }
 
     #[test]
+    fn causes_default_to_transient_and_leave_the_answers_alone() {
+        for class in [
+            ErrorClass::SURFACE,
+            ErrorClass::REFRESH_THEN_SURFACE,
+            ErrorClass::REFRESH_AND_RETRY,
+            ErrorClass::RETRY,
+            AdminWriteGateway.classify(&ErrorKind::NotLeader),
+            ReadOnlyGateway.classify(&ErrorKind::Retriable),
+        ] {
+            assert_eq!(class.cause, ErrorCause::Transient);
+            let throttled = class.with_cause(ErrorCause::Throttling);
+            assert_eq!(
+                (throttled.refresh, throttled.retry),
+                (class.refresh, class.retry)
+            );
+            assert_eq!(throttled.cause, ErrorCause::Throttling);
+            assert_ne!(throttled, class);
+        }
+        assert_eq!(ErrorCause::default(), ErrorCause::Transient);
+    }
+
+    #[test]
     fn a_closure_is_a_classifier() {
         let c = |e: &RpcError| match e {
             RpcError::Network => ErrorClass::RETRY,
