@@ -1175,6 +1175,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // 150 000 requests: minutes under miri
     fn finagle_retry_budget_test_numbers() {
         // twitter/finagle, finagle-core/src/test/scala/com/twitter/finagle/service/
         // RetryBudgetTest.scala, "apply minRetriesPerSec=0" (TTL 60 s): 10,000 requests.
