@@ -12,7 +12,7 @@ use throttle_sansio::batcher::BatcherConfig;
 use throttle_sansio::conn_key::ConnConfig;
 use throttle_sansio::dispatch_window::WindowConfig;
 use throttle_sansio::failover::{
-    CallConfig, CoalescerConfig, FinagleBudgetConfig, GrpcThrottleConfig,
+    AwsRetryQuotaConfig, CallConfig, CoalescerConfig, FinagleBudgetConfig, GrpcThrottleConfig,
 };
 use throttle_sansio::options::{self, ConfigOption};
 use throttle_sansio::paced_writer::PacedWriterConfig;
@@ -449,6 +449,12 @@ fn every_method_in_the_table_exists() {
         &failover::TTL => FinagleBudgetConfig::with_ttl,
         &failover::MIN_RETRIES_PER_SEC => FinagleBudgetConfig::with_min_retries_per_sec,
         &failover::PERCENT_CAN_RETRY => FinagleBudgetConfig::with_percent_can_retry_ppm,
+        &failover::THROTTLING_BACKOFF => CallConfig::with_throttling_backoff,
+        &failover::AWS_MAX_TOKENS => AwsRetryQuotaConfig::with_max_tokens,
+        &failover::AWS_RETRY_COST => AwsRetryQuotaConfig::with_retry_cost,
+        &failover::AWS_TIMEOUT_COST => AwsRetryQuotaConfig::with_timeout_cost,
+        &failover::AWS_THROTTLING_COST => AwsRetryQuotaConfig::with_throttling_cost,
+        &failover::AWS_NO_RETRY_INCREMENT => AwsRetryQuotaConfig::with_no_retry_increment,
     ];
     assert_eq!(
         checked.len(),

@@ -687,6 +687,60 @@ pub mod failover {
             Upstream::new("tower", "TpsBudget::new(retry_percent)"),
         ],
     );
+    /// The backoff before retries after throttling errors.
+    pub const THROTTLING_BACKOFF: ConfigOption = ConfigOption::new(
+        "CallConfig",
+        "throttling_backoff",
+        "CallConfig::with_throttling_backoff",
+        NONE,
+    );
+    /// The AWS retry quota's bucket size.
+    pub const AWS_MAX_TOKENS: ConfigOption = ConfigOption::new(
+        "AwsRetryQuotaConfig",
+        "max_tokens",
+        "AwsRetryQuotaConfig::with_max_tokens",
+        &[Upstream::new(
+            "aws-sdk-js-v3",
+            "getDefaultRetryQuota(initialRetryTokens)",
+        )],
+    );
+    /// What a retry after a transient error costs the AWS retry quota.
+    pub const AWS_RETRY_COST: ConfigOption = ConfigOption::new(
+        "AwsRetryQuotaConfig",
+        "retry_cost",
+        "AwsRetryQuotaConfig::with_retry_cost",
+        &[Upstream::new(
+            "aws-sdk-js-v3",
+            "DefaultRetryQuotaOptions.retryCost",
+        )],
+    );
+    /// What a retry after a timeout costs the AWS retry quota.
+    pub const AWS_TIMEOUT_COST: ConfigOption = ConfigOption::new(
+        "AwsRetryQuotaConfig",
+        "timeout_cost",
+        "AwsRetryQuotaConfig::with_timeout_cost",
+        &[Upstream::new(
+            "aws-sdk-js-v3",
+            "DefaultRetryQuotaOptions.timeoutRetryCost",
+        )],
+    );
+    /// What a retry after a throttling error costs the AWS retry quota.
+    pub const AWS_THROTTLING_COST: ConfigOption = ConfigOption::new(
+        "AwsRetryQuotaConfig",
+        "throttling_cost",
+        "AwsRetryQuotaConfig::with_throttling_cost",
+        NONE,
+    );
+    /// What a success at the first attempt adds to the AWS retry quota.
+    pub const AWS_NO_RETRY_INCREMENT: ConfigOption = ConfigOption::new(
+        "AwsRetryQuotaConfig",
+        "no_retry_increment",
+        "AwsRetryQuotaConfig::with_no_retry_increment",
+        &[Upstream::new(
+            "aws-sdk-js-v3",
+            "DefaultRetryQuotaOptions.noRetryIncrement",
+        )],
+    );
 }
 
 /// Every option above, in the order of the table in `docs/options.md`.
@@ -750,4 +804,10 @@ pub const ALL: &[&ConfigOption] = &[
     &failover::TTL,
     &failover::MIN_RETRIES_PER_SEC,
     &failover::PERCENT_CAN_RETRY,
+    &failover::THROTTLING_BACKOFF,
+    &failover::AWS_MAX_TOKENS,
+    &failover::AWS_RETRY_COST,
+    &failover::AWS_TIMEOUT_COST,
+    &failover::AWS_THROTTLING_COST,
+    &failover::AWS_NO_RETRY_INCREMENT,
 ];

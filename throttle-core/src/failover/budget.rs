@@ -2,21 +2,27 @@
 //!
 //! A per-call retry limit does not stop a retry storm: when a server is failing, every call
 //! retries. A budget shared by the calls of a client bounds retries relative to healthy
-//! traffic. Two upstream designs are provided behind one trait, [`RetryBudget`]:
+//! traffic. Three upstream designs are provided behind one trait, [`RetryBudget`]:
 //!
 //! - [`GrpcThrottle`]: gRPC retry throttling (gRFC A6). A token count, in milli-tokens, starts
 //!   at `max_tokens`; every failure that could be retried costs one token, every success earns
-//!   `token_ratio`; no retry is allowed while the count is at most `max_tokens / 2`.
-//! - [`FinagleBudget`]: Finagle's `RetryBudget`. Every call deposits `percent_can_retry` of a
-//!   retry, every retry withdraws one; deposits and withdrawals expire after `ttl`, and a reserve
-//!   of `min_retries_per_sec · ttl` retries is always there for quiet clients.
+//!   `token_ratio`; no retry is allowed while the count is at most `max_tokens / 2`. A config
+//!   replaced in place ([`GrpcThrottle::set_config`]) keeps the token fraction, as gRPC does.
+//! - [`FinagleBudget`]: Finagle's `RetryBudget` (and tower's `TpsBudget`). Every call deposits
+//!   `percent_can_retry` of a retry, every retry withdraws one; deposits and withdrawals count
+//!   for `ttl`, in ten slices of `ttl / 10`, and a reserve of `min_retries_per_sec · ttl`
+//!   retries is always there for quiet clients.
+//! - [`AwsRetryQuota`]: the AWS SDKs' standard-mode retry quota. A bucket of 500 tokens; a
+//!   retry costs 5 (10 after a timeout), a success on a retry refunds that cost, a success at
+//!   the first attempt adds 1; a retry the bucket cannot pay is refused.
 //!
-//! Both count in integers (milli-tokens; millionths of a retry) and take time as an argument.
-//! [`Unlimited`] never refuses. The trait is object safe, so `&mut dyn RetryBudget` picks one at
-//! run time.
+//! All count in integers (milli-tokens; millionths of a retry; tokens) and take time as an
+//! argument. [`Unlimited`] never refuses. The trait is object safe, so `&mut dyn RetryBudget`
+//! picks one at run time.
 
 use core::time::Duration;
 
+use super::classify::ErrorCause;
 use crate::error::ConfigError;
 use crate::time::{Clock, Instant};
 
@@ -46,18 +52,46 @@ use crate::time::{Clock, Instant};
 /// assert!(!budgets[1].can_retry(now));
 /// assert!(budgets[0].can_retry(now), "`Unlimited` never refuses");
 /// ```
+///
+/// A budget that prices retries by their cause ([`AwsRetryQuota`]) overrides the three
+/// `…_for` / `handle_retry_success` methods; the others keep their defaults, which ignore the
+/// cause and call the plain method, so a budget written before causes existed behaves as it
+/// did. A [`Call`](super::Call) calls only [`RetryBudget::try_withdraw_for`] and reports a
+/// success on a retry through [`RetryBudget::handle_retry_success`].
 pub trait RetryBudget {
     /// A call sends its first attempt (retries are not requests: they never deposit).
     fn handle_request(&mut self, now: Instant);
     /// An attempt failed with an error that is safe to retry (gRPC's "qualified failure").
     fn handle_failure(&mut self, now: Instant);
-    /// An attempt succeeded.
+    /// An attempt succeeded: the first attempt of its call, or, for a budget that does not
+    /// override [`RetryBudget::handle_retry_success`], any attempt.
     fn handle_success(&mut self, now: Instant);
     /// Takes what one automatic retry costs and returns `true`, or returns `false` and takes
     /// nothing when the budget is empty.
     fn try_withdraw(&mut self, now: Instant) -> bool;
     /// Whether [`RetryBudget::try_withdraw`] would succeed now.
     fn can_retry(&self, now: Instant) -> bool;
+
+    /// Takes what a retry after an error of `cause` costs, like
+    /// [`RetryBudget::try_withdraw`]. Default: the cause is ignored.
+    fn try_withdraw_for(&mut self, now: Instant, cause: ErrorCause) -> bool {
+        let _ = cause;
+        self.try_withdraw(now)
+    }
+
+    /// Whether [`RetryBudget::try_withdraw_for`] would succeed now. Default: the cause is
+    /// ignored.
+    fn can_retry_for(&self, now: Instant, cause: ErrorCause) -> bool {
+        let _ = cause;
+        self.can_retry(now)
+    }
+
+    /// A retry succeeded; `cause` is the cause it was withdrawn for (the call's latest retry).
+    /// Default: [`RetryBudget::handle_success`].
+    fn handle_retry_success(&mut self, now: Instant, cause: ErrorCause) {
+        let _ = cause;
+        self.handle_success(now);
+    }
 }
 
 /// A budget that never refuses a retry (the per-call `max_auto_retries` still applies).
@@ -228,6 +262,45 @@ impl GrpcThrottle {
         self.milli_tokens
     }
 
+    /// The settings in force.
+    pub fn config(&self) -> &GrpcThrottleConfig {
+        &self.config
+    }
+
+    /// Command: replaces the settings (a service-config update), keeping the token fraction.
+    ///
+    /// gRPC core does the same when a channel's `retryThrottling` changes
+    /// (`src/core/client_channel/retry_throttle.cc`): the new throttle starts at
+    /// `tokens / old_max` of the new maximum, so a client that was throttling keeps
+    /// throttling. 3 of 4 tokens become 7.5 of 10. The rule here is exact integer arithmetic:
+    /// `⌊milli_tokens · new_max / old_max⌋` milli-tokens, rounded down (gRPC multiplies a
+    /// `double` fraction and truncates; the two agree except where the `double` product rounds
+    /// across an integer, and then this one is the exact floor). An invalid `config` is
+    /// refused and changes nothing.
+    ///
+    /// ```
+    /// use throttle_sansio::failover::{GrpcThrottle, GrpcThrottleConfig, RetryBudget};
+    /// use throttle_sansio::Instant;
+    ///
+    /// let mut t = GrpcThrottle::new(GrpcThrottleConfig::default().with_max_tokens(4))?;
+    /// t.handle_failure(Instant::ZERO); // 3 of 4 tokens
+    /// t.set_config(GrpcThrottleConfig::default().with_max_tokens(10))?;
+    /// assert_eq!(t.milli_tokens(), 7_500);
+    /// # Ok::<(), throttle_sansio::ConfigError>(())
+    /// ```
+    pub fn set_config(&mut self, config: GrpcThrottleConfig) -> Result<(), ConfigError> {
+        config.validate()?;
+        let new_max = config.max_milli_tokens();
+        // `max_milli_tokens` is at least 1000 for a valid config; `max(1)` keeps the division
+        // defined regardless. The quotient is at most `new_max`, so it fits in a u32.
+        let scaled = u64::from(self.milli_tokens) * u64::from(new_max)
+            / u64::from(self.max_milli_tokens.max(1));
+        self.milli_tokens = u32::try_from(scaled).unwrap_or(new_max).min(new_max);
+        self.max_milli_tokens = new_max;
+        self.config = config;
+        Ok(())
+    }
+
     fn above_threshold(&self) -> bool {
         self.milli_tokens > self.max_milli_tokens / 2
     }
@@ -265,8 +338,10 @@ impl RetryBudget for GrpcThrottle {
 
 /// One retry in millionths of a retry: what a withdrawal costs.
 const RETRY: i64 = 1_000_000;
-/// Finagle's longest TTL, and the size of the fixed ring of one-second slots.
+/// Finagle's longest TTL.
 const MAX_TTL_SECS: u32 = 60;
+/// The window counts in this many slices of `ttl / SLICES` (Finagle's and tower's ten).
+const SLICES: u64 = 10;
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 /// Finagle retry budget settings.
@@ -287,7 +362,8 @@ impl Default for FinagleBudgetConfig {
 
 impl FinagleBudgetConfig {
     /// Finagle's `RetryBudget()` defaults: TTL 10 s, at least 10 retries per second, 20 % of
-    /// requests (so 100 retries in reserve for a quiet client).
+    /// requests (so 100 retries in reserve for a quiet client). tower's `TpsBudget::default()`
+    /// is the same.
     pub fn finagle_default() -> Self {
         FinagleBudgetConfig {
             ttl: Duration::from_secs(10),
@@ -296,7 +372,8 @@ impl FinagleBudgetConfig {
         }
     }
 
-    /// `ttl`: whole seconds in `1..=60` (Finagle's range; the ring has one slot per second).
+    /// `ttl`: whole seconds in `1..=60` (Finagle's and tower's range). The window counts in
+    /// slices of `ttl / 10`.
     #[must_use]
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -351,7 +428,7 @@ impl FinagleBudgetConfig {
         Ok(())
     }
 
-    /// How long a deposit or withdrawal counts.
+    /// How long a deposit or withdrawal counts (at most; see [`FinagleBudget`]).
     pub fn ttl(&self) -> Duration {
         self.ttl
     }
@@ -361,6 +438,11 @@ impl FinagleBudgetConfig {
         u32::try_from(self.ttl.as_secs())
             .unwrap_or(MAX_TTL_SECS)
             .clamp(1, MAX_TTL_SECS)
+    }
+
+    /// One slice of the window, `ttl / 10`, in nanoseconds (100 ms at TTL 1 s).
+    fn slice_nanos(&self) -> u64 {
+        u64::from(self.ttl_secs()) * (NANOS_PER_SEC / SLICES)
     }
 
     /// The reserve rate.
@@ -379,53 +461,65 @@ impl FinagleBudgetConfig {
     }
 }
 
-/// One second of deposits minus withdrawals.
+/// One slice of deposits minus withdrawals.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Slot {
-    second: u64,
+    /// The slice's number, counted from the budget's first observation.
+    slice: u64,
     sum: i64,
 }
 
 /// Finagle's retry budget: a window of deposits and withdrawals over `ttl`, plus a reserve.
 ///
-/// The balance, in millionths of a retry, is `reserve + Σ(deposits − withdrawals)` over the
-/// events of the last `ttl` whole seconds (an event at second `s` counts while
-/// `now_sec < s + ttl`); a retry is allowed when the balance is at least one retry. The window
-/// is a fixed ring of one-second slots (Finagle slices its TTL into ten; at the default 10 s the
-/// two agree), so memory is constant and each decision scans at most 60 slots.
+/// Time is cut into slices of `ttl / 10` (100 ms at TTL 1 s, 1 s at 10 s, 6 s at 60 s),
+/// numbered from the budget's **first observation** (the `now` of its first
+/// `handle_request`, `handle_failure`, `handle_success` or `try_withdraw`), so the answer
+/// never depends on where the timeline's epoch lies, only on the spans between events. An
+/// event in slice `k` counts while the current slice is below `k + 10`: it lives more than
+/// `0.9 · ttl` and at most `ttl`, at every TTL. The balance, in millionths of a retry, is
+/// `reserve + Σ(deposits − withdrawals)` over the events that count; a retry is allowed when
+/// it is at least one retry. The reserve, `min_retries_per_sec · ttl` retries, is never
+/// consumed itself: a retry taken from it is a withdrawal like any other and stops counting
+/// after the TTL, so the reserve refills by itself (tower's and Finagle's rule).
+///
+/// The window is a fixed ring of ten slots: constant memory, ten slot reads per decision, no
+/// floats. Finagle keeps nine finished slices plus the current one, like this; tower keeps
+/// ten finished slices plus the current one, so its deposits live up to `1.1 · ttl`. Both
+/// re-anchor their slices at each rotation (to the event that rotates them), so their
+/// boundaries drift with the traffic; these stay on the grid set by the first observation.
 ///
 /// ```
 /// use core::time::Duration;
 /// use throttle_sansio::failover::{FinagleBudget, FinagleBudgetConfig, RetryBudget};
 /// use throttle_sansio::Instant;
 ///
-/// // No reserve, and one retry per two requests (50 %), counted over 2 s.
+/// // tower's `tps_slots`: TTL 1 s, no reserve, one retry per two requests (50 %).
 /// let cfg = FinagleBudgetConfig::default()
-///     .with_ttl(Duration::from_secs(2))
+///     .with_ttl(Duration::from_secs(1))
 ///     .with_min_retries_per_sec(0)
 ///     .with_percent_can_retry_ppm(500_000);
 /// let mut budget = FinagleBudget::new(cfg)?;
-/// let t0 = Instant::ZERO;
-/// budget.handle_request(t0);
-/// assert!(!budget.try_withdraw(t0), "half a retry is not a retry");
-/// budget.handle_request(t0);
-/// assert_eq!(budget.balance(t0), 1);
-/// assert!(budget.try_withdraw(t0));
-/// assert!(!budget.can_retry(t0));
-/// // Deposits expire after the TTL: two requests at t0 earn nothing at t0 + 2 s.
-/// budget.handle_request(t0);
-/// budget.handle_request(t0);
-/// assert!(budget.can_retry(t0));
-/// assert!(!budget.can_retry(t0 + Duration::from_secs(2)));
+/// let ms = Instant::from_millis;
+/// budget.handle_request(ms(0));
+/// budget.handle_request(ms(0));
+/// assert!(budget.try_withdraw(ms(901)), "900 ms later the deposits still count");
+/// budget.handle_request(ms(2_902));
+/// budget.handle_request(ms(3_203));
+/// budget.handle_request(ms(4_004));
+/// // The 2,902 ms deposit has expired; the 3,203 ms one still counts with the 4,004 ms one.
+/// assert_eq!(budget.balance(ms(4_004)), 1);
+/// assert!(budget.try_withdraw(ms(4_004)));
 /// # Ok::<(), throttle_sansio::ConfigError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FinagleBudget {
     config: FinagleBudgetConfig,
-    /// `config.ttl_secs()`, read on every decision.
-    ttl_secs: u32,
+    /// `config.slice_nanos()`, read on every decision.
+    slice_nanos: u64,
     clock: Clock,
-    slots: [Slot; MAX_TTL_SECS as usize],
+    /// The first observation: slice 0 starts here.
+    anchor: Option<Instant>,
+    slots: [Slot; SLICES as usize],
 }
 
 impl Default for FinagleBudget {
@@ -443,10 +537,11 @@ impl FinagleBudget {
 
     fn unchecked(config: FinagleBudgetConfig) -> Self {
         FinagleBudget {
-            ttl_secs: config.ttl_secs(),
+            slice_nanos: config.slice_nanos(),
             config,
             clock: Clock::default(),
-            slots: [Slot::default(); MAX_TTL_SECS as usize],
+            anchor: None,
+            slots: [Slot::default(); SLICES as usize],
         }
     }
 
@@ -456,27 +551,50 @@ impl FinagleBudget {
         u64::try_from(b / i128::from(RETRY)).unwrap_or(if b > 0 { u64::MAX } else { 0 })
     }
 
+    /// The first observation, where slice 0 starts (`None` before any event).
+    pub fn anchor(&self) -> Option<Instant> {
+        self.anchor
+    }
+
+    /// The slice `now` falls in (`now` is never before the anchor: the clock is clamped).
+    fn slice(&self, anchor: Instant, now: Instant) -> u64 {
+        // `slice_nanos` is at least 100 ms by construction; `max(1)` keeps it defined.
+        now.as_nanos().saturating_sub(anchor.as_nanos()) / self.slice_nanos.max(1)
+    }
+
     fn balance_micro(&self, now: Instant) -> i128 {
-        let now_sec = now.as_nanos() / NANOS_PER_SEC;
-        let ttl = u64::from(self.ttl_secs);
-        let window: i128 = self
-            .slots
-            .iter()
-            .take(self.ttl_secs as usize)
-            .filter(|s| now_sec.saturating_sub(s.second) < ttl)
-            .map(|s| i128::from(s.sum))
-            .sum();
+        let window: i128 = match self.anchor {
+            None => 0,
+            Some(anchor) => {
+                let current = self.slice(anchor, now);
+                self.slots
+                    .iter()
+                    .filter(|s| current.saturating_sub(s.slice) < SLICES)
+                    .map(|s| i128::from(s.sum))
+                    .sum()
+            }
+        };
         self.config.reserve() + window
     }
 
+    /// Records the first observation; `now` is already clamped.
+    fn observe(&mut self, now: Instant) -> Instant {
+        let now = self.clock.observe(now);
+        if self.anchor.is_none() {
+            self.anchor = Some(now);
+        }
+        now
+    }
+
     fn add(&mut self, now: Instant, amount: i64) {
-        let second = now.as_nanos() / NANOS_PER_SEC;
-        // ttl_secs >= 1 by construction; `max(1)` keeps the remainder defined regardless.
-        let idx = second % u64::from(self.ttl_secs.max(1));
-        if let Some(slot) = self.slots.get_mut(idx as usize) {
-            if slot.second != second {
-                // The slot last held a second at least one TTL ago: it has expired.
-                *slot = Slot { second, sum: 0 };
+        let Some(anchor) = self.anchor else {
+            return;
+        };
+        let slice = self.slice(anchor, now);
+        if let Some(slot) = self.slots.get_mut((slice % SLICES) as usize) {
+            if slot.slice != slice {
+                // The slot last held a slice at least ten slices ago: it has expired.
+                *slot = Slot { slice, sum: 0 };
             }
             slot.sum = slot.sum.saturating_add(amount);
         }
@@ -485,22 +603,22 @@ impl FinagleBudget {
 
 impl RetryBudget for FinagleBudget {
     fn handle_request(&mut self, now: Instant) {
-        let now = self.clock.observe(now);
+        let now = self.observe(now);
         if self.config.percent_can_retry_ppm > 0 {
             self.add(now, i64::from(self.config.percent_can_retry_ppm));
         }
     }
 
     fn handle_failure(&mut self, now: Instant) {
-        self.clock.observe(now);
+        self.observe(now);
     }
 
     fn handle_success(&mut self, now: Instant) {
-        self.clock.observe(now);
+        self.observe(now);
     }
 
     fn try_withdraw(&mut self, now: Instant) -> bool {
-        let now = self.clock.observe(now);
+        let now = self.observe(now);
         if self.balance_micro(now) >= i128::from(RETRY) {
             self.add(now, -RETRY);
             true
@@ -511,6 +629,228 @@ impl RetryBudget for FinagleBudget {
 
     fn can_retry(&self, now: Instant) -> bool {
         self.balance_micro(self.clock.peek(now)) >= i128::from(RETRY)
+    }
+}
+
+/// AWS SDK standard-mode retry quota settings.
+///
+/// Every combination is valid: a cost above `max_tokens` only means that retry is never paid
+/// for, and a zero cost makes that retry free.
+///
+/// ```
+/// use throttle_sansio::failover::{AwsRetryQuotaConfig, ErrorCause};
+///
+/// let classic = AwsRetryQuotaConfig::aws_standard();
+/// assert_eq!((classic.max_tokens(), classic.cost(ErrorCause::Timeout)), (500, 10));
+/// let revised = AwsRetryQuotaConfig::aws_standard_2026();
+/// assert_eq!(revised.cost(ErrorCause::Timeout), 14);
+/// assert_eq!(revised.cost(ErrorCause::Throttling), 5);
+/// let custom = AwsRetryQuotaConfig::default().with_max_tokens(100).with_retry_cost(2);
+/// assert_eq!((custom.max_tokens(), custom.cost(ErrorCause::Transient)), (100, 2));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AwsRetryQuotaConfig {
+    max_tokens: u32,
+    retry_cost: u32,
+    timeout_cost: u32,
+    throttling_cost: u32,
+    no_retry_increment: u32,
+}
+
+impl Default for AwsRetryQuotaConfig {
+    /// [`AwsRetryQuotaConfig::aws_standard`].
+    fn default() -> Self {
+        Self::aws_standard()
+    }
+}
+
+impl AwsRetryQuotaConfig {
+    /// The standard retry mode's quota ("Retry behavior", AWS SDKs and Tools reference guide;
+    /// smithy-rs `TokenBucket`: `DEFAULT_CAPACITY` 500, `RETRY_COST` 5,
+    /// `RETRY_TIMEOUT_COST` 10, `PERMIT_REGENERATION_AMOUNT` 1; aws-sdk-js-v3
+    /// `INITIAL_RETRY_TOKENS`, `RETRY_COST`, `TIMEOUT_RETRY_COST`, `NO_RETRY_INCREMENT`): a
+    /// bucket of 500 tokens, a retry costs 5, a retry after a timeout 10 (throttling is not a
+    /// timeout: 5), a success at the first attempt adds 1.
+    pub fn aws_standard() -> Self {
+        AwsRetryQuotaConfig {
+            max_tokens: 500,
+            retry_cost: 5,
+            timeout_cost: 10,
+            throttling_cost: 5,
+            no_retry_increment: 1,
+        }
+    }
+
+    /// The 2026 revision of standard mode (opt-in with `AWS_NEW_RETRIES_2026=true`): a retry
+    /// costs 14 tokens, timeouts included (they are no longer priced apart), a retry after a
+    /// throttling error 5; still 500 tokens and 1 per success at the first attempt.
+    pub fn aws_standard_2026() -> Self {
+        AwsRetryQuotaConfig {
+            max_tokens: 500,
+            retry_cost: 14,
+            timeout_cost: 14,
+            throttling_cost: 5,
+            no_retry_increment: 1,
+        }
+    }
+
+    /// The bucket's size; it starts full.
+    #[must_use]
+    pub fn with_max_tokens(mut self, max_tokens: u32) -> Self {
+        self.max_tokens = max_tokens;
+        self
+    }
+
+    /// What a retry after an [`ErrorCause::Transient`] error costs.
+    #[must_use]
+    pub fn with_retry_cost(mut self, cost: u32) -> Self {
+        self.retry_cost = cost;
+        self
+    }
+
+    /// What a retry after an [`ErrorCause::Timeout`] error costs.
+    #[must_use]
+    pub fn with_timeout_cost(mut self, cost: u32) -> Self {
+        self.timeout_cost = cost;
+        self
+    }
+
+    /// What a retry after an [`ErrorCause::Throttling`] error costs.
+    #[must_use]
+    pub fn with_throttling_cost(mut self, cost: u32) -> Self {
+        self.throttling_cost = cost;
+        self
+    }
+
+    /// What a success at the first attempt adds (never above `max_tokens`).
+    #[must_use]
+    pub fn with_no_retry_increment(mut self, increment: u32) -> Self {
+        self.no_retry_increment = increment;
+        self
+    }
+
+    /// Every combination is valid; this exists so every config is checked the same way.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        Ok(())
+    }
+
+    /// The bucket's size.
+    pub fn max_tokens(&self) -> u32 {
+        self.max_tokens
+    }
+
+    /// What a retry after an error of `cause` costs.
+    pub fn cost(&self, cause: ErrorCause) -> u32 {
+        match cause {
+            ErrorCause::Transient => self.retry_cost,
+            ErrorCause::Timeout => self.timeout_cost,
+            ErrorCause::Throttling => self.throttling_cost,
+        }
+    }
+
+    /// What a success at the first attempt adds.
+    pub fn no_retry_increment(&self) -> u32 {
+        self.no_retry_increment
+    }
+}
+
+/// The AWS SDKs' standard-mode retry quota: a token bucket that retries drain and successes
+/// refill.
+///
+/// - Starts full, at `max_tokens` (500).
+/// - A retry after an error of cause `c` takes `cost(c)` tokens (5; 10 after a timeout) when
+///   the bucket holds at least that many, and is refused, taking nothing, otherwise
+///   ([`RetryBudget::try_withdraw_for`]; the plain `try_withdraw` prices a transient error).
+/// - A success on a retry gives back what that retry cost
+///   ([`RetryBudget::handle_retry_success`]); a success at the first attempt adds
+///   `no_retry_increment` (1) ([`RetryBudget::handle_success`]). Neither goes above
+///   `max_tokens` (aws-sdk-js-v3's `releaseRetryTokens` caps the same way).
+/// - A failure changes nothing (its retry pays). Time plays no part.
+///
+/// ```
+/// use throttle_sansio::failover::{AwsRetryQuota, ErrorCause, RetryBudget};
+/// use throttle_sansio::Instant;
+///
+/// let (mut quota, now) = (AwsRetryQuota::default(), Instant::ZERO);
+/// assert!(quota.try_withdraw_for(now, ErrorCause::Timeout));
+/// assert_eq!(quota.tokens(), 490, "a retry after a timeout costs 10");
+/// quota.handle_retry_success(now, ErrorCause::Timeout);
+/// assert_eq!(quota.tokens(), 500, "its success refunds the 10");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AwsRetryQuota {
+    config: AwsRetryQuotaConfig,
+    tokens: u32,
+}
+
+impl Default for AwsRetryQuota {
+    /// A full bucket of [`AwsRetryQuotaConfig::aws_standard`].
+    fn default() -> Self {
+        AwsRetryQuota::new(AwsRetryQuotaConfig::default())
+    }
+}
+
+impl AwsRetryQuota {
+    /// A full bucket.
+    pub fn new(config: AwsRetryQuotaConfig) -> Self {
+        AwsRetryQuota {
+            tokens: config.max_tokens,
+            config,
+        }
+    }
+
+    /// Tokens in the bucket now.
+    pub fn tokens(&self) -> u32 {
+        self.tokens
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &AwsRetryQuotaConfig {
+        &self.config
+    }
+
+    fn refill(&mut self, amount: u32) {
+        self.tokens = self
+            .tokens
+            .saturating_add(amount)
+            .min(self.config.max_tokens);
+    }
+}
+
+impl RetryBudget for AwsRetryQuota {
+    fn handle_request(&mut self, _now: Instant) {}
+
+    fn handle_failure(&mut self, _now: Instant) {}
+
+    fn handle_success(&mut self, _now: Instant) {
+        self.refill(self.config.no_retry_increment);
+    }
+
+    fn try_withdraw(&mut self, now: Instant) -> bool {
+        self.try_withdraw_for(now, ErrorCause::Transient)
+    }
+
+    fn can_retry(&self, now: Instant) -> bool {
+        self.can_retry_for(now, ErrorCause::Transient)
+    }
+
+    fn try_withdraw_for(&mut self, _now: Instant, cause: ErrorCause) -> bool {
+        match self.tokens.checked_sub(self.config.cost(cause)) {
+            Some(left) => {
+                self.tokens = left;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn can_retry_for(&self, _now: Instant, cause: ErrorCause) -> bool {
+        self.tokens >= self.config.cost(cause)
+    }
+
+    fn handle_retry_success(&mut self, _now: Instant, cause: ErrorCause) {
+        self.refill(self.config.cost(cause));
     }
 }
 
@@ -662,15 +1002,19 @@ mod tests {
     fn finagle_deposits_and_withdrawals_expire_after_ttl() {
         let mut b = FinagleBudget::default();
         for _ in 0..50 {
-            b.handle_request(Instant::from_millis(1_900)); // second 1
+            b.handle_request(Instant::from_millis(1_900)); // the anchor: slice 0
         }
+        assert_eq!(b.anchor(), Some(Instant::from_millis(1_900)));
         assert_eq!(b.balance(Instant::from_millis(1_900)), 110);
-        // Second 10 is the last second the deposit counts in (1 + 10 > 10).
-        assert_eq!(b.balance(Instant::from_millis(10_999)), 110);
+        // Slices of 1 s from 1.9 s: slice 0 counts up to slice 9, which ends at 11.9 s.
         assert_eq!(
-            b.balance(Instant::from_millis(11_000)),
+            b.balance(Instant::from_millis(11_900) - Duration::from_nanos(1)),
+            110
+        );
+        assert_eq!(
+            b.balance(Instant::from_millis(11_900)),
             100,
-            "expired at second 11"
+            "expired one TTL after the anchor"
         );
         // Withdrawals expire too: the reserve refills.
         let mut b = FinagleBudget::default();
@@ -746,6 +1090,338 @@ mod tests {
 
     fn drain_n(b: &mut dyn RetryBudget, n: u32) -> u32 {
         (0..n).filter(|_| b.try_withdraw(T0)).count() as u32
+    }
+
+    fn ms(n: u64) -> Instant {
+        Instant::from_millis(n)
+    }
+
+    /// A Finagle budget with a whole-second TTL, a reserve rate and a percentage in ppm.
+    fn finagle_budget(ttl_secs: u64, min_per_sec: u32, ppm: u32) -> FinagleBudget {
+        FinagleBudget::new(finagle(Duration::from_secs(ttl_secs), min_per_sec, ppm)).unwrap()
+    }
+
+    #[test]
+    fn tower_tps_slots_the_issue_example() {
+        // tower-rs/tower, tower/src/retry/budget/tps_budget.rs, test `tps_slots`: TTL 1 s,
+        // no reserve, 0.5; created (first used) at 0 ms. Issue 15, item 1: the whole-second
+        // slots refused the withdrawal at 4,004 ms (the 3,203 ms deposit expired at 4,000).
+        let mut b = finagle_budget(1, 0, 500_000);
+        b.handle_request(ms(0));
+        b.handle_request(ms(0));
+        // "900ms later, the deposit should still be valid".
+        assert!(b.try_withdraw(ms(901)));
+        // "blank slate" 2,001 ms later.
+        b.handle_request(ms(2_902));
+        b.handle_request(ms(3_203));
+        b.handle_request(ms(4_004));
+        // "the first deposit is expired, but the 2nd should still be valid, combining with
+        // the 3rd".
+        assert_eq!(b.balance(ms(4_004)), 1);
+        assert!(b.try_withdraw(ms(4_004)));
+        assert!(!b.can_retry(ms(4_004)));
+        // The 3,203 ms deposit (slice 32) counts through slice 41, to 4,200 ms.
+        let mut c = finagle_budget(1, 0, 500_000);
+        c.handle_request(ms(0));
+        c.handle_request(ms(3_203));
+        c.handle_request(ms(4_004));
+        assert!(c.can_retry(ms(4_199)));
+        assert!(
+            !c.can_retry(ms(4_200)),
+            "slice 32 stops counting at slice 42"
+        );
+    }
+
+    #[test]
+    fn tower_tps_empty_leaky_and_reserve() {
+        // tower-rs/tower, tps_budget.rs, tests `tps_empty`, `tps_leaky`, `tps_reserve`.
+        let mut empty = finagle_budget(1, 0, 1_000_000);
+        assert!(!empty.try_withdraw(ms(0)), "tps_empty");
+        let mut leaky = finagle_budget(1, 0, 1_000_000);
+        leaky.handle_request(ms(0));
+        assert!(
+            !leaky.try_withdraw(ms(3_000)),
+            "tps_leaky: 3 s later the deposit is gone"
+        );
+        // tps_reserve: TTL 1 s, 5 retries per second: five withdrawals, then none.
+        let mut reserve = finagle_budget(1, 5, 1_000_000);
+        for _ in 0..5 {
+            assert!(reserve.try_withdraw(ms(0)));
+        }
+        assert!(!reserve.try_withdraw(ms(0)));
+        // The reserve is never consumed: the five withdrawals expire one TTL later.
+        assert!(!reserve.can_retry(ms(999)));
+        assert_eq!(reserve.balance(ms(1_000)), 5);
+    }
+
+    /// Finagle's `RetryBudgetTest.testBudget`: with time frozen, `nReqs` rounds of one deposit
+    /// and one attempted withdrawal retry `nReqs · percentCanRetry + ttl · minRetriesPerSec`
+    /// times (Finagle allows ±1 for its scale factor; ours is exact), and a refused
+    /// withdrawal leaves a zero balance.
+    fn finagle_test_budget(ttl_secs: u64, min_per_sec: u32, ppm: u32) -> u64 {
+        let mut b = finagle_budget(ttl_secs, min_per_sec, ppm);
+        let now = ms(5);
+        assert_eq!(b.balance(now), ttl_secs * u64::from(min_per_sec));
+        let mut retried = 0;
+        for _ in 0..10_000 {
+            b.handle_request(now);
+            if b.try_withdraw(now) {
+                retried += 1;
+            } else {
+                assert_eq!(b.balance(now), 0);
+            }
+        }
+        retried
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)] // 150 000 requests: minutes under miri
+    fn finagle_retry_budget_test_numbers() {
+        // twitter/finagle, finagle-core/src/test/scala/com/twitter/finagle/service/
+        // RetryBudgetTest.scala, "apply minRetriesPerSec=0" (TTL 60 s): 10,000 requests.
+        for (ppm, want) in [
+            (100_000, 1_000),
+            (500_000, 5_000),
+            (250_000, 2_500),
+            (750_000, 7_500),
+            (990_000, 9_900),
+            (999_000, 9_990),
+            (999_900, 9_999),
+            (10_000, 100),
+            (1_000, 10),
+            (100, 1),
+        ] {
+            assert_eq!(finagle_test_budget(60, 0, ppm), want, "{ppm} ppm");
+        }
+        // "apply with minRetries and maxPercentOver=0" and "… and maxPercentOver".
+        assert_eq!(finagle_test_budget(1, 10, 0), 10);
+        assert_eq!(finagle_test_budget(2, 5, 0), 10);
+        assert_eq!(finagle_test_budget(1, 10, 100_000), 1_000 + 10);
+        assert_eq!(finagle_test_budget(2, 5, 500_000), 5_000 + 10);
+        // "apply minRetries=0 maxPercentOver greater than 1.0": 200 %, 10,000 deposits.
+        let mut b = finagle_budget(60, 0, 2_000_000);
+        assert!(!b.try_withdraw(ms(0)));
+        for _ in 0..10_000 {
+            b.handle_request(ms(0));
+        }
+        assert_eq!(b.balance(ms(0)), 20_000);
+    }
+
+    /// A deposit's life in one scenario, at any TTL and any epoch: answers at fixed fractions
+    /// of the TTL after the anchor.
+    fn lifetime_answers(ttl_secs: u64, epoch: Instant) -> [bool; 6] {
+        let ttl = Duration::from_secs(ttl_secs);
+        let at = |tenths_x100: u32| epoch + ttl * tenths_x100 / 1_000;
+        let mut b = finagle_budget(ttl_secs, 0, 1_000_000);
+        b.handle_failure(epoch); // the first observation: the anchor
+        b.handle_request(at(95)); // in slice 0 (0.095 TTL)
+        let mut late = b.clone();
+        late.handle_request(at(950)); // in slice 9
+        [
+            b.can_retry(at(999)),       // 0.999 TTL: still counts
+            b.can_retry(at(1_000)),     // one TTL after the anchor: gone (lived 0.905 TTL)
+            late.can_retry(at(1_899)),  // the slice-9 deposit still counts
+            late.can_retry(at(1_900)),  // gone after 0.95 TTL
+            late.can_retry(at(1_000)),  // only the slice-9 one is left
+            late.balance(at(950)) == 2, // both at 0.95 TTL
+        ]
+    }
+
+    #[test]
+    fn finagle_behaves_the_same_at_ttl_1_10_and_60_s_whatever_the_epoch() {
+        let want = [true, false, true, false, true, true];
+        for ttl in [1, 10, 60] {
+            for epoch in [
+                Instant::ZERO,
+                Instant::from_nanos(1),
+                ms(999),
+                Instant::from_nanos(123_456_789_012),
+                Instant::from_nanos(1 << 62),
+            ] {
+                assert_eq!(
+                    lifetime_answers(ttl, epoch),
+                    want,
+                    "TTL {ttl} s, epoch {epoch:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn finagle_deposits_live_more_than_nine_tenths_and_at_most_one_ttl() {
+        // At TTL 1 s a deposit at x.999 s (issue 15: it lived 1 ms in whole-second slots)
+        // now lives 0.9 s to 1 s, wherever the anchor is.
+        for anchor_ms in [0, 1, 500, 999] {
+            let mut b = finagle_budget(1, 0, 1_000_000);
+            b.handle_success(ms(anchor_ms));
+            b.handle_request(ms(2_999));
+            let born = ms(2_999);
+            let mut life = Duration::ZERO;
+            while b.can_retry(born + life) {
+                life += Duration::from_millis(1);
+            }
+            assert!(
+                life > Duration::from_millis(900) && life <= Duration::from_secs(1),
+                "anchor {anchor_ms} ms: lived {life:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn grpc_replacement_keeps_the_token_fraction() {
+        // grpc/grpc, test/core/client_channel/retry_throttle_test.cc,
+        // `ServerRetryThrottleData.Replacement` (code: src/core/client_channel/
+        // retry_throttle.cc scales the old count by new_max / old_max). Old: max 4, ratio 1.
+        let mut t = GrpcThrottle::new(
+            GrpcThrottleConfig::default()
+                .with_max_tokens(4)
+                .with_milli_token_ratio(1_000),
+        )
+        .unwrap();
+        t.handle_failure(T0); // 3 tokens: above the threshold of 2
+        assert!(t.can_retry(T0));
+        // New: max 10 (threshold 5), ratio 3; "token_count starts at 7.5".
+        t.set_config(
+            GrpcThrottleConfig::default()
+                .with_max_tokens(10)
+                .with_milli_token_ratio(3_000),
+        )
+        .unwrap();
+        assert_eq!(t.milli_tokens(), 7_500);
+        let fail = |t: &mut GrpcThrottle| {
+            t.handle_failure(T0);
+            t.can_retry(T0)
+        };
+        assert!(fail(&mut t), "6.5");
+        assert!(fail(&mut t), "5.5");
+        assert!(!fail(&mut t), "4.5: below the threshold");
+        assert!(!fail(&mut t), "3.5");
+        t.handle_success(T0);
+        assert_eq!(t.milli_tokens(), 6_500, "a success adds the new ratio, 3");
+        assert!(fail(&mut t), "5.5");
+        assert!(!fail(&mut t), "4.5");
+    }
+
+    #[test]
+    fn grpc_replacement_rounds_down_and_refuses_an_invalid_config() {
+        let mut t = GrpcThrottle::new(GrpcThrottleConfig::default().with_max_tokens(3)).unwrap();
+        t.handle_failure(T0);
+        t.handle_failure(T0); // 1 of 3 tokens
+        t.set_config(GrpcThrottleConfig::default().with_max_tokens(10))
+            .unwrap();
+        assert_eq!(t.milli_tokens(), 3_333, "10/3 tokens, rounded down");
+        let before = t.clone();
+        assert!(
+            t.set_config(GrpcThrottleConfig::default().with_max_tokens(0))
+                .is_err()
+        );
+        assert_eq!(t, before, "a refused config changes nothing");
+        // Full stays full, at the largest maximum too.
+        let mut full = GrpcThrottle::default();
+        full.set_config(GrpcThrottleConfig::default().with_max_tokens(1_000))
+            .unwrap();
+        assert_eq!(full.milli_tokens(), 1_000_000);
+        assert_eq!(full.config().max_tokens(), 1_000);
+    }
+
+    #[test]
+    fn aws_standard_quota_numbers() {
+        // "Retry behavior" (AWS SDKs and Tools reference guide), standard mode's retry quota;
+        // smithy-rs `TokenBucket` constants DEFAULT_CAPACITY = 500, RETRY_COST = 5,
+        // RETRY_TIMEOUT_COST = RETRY_COST * 2, PERMIT_REGENERATION_AMOUNT = 1.
+        use ErrorCause::{Throttling, Timeout, Transient};
+        let mut q = AwsRetryQuota::default();
+        assert_eq!(q.tokens(), 500);
+        let mut n = 0;
+        while q.try_withdraw_for(T0, Transient) {
+            n += 1;
+        }
+        assert_eq!((n, q.tokens()), (100, 0), "500 / 5");
+        let mut q = AwsRetryQuota::default();
+        let mut n = 0;
+        while q.try_withdraw_for(T0, Timeout) {
+            n += 1;
+        }
+        assert_eq!(n, 50, "500 / 10 after timeouts");
+        // 5 tokens left: a timeout retry (10) is refused and takes nothing; others go.
+        let mut q = AwsRetryQuota::default();
+        for _ in 0..99 {
+            assert!(q.try_withdraw_for(T0, Transient));
+        }
+        assert_eq!(q.tokens(), 5);
+        assert!(!q.can_retry_for(T0, Timeout));
+        assert!(!q.try_withdraw_for(T0, Timeout));
+        assert_eq!(q.tokens(), 5);
+        assert!(q.can_retry_for(T0, Throttling));
+        assert!(
+            q.try_withdraw(T0),
+            "the plain withdrawal prices a transient error"
+        );
+        assert!(!q.can_retry(T0));
+        // A success on a retry refunds its cost; one at the first attempt adds 1.
+        q.handle_retry_success(T0, Timeout);
+        assert_eq!(q.tokens(), 10);
+        q.handle_success(T0);
+        assert_eq!(q.tokens(), 11);
+        // Failures and requests change nothing.
+        q.handle_failure(T0);
+        q.handle_request(T0);
+        assert_eq!(q.tokens(), 11);
+        // Never above the maximum (aws-sdk-js-v3 `releaseRetryTokens` caps the same way).
+        let mut full = AwsRetryQuota::default();
+        full.handle_success(T0);
+        full.handle_retry_success(T0, Timeout);
+        assert_eq!(full.tokens(), 500);
+    }
+
+    #[test]
+    fn aws_2026_quota_prices_throttling_below_other_errors() {
+        // AWS_NEW_RETRIES_2026 (aws/aws-sdk-go-v2 "retries 2026" preview, AWS "Retry
+        // behavior"): a non-throttling retry costs 14, timeouts included; throttling 5.
+        use ErrorCause::{Throttling, Timeout, Transient};
+        let cfg = AwsRetryQuotaConfig::aws_standard_2026();
+        assert_eq!(
+            (cfg.cost(Transient), cfg.cost(Timeout), cfg.cost(Throttling)),
+            (14, 14, 5)
+        );
+        let mut q = AwsRetryQuota::new(cfg);
+        let mut n = 0;
+        while q.try_withdraw_for(T0, Timeout) {
+            n += 1;
+        }
+        assert_eq!((n, q.tokens()), (35, 10), "35 · 14 = 490");
+        assert!(q.try_withdraw_for(T0, Throttling));
+        assert!(q.try_withdraw_for(T0, Throttling));
+        assert!(!q.try_withdraw_for(T0, Throttling));
+        // Custom costs, and a free retry.
+        let mut free = AwsRetryQuota::new(AwsRetryQuotaConfig::default().with_max_tokens(0));
+        assert!(!free.can_retry(T0));
+        free = AwsRetryQuota::new(
+            AwsRetryQuotaConfig::default()
+                .with_max_tokens(0)
+                .with_retry_cost(0)
+                .with_no_retry_increment(7),
+        );
+        assert!(free.try_withdraw(T0));
+        free.handle_success(T0);
+        assert_eq!(free.tokens(), 0, "capped at a zero maximum");
+        assert_eq!(free.config().validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_default_trait_methods_keep_the_cause_blind_budgets_as_they_were() {
+        // gRPC: the cause changes nothing, and a success on a retry earns the ratio.
+        let mut g = GrpcThrottle::default();
+        g.handle_failure(T0);
+        assert!(g.try_withdraw_for(T0, ErrorCause::Timeout));
+        g.handle_retry_success(T0, ErrorCause::Timeout);
+        assert_eq!(g.milli_tokens(), 9_100);
+        let mut f = finagle_budget(1, 1, 0);
+        assert!(f.can_retry_for(T0, ErrorCause::Throttling));
+        assert!(f.try_withdraw_for(T0, ErrorCause::Throttling));
+        assert!(!f.try_withdraw_for(T0, ErrorCause::Transient));
+        let b: &mut dyn RetryBudget = &mut AwsRetryQuota::default();
+        assert!(b.try_withdraw_for(T0, ErrorCause::Timeout), "object safe");
     }
 
     fn secs(s: u64) -> Instant {

@@ -4,7 +4,7 @@
 use core::time::Duration;
 
 use super::budget::RetryBudget;
-use super::classify::{ErrorClass, RetrySafety};
+use super::classify::{ErrorCause, ErrorClass, RetrySafety};
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::error::ConfigError;
 use crate::rng::Rng;
@@ -16,6 +16,7 @@ use crate::time::Instant;
 pub struct CallConfig {
     max_auto_retries: u32,
     backoff: Option<BackoffConfig>,
+    throttling_backoff: Option<BackoffConfig>,
 }
 
 impl Default for CallConfig {
@@ -32,6 +33,7 @@ impl CallConfig {
         CallConfig {
             max_auto_retries: 1,
             backoff: None,
+            throttling_backoff: None,
         }
     }
 
@@ -47,6 +49,51 @@ impl CallConfig {
         self
     }
 
+    /// A second backoff for retries after an error classified [`ErrorCause::Throttling`]
+    /// (none by default: they use [`CallConfig::with_backoff`]'s).
+    ///
+    /// The AWS SDKs' standard mode (2026 revision) backs off from a 1 s base after throttling
+    /// and from 50 ms after any other error, both ×2 up to 20 s. Each backoff keeps its own
+    /// sequence in a call (its attempt count and its limits), so a call that is throttled after
+    /// two transient errors waits the throttling backoff's first delay.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::backoff::{BackoffConfig, Jitter};
+    /// use throttle_sansio::failover::*;
+    /// use throttle_sansio::rng::SplitMix64;
+    /// use throttle_sansio::Instant;
+    ///
+    /// let aws = |base_ms| {
+    ///     BackoffConfig::builder()
+    ///         .initial(Duration::from_millis(base_ms))
+    ///         .max(Duration::from_secs(20))
+    ///         .multiplier(2, 1)
+    ///         .jitter(Jitter::None) // AWS draws full jitter; none here, to show the bases
+    ///         .build()
+    /// };
+    /// let cfg = CallConfig::default()
+    ///     .with_max_auto_retries(3)
+    ///     .with_backoff(aws(50)?)
+    ///     .with_throttling_backoff(aws(1_000)?);
+    /// let (mut budget, mut rng, now) = (AwsRetryQuota::default(), SplitMix64::new(1), Instant::ZERO);
+    /// let mut call = Call::new(&cfg);
+    /// let _ = call.start(now, &mut budget);
+    /// let throttled = ErrorClass::RETRY.with_cause(ErrorCause::Throttling);
+    /// let after = |a| match a {
+    ///     CallAction::Retry { after, .. } => after,
+    ///     other => panic!("{other:?}"),
+    /// };
+    /// assert_eq!(after(call.handle_error(now, ErrorClass::RETRY, &mut budget, &mut rng)), Duration::from_millis(50));
+    /// assert_eq!(after(call.handle_error(now, throttled, &mut budget, &mut rng)), Duration::from_secs(1));
+    /// assert_eq!(after(call.handle_error(now, ErrorClass::RETRY, &mut budget, &mut rng)), Duration::from_millis(100));
+    /// # Ok::<(), throttle_sansio::ConfigError>(())
+    /// ```
+    pub fn with_throttling_backoff(mut self, backoff: BackoffConfig) -> Self {
+        self.throttling_backoff = Some(backoff);
+        self
+    }
+
     /// The retry limit.
     pub fn max_auto_retries(&self) -> u32 {
         self.max_auto_retries
@@ -55,6 +102,11 @@ impl CallConfig {
     /// The backoff before retries, if any.
     pub fn backoff(&self) -> Option<&BackoffConfig> {
         self.backoff.as_ref()
+    }
+
+    /// The backoff before retries after throttling, if one is set apart.
+    pub fn throttling_backoff(&self) -> Option<&BackoffConfig> {
+        self.throttling_backoff.as_ref()
     }
 
     /// Every combination is valid (the backoff config was validated when it was built); this
@@ -157,7 +209,11 @@ pub enum CallState {
 /// `decide` retries only an error classified [`RetrySafety::NotExecuted`], only while fewer
 /// than `max_auto_retries` retries were sent, only when the backoff (if any) grants a delay,
 /// the retry would start before the call's deadline (if any), and the [`RetryBudget`] grants
-/// a withdrawal; otherwise it surfaces and says why.
+/// a withdrawal; otherwise it surfaces and says why. The error's
+/// [`ErrorCause`](super::ErrorCause) picks the backoff (the throttling one, when configured,
+/// for [`ErrorCause::Throttling`](super::ErrorCause::Throttling)) and is passed to the budget
+/// ([`RetryBudget::try_withdraw_for`], and [`RetryBudget::handle_retry_success`] when that
+/// retry succeeds).
 ///
 /// # Deadline
 ///
@@ -213,9 +269,15 @@ pub struct Call {
     config: CallConfig,
     deadline: Option<Instant>,
     backoff: Backoff,
+    /// The sequence of [`CallConfig::with_throttling_backoff`], apart from the other.
+    throttling_backoff: Backoff,
     state: CallState,
     /// The retry safety of the error whose refresh is awaited.
     pending: RetrySafety,
+    /// The cause of the error whose refresh is awaited.
+    pending_cause: ErrorCause,
+    /// The cause the attempt in flight was retried for (`None` for the first attempt).
+    retry_cause: Option<ErrorCause>,
     retries: u32,
     /// A `Retry` was handed out and [`Call::handle_retry_due`] has not been reported for it.
     due: bool,
@@ -230,8 +292,11 @@ impl Call {
             config: config.clone(),
             deadline: None,
             backoff: Backoff::new(),
+            throttling_backoff: Backoff::new(),
             state: CallState::Idle,
             pending: RetrySafety::Never,
+            pending_cause: ErrorCause::Transient,
+            retry_cause: None,
             retries: 0,
             due: false,
             sends: 0,
@@ -287,6 +352,9 @@ impl Call {
     }
 
     /// Input: the request in flight succeeded. Returns [`CallAction::Complete`] once.
+    ///
+    /// The budget hears [`RetryBudget::handle_success`] for a success at the first attempt
+    /// and [`RetryBudget::handle_retry_success`] with the retry's cause for one on a retry.
     pub fn handle_success<B: RetryBudget + ?Sized>(
         &mut self,
         now: Instant,
@@ -296,7 +364,10 @@ impl Call {
             return CallAction::None;
         }
         self.due = false;
-        budget.handle_success(now);
+        match self.retry_cause {
+            None => budget.handle_success(now),
+            Some(cause) => budget.handle_retry_success(now, cause),
+        }
         self.state = CallState::Succeeded;
         CallAction::Complete
     }
@@ -325,10 +396,11 @@ impl Call {
         if class.refresh && !self.too_late(now) {
             self.state = CallState::AwaitingRefresh;
             self.pending = class.retry;
+            self.pending_cause = class.cause;
             self.refreshes = self.refreshes.saturating_add(1);
             return CallAction::Refresh;
         }
-        self.decide(now, class.retry, budget, rng)
+        self.decide(now, class.retry, class.cause, budget, rng)
     }
 
     /// Input: the refresh asked for has ended; `ok` says whether it succeeded.
@@ -347,13 +419,14 @@ impl Call {
         if self.state != CallState::AwaitingRefresh {
             return CallAction::None;
         }
-        self.decide(now, self.pending, budget, rng)
+        self.decide(now, self.pending, self.pending_cause, budget, rng)
     }
 
     fn decide<B: RetryBudget + ?Sized, R: Rng + ?Sized>(
         &mut self,
         now: Instant,
         retry: RetrySafety,
+        cause: ErrorCause,
         budget: &mut B,
         rng: &mut R,
     ) -> CallAction {
@@ -366,9 +439,14 @@ impl Call {
         }
         // The backoff is asked before the shared budget, so a refused delay never wastes a
         // withdrawal that other calls could have used.
-        let after = match &self.config.backoff {
+        // A throttling error uses its own backoff when one is set apart, else the other.
+        let (config, sequence) = match (&self.config.throttling_backoff, cause) {
+            (Some(cfg), ErrorCause::Throttling) => (Some(cfg), &mut self.throttling_backoff),
+            _ => (self.config.backoff.as_ref(), &mut self.backoff),
+        };
+        let after = match config {
             None => Duration::ZERO,
-            Some(cfg) => match self.backoff.next_delay(cfg, rng) {
+            Some(cfg) => match sequence.next_delay(cfg, rng) {
                 Some(d) => d,
                 None => return self.surface(SurfaceReason::BackoffExhausted),
             },
@@ -379,9 +457,10 @@ impl Call {
         if self.too_late(at) {
             return self.surface(SurfaceReason::DeadlineExceeded);
         }
-        if !budget.try_withdraw(now) {
+        if !budget.try_withdraw_for(now, cause) {
             return self.surface(SurfaceReason::BudgetEmpty);
         }
+        self.retry_cause = Some(cause);
         self.retries = self.retries.saturating_add(1);
         self.sends = self.sends.saturating_add(1);
         self.state = CallState::AwaitingResult;
@@ -445,11 +524,15 @@ impl Call {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::failover::budget::{FinagleBudget, FinagleBudgetConfig, GrpcThrottle, Unlimited};
+    use crate::failover::budget::{
+        AwsRetryQuota, AwsRetryQuotaConfig, FinagleBudget, FinagleBudgetConfig, GrpcThrottle,
+        Unlimited,
+    };
     use crate::failover::classify::{
         AdminWriteGateway, ErrorClassifier, ErrorKind, HasErrorKind, ReadOnlyGateway,
     };
     use crate::rng::SplitMix64;
+    use alloc::vec::Vec;
 
     const T: Instant = Instant::from_nanos(1_000);
 
@@ -819,8 +902,9 @@ mod tests {
                 reason: SurfaceReason::BudgetEmpty
             }
         );
-        // A second later the withdrawal has expired and the floor allows one again.
-        let later = Instant::from_millis(1_000);
+        // One TTL after the budget's first observation (`T`) the withdrawal has expired and
+        // the floor allows one again.
+        let later = T + Duration::from_secs(1);
         let mut third = Call::new(&CallConfig::default());
         assert_eq!(
             third.start(later, &mut budget),
@@ -984,6 +1068,178 @@ mod tests {
                 reason: SurfaceReason::RetriesExhausted
             }
         );
+    }
+
+    /// AWS standard mode's exponential backoff from `base`: ×2 up to MAX_BACKOFF (20 s).
+    fn aws_backoff(base: Duration, jitter: crate::backoff::Jitter) -> BackoffConfig {
+        BackoffConfig::builder()
+            .initial(base)
+            .max(Duration::from_secs(20))
+            .multiplier(2, 1)
+            .jitter(jitter)
+            .build()
+            .unwrap()
+    }
+
+    /// The 2026 revision's two backoffs: 50 ms for transient errors, 1 s for throttling.
+    fn aws_2026(retries: u32, jitter: crate::backoff::Jitter) -> CallConfig {
+        CallConfig::default()
+            .with_max_auto_retries(retries)
+            .with_backoff(aws_backoff(Duration::from_millis(50), jitter))
+            .with_throttling_backoff(aws_backoff(Duration::from_secs(1), jitter))
+    }
+
+    fn retry_after(a: CallAction) -> Duration {
+        match a {
+            CallAction::Retry { after, .. } => after,
+            other => panic!("expected a retry, got {other:?}"),
+        }
+    }
+
+    const THROTTLED: ErrorClass = ErrorClass::RETRY.with_cause(ErrorCause::Throttling);
+    const TIMED_OUT: ErrorClass = ErrorClass::RETRY.with_cause(ErrorCause::Timeout);
+
+    #[test]
+    fn aws_2026_backs_off_throttling_from_1_s_and_other_errors_from_50_ms() {
+        // "Retry behavior" (AWS SDKs and Tools reference guide, 2026 revision, "Backoff"):
+        // base 1,000 ms for throttling errors, 50 ms for the others, ×2 per attempt, capped at
+        // MAX_BACKOFF = 20 s before jitter. Without jitter the bases show exactly.
+        let cfg = aws_2026(20, crate::backoff::Jitter::None);
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
+        let mut transient = Call::new(&cfg);
+        let _ = transient.start(T, b);
+        let got: Vec<u64> = (0..11)
+            .map(|_| {
+                retry_after(transient.handle_error(T, ErrorClass::RETRY, b, r)).as_millis() as u64
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                50, 100, 200, 400, 800, 1_600, 3_200, 6_400, 12_800, 20_000, 20_000
+            ]
+        );
+        let mut throttled = Call::new(&cfg);
+        let _ = throttled.start(T, b);
+        let got: Vec<u64> = (0..7)
+            .map(|_| retry_after(throttled.handle_error(T, THROTTLED, b, r)).as_millis() as u64)
+            .collect();
+        assert_eq!(got, [1_000, 2_000, 4_000, 8_000, 16_000, 20_000, 20_000]);
+        // A timeout is a transient error for the backoff.
+        let mut timeout = Call::new(&cfg);
+        let _ = timeout.start(T, b);
+        assert_eq!(
+            retry_after(timeout.handle_error(T, TIMED_OUT, b, r)),
+            Duration::from_millis(50)
+        );
+    }
+
+    #[test]
+    fn aws_full_jitter_stays_within_the_capped_base_of_each_class() {
+        // AWS: `rand(0, 1) · min(base · 2^i, MAX_BACKOFF)`: full jitter after the cap.
+        let cfg = aws_2026(12, crate::backoff::Jitter::Full);
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(42));
+        for (class, base) in [(ErrorClass::RETRY, 50u64), (THROTTLED, 1_000)] {
+            let mut call = Call::new(&cfg);
+            let _ = call.start(T, b);
+            for i in 0..12u32 {
+                let cap = Duration::from_millis((base << i).min(20_000));
+                let after = retry_after(call.handle_error(T, class, b, r));
+                assert!(
+                    after >= Duration::from_millis(1) && after <= cap,
+                    "{class:?} retry {i}: {after:?} above {cap:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn each_backoff_keeps_its_own_sequence_and_throttling_falls_back_without_one() {
+        let cfg = aws_2026(5, crate::backoff::Jitter::None);
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
+        let mut call = Call::new(&cfg);
+        let _ = call.start(T, b);
+        let seq: Vec<u64> = [
+            ErrorClass::RETRY,
+            ErrorClass::RETRY,
+            THROTTLED,
+            ErrorClass::RETRY,
+            THROTTLED,
+        ]
+        .into_iter()
+        .map(|c| retry_after(call.handle_error(T, c, b, r)).as_millis() as u64)
+        .collect();
+        assert_eq!(seq, [50, 100, 1_000, 200, 2_000]);
+        // Only one backoff: throttling uses it too.
+        let one = CallConfig::default()
+            .with_max_auto_retries(2)
+            .with_backoff(aws_backoff(
+                Duration::from_millis(50),
+                crate::backoff::Jitter::None,
+            ));
+        assert_eq!(one.throttling_backoff(), None);
+        let mut call = Call::new(&one);
+        let _ = call.start(T, b);
+        assert_eq!(
+            retry_after(call.handle_error(T, THROTTLED, b, r)),
+            Duration::from_millis(50)
+        );
+        assert_eq!(
+            retry_after(call.handle_error(T, ErrorClass::RETRY, b, r)),
+            Duration::from_millis(100)
+        );
+    }
+
+    #[test]
+    fn the_call_reports_each_retry_cause_to_the_aws_quota() {
+        // Standard mode's quota through a call: a retry after a timeout takes 10 tokens, its
+        // success gives them back; a success at the first attempt adds 1.
+        let r = &mut SplitMix64::new(1);
+        let mut q = AwsRetryQuota::default();
+        let mut call = Call::new(&CallConfig::default().with_max_auto_retries(3));
+        let _ = call.start(T, &mut q);
+        assert!(matches!(
+            call.handle_error(T, TIMED_OUT, &mut q, r),
+            CallAction::Retry { .. }
+        ));
+        assert_eq!(q.tokens(), 490);
+        assert!(matches!(
+            call.handle_error(T, ErrorClass::RETRY, &mut q, r),
+            CallAction::Retry { .. }
+        ));
+        assert_eq!(q.tokens(), 485, "the second retry is transient: 5");
+        assert_eq!(call.handle_success(T, &mut q), CallAction::Complete);
+        assert_eq!(
+            q.tokens(),
+            490,
+            "the success refunds the last retry's 5 only"
+        );
+        let mut first = Call::new(&CallConfig::default());
+        let _ = first.start(T, &mut q);
+        assert_eq!(first.handle_success(T, &mut q), CallAction::Complete);
+        assert_eq!(q.tokens(), 491, "a success with no retry adds 1");
+        // The cause survives a refresh: refresh-and-retry after a throttling error.
+        let mut q = AwsRetryQuota::new(AwsRetryQuotaConfig::aws_standard_2026());
+        let mut call = Call::new(&CallConfig::default());
+        let _ = call.start(T, &mut q);
+        let class = ErrorClass::REFRESH_AND_RETRY.with_cause(ErrorCause::Throttling);
+        assert_eq!(call.handle_error(T, class, &mut q, r), CallAction::Refresh);
+        assert!(matches!(
+            call.handle_refreshed(T, true, &mut q, r),
+            CallAction::Retry { .. }
+        ));
+        assert_eq!(q.tokens(), 495, "2026: a throttled retry costs 5");
+        // A quota that cannot pay refuses the retry.
+        let mut poor = AwsRetryQuota::new(AwsRetryQuotaConfig::default().with_max_tokens(9));
+        let mut call = Call::new(&CallConfig::default());
+        let _ = call.start(T, &mut poor);
+        assert_eq!(
+            call.handle_error(T, TIMED_OUT, &mut poor, r),
+            CallAction::Surface {
+                reason: SurfaceReason::BudgetEmpty
+            }
+        );
+        assert_eq!(poor.tokens(), 9);
     }
 
     fn fixed_100ms(retries: u32) -> CallConfig {

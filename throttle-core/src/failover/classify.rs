@@ -20,16 +20,48 @@ pub enum RetrySafety {
     NotExecuted,
 }
 
+/// What kind of failure an error is, for the retry it may lead to: it picks the backoff
+/// ([`CallConfig::with_throttling_backoff`](super::CallConfig::with_throttling_backoff)) and
+/// what the retry costs a budget that prices retries ([`AwsRetryQuota`](super::AwsRetryQuota)).
+///
+/// The three causes are those of the AWS SDKs' standard retry mode ("Retry behavior", AWS
+/// SDKs and Tools reference guide): a throttling error (`ThrottlingException`, HTTP 429) backs
+/// off from a longer base, a timeout cost 10 quota tokens instead of 5 before the 2026
+/// revision, and every other retryable error is transient.
+///
+/// ```
+/// use throttle_sansio::failover::{ErrorCause, ErrorClass};
+///
+/// let throttled = ErrorClass::RETRY.with_cause(ErrorCause::Throttling);
+/// assert_eq!(throttled.cause, ErrorCause::Throttling);
+/// assert_eq!(ErrorClass::RETRY.cause, ErrorCause::Transient, "the default cause");
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorCause {
+    /// Any retryable error that is neither a timeout nor throttling (the default).
+    #[default]
+    Transient,
+    /// The attempt timed out (no answer arrived in time).
+    Timeout,
+    /// The server asked the client to slow down (throttling, "too many requests").
+    Throttling,
+}
+
 /// How a call should react to one error: refresh metadata, and/or retry automatically.
 ///
 /// The two answers are independent: `refresh` alone (timeout on a write) refreshes and then
-/// surfaces the original error; `retry` alone retries on the same metadata.
+/// surfaces the original error; `retry` alone retries on the same metadata. `cause` says what
+/// kind of failure it was: it picks the retry's backoff and its cost to the budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ErrorClass {
     /// Refresh metadata (e.g. find the new coordinator leader) before going on.
     pub refresh: bool,
     /// Whether the failed request may be retried automatically.
     pub retry: RetrySafety,
+    /// What kind of failure it was ([`ErrorCause::Transient`] unless set with
+    /// [`ErrorClass::with_cause`]).
+    pub cause: ErrorCause,
 }
 
 impl ErrorClass {
@@ -42,9 +74,20 @@ impl ErrorClass {
     /// Retry automatically on the same metadata.
     pub const RETRY: ErrorClass = ErrorClass::new(false, RetrySafety::NotExecuted);
 
-    /// A class from its two answers.
+    /// A class from its two answers, with the cause [`ErrorCause::Transient`].
     pub const fn new(refresh: bool, retry: RetrySafety) -> Self {
-        ErrorClass { refresh, retry }
+        ErrorClass {
+            refresh,
+            retry,
+            cause: ErrorCause::Transient,
+        }
+    }
+
+    /// This class with `cause` (the answers stay the same).
+    #[must_use]
+    pub const fn with_cause(mut self, cause: ErrorCause) -> Self {
+        self.cause = cause;
+        self
     }
 }
 
@@ -184,6 +227,28 @@ mod tests {
             ErrorClass::REFRESH_AND_RETRY
         );
         assert_eq!(p.classify(&ErrorKind::Fatal), ErrorClass::SURFACE);
+    }
+
+    #[test]
+    fn causes_default_to_transient_and_leave_the_answers_alone() {
+        for class in [
+            ErrorClass::SURFACE,
+            ErrorClass::REFRESH_THEN_SURFACE,
+            ErrorClass::REFRESH_AND_RETRY,
+            ErrorClass::RETRY,
+            AdminWriteGateway.classify(&ErrorKind::NotLeader),
+            ReadOnlyGateway.classify(&ErrorKind::Retriable),
+        ] {
+            assert_eq!(class.cause, ErrorCause::Transient);
+            let throttled = class.with_cause(ErrorCause::Throttling);
+            assert_eq!(
+                (throttled.refresh, throttled.retry),
+                (class.refresh, class.retry)
+            );
+            assert_eq!(throttled.cause, ErrorCause::Throttling);
+            assert_ne!(throttled, class);
+        }
+        assert_eq!(ErrorCause::default(), ErrorCause::Transient);
     }
 
     #[test]

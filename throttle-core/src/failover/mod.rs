@@ -9,7 +9,8 @@
 //!   `max_auto_retries` times, finish exactly once.
 //! - [`RefreshCoalescer`]: one metadata refresh at a time for all calls; concurrent failures
 //!   join the running refresh and are all released when it ends.
-//! - [`RetryBudget`]: a client-wide cap on retries ([`GrpcThrottle`], [`FinagleBudget`]).
+//! - [`RetryBudget`]: a client-wide cap on retries ([`GrpcThrottle`], [`FinagleBudget`],
+//!   [`AwsRetryQuota`]).
 //!
 //! Driving them together: eight admin writes hit the old coordinator during one failover.
 //! They share one refresh, and every call retries once on the new leader. The budget must
@@ -58,12 +59,13 @@ mod classify;
 mod coalescer;
 
 pub use budget::{
-    FinagleBudget, FinagleBudgetConfig, GrpcThrottle, GrpcThrottleConfig, RetryBudget, Unlimited,
+    AwsRetryQuota, AwsRetryQuotaConfig, FinagleBudget, FinagleBudgetConfig, GrpcThrottle,
+    GrpcThrottleConfig, RetryBudget, Unlimited,
 };
 pub use call::{Call, CallAction, CallConfig, CallState, SurfaceReason};
 pub use classify::{
-    AdminWriteGateway, ErrorClass, ErrorClassifier, ErrorKind, HasErrorKind, ReadOnlyGateway,
-    RetrySafety,
+    AdminWriteGateway, ErrorCause, ErrorClass, ErrorClassifier, ErrorKind, HasErrorKind,
+    ReadOnlyGateway, RetrySafety,
 };
 pub use coalescer::{
     CoalesceAction, CoalescerConfig, Generation, GenerationError, RefreshCoalescer, Release,

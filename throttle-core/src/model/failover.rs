@@ -14,9 +14,10 @@ use core::time::Duration;
 use super::{Cursor, Divergence};
 use crate::backoff::{BackoffConfig, Jitter};
 use crate::failover::{
-    Call, CallAction, CallConfig, CoalesceAction, CoalescerConfig, ErrorClass, FinagleBudget,
-    FinagleBudgetConfig, Generation, GenerationError, GrpcThrottle, GrpcThrottleConfig,
-    RefreshCoalescer, RetryBudget, RetrySafety, SurfaceReason,
+    AwsRetryQuota, AwsRetryQuotaConfig, Call, CallAction, CallConfig, CoalesceAction,
+    CoalescerConfig, ErrorCause, ErrorClass, FinagleBudget, FinagleBudgetConfig, Generation,
+    GenerationError, GrpcThrottle, GrpcThrottleConfig, RefreshCoalescer, RetryBudget, RetrySafety,
+    SurfaceReason,
 };
 use crate::rng::SplitMix64;
 use crate::time::Instant;
@@ -284,8 +285,12 @@ pub fn check_coalescer(data: &[u8]) -> Result<(), Divergence> {
 enum BudgetEvent {
     Request,
     Failure,
+    /// A success at the first attempt.
     Success,
-    Withdraw,
+    /// A success on a retry withdrawn for this cause.
+    RetrySuccess(ErrorCause),
+    /// A withdrawal for a retry after an error of this cause.
+    Withdraw(ErrorCause),
 }
 
 /// A budget that answers withdrawals from a script and logs every event, so the reference can
@@ -313,14 +318,20 @@ impl RetryBudget for ScriptedBudget {
     fn handle_success(&mut self, _now: Instant) {
         self.log.push(BudgetEvent::Success);
     }
-    fn try_withdraw(&mut self, _now: Instant) -> bool {
-        self.log.push(BudgetEvent::Withdraw);
+    fn try_withdraw(&mut self, now: Instant) -> bool {
+        self.try_withdraw_for(now, ErrorCause::Transient)
+    }
+    fn can_retry(&self, _now: Instant) -> bool {
+        self.answer(self.asked)
+    }
+    fn try_withdraw_for(&mut self, _now: Instant, cause: ErrorCause) -> bool {
+        self.log.push(BudgetEvent::Withdraw(cause));
         let a = self.answer(self.asked);
         self.asked = self.asked.saturating_add(1);
         a
     }
-    fn can_retry(&self, _now: Instant) -> bool {
-        self.answer(self.asked)
+    fn handle_retry_success(&mut self, _now: Instant, cause: ErrorCause) {
+        self.log.push(BudgetEvent::RetrySuccess(cause));
     }
 }
 
@@ -355,6 +366,10 @@ struct RefCall {
     emitted: Vec<Want>,
     /// Whether the last accepted error was safe to retry.
     last_error_not_executed: bool,
+    /// The cause of the last accepted error.
+    last_error_cause: ErrorCause,
+    /// The cause of every retry handed out, in order.
+    retry_causes: Vec<ErrorCause>,
 }
 
 impl RefCall {
@@ -395,9 +410,33 @@ enum BackoffMode {
     Fixed {
         total: Duration,
     },
+    /// The AWS 2026 pair, unjittered: `PER_CLASS_BASE` ×2 up to `PER_CLASS_MAX` for
+    /// transient errors and timeouts, `PER_CLASS_THROTTLING_BASE` ×2 up to the same for
+    /// throttling; each class counts its own retries.
+    PerClass,
 }
 
 const FIXED_DELAY: Duration = Duration::from_millis(100);
+const PER_CLASS_BASE: Duration = Duration::from_millis(50);
+const PER_CLASS_THROTTLING_BASE: Duration = Duration::from_secs(1);
+const PER_CLASS_MAX: Duration = Duration::from_secs(20);
+
+/// The `k`-th delay (0-based) of an unjittered `base` ×2 sequence capped at `PER_CLASS_MAX`.
+fn doubling(base: Duration, k: usize) -> Duration {
+    let factor = 1u32 << k.min(20);
+    base.saturating_mul(factor).min(PER_CLASS_MAX)
+}
+
+/// An unjittered ×2 backoff from `base` up to `PER_CLASS_MAX`.
+fn doubling_config(base: Duration) -> Result<BackoffConfig, Divergence> {
+    BackoffConfig::builder()
+        .initial(base)
+        .max(PER_CLASS_MAX)
+        .multiplier(2, 1)
+        .jitter(Jitter::None)
+        .build()
+        .map_err(|e| format!("per-class backoff refused: {e}"))
+}
 
 struct Calls {
     /// Per call: the deadline the reference holds (set by the deadline operation).
@@ -420,10 +459,32 @@ struct Calls {
     released: Vec<u32>,
     /// Per call: whether the error behind its current refresh was classified `Never`.
     machine_last_never: Vec<bool>,
+    /// The cause of the error being decided (set before every decision).
+    cause: ErrorCause,
     step: usize,
 }
 
 impl Calls {
+    /// The delay `PerClass` gives the next retry of call `i` after an error of `self.cause`.
+    fn per_class_delay(&self, i: usize) -> Duration {
+        let throttling = self.cause == ErrorCause::Throttling;
+        let (base, earlier) = match self.refs.get(i) {
+            Some(r) => (
+                if throttling {
+                    PER_CLASS_THROTTLING_BASE
+                } else {
+                    PER_CLASS_BASE
+                },
+                r.retry_causes
+                    .iter()
+                    .filter(|c| (**c == ErrorCause::Throttling) == throttling)
+                    .count(),
+            ),
+            None => (PER_CLASS_BASE, 0),
+        };
+        doubling(base, earlier)
+    }
+
     /// The reference's retry decision after an error of the given safety.
     fn decide(&mut self, i: usize, not_executed: bool) -> Want {
         let Some(r) = self.refs.get(i) else {
@@ -446,7 +507,7 @@ impl Calls {
         }
         // Then the deadline: the retry starts at `now + after`, which must be before it.
         if let Some(deadline) = self.deadlines.get(i).copied().flatten() {
-            let (lo, hi) = self.delay_range(r.retries());
+            let (lo, hi) = self.delay_range(i, r.retries());
             if self.now.saturating_add(lo) >= deadline {
                 return Want::Surface(SurfaceReason::DeadlineExceeded);
             }
@@ -457,11 +518,15 @@ impl Calls {
         self.withdraw()
     }
 
-    /// The delays the backoff can give the retry after `retries` earlier ones.
-    fn delay_range(&self, retries: u64) -> (Duration, Duration) {
+    /// The delays the backoff can give call `i`'s retry after `retries` earlier ones.
+    fn delay_range(&self, i: usize, retries: u64) -> (Duration, Duration) {
         match self.backoff {
             BackoffMode::None => (Duration::ZERO, Duration::ZERO),
             BackoffMode::Fixed { .. } => (FIXED_DELAY, FIXED_DELAY),
+            BackoffMode::PerClass => {
+                let d = self.per_class_delay(i);
+                (d, d)
+            }
             // 100 ms · 2ᵏ capped at 1 s, ±20 %, never above 1 s.
             BackoffMode::Fluss => {
                 let base = 100u64.saturating_mul(1u64 << retries.min(20)).min(1_000);
@@ -474,7 +539,7 @@ impl Calls {
 
     /// The last step of the decision: one withdrawal, answered from the script.
     fn withdraw(&mut self) -> Want {
-        self.budget_want.push(BudgetEvent::Withdraw);
+        self.budget_want.push(BudgetEvent::Withdraw(self.cause));
         let yes = self.budget.answer(self.withdrawals_wanted);
         self.withdrawals_wanted += 1;
         if yes {
@@ -537,6 +602,8 @@ impl Calls {
                 }
                 BackoffMode::Fixed { .. } => after == FIXED_DELAY,
                 BackoffMode::None => after == Duration::ZERO,
+                // Each class's own sequence, from its own base.
+                BackoffMode::PerClass => after == self.per_class_delay(i),
             };
             if !ok {
                 return Err(format!("step {step}: call {i} retry after {after:?}"));
@@ -558,6 +625,9 @@ impl Calls {
         };
         if want != Want::Nothing {
             r.emitted.push(want);
+        }
+        if want == Want::Retry {
+            r.retry_causes.push(self.cause);
         }
         if let Some(d) = self.due.get_mut(i) {
             if want != Want::Nothing {
@@ -616,6 +686,7 @@ impl Calls {
         let want = match self.refs.get(i) {
             Some(r) if r.awaiting_refresh() => {
                 let ne = r.last_error_not_executed;
+                self.cause = r.last_error_cause;
                 self.decide(i, ne)
             }
             _ => Want::Nothing,
@@ -661,13 +732,15 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
         2 => c.small_or_extreme_u32(),
         _ => u32::from(c.below(4)),
     };
-    // An unassigned mode skips the override: no backoff, the call's default.
-    let backoff = match c.select(3) {
+    // An unassigned mode skips the override: no backoff, the call's default. Values 0–2 are
+    // the original modes (2 is no backoff); 3, per-class backoffs, was appended.
+    let backoff = match c.select(4) {
         Some(0) => BackoffMode::Fluss,
         // Room for 0 to 3 delays, and 50 ms spare that never fits a fourth.
         Some(1) => BackoffMode::Fixed {
             total: FIXED_DELAY * u32::from(c.below(4)) + Duration::from_millis(50),
         },
+        Some(3) => BackoffMode::PerClass,
         _ => BackoffMode::None,
     };
     let max_waiters = 1 + usize::from(c.below(10));
@@ -675,6 +748,11 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
     match backoff {
         BackoffMode::None => {}
         BackoffMode::Fluss => cfg = cfg.with_backoff(BackoffConfig::fluss_retriable_write()),
+        BackoffMode::PerClass => {
+            cfg = cfg
+                .with_backoff(doubling_config(PER_CLASS_BASE)?)
+                .with_throttling_backoff(doubling_config(PER_CLASS_THROTTLING_BASE)?);
+        }
         BackoffMode::Fixed { total } => {
             let fixed = BackoffConfig::builder()
                 .initial(FIXED_DELAY)
@@ -710,6 +788,7 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
         joined: Vec::new(),
         released: Vec::new(),
         machine_last_never: (0..n).map(|_| false).collect(),
+        cause: ErrorCause::Transient,
         step: 0,
     };
 
@@ -749,13 +828,17 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
             }
             2 | 3 => {
                 let refresh = c.bool();
-                // The error class is a variant: an unassigned one skips the error.
-                let retry = match c.select(2) {
-                    Some(0) => RetrySafety::Never,
-                    Some(_) => RetrySafety::NotExecuted,
+                // The error class is a variant: an unassigned one skips the error. Values 0 and
+                // 1 are the original classes; 2 (a timeout) and 3 (throttling) were appended.
+                let (retry, cause) = match c.select(4) {
+                    Some(0) => (RetrySafety::Never, ErrorCause::Transient),
+                    Some(1) => (RetrySafety::NotExecuted, ErrorCause::Transient),
+                    Some(2) => (RetrySafety::NotExecuted, ErrorCause::Timeout),
+                    Some(_) => (RetrySafety::NotExecuted, ErrorCause::Throttling),
                     None => continue,
                 };
-                let class = ErrorClass::new(refresh, retry);
+                let class = ErrorClass::new(refresh, retry).with_cause(cause);
+                s.cause = cause;
                 let ne = retry == RetrySafety::NotExecuted;
                 // Past its deadline a call asks for no refresh.
                 let late = s
@@ -767,6 +850,7 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
                 let want = match s.refs.get_mut(i) {
                     Some(r) if r.awaiting_result() => {
                         r.last_error_not_executed = ne;
+                        r.last_error_cause = cause;
                         if ne {
                             s.budget_want.push(BudgetEvent::Failure);
                         }
@@ -792,7 +876,11 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
             4 => {
                 let want = match s.refs.get(i) {
                     Some(r) if r.awaiting_result() => {
-                        s.budget_want.push(BudgetEvent::Success);
+                        // A success on a retry names the cause that retry was withdrawn for.
+                        s.budget_want.push(match r.retry_causes.last() {
+                            None => BudgetEvent::Success,
+                            Some(cause) => BudgetEvent::RetrySuccess(*cause),
+                        });
                         Want::Complete
                     }
                     _ => Want::Nothing,
@@ -891,25 +979,64 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
 // Budgets against a recount of their whole history.
 // ---------------------------------------------------------------------------------------------
 
-/// gRPC throttle recounted: replay every failure and success from a full bucket.
-fn grpc_recount(max_milli: i64, ratio_milli: i64, history: &[bool]) -> i64 {
-    let mut tokens = max_milli;
-    for &success in history {
-        tokens = if success {
-            core::cmp::min(max_milli, tokens + ratio_milli)
-        } else {
-            core::cmp::max(0, tokens - 1000)
-        };
-    }
-    tokens
+/// What the gRPC throttle was told, for the recount.
+#[derive(Clone, Copy, Debug)]
+enum GrpcEvent {
+    Failure,
+    Success,
+    /// An accepted `set_config`: the new ceiling and ratio, in milli-tokens.
+    Replace {
+        max_milli: i64,
+        ratio_milli: i64,
+    },
 }
 
-/// Finagle budget recounted: the reserve plus every event whose second is within the TTL.
-fn finagle_recount(reserve: i128, ttl_secs: u64, now_sec: u64, events: &[(u64, i128)]) -> i128 {
+/// gRPC throttle recounted: replay every failure, success and replacement from a full
+/// bucket. Returns the count and the ceiling in force, in milli-tokens.
+fn grpc_recount(max_milli: i64, ratio_milli: i64, history: &[GrpcEvent]) -> (i64, i64) {
+    let (mut tokens, mut max, mut ratio) = (max_milli, max_milli, ratio_milli);
+    for event in history {
+        match *event {
+            GrpcEvent::Success => tokens = core::cmp::min(max, tokens + ratio),
+            GrpcEvent::Failure => tokens = core::cmp::max(0, tokens - 1000),
+            // gRPC core keeps the token fraction: tokens / max of the new maximum, rounded
+            // down (exact, in integers).
+            GrpcEvent::Replace {
+                max_milli,
+                ratio_milli,
+            } => {
+                tokens = tokens * max_milli / max;
+                max = max_milli;
+                ratio = ratio_milli;
+            }
+        }
+    }
+    (tokens, max)
+}
+
+/// The TTL/10 slice of `at` counted from `anchor`, in the reference's own arithmetic.
+fn finagle_slice(anchor: Instant, at: Instant, ttl_secs: u64) -> u128 {
+    let slice = u128::from(ttl_secs) * 100_000_000;
+    u128::from(at.as_nanos().saturating_sub(anchor.as_nanos())) / slice
+}
+
+/// Finagle budget recounted: the reserve plus every event whose TTL/10 slice is among the
+/// last ten, slices counted from the first observation.
+fn finagle_recount(
+    reserve: i128,
+    ttl_secs: u64,
+    anchor: Option<Instant>,
+    now: Instant,
+    events: &[(Instant, i128)],
+) -> i128 {
+    let Some(anchor) = anchor else {
+        return reserve;
+    };
+    let current = finagle_slice(anchor, now, ttl_secs);
     reserve
         + events
             .iter()
-            .filter(|(s, _)| u128::from(*s) + u128::from(ttl_secs) > u128::from(now_sec))
+            .filter(|(at, _)| finagle_slice(anchor, *at, ttl_secs) + 10 > current)
             .map(|(_, a)| *a)
             .sum::<i128>()
 }
@@ -922,18 +1049,21 @@ fn budget_time(c: &mut Cursor<'_>, now: Instant) -> Instant {
     }
 }
 
-/// Both retry budgets against a naive recount, including configuration validation.
+/// The three retry budgets against a naive recount, including configuration validation.
 pub fn check_budget(data: &[u8]) -> Result<(), Divergence> {
     let mut c = Cursor::new(data);
-    // Which budget is a variant: an unassigned one checks nothing.
-    match c.select(2) {
+    // Which budget is a variant: an unassigned one checks nothing. 0 and 1 are the original
+    // budgets; 2, the AWS retry quota, was appended.
+    match c.select(3) {
         Some(0) => check_finagle(&mut c),
-        Some(_) => check_grpc(&mut c),
+        Some(1) => check_grpc(&mut c),
+        Some(_) => check_aws(&mut c),
         None => Ok(()),
     }
 }
 
-fn check_grpc(c: &mut Cursor<'_>) -> Result<(), Divergence> {
+/// A gRPC throttle config as the decoder draws it: the values and whether they are valid.
+fn grpc_config(c: &mut Cursor<'_>) -> (u32, u32, bool) {
     let max_tokens = match c.below(4) {
         0 => c.small_or_extreme_u32(),
         1 => u32::from(c.u16() % 1_100),
@@ -944,6 +1074,11 @@ fn check_grpc(c: &mut Cursor<'_>) -> Result<(), Divergence> {
         _ => u32::from(c.u16() % 2_000),
     };
     let valid = (1..=1_000).contains(&max_tokens) && ratio >= 1;
+    (max_tokens, ratio, valid)
+}
+
+fn check_grpc(c: &mut Cursor<'_>) -> Result<(), Divergence> {
+    let (max_tokens, ratio, valid) = grpc_config(c);
     let cfg = GrpcThrottleConfig::default()
         .with_max_tokens(max_tokens)
         .with_milli_token_ratio(ratio);
@@ -960,14 +1095,15 @@ fn check_grpc(c: &mut Cursor<'_>) -> Result<(), Divergence> {
         (10_000, 100)
     };
     let mut real = built.unwrap_or_default();
-    let mut history: Vec<bool> = Vec::new();
+    let mut history: Vec<GrpcEvent> = Vec::new();
     let mut now = Instant::ZERO;
     let mut step = 0usize;
     while !c.is_empty() {
         step += 1;
-        let tokens = grpc_recount(max_milli, ratio_milli, &history);
-        let allowed = 2 * tokens > max_milli;
-        let Some(op) = c.select(6) else {
+        let (tokens, max) = grpc_recount(max_milli, ratio_milli, &history);
+        let allowed = 2 * tokens > max;
+        // Values 0–5 are the original operations; 6 (replace the config) was appended.
+        let Some(op) = c.select(7) else {
             continue;
         };
         match op {
@@ -975,11 +1111,11 @@ fn check_grpc(c: &mut Cursor<'_>) -> Result<(), Divergence> {
             1 => real.handle_request(now),
             2 => {
                 real.handle_failure(now);
-                history.push(false);
+                history.push(GrpcEvent::Failure);
             }
             3 => {
                 real.handle_success(now);
-                history.push(true);
+                history.push(GrpcEvent::Success);
             }
             4 => {
                 let got = real.try_withdraw(now);
@@ -989,15 +1125,39 @@ fn check_grpc(c: &mut Cursor<'_>) -> Result<(), Divergence> {
                     ));
                 }
             }
-            _ => {
+            5 => {
                 if real.can_retry(now) != allowed {
                     return Err(format!(
                         "step {step}: grpc can_retry at {tokens} milli-tokens"
                     ));
                 }
             }
+            _ => {
+                let (new_max, new_ratio, new_valid) = grpc_config(c);
+                let new = GrpcThrottleConfig::default()
+                    .with_max_tokens(new_max)
+                    .with_milli_token_ratio(new_ratio);
+                let before = real.clone();
+                let got = real.set_config(new);
+                if got.is_ok() != new_valid {
+                    return Err(format!(
+                        "step {step}: grpc set_config ({new_max}, {new_ratio}): {got:?}, \
+                         valid = {new_valid}"
+                    ));
+                }
+                if new_valid {
+                    history.push(GrpcEvent::Replace {
+                        max_milli: i64::from(new_max) * 1000,
+                        ratio_milli: i64::from(new_ratio),
+                    });
+                } else if real != before {
+                    return Err(format!(
+                        "step {step}: a refused grpc config changed the throttle"
+                    ));
+                }
+            }
         }
-        let want = grpc_recount(max_milli, ratio_milli, &history);
+        let (want, _) = grpc_recount(max_milli, ratio_milli, &history);
         if i64::from(real.milli_tokens()) != want {
             return Err(format!(
                 "step {step}: grpc holds {} milli-tokens, recount {want}",
@@ -1006,6 +1166,56 @@ fn check_grpc(c: &mut Cursor<'_>) -> Result<(), Divergence> {
         }
     }
     Ok(())
+}
+
+/// Epoch shifts at which twins of the Finagle budget replay the same history.
+const FINAGLE_SHIFTS: [u64; 3] = [1, 999_999_999, 123_456_789_012];
+
+/// A twin of the Finagle budget under test: the same history at `now · scale + shift`,
+/// whose every answer must equal the original's. It retires the first time a mapped time
+/// would leave the timeline (there the equivalence ends).
+struct Twin {
+    budget: Option<FinagleBudget>,
+    scale: u64,
+    shift: u64,
+}
+
+impl Twin {
+    fn map(&mut self, now: Instant) -> Option<Instant> {
+        let at = now
+            .as_nanos()
+            .checked_mul(self.scale)
+            .and_then(|n| n.checked_add(self.shift))
+            // `Instant::MAX` itself saturates the real budget's own arithmetic: stay below.
+            .filter(|n| *n < u64::MAX);
+        if at.is_none() {
+            self.budget = None;
+        }
+        at.map(Instant::from_nanos)
+    }
+
+    /// Applies `op` to the twin at the mapped time and compares its answer with `want`.
+    fn check<T: PartialEq + core::fmt::Debug>(
+        &mut self,
+        now: Instant,
+        want: &T,
+        op: impl FnOnce(&mut FinagleBudget, Instant) -> T,
+    ) -> Result<(), Divergence> {
+        let Some(at) = self.map(now) else {
+            return Ok(());
+        };
+        let Some(b) = self.budget.as_mut() else {
+            return Ok(());
+        };
+        let got = op(b, at);
+        if got != *want {
+            return Err(format!(
+                "twin ×{} +{} ns at {at:?}: {got:?}, the original {want:?}",
+                self.scale, self.shift
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
@@ -1047,8 +1257,30 @@ fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
         (10, 10, 200_000)
     };
     let mut real = built.unwrap_or_default();
+    // Twins: the same history at shifted epochs, and (where the TTL allows it) at ten times
+    // the TTL and ten times the spans, with the reserve kept equal.
+    let mut twins: Vec<Twin> = FINAGLE_SHIFTS
+        .iter()
+        .map(|&shift| Twin {
+            budget: Some(real.clone()),
+            scale: 1,
+            shift,
+        })
+        .collect();
+    if ttl_secs * 10 <= 60 && min_per_sec % 10 == 0 {
+        let scaled = FinagleBudgetConfig::default()
+            .with_ttl(Duration::from_secs(ttl_secs * 10))
+            .with_min_retries_per_sec(min_per_sec / 10)
+            .with_percent_can_retry_ppm(percent_ppm);
+        twins.push(Twin {
+            budget: FinagleBudget::new(scaled).ok(),
+            scale: 10,
+            shift: 0,
+        });
+    }
     let reserve = i128::from(min_per_sec) * i128::from(ttl_secs) * 1_000_000;
-    let mut events: Vec<(u64, i128)> = Vec::new();
+    let mut events: Vec<(Instant, i128)> = Vec::new();
+    let mut anchor: Option<Instant> = None;
     let mut latest = Instant::ZERO;
     let mut now = Instant::ZERO;
     let mut step = 0usize;
@@ -1061,14 +1293,21 @@ fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
         now = budget_time(c, now);
         // The reference's own clamp: time never runs backwards.
         let effective = core::cmp::max(now, latest);
-        let sec = effective.as_nanos() / 1_000_000_000;
-        let balance = finagle_recount(reserve, ttl_secs, sec, &events);
+        // Every input but the two queries is an observation; the first one is the anchor.
+        let observes = !matches!(op, 3..=5);
+        if observes && anchor.is_none() {
+            anchor = Some(effective);
+        }
+        let balance = finagle_recount(reserve, ttl_secs, anchor, effective, &events);
         match op {
             0 => {
                 real.handle_request(now);
                 latest = effective;
                 if percent_ppm > 0 {
-                    events.push((sec, i128::from(percent_ppm)));
+                    events.push((effective, i128::from(percent_ppm)));
+                }
+                for t in &mut twins {
+                    t.check(now, &(), |b, at| b.handle_request(at))?;
                 }
             }
             1 => {
@@ -1081,34 +1320,194 @@ fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
                     ));
                 }
                 if want {
-                    events.push((sec, -1_000_000));
+                    events.push((effective, -1_000_000));
+                }
+                for t in &mut twins {
+                    t.check(now, &got, |b, at| b.try_withdraw(at))?;
                 }
             }
             // Failure and success are two operations, not one picked by a flag.
             2 => {
                 real.handle_failure(now);
                 latest = effective;
+                for t in &mut twins {
+                    t.check(now, &(), |b, at| b.handle_failure(at))?;
+                }
             }
             6 => {
                 real.handle_success(now);
                 latest = effective;
+                for t in &mut twins {
+                    t.check(now, &(), |b, at| b.handle_success(at))?;
+                }
             }
             3 => {
-                if real.can_retry(now) != (balance >= 1_000_000) {
+                let got = real.can_retry(now);
+                if got != (balance >= 1_000_000) {
                     return Err(format!(
                         "step {step}: finagle can_retry at balance {balance}"
                     ));
                 }
+                for t in &mut twins {
+                    t.check(now, &got, |b, at| b.can_retry(at))?;
+                }
             }
             _ => {
                 let want = if balance <= 0 { 0 } else { balance / 1_000_000 };
-                if i128::from(real.balance(now)) != want {
+                let got = real.balance(now);
+                if i128::from(got) != want {
                     return Err(format!(
-                        "step {step}: finagle balance {} retries, recount {want}",
-                        real.balance(now)
+                        "step {step}: finagle balance {got} retries, recount {want}"
                     ));
                 }
+                for t in &mut twins {
+                    t.check(now, &got, |b, at| b.balance(at))?;
+                }
             }
+        }
+        if real.anchor() != anchor {
+            return Err(format!(
+                "step {step}: finagle anchored at {:?}, expected {anchor:?}",
+                real.anchor()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What the AWS quota was told, for the recount: tokens taken, or tokens given back.
+#[derive(Clone, Copy, Debug)]
+enum AwsEvent {
+    Take(u64),
+    Give(u64),
+}
+
+/// AWS retry quota recounted: replay every accepted withdrawal and every refill from a full
+/// bucket, each refill capped at the maximum.
+fn aws_recount(max: u64, history: &[AwsEvent]) -> u64 {
+    history.iter().fold(max, |tokens, e| match *e {
+        AwsEvent::Take(n) => tokens - n,
+        AwsEvent::Give(n) => core::cmp::min(max, tokens + n),
+    })
+}
+
+fn aws_cause(c: &mut Cursor<'_>) -> ErrorCause {
+    match c.below(3) {
+        0 => ErrorCause::Transient,
+        1 => ErrorCause::Timeout,
+        _ => ErrorCause::Throttling,
+    }
+}
+
+/// The AWS standard-mode quota: presets and arbitrary costs, every cause, withdrawals,
+/// refunds and first-attempt successes, against a recount.
+fn check_aws(c: &mut Cursor<'_>) -> Result<(), Divergence> {
+    let cost = |c: &mut Cursor<'_>| match c.below(4) {
+        0 => c.small_or_extreme_u32(),
+        _ => u32::from(c.below(20)),
+    };
+    // The reference's own numbers: (max, transient, timeout, throttling, first-attempt
+    // success), the presets written out as the specification gives them.
+    let (max, costs, increment, cfg) = match c.below(4) {
+        0 => (500, [5, 10, 5], 1, AwsRetryQuotaConfig::aws_standard()),
+        1 => (
+            500,
+            [14, 14, 5],
+            1,
+            AwsRetryQuotaConfig::aws_standard_2026(),
+        ),
+        _ => {
+            let max = match c.below(4) {
+                0 => c.small_or_extreme_u32(),
+                _ => u32::from(c.u16() % 1_000),
+            };
+            let costs = [cost(c), cost(c), cost(c)];
+            let increment = cost(c);
+            let cfg = AwsRetryQuotaConfig::default()
+                .with_max_tokens(max)
+                .with_retry_cost(costs[0])
+                .with_timeout_cost(costs[1])
+                .with_throttling_cost(costs[2])
+                .with_no_retry_increment(increment);
+            (max, costs, increment, cfg)
+        }
+    };
+    if cfg.validate().is_err() {
+        return Err(format!("aws config {cfg:?} refused"));
+    }
+    let price = |cause: ErrorCause| -> u64 {
+        u64::from(match cause {
+            ErrorCause::Transient => costs[0],
+            ErrorCause::Timeout => costs[1],
+            _ => costs[2],
+        })
+    };
+    let max = u64::from(max);
+    let mut real = AwsRetryQuota::new(cfg);
+    let mut history: Vec<AwsEvent> = Vec::new();
+    let mut now = Instant::ZERO;
+    let mut step = 0usize;
+    while !c.is_empty() {
+        step += 1;
+        let tokens = aws_recount(max, &history);
+        let Some(op) = c.select(7) else {
+            continue;
+        };
+        match op {
+            0 => now = c.time_step(now),
+            1 | 2 => {
+                // A withdrawal for a cause, or the plain one (a transient error's price).
+                let cause = if op == 1 {
+                    aws_cause(c)
+                } else {
+                    ErrorCause::Transient
+                };
+                let got = if op == 1 {
+                    real.try_withdraw_for(now, cause)
+                } else {
+                    real.try_withdraw(now)
+                };
+                let want = tokens >= price(cause);
+                if got != want {
+                    return Err(format!(
+                        "step {step}: aws withdraw for {cause:?} {got} at {tokens} tokens"
+                    ));
+                }
+                if want {
+                    history.push(AwsEvent::Take(price(cause)));
+                }
+            }
+            3 => {
+                let cause = aws_cause(c);
+                if real.can_retry_for(now, cause) != (tokens >= price(cause)) {
+                    return Err(format!(
+                        "step {step}: aws can_retry for {cause:?} at {tokens} tokens"
+                    ));
+                }
+                if real.can_retry(now) != (tokens >= price(ErrorCause::Transient)) {
+                    return Err(format!("step {step}: aws can_retry at {tokens} tokens"));
+                }
+            }
+            4 => {
+                real.handle_success(now);
+                history.push(AwsEvent::Give(u64::from(increment)));
+            }
+            5 => {
+                let cause = aws_cause(c);
+                real.handle_retry_success(now, cause);
+                history.push(AwsEvent::Give(price(cause)));
+            }
+            _ => {
+                real.handle_failure(now);
+                real.handle_request(now);
+            }
+        }
+        let want = aws_recount(max, &history);
+        if u64::from(real.tokens()) != want {
+            return Err(format!(
+                "step {step}: aws holds {} tokens, recount {want}",
+                real.tokens()
+            ));
         }
     }
     Ok(())

@@ -41,3 +41,20 @@ fn a_retry_due_past_the_deadline_is_checked_both_ways() {
         assert_eq!(check_call(&data), Ok(()), "{step_us} µs, due {due}");
     }
 }
+
+/// One call under the per-class backoffs (mode 3): a throttling error (class 3) retries after
+/// the throttling backoff's 1 s, a transient one (class 1) after 50 ms, each class counting
+/// its own retries (so the second throttled retry waits 2 s). A call that used the transient
+/// backoff for throttling, or one sequence for both, diverges here.
+#[test]
+fn per_class_backoffs_are_reached_and_checked() {
+    let header = [0, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let (start, throttled, transient) = ([1, 0], [2, 0, 0, 3], [2, 0, 0, 1]);
+    let mut data = header.to_vec();
+    data.extend_from_slice(&start);
+    data.extend_from_slice(&throttled);
+    data.extend_from_slice(&transient);
+    data.extend_from_slice(&throttled);
+    data.extend_from_slice(&[4, 0]);
+    assert_eq!(check_call(&data), Ok(()));
+}
