@@ -496,3 +496,86 @@ fn runs_on_async_std_with_its_real_clock() {
     );
     assert_eq!(got, Ok(3));
 }
+
+/// What a scripted operation returns on each attempt, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Throttled,
+    TimedOut,
+    Busy,
+    Fatal,
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn when_cause_picks_the_backoff_and_the_price_of_each_retry() {
+    use throttle_sansio::failover::{AwsRetryQuota, AwsRetryQuotaConfig, ErrorCause};
+    // AWS SDKs, standard mode (the retry behaviour spec, "Retry quota"): 500 tokens, a retry
+    // costs 5, one after a timeout 10. The 2026 revision's backoff: throttling errors from a
+    // 1 s base, others from 50 ms (here unjittered, so the waits are exact).
+    let quota = SharedBudget::new(AwsRetryQuota::new(AwsRetryQuotaConfig::aws_standard()));
+    let transient = BackoffConfig::builder()
+        .initial(Duration::from_millis(50))
+        .jitter(Jitter::None)
+        .build()
+        .unwrap();
+    let throttling = BackoffConfig::builder()
+        .initial(Duration::from_secs(1))
+        .max(Duration::from_secs(20))
+        .jitter(Jitter::None)
+        .build()
+        .unwrap();
+    let script = [
+        Outcome::Throttled,
+        Outcome::Busy,
+        Outcome::Throttled,
+        Outcome::TimedOut,
+        Outcome::Fatal,
+    ];
+    let rt = TokioRuntime::new();
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let prices = Arc::new(Mutex::new(Vec::new()));
+    let (w, p, q) = (Arc::clone(&waits), Arc::clone(&prices), quota.clone());
+    let got = retry(rt.clone(), move |a: Attempt| {
+        core::future::ready(Err::<(), _>(script[a.number as usize - 1]))
+    })
+    .backoff(transient)
+    .throttling_backoff(throttling)
+    .max_retries(10)
+    .budget(&quota)
+    .when_cause(|e: &Outcome| match e {
+        Outcome::Throttled => Some(ErrorCause::Throttling),
+        Outcome::TimedOut => Some(ErrorCause::Timeout),
+        Outcome::Busy => Some(ErrorCause::Transient),
+        Outcome::Fatal => None,
+    })
+    .notify(move |_: &Outcome, after| {
+        w.lock().unwrap().push(after);
+        p.lock().unwrap().push(q.with(|b| b.tokens()));
+    })
+    .await;
+    assert!(
+        matches!(
+            got,
+            Err(RetryError::Surfaced(Surfaced {
+                error: Outcome::Fatal,
+                reason: SurfaceReason::ClassifiedNever,
+                ..
+            }))
+        ),
+        "{got:?}"
+    );
+    // Each cause backs off on its own sequence: throttling 1 s then 2 s, transient 50 ms
+    // then 100 ms (the timeout is transient's second step).
+    assert_eq!(
+        *waits.lock().unwrap(),
+        [
+            Duration::from_secs(1),
+            Duration::from_millis(50),
+            Duration::from_secs(2),
+            Duration::from_millis(100),
+        ]
+    );
+    // The quota after each withdrawal: 5 for throttling and a transient error, 10 after the
+    // timeout.
+    assert_eq!(*prices.lock().unwrap(), [495, 490, 485, 475]);
+}

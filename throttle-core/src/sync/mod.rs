@@ -96,7 +96,9 @@ pub use gate::{GateHandle, Unbound};
 pub use host::bare_host;
 pub use pending::{AcquireBytes, BytesPermit, PendingBytes};
 pub use pool::{ConnPool, Connector, Lease, PoolError};
-pub use retry::{Always, Attempt, Notify, Quiet, Retry, RetryError, RetryIf, SharedBudget, retry};
+pub use retry::{
+    Always, Attempt, ByCause, Notify, Quiet, Retry, RetryError, RetryIf, SharedBudget, retry,
+};
 pub use runtime::{ManualClock, ManualSleep, Runtime};
 pub use seed::{client_rng, next_client_id, process_seed};
 pub use signal::{Changed, WakeSignal, wait_until};

@@ -19,7 +19,7 @@ use super::unwind;
 use super::{Panicked, Runtime, Surfaced};
 use crate::backoff::BackoffConfig;
 use crate::failover::{
-    Call, CallAction, CallConfig, ErrorClass, RetryBudget, SurfaceReason, Unlimited,
+    Call, CallAction, CallConfig, ErrorCause, ErrorClass, RetryBudget, SurfaceReason, Unlimited,
 };
 use crate::rng::SplitMix64;
 use crate::time::Instant;
@@ -100,10 +100,39 @@ impl<B: RetryBudget> SharedBudget<B> {
 }
 
 /// Whether an error is worth a retry: the `when` of [`Retry`]. Closures `FnMut(&E) -> bool`
-/// qualify; [`Always`] retries every error.
+/// qualify; [`Always`] retries every error; [`ByCause`] (from [`Retry::when_cause`]) also
+/// names each retried error's [`ErrorCause`].
 pub trait RetryIf<E> {
     /// `true` to retry after `error`.
     fn retry_if(&mut self, error: &E) -> bool;
+
+    /// `None` to surface `error`, or the cause it is retried for: the cause picks the
+    /// retry's backoff ([`Retry::throttling_backoff`]) and its price in the budget
+    /// ([`RetryBudget::try_withdraw_for`]). The helper calls only this, once per error; the
+    /// default retries what [`retry_if`](Self::retry_if) accepts, as
+    /// [`ErrorCause::Transient`].
+    fn retry_cause(&mut self, error: &E) -> Option<ErrorCause> {
+        if self.retry_if(error) {
+            Some(ErrorCause::Transient)
+        } else {
+            None
+        }
+    }
+}
+
+/// A `when` that names the cause of each retried error: `FnMut(&E) -> Option<ErrorCause>`,
+/// `None` to surface it. Made by [`Retry::when_cause`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ByCause<F>(pub F);
+
+impl<E, F: FnMut(&E) -> Option<ErrorCause>> RetryIf<E> for ByCause<F> {
+    fn retry_if(&mut self, error: &E) -> bool {
+        (self.0)(error).is_some()
+    }
+
+    fn retry_cause(&mut self, error: &E) -> Option<ErrorCause> {
+        (self.0)(error)
+    }
 }
 
 impl<E, F: FnMut(&E) -> bool> RetryIf<E> for F {
@@ -235,6 +264,7 @@ where
         rt,
         op,
         backoff: BackoffConfig::default(),
+        throttling_backoff: None,
         max_retries: 3,
         when: Always,
         notify: Quiet,
@@ -266,12 +296,16 @@ where
 ///   if `notify` then panics, or the future is dropped during the sleep, that withdrawal stays
 ///   spent like a retry that failed at once (budgets hold nothing to give back).
 /// - Budget events: the first attempt is a request, every error `when` accepts a failure
-///   (gRPC's "qualified failure"), a success a success.
+///   (gRPC's "qualified failure"), a success a success (a success after retries is reported
+///   as [`RetryBudget::handle_retry_success`], so a quota refunds the last retry's price).
+///   Each retry is withdrawn with its cause ([`RetryBudget::try_withdraw_for`]):
+///   [`ErrorCause::Transient`] unless `when` names one ([`when_cause`](Self::when_cause)).
 #[must_use = "a retry does nothing until awaited"]
 pub struct Retry<'a, R, Op, W, N, B> {
     rt: R,
     op: Op,
     backoff: BackoffConfig,
+    throttling_backoff: Option<BackoffConfig>,
     max_retries: u32,
     when: W,
     notify: N,
@@ -298,6 +332,16 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
         self
     }
 
+    /// The delays before retries of errors whose cause is [`ErrorCause::Throttling`] (from
+    /// [`when_cause`](Self::when_cause)), counted on their own sequence, as
+    /// [`CallConfig::with_throttling_backoff`]; without it, throttling errors use
+    /// [`backoff`](Self::backoff). AWS SDKs (2026 revision) back off throttling errors from a
+    /// 1 s base and others from 50 ms.
+    pub fn throttling_backoff(mut self, backoff: BackoffConfig) -> Self {
+        self.throttling_backoff = Some(backoff);
+        self
+    }
+
     /// At most `n` retries (the failover [`Call`]'s `max_auto_retries`; 3 by default).
     pub fn max_retries(mut self, n: u32) -> Self {
         self.max_retries = n;
@@ -311,6 +355,7 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
             rt: self.rt,
             op: self.op,
             backoff: self.backoff,
+            throttling_backoff: self.throttling_backoff,
             max_retries: self.max_retries,
             notify: self.notify,
             deadline: self.deadline,
@@ -320,6 +365,13 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
         }
     }
 
+    /// Retry errors for which `when` returns a cause (`None` surfaces the error): like
+    /// [`when`](Self::when), and the cause picks the retry's backoff and its price in the
+    /// budget (an [`AwsRetryQuota`](crate::failover::AwsRetryQuota) charges a timeout more).
+    pub fn when_cause<F>(self, when: F) -> Retry<'a, R, Op, ByCause<F>, N, B> {
+        self.when(ByCause(when))
+    }
+
     /// Called with the error and the delay before each retry.
     pub fn notify<N2>(self, notify: N2) -> Retry<'a, R, Op, W, N2, B> {
         Retry {
@@ -327,6 +379,7 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
             rt: self.rt,
             op: self.op,
             backoff: self.backoff,
+            throttling_backoff: self.throttling_backoff,
             max_retries: self.max_retries,
             when: self.when,
             deadline: self.deadline,
@@ -349,6 +402,7 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
             rt: self.rt,
             op: self.op,
             backoff: self.backoff,
+            throttling_backoff: self.throttling_backoff,
             max_retries: self.max_retries,
             when: self.when,
             notify: self.notify,
@@ -379,6 +433,7 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
             rt,
             mut op,
             backoff,
+            throttling_backoff,
             max_retries,
             mut when,
             mut notify,
@@ -387,9 +442,12 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
             seed,
             ..
         } = self;
-        let config = CallConfig::default()
+        let mut config = CallConfig::default()
             .with_max_auto_retries(max_retries)
             .with_backoff(backoff);
+        if let Some(throttling) = throttling_backoff {
+            config = config.with_throttling_backoff(throttling);
+        }
         let mut call = Call::new(&config).with_deadline(deadline);
         let mut rng = seed.map_or_else(|| client_rng(next_client_id()), SplitMix64::new);
         let mut own = Unlimited;
@@ -414,10 +472,9 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
                 }
                 Err(error) => error,
             };
-            let class = if unwind::call(|| when.retry_if(&error))? {
-                ErrorClass::RETRY
-            } else {
-                ErrorClass::SURFACE
+            let class = match unwind::call(|| when.retry_cause(&error))? {
+                Some(cause) => ErrorClass::RETRY.with_cause(cause),
+                None => ErrorClass::SURFACE,
             };
             let action = decide(&mut |b| call.handle_error(rt.now(), class, b, &mut rng))?;
             let after = match action {
