@@ -264,6 +264,28 @@ pub mod backoff {
         &[Upstream::new("Gobblin", "ExponentialBackoff.maxWait")],
     );
 
+    /// Whether `max` clamps the jittered delay or only the base.
+    pub const JITTER_ORDER: ConfigOption = ConfigOption::new(
+        B,
+        "jitter_order",
+        "BackoffConfigBuilder::jitter_order",
+        NONE,
+    );
+    /// The first delay of a sequence is its base, undrawn (gRPC's first connection wait).
+    pub const FIRST_DELAY_UNJITTERED: ConfigOption = ConfigOption::new(
+        B,
+        "first_delay_unjittered",
+        "BackoffConfigBuilder::first_delay_unjittered",
+        NONE,
+    );
+    /// The shortest time a connection attempt is given (gRPC's connection-backoff protocol).
+    pub const MIN_CONNECT_TIMEOUT: ConfigOption = ConfigOption::new(
+        B,
+        "min_connect_timeout",
+        "BackoffConfigBuilder::min_connect_timeout",
+        &[Upstream::new("gRPC", "MIN_CONNECT_TIMEOUT")],
+    );
+
     const DISK: &str = "BackoffConfig::fluss_disk_write_locked()";
     /// `initial` of the Fluss disk-write-locked preset (Fluss PR #4293).
     pub const FLUSS_DISK_INITIAL: ConfigOption = ConfigOption::new(
@@ -700,6 +722,9 @@ pub const ALL: &[&ConfigOption] = &[
     &backoff::TOTAL_BUDGET,
     &backoff::MAX_ATTEMPTS,
     &backoff::MAX_WAIT,
+    &backoff::JITTER_ORDER,
+    &backoff::FIRST_DELAY_UNJITTERED,
+    &backoff::MIN_CONNECT_TIMEOUT,
     &backoff::FLUSS_DISK_INITIAL,
     &backoff::FLUSS_DISK_MAX,
     &backoff::FLUSS_RETRY_INITIAL,
