@@ -404,6 +404,67 @@ pub mod backoff {
     );
 }
 
+/// The gRPC service-config keys [`crate::grpc_config`] reads (gRFC A6), named as in the JSON.
+pub mod grpc_service_config {
+    use super::{ConfigOption, NONE, Upstream};
+
+    const P: &str = "GrpcRetryPolicy";
+    const RP: &str = "GrpcRetryPolicy::from_json";
+    const T: &str = "retry_throttling_from_json";
+
+    /// The JSON text itself (malformed, or nested too deeply).
+    pub const JSON: ConfigOption = ConfigOption::new("grpc_config", "json", RP, NONE);
+    /// Attempts including the original (2..=5 after A6's cap).
+    pub const MAX_ATTEMPTS: ConfigOption = ConfigOption::new(
+        P,
+        "maxAttempts",
+        RP,
+        &[Upstream::new("gRPC", "retryPolicy.maxAttempts")],
+    );
+    /// The first backoff, a proto-JSON duration.
+    pub const INITIAL_BACKOFF: ConfigOption = ConfigOption::new(
+        P,
+        "initialBackoff",
+        RP,
+        &[Upstream::new("gRPC", "retryPolicy.initialBackoff")],
+    );
+    /// The largest base backoff, a proto-JSON duration.
+    pub const MAX_BACKOFF: ConfigOption = ConfigOption::new(
+        P,
+        "maxBackoff",
+        RP,
+        &[Upstream::new("gRPC", "retryPolicy.maxBackoff")],
+    );
+    /// The growth factor, at least 1 here.
+    pub const BACKOFF_MULTIPLIER: ConfigOption = ConfigOption::new(
+        P,
+        "backoffMultiplier",
+        RP,
+        &[Upstream::new("gRPC", "retryPolicy.backoffMultiplier")],
+    );
+    /// The status codes that are retried.
+    pub const RETRYABLE_STATUS_CODES: ConfigOption = ConfigOption::new(
+        P,
+        "retryableStatusCodes",
+        RP,
+        &[Upstream::new("gRPC", "retryPolicy.retryableStatusCodes")],
+    );
+    /// The throttle's token count, 1..=1000.
+    pub const MAX_TOKENS: ConfigOption = ConfigOption::new(
+        T,
+        "maxTokens",
+        T,
+        &[Upstream::new("gRPC", "retryThrottling.maxTokens")],
+    );
+    /// Tokens a success adds, kept to three decimals.
+    pub const TOKEN_RATIO: ConfigOption = ConfigOption::new(
+        T,
+        "tokenRatio",
+        T,
+        &[Upstream::new("gRPC", "retryThrottling.tokenRatio")],
+    );
+}
+
 /// [`PressureConfig`](crate::PressureConfig), the server half of KV backpressure.
 pub mod pressure {
     use super::{ConfigOption, NONE, Upstream};
@@ -738,6 +799,14 @@ pub const ALL: &[&ConfigOption] = &[
     &backoff::GOBBLIN_INITIAL,
     &backoff::GOBBLIN_MAX,
     &backoff::GOBBLIN_MULTIPLIER,
+    &grpc_service_config::JSON,
+    &grpc_service_config::MAX_ATTEMPTS,
+    &grpc_service_config::INITIAL_BACKOFF,
+    &grpc_service_config::MAX_BACKOFF,
+    &grpc_service_config::BACKOFF_MULTIPLIER,
+    &grpc_service_config::RETRYABLE_STATUS_CODES,
+    &grpc_service_config::MAX_TOKENS,
+    &grpc_service_config::TOKEN_RATIO,
     &pressure::L0_TRIGGER,
     &pressure::SLOWDOWN_TRIGGER,
     &pressure::WRITE_BUFFER_SIZE,
