@@ -1,6 +1,6 @@
 //! gRPC service config → our configs: a method config's `retryPolicy` (gRFC A6) becomes a
 //! [`BackoffConfig`], a [`CallConfig`] and a classifier of gRPC status codes
-//! ([`GrpcStatusCodes`]); `retryThrottling` becomes a [`GrpcThrottleConfig`].
+//! ([`GrpcStatusCodes`]); `retryThrottling` becomes a [`GrpcThrottleConfig`] ([`GrpcRetryThrottling`]).
 //!
 //! Input is the JSON text itself, read by a small no-allocation reader (no float is ever
 //! involved: durations, the multiplier and `tokenRatio` are parsed as exact decimals).
@@ -255,7 +255,7 @@ impl GrpcRetryPolicy {
     /// name or a number outside 0..=16. Malformed JSON is refused as `json`. Unknown keys are
     /// skipped; keys match in any ASCII case and in snake case (`max_attempts`).
     pub fn from_json(text: &str) -> Result<Self, ConfigError> {
-        let mut r = Reader::new(text);
+        let mut r = Reader::new(text, &opt::JSON);
         let raw = Self::read(&mut r)?;
         r.end()?;
         Self::validate(&raw)
@@ -265,7 +265,7 @@ impl GrpcRetryPolicy {
     /// `retryPolicy`, or `None` if it has none (its RPCs are not retried). Other keys
     /// (`name`, `timeout`, `waitForReady`, …) are skipped unread.
     pub fn from_method_config_json(text: &str) -> Result<Option<Self>, ConfigError> {
-        let mut r = Reader::new(text);
+        let mut r = Reader::new(text, &opt::JSON);
         r.begin_object()?;
         let mut first = true;
         let mut raw = None;
@@ -374,68 +374,83 @@ impl GrpcRetryPolicy {
     }
 }
 
-/// Parses a `retryThrottling` object (its JSON text) into a [`GrpcThrottleConfig`]:
-/// `maxTokens` an integer in 1..=1000, `tokenRatio` a number above zero kept to three decimals,
-/// truncated, as gRPC does (`0.5466` → 546 milli-tokens), read as an exact decimal. A ratio
-/// whose three decimals are all zero (`0.0009`) is refused. Errors name the key.
+/// A validated gRFC A6 `retryThrottling`, which becomes a [`GrpcThrottleConfig`].
 ///
 /// ```
-/// use throttle_sansio::grpc_config::retry_throttling_from_json;
+/// use throttle_sansio::grpc_config::GrpcRetryThrottling;
 ///
-/// let t = retry_throttling_from_json(r#"{"maxTokens": 10, "tokenRatio": 0.1}"#)?;
-/// assert_eq!((t.max_tokens(), t.milli_token_ratio()), (10, 100));
+/// let t = GrpcRetryThrottling::from_json(r#"{"maxTokens": 10, "tokenRatio": 0.1}"#)?;
+/// let config = t.throttle_config();
+/// assert_eq!((config.max_tokens(), config.milli_token_ratio()), (10, 100));
 /// # Ok::<(), throttle_sansio::ConfigError>(())
 /// ```
-pub fn retry_throttling_from_json(text: &str) -> Result<GrpcThrottleConfig, ConfigError> {
-    let mut r = Reader::new(text);
-    r.begin_object()?;
-    let (mut tokens, mut ratio) = (None, None);
-    let mut first = true;
-    while let Some(key) = r.next_key(&mut first)? {
-        if key.is_key("maxTokens", "max_tokens") {
-            tokens = Some(r.number().map_err(|_| wrong_type(&opt::MAX_TOKENS))?);
-        } else if key.is_key("tokenRatio", "token_ratio") {
-            ratio = Some(r.number().map_err(|_| wrong_type(&opt::TOKEN_RATIO))?);
-        } else {
-            r.skip()?;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcRetryThrottling {
+    config: GrpcThrottleConfig,
+}
+
+impl GrpcRetryThrottling {
+    /// Parses a `retryThrottling` object (its JSON text): `maxTokens` an integer in 1..=1000,
+    /// `tokenRatio` a number above zero kept to three decimals, truncated, as gRPC does
+    /// (`0.5466` → 546 milli-tokens), read as an exact decimal. A ratio whose three decimals
+    /// are all zero (`0.0009`) is refused. Errors name the key; malformed JSON is refused as
+    /// `json`.
+    pub fn from_json(text: &str) -> Result<Self, ConfigError> {
+        let mut r = Reader::new(text, &opt::THROTTLING_JSON);
+        r.begin_object()?;
+        let (mut tokens, mut ratio) = (None, None);
+        let mut first = true;
+        while let Some(key) = r.next_key(&mut first)? {
+            if key.is_key("maxTokens", "max_tokens") {
+                tokens = Some(r.number().map_err(|_| wrong_type(&opt::MAX_TOKENS))?);
+            } else if key.is_key("tokenRatio", "token_ratio") {
+                ratio = Some(r.number().map_err(|_| wrong_type(&opt::TOKEN_RATIO))?);
+            } else {
+                r.skip()?;
+            }
         }
-    }
-    r.end()?;
-    let tokens = integer(tokens.ok_or(missing(&opt::MAX_TOKENS))?, &opt::MAX_TOKENS)?;
-    if !(1..=1_000).contains(&tokens) {
-        return Err(ConfigError::OutOfRange {
-            option: &opt::MAX_TOKENS,
-            got: tokens,
-            min: 1,
-            max: 1_000,
-            unit: "tokens",
-        });
-    }
-    let ratio = ratio.ok_or(missing(&opt::TOKEN_RATIO))?;
-    let dec = Decimal::parse(ratio).ok_or(wrong_type(&opt::TOKEN_RATIO))?;
-    if dec.negative || dec.is_zero() {
-        return Err(ConfigError::Invalid {
-            option: &opt::TOKEN_RATIO,
-            reason: "must be greater than zero (gRFC A6)",
-        });
-    }
-    let milli = dec.floor_scaled(3).unwrap_or(u64::MAX);
-    let milli_u32 =
-        u32::try_from(milli)
-            .ok()
-            .filter(|m| *m >= 1)
-            .ok_or(ConfigError::OutOfRange {
-                option: &opt::TOKEN_RATIO,
-                got: milli,
+        r.end()?;
+        let tokens = integer(tokens.ok_or(missing(&opt::MAX_TOKENS))?, &opt::MAX_TOKENS)?;
+        if !(1..=1_000).contains(&tokens) {
+            return Err(ConfigError::OutOfRange {
+                option: &opt::MAX_TOKENS,
+                got: tokens,
                 min: 1,
-                max: u64::from(u32::MAX),
-                unit: "milli-tokens",
-            })?;
-    let config = GrpcThrottleConfig::default()
-        .with_max_tokens(u32::try_from(tokens).unwrap_or(1_000))
-        .with_milli_token_ratio(milli_u32);
-    config.validate()?;
-    Ok(config)
+                max: 1_000,
+                unit: "tokens",
+            });
+        }
+        let ratio = ratio.ok_or(missing(&opt::TOKEN_RATIO))?;
+        let dec = Decimal::parse(ratio).ok_or(wrong_type(&opt::TOKEN_RATIO))?;
+        if dec.negative || dec.is_zero() {
+            return Err(ConfigError::Invalid {
+                option: &opt::TOKEN_RATIO,
+                reason: "must be greater than zero (gRFC A6)",
+            });
+        }
+        let milli = dec.floor_scaled(3).unwrap_or(u64::MAX);
+        let milli_u32 =
+            u32::try_from(milli)
+                .ok()
+                .filter(|m| *m >= 1)
+                .ok_or(ConfigError::OutOfRange {
+                    option: &opt::TOKEN_RATIO,
+                    got: milli,
+                    min: 1,
+                    max: u64::from(u32::MAX),
+                    unit: "milli-tokens",
+                })?;
+        let config = GrpcThrottleConfig::default()
+            .with_max_tokens(u32::try_from(tokens).unwrap_or(1_000))
+            .with_milli_token_ratio(milli_u32);
+        config.validate()?;
+        Ok(GrpcRetryThrottling { config })
+    }
+
+    /// The throttle's config: `maxTokens` and the milli-token ratio.
+    pub fn throttle_config(&self) -> GrpcThrottleConfig {
+        self.config
+    }
 }
 
 fn missing(option: &'static ConfigOption) -> ConfigError {

@@ -410,10 +410,13 @@ pub mod grpc_service_config {
 
     const P: &str = "GrpcRetryPolicy";
     const RP: &str = "GrpcRetryPolicy::from_json";
-    const T: &str = "retry_throttling_from_json";
+    const T: &str = "GrpcRetryThrottling";
+    const RT: &str = "GrpcRetryThrottling::from_json";
 
-    /// The JSON text itself (malformed, or nested too deeply).
-    pub const JSON: ConfigOption = ConfigOption::new("grpc_config", "json", RP, NONE);
+    /// A retry policy's or method config's JSON text itself (malformed, or nested too deeply).
+    pub const JSON: ConfigOption = ConfigOption::new(P, "json", RP, NONE);
+    /// A `retryThrottling` object's JSON text itself.
+    pub const THROTTLING_JSON: ConfigOption = ConfigOption::new(T, "json", RT, NONE);
     /// Attempts including the original (2..=5 after A6's cap).
     pub const MAX_ATTEMPTS: ConfigOption = ConfigOption::new(
         P,
@@ -453,14 +456,14 @@ pub mod grpc_service_config {
     pub const MAX_TOKENS: ConfigOption = ConfigOption::new(
         T,
         "maxTokens",
-        T,
+        RT,
         &[Upstream::new("gRPC", "retryThrottling.maxTokens")],
     );
     /// Tokens a success adds, kept to three decimals.
     pub const TOKEN_RATIO: ConfigOption = ConfigOption::new(
         T,
         "tokenRatio",
-        T,
+        RT,
         &[Upstream::new("gRPC", "retryThrottling.tokenRatio")],
     );
 }
@@ -805,6 +808,7 @@ pub const ALL: &[&ConfigOption] = &[
     &grpc_service_config::MAX_BACKOFF,
     &grpc_service_config::BACKOFF_MULTIPLIER,
     &grpc_service_config::RETRYABLE_STATUS_CODES,
+    &grpc_service_config::THROTTLING_JSON,
     &grpc_service_config::MAX_TOKENS,
     &grpc_service_config::TOKEN_RATIO,
     &pressure::L0_TRIGGER,

@@ -2,23 +2,18 @@
 //! recursion past [`MAX_DEPTH`], every malformed input an error, never a panic.
 
 use crate::error::ConfigError;
-use crate::options::grpc_service_config as opt;
+use crate::options::ConfigOption;
 
 /// Nesting deeper than this is refused (skipped values included), so the reader's stack is
 /// bounded whatever the input.
 pub(super) const MAX_DEPTH: u32 = 64;
 
-fn malformed(reason: &'static str) -> ConfigError {
-    ConfigError::Invalid {
-        option: &opt::JSON,
-        reason,
-    }
-}
-
 /// A cursor over the JSON text.
 pub(super) struct Reader<'a> {
     s: &'a [u8],
     pos: usize,
+    /// The option a malformed text is reported as.
+    json: &'static ConfigOption,
 }
 
 /// A JSON string as it appears between its quotes, and whether it holds an escape (such a
@@ -40,10 +35,18 @@ impl Str<'_> {
 }
 
 impl<'a> Reader<'a> {
-    pub(super) fn new(text: &'a str) -> Self {
+    pub(super) fn new(text: &'a str, json: &'static ConfigOption) -> Self {
         Reader {
             s: text.as_bytes(),
             pos: 0,
+            json,
+        }
+    }
+
+    fn malformed(&self, reason: &'static str) -> ConfigError {
+        ConfigError::Invalid {
+            option: self.json,
+            reason,
         }
     }
 
@@ -73,7 +76,7 @@ impl<'a> Reader<'a> {
         if self.pos == self.s.len() {
             Ok(())
         } else {
-            Err(malformed("trailing characters after the JSON value"))
+            Err(self.malformed("trailing characters after the JSON value"))
         }
     }
 
@@ -82,7 +85,7 @@ impl<'a> Reader<'a> {
         if self.eat(b'{') {
             Ok(())
         } else {
-            Err(malformed("expected an object"))
+            Err(self.malformed("expected an object"))
         }
     }
 
@@ -95,13 +98,13 @@ impl<'a> Reader<'a> {
             return Ok(None);
         }
         if !*first && !self.eat(b',') {
-            return Err(malformed("expected `,` or `}` in an object"));
+            return Err(self.malformed("expected `,` or `}` in an object"));
         }
         *first = false;
         self.ws();
         let key = self.string()?;
         if !self.eat(b':') {
-            return Err(malformed("expected `:` after an object key"));
+            return Err(self.malformed("expected `:` after an object key"));
         }
         Ok(Some(key))
     }
@@ -111,7 +114,7 @@ impl<'a> Reader<'a> {
         if self.eat(b'[') {
             Ok(())
         } else {
-            Err(malformed("expected an array"))
+            Err(self.malformed("expected an array"))
         }
     }
 
@@ -121,7 +124,7 @@ impl<'a> Reader<'a> {
             return Ok(false);
         }
         if !*first && !self.eat(b',') {
-            return Err(malformed("expected `,` or `]` in an array"));
+            return Err(self.malformed("expected `,` or `]` in an array"));
         }
         *first = false;
         Ok(true)
@@ -131,14 +134,14 @@ impl<'a> Reader<'a> {
     pub(super) fn string(&mut self) -> Result<Str<'a>, ConfigError> {
         self.ws();
         if self.peek() != Some(b'"') {
-            return Err(malformed("expected a string"));
+            return Err(self.malformed("expected a string"));
         }
         self.pos += 1;
         let start = self.pos;
         let mut escaped = false;
         loop {
             match self.peek() {
-                None => return Err(malformed("unterminated string")),
+                None => return Err(self.malformed("unterminated string")),
                 Some(b'"') => break,
                 Some(b'\\') => {
                     escaped = true;
@@ -151,15 +154,15 @@ impl<'a> Reader<'a> {
                             self.pos += 1;
                             for _ in 0..4 {
                                 if !self.peek().is_some_and(|b| b.is_ascii_hexdigit()) {
-                                    return Err(malformed("bad \\u escape in a string"));
+                                    return Err(self.malformed("bad \\u escape in a string"));
                                 }
                                 self.pos += 1;
                             }
                         }
-                        _ => return Err(malformed("bad escape in a string")),
+                        _ => return Err(self.malformed("bad escape in a string")),
                     }
                 }
-                Some(b) if b < 0x20 => return Err(malformed("control character in a string")),
+                Some(b) if b < 0x20 => return Err(self.malformed("control character in a string")),
                 Some(_) => self.pos += 1,
             }
         }
@@ -189,7 +192,11 @@ impl<'a> Reader<'a> {
     pub(super) fn number(&mut self) -> Result<&'a [u8], ConfigError> {
         self.ws();
         let start = self.pos;
-        let bad = || malformed("expected a number");
+        let json = self.json;
+        let bad = || ConfigError::Invalid {
+            option: json,
+            reason: "expected a number",
+        };
         if self.peek() == Some(b'-') {
             self.pos += 1;
         }
@@ -231,7 +238,7 @@ impl<'a> Reader<'a> {
 
     fn skip_at(&mut self, depth: u32) -> Result<(), ConfigError> {
         if depth >= MAX_DEPTH {
-            return Err(malformed("nested too deeply"));
+            return Err(self.malformed("nested too deeply"));
         }
         self.ws();
         match self.peek() {
@@ -264,7 +271,7 @@ impl<'a> Reader<'a> {
             self.pos += word.len();
             Ok(())
         } else {
-            Err(malformed("unknown literal"))
+            Err(self.malformed("unknown literal"))
         }
     }
 }

@@ -275,7 +275,10 @@ fn retry_throttling_truncates_token_ratio_to_three_decimals_exactly() {
     // gRFC A6 "Throttling Configuration" example (maxTokens 10, tokenRatio 0.1), and the
     // issue's 0.5466 → 546 milli-tokens (gRPC keeps three decimals, truncating).
     let t = |json: &str| {
-        retry_throttling_from_json(json).map(|c| (c.max_tokens(), c.milli_token_ratio()))
+        GrpcRetryThrottling::from_json(json).map(|t| {
+            let c = t.throttle_config();
+            (c.max_tokens(), c.milli_token_ratio())
+        })
     };
     assert_eq!(t(r#"{"maxTokens": 10, "tokenRatio": 0.1}"#), Ok((10, 100)));
     assert_eq!(
@@ -295,7 +298,7 @@ fn retry_throttling_truncates_token_ratio_to_three_decimals_exactly() {
         Ok((3, 546))
     );
     let key = |json: &str| {
-        retry_throttling_from_json(json)
+        GrpcRetryThrottling::from_json(json)
             .unwrap_err()
             .option()
             .name()
@@ -347,7 +350,11 @@ fn malformed_json_is_refused_as_json_without_panicking() {
     ] {
         let e = GrpcRetryPolicy::from_json(bad).unwrap_err();
         assert_eq!(e.option().name(), "json", "{bad:.40}");
-        assert!(retry_throttling_from_json(bad).is_err());
+        assert_eq!(
+            GrpcRetryThrottling::from_json(bad).unwrap_err().option(),
+            &opt::THROTTLING_JSON,
+            "{bad:.40}"
+        );
         assert!(GrpcRetryPolicy::from_method_config_json(bad).is_err());
     }
     // Unknown keys of every JSON kind are skipped; keys match in any case and in snake case.
