@@ -11,6 +11,16 @@ use crate::options::{ConfigOption, backoff as opt};
 use crate::time::duration_to_nanos;
 
 pub(super) const NS_PER_MS: u64 = 1_000_000;
+
+/// A span in ns, `u64::MAX` for anything longer (the saturation point), usable in `const`.
+const fn nanos(d: Duration) -> u64 {
+    let n = d.as_nanos();
+    if n > u64::MAX as u128 {
+        u64::MAX
+    } else {
+        n as u64
+    }
+}
 /// Fluss validates its backoff options as Java `int` milliseconds.
 pub(super) const FLUSS_MAX_NS: u64 = 2_147_483_647 * NS_PER_MS;
 
@@ -164,45 +174,48 @@ impl BackoffConfigBuilder {
     /// [`BackoffConfig::grpc_connection`]). The backoff itself never reads it; any value is
     /// accepted, `None` (the default) means no minimum. Durations past `u64::MAX` ns count as
     /// `u64::MAX` ns.
-    pub fn min_connect_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.min_connect_timeout = timeout.map(duration_to_nanos);
+    pub const fn min_connect_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.min_connect_timeout = match timeout {
+            Some(t) => Some(nanos(t)),
+            None => None,
+        };
         self
     }
 
     /// The first base delay; zero disables the backoff (where the rules allow it).
-    pub fn initial(mut self, initial: Duration) -> Self {
-        self.initial = duration_to_nanos(initial);
+    pub const fn initial(mut self, initial: Duration) -> Self {
+        self.initial = nanos(initial);
         self
     }
 
     /// The largest delay, jitter included.
-    pub fn max(mut self, max: Duration) -> Self {
-        self.max = duration_to_nanos(max);
+    pub const fn max(mut self, max: Duration) -> Self {
+        self.max = nanos(max);
         self
     }
 
     /// The growth factor `num/den` (at least 1: `num ≥ den > 0`), e.g. `(2, 1)` or `(16, 10)`.
-    pub fn multiplier(mut self, num: u32, den: u32) -> Self {
+    pub const fn multiplier(mut self, num: u32, den: u32) -> Self {
         self.num = num;
         self.den = den;
         self
     }
 
     /// The jitter strategy.
-    pub fn jitter(mut self, jitter: Jitter) -> Self {
+    pub const fn jitter(mut self, jitter: Jitter) -> Self {
         self.jitter = jitter;
         self
     }
 
     /// The smallest delay, applied after jitter (at most `max`, a multiple of `resolution`).
-    pub fn floor(mut self, floor: Duration) -> Self {
-        self.floor = duration_to_nanos(floor);
+    pub const fn floor(mut self, floor: Duration) -> Self {
+        self.floor = nanos(floor);
         self
     }
 
     /// Delays are truncated down to a multiple of this (at least 1 ns).
-    pub fn resolution(mut self, resolution: Duration) -> Self {
-        self.resolution = duration_to_nanos(resolution);
+    pub const fn resolution(mut self, resolution: Duration) -> Self {
+        self.resolution = nanos(resolution);
         self
     }
 
@@ -212,8 +225,11 @@ impl BackoffConfigBuilder {
     /// run.
     ///
     /// [`Backoff::next_delay`]: super::Backoff::next_delay
-    pub fn total_budget(mut self, budget: Option<Duration>) -> Self {
-        self.budget = budget.map(duration_to_nanos);
+    pub const fn total_budget(mut self, budget: Option<Duration>) -> Self {
+        self.budget = match budget {
+            Some(b) => Some(nanos(b)),
+            None => None,
+        };
         self
     }
 
@@ -223,7 +239,7 @@ impl BackoffConfigBuilder {
     ///
     /// [`Backoff::next_delay`]: super::Backoff::next_delay
     /// [`Exhausted::Attempts`]: super::Exhausted::Attempts
-    pub fn max_attempts(mut self, n: Option<u32>) -> Self {
+    pub const fn max_attempts(mut self, n: Option<u32>) -> Self {
         self.max_attempts = n;
         self
     }
@@ -235,8 +251,11 @@ impl BackoffConfigBuilder {
     /// never lets it. `None` (the default) sets no limit.
     ///
     /// [`Exhausted::MaxWait`]: super::Exhausted::MaxWait
-    pub fn max_wait(mut self, max_wait: Option<Duration>) -> Self {
-        self.max_wait = max_wait.map(duration_to_nanos);
+    pub const fn max_wait(mut self, max_wait: Option<Duration>) -> Self {
+        self.max_wait = match max_wait {
+            Some(w) => Some(nanos(w)),
+            None => None,
+        };
         self
     }
 

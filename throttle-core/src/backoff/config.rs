@@ -116,7 +116,25 @@ impl BackoffConfig {
 
     /// A builder with general rules (`initial ≤ max`, no preset bounds), starting from
     /// 1 s → 10 s, ×2, ±20 %, floor 0, resolution 1 ms, no budget, no attempt or wait limit.
-    pub fn builder() -> BackoffConfigBuilder {
+    ///
+    /// `const`, like every setter of the builder, so a config's options can be a `const` (as
+    /// backon's `ExponentialBuilder` can); validation and the precomputed ramp happen in
+    /// [`BackoffConfigBuilder::build`], at run time:
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::backoff::{BackoffConfig, BackoffConfigBuilder, Jitter, JitterOrder};
+    ///
+    /// const RETRY: BackoffConfigBuilder = BackoffConfig::builder()
+    ///     .initial(Duration::from_millis(100))
+    ///     .max(Duration::from_secs(1))
+    ///     .jitter(Jitter::PerDelay { ppm: 1_000_000 })
+    ///     .jitter_order(JitterOrder::CapThenJitter);
+    /// let cfg = RETRY.build()?;
+    /// assert_eq!(cfg.initial(), Duration::from_millis(100));
+    /// # Ok::<(), throttle_sansio::ConfigError>(())
+    /// ```
+    pub const fn builder() -> BackoffConfigBuilder {
         BackoffConfigBuilder::preset(GENERAL, ms(1_000), ms(10_000), (2, 1), TWENTY_PERCENT)
     }
 

@@ -1415,3 +1415,64 @@ fn extremes_saturate_at_u64_max_nanoseconds() {
     assert_eq!(b.next_delay(&cfg, &mut rng), Some(top));
     assert_eq!(b.attempt(), u32::MAX);
 }
+
+/// Built in a `const`: the gRPC connection preset's options, through the general builder.
+const GRPC_LIKE: BackoffConfigBuilder = BackoffConfig::builder()
+    .initial(Duration::from_secs(1))
+    .max(Duration::from_secs(120))
+    .multiplier(16, 10)
+    .jitter(Jitter::Proportional { ppm: 200_000 })
+    .jitter_order(JitterOrder::CapThenJitter)
+    .first_delay_unjittered(true)
+    .min_connect_timeout(Some(Duration::from_secs(20)));
+
+/// `Duration::MAX` in a `const` saturates at `u64::MAX` ns like the run-time setters.
+const HUGE: BackoffConfigBuilder = BackoffConfig::builder()
+    .max(Duration::MAX)
+    // 1 s past the saturation point (`Duration::MAX` wraps to `u64::MAX` by chance).
+    .total_budget(Some(Duration::from_secs(18_446_744_074)))
+    .max_wait(Some(Duration::from_secs(30)))
+    .max_attempts(Some(7))
+    .floor(Duration::from_millis(2))
+    .resolution(Duration::from_millis(1));
+
+#[test]
+fn const_builders_give_the_same_configs_as_run_time_ones() {
+    let cfg = GRPC_LIKE.build().unwrap();
+    let preset = BackoffConfig::grpc_connection();
+    assert_eq!(
+        (cfg.initial(), cfg.max(), cfg.multiplier(), cfg.jitter()),
+        (
+            preset.initial(),
+            preset.max(),
+            preset.multiplier(),
+            preset.jitter()
+        )
+    );
+    assert_eq!(
+        (
+            cfg.jitter_order(),
+            cfg.first_delay_unjittered(),
+            cfg.min_connect_timeout()
+        ),
+        (
+            preset.jitter_order(),
+            preset.first_delay_unjittered(),
+            preset.min_connect_timeout()
+        )
+    );
+    assert_eq!(sequence_ms(&cfg, 40, 11), sequence_ms(&preset, 40, 11));
+    let huge = HUGE.build().unwrap();
+    let run_time = BackoffConfig::builder()
+        .max(Duration::MAX)
+        .total_budget(Some(Duration::from_secs(18_446_744_074)))
+        .max_wait(Some(Duration::from_secs(30)))
+        .max_attempts(Some(7))
+        .floor(Duration::from_millis(2))
+        .resolution(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    assert_eq!(huge, run_time);
+    assert_eq!(huge.max(), Duration::from_nanos(u64::MAX));
+    assert_eq!(huge.total_budget(), Some(Duration::from_nanos(u64::MAX)));
+}
