@@ -14,6 +14,7 @@ use throttle_sansio::dispatch_window::WindowConfig;
 use throttle_sansio::failover::{
     AwsRetryQuotaConfig, CallConfig, CoalescerConfig, FinagleBudgetConfig, GrpcThrottleConfig,
 };
+use throttle_sansio::grpc_config::{GrpcRetryPolicy, GrpcRetryThrottling};
 use throttle_sansio::options::{self, ConfigOption};
 use throttle_sansio::paced_writer::PacedWriterConfig;
 use throttle_sansio::pending_bytes::PendingBytesConfig;
@@ -399,6 +400,9 @@ fn every_method_in_the_table_exists() {
         &backoff::TOTAL_BUDGET => BackoffConfigBuilder::total_budget,
         &backoff::MAX_ATTEMPTS => BackoffConfigBuilder::max_attempts,
         &backoff::MAX_WAIT => BackoffConfigBuilder::max_wait,
+        &backoff::JITTER_ORDER => BackoffConfigBuilder::jitter_order,
+        &backoff::FIRST_DELAY_UNJITTERED => BackoffConfigBuilder::first_delay_unjittered,
+        &backoff::MIN_CONNECT_TIMEOUT => BackoffConfigBuilder::min_connect_timeout,
         &backoff::FLUSS_DISK_INITIAL => BackoffConfigBuilder::initial,
         &backoff::FLUSS_DISK_MAX => BackoffConfigBuilder::max,
         &backoff::FLUSS_RETRY_INITIAL => BackoffConfigBuilder::initial,
@@ -412,6 +416,15 @@ fn every_method_in_the_table_exists() {
         &backoff::GOBBLIN_INITIAL => BackoffConfigBuilder::initial,
         &backoff::GOBBLIN_MAX => BackoffConfigBuilder::max,
         &backoff::GOBBLIN_MULTIPLIER => BackoffConfigBuilder::multiplier,
+        &grpc_service_config::JSON => GrpcRetryPolicy::from_json,
+        &grpc_service_config::MAX_ATTEMPTS => GrpcRetryPolicy::from_json,
+        &grpc_service_config::INITIAL_BACKOFF => GrpcRetryPolicy::from_json,
+        &grpc_service_config::MAX_BACKOFF => GrpcRetryPolicy::from_json,
+        &grpc_service_config::BACKOFF_MULTIPLIER => GrpcRetryPolicy::from_json,
+        &grpc_service_config::RETRYABLE_STATUS_CODES => GrpcRetryPolicy::from_json,
+        &grpc_service_config::THROTTLING_JSON => GrpcRetryThrottling::from_json,
+        &grpc_service_config::MAX_TOKENS => GrpcRetryThrottling::from_json,
+        &grpc_service_config::TOKEN_RATIO => GrpcRetryThrottling::from_json,
         &pressure::L0_TRIGGER => PressureConfigBuilder::l0_trigger,
         &pressure::SLOWDOWN_TRIGGER => PressureConfigBuilder::l0_slowdown_writes_trigger,
         &pressure::WRITE_BUFFER_SIZE => PressureConfigBuilder::flush_budget,

@@ -20,6 +20,7 @@ pub mod dispatch_window;
 mod divisor;
 pub mod error;
 pub mod failover;
+pub mod grpc_config;
 mod maintenance;
 pub mod options;
 pub mod paced_writer;
@@ -40,7 +41,7 @@ mod test_key;
 #[cfg(feature = "model")]
 pub mod model;
 
-pub use backoff::{Backoff, BackoffConfig, Jitter};
+pub use backoff::{Backoff, BackoffConfig, Jitter, JitterOrder};
 pub use backpressure::{Decision, PressureConfig, ServerPressure, Signal, ThrottleCurve};
 pub use batcher::{
     Batch, BatchAction, BatchKind, Batcher, BatcherConfig, FailReason, OpId, Refused, Withdrawal,

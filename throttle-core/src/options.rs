@@ -264,6 +264,28 @@ pub mod backoff {
         &[Upstream::new("Gobblin", "ExponentialBackoff.maxWait")],
     );
 
+    /// Whether `max` clamps the jittered delay or only the base.
+    pub const JITTER_ORDER: ConfigOption = ConfigOption::new(
+        B,
+        "jitter_order",
+        "BackoffConfigBuilder::jitter_order",
+        NONE,
+    );
+    /// The first delay of a sequence is its base, undrawn (gRPC's first connection wait).
+    pub const FIRST_DELAY_UNJITTERED: ConfigOption = ConfigOption::new(
+        B,
+        "first_delay_unjittered",
+        "BackoffConfigBuilder::first_delay_unjittered",
+        NONE,
+    );
+    /// The shortest time a connection attempt is given (gRPC's connection-backoff protocol).
+    pub const MIN_CONNECT_TIMEOUT: ConfigOption = ConfigOption::new(
+        B,
+        "min_connect_timeout",
+        "BackoffConfigBuilder::min_connect_timeout",
+        &[Upstream::new("gRPC", "MIN_CONNECT_TIMEOUT")],
+    );
+
     const DISK: &str = "BackoffConfig::fluss_disk_write_locked()";
     /// `initial` of the Fluss disk-write-locked preset (Fluss PR #4293).
     pub const FLUSS_DISK_INITIAL: ConfigOption = ConfigOption::new(
@@ -379,6 +401,70 @@ pub mod backoff {
         "multiplier",
         "BackoffConfigBuilder::multiplier",
         &[Upstream::new("Gobblin", "ExponentialBackoff.alpha")],
+    );
+}
+
+/// The gRPC service-config keys [`crate::grpc_config`] reads (gRFC A6), named as in the JSON.
+pub mod grpc_service_config {
+    use super::{ConfigOption, NONE, Upstream};
+
+    const P: &str = "GrpcRetryPolicy";
+    const RP: &str = "GrpcRetryPolicy::from_json";
+    const T: &str = "GrpcRetryThrottling";
+    const RT: &str = "GrpcRetryThrottling::from_json";
+
+    /// A retry policy's or method config's JSON text itself (malformed, or nested too deeply).
+    pub const JSON: ConfigOption = ConfigOption::new(P, "json", RP, NONE);
+    /// A `retryThrottling` object's JSON text itself.
+    pub const THROTTLING_JSON: ConfigOption = ConfigOption::new(T, "json", RT, NONE);
+    /// Attempts including the original (2..=5 after A6's cap).
+    pub const MAX_ATTEMPTS: ConfigOption = ConfigOption::new(
+        P,
+        "maxAttempts",
+        RP,
+        &[Upstream::new("gRPC", "retryPolicy.maxAttempts")],
+    );
+    /// The first backoff, a proto-JSON duration.
+    pub const INITIAL_BACKOFF: ConfigOption = ConfigOption::new(
+        P,
+        "initialBackoff",
+        RP,
+        &[Upstream::new("gRPC", "retryPolicy.initialBackoff")],
+    );
+    /// The largest base backoff, a proto-JSON duration.
+    pub const MAX_BACKOFF: ConfigOption = ConfigOption::new(
+        P,
+        "maxBackoff",
+        RP,
+        &[Upstream::new("gRPC", "retryPolicy.maxBackoff")],
+    );
+    /// The growth factor, at least 1 here.
+    pub const BACKOFF_MULTIPLIER: ConfigOption = ConfigOption::new(
+        P,
+        "backoffMultiplier",
+        RP,
+        &[Upstream::new("gRPC", "retryPolicy.backoffMultiplier")],
+    );
+    /// The status codes that are retried.
+    pub const RETRYABLE_STATUS_CODES: ConfigOption = ConfigOption::new(
+        P,
+        "retryableStatusCodes",
+        RP,
+        &[Upstream::new("gRPC", "retryPolicy.retryableStatusCodes")],
+    );
+    /// The throttle's token count, 1..=1000.
+    pub const MAX_TOKENS: ConfigOption = ConfigOption::new(
+        T,
+        "maxTokens",
+        RT,
+        &[Upstream::new("gRPC", "retryThrottling.maxTokens")],
+    );
+    /// Tokens a success adds, kept to three decimals.
+    pub const TOKEN_RATIO: ConfigOption = ConfigOption::new(
+        T,
+        "tokenRatio",
+        RT,
+        &[Upstream::new("gRPC", "retryThrottling.tokenRatio")],
     );
 }
 
@@ -754,6 +840,9 @@ pub const ALL: &[&ConfigOption] = &[
     &backoff::TOTAL_BUDGET,
     &backoff::MAX_ATTEMPTS,
     &backoff::MAX_WAIT,
+    &backoff::JITTER_ORDER,
+    &backoff::FIRST_DELAY_UNJITTERED,
+    &backoff::MIN_CONNECT_TIMEOUT,
     &backoff::FLUSS_DISK_INITIAL,
     &backoff::FLUSS_DISK_MAX,
     &backoff::FLUSS_RETRY_INITIAL,
@@ -767,6 +856,15 @@ pub const ALL: &[&ConfigOption] = &[
     &backoff::GOBBLIN_INITIAL,
     &backoff::GOBBLIN_MAX,
     &backoff::GOBBLIN_MULTIPLIER,
+    &grpc_service_config::JSON,
+    &grpc_service_config::MAX_ATTEMPTS,
+    &grpc_service_config::INITIAL_BACKOFF,
+    &grpc_service_config::MAX_BACKOFF,
+    &grpc_service_config::BACKOFF_MULTIPLIER,
+    &grpc_service_config::RETRYABLE_STATUS_CODES,
+    &grpc_service_config::THROTTLING_JSON,
+    &grpc_service_config::MAX_TOKENS,
+    &grpc_service_config::TOKEN_RATIO,
     &pressure::L0_TRIGGER,
     &pressure::SLOWDOWN_TRIGGER,
     &pressure::WRITE_BUFFER_SIZE,

@@ -13,7 +13,7 @@ proptest! {
     /// configs are refused and valid ones accepted.
     #[test]
     fn backoff_delays_stay_within_strategy_bounds_floor_max_and_grid(
-        data in common::bytes(10)
+        data in common::bytes(11)
     ) {
         prop_assert_eq!(check(&data), Ok(()));
     }
@@ -26,9 +26,9 @@ proptest! {
         initial in any::<u16>(),
         extra in any::<u32>(),
         (a, b) in (any::<u8>(), any::<u8>()),
-        jitter in 0u8..6,
+        jitter in 0u8..7,
         range in any::<u16>(),
-        rest in common::bytes(10)
+        rest in common::bytes(11)
     ) {
         prop_assert_eq!(check(&fine_grid(initial, extra, (a, b), jitter, range, &rest)), Ok(()));
     }
@@ -58,6 +58,7 @@ fn fine_grid(
             v.push(5); // a u16 ns range
             v.extend_from_slice(&range.to_le_bytes());
         }
+        6 => v.push(0), // per-delay, backon's [d, 2d)
         _ => {}
     }
     v.push(0); // 1 ns resolution
@@ -85,4 +86,20 @@ fn backoff_model_accepts_hand_picked_scenarios() {
     huge.extend([0u8; 8]);
     huge.extend([6, 1, 7, 0, 1, 8, 0, 5, 0]);
     assert_eq!(check(&huge), Ok(()));
+    // Issue 15: each preset, then operation 10 flipping the jitter order and the first-delay
+    // rule (and setting MIN_CONNECT_TIMEOUT 20 s), then more calls; gRPC's own preset (4)
+    // flipped back to jitter-then-cap.
+    for preset in 0..6 {
+        for (order, first) in [(1u8, 1u8), (0, 0), (1, 0), (0, 1)] {
+            let mut v = vec![preset, 0, 0];
+            v.extend([0x42; 8]);
+            v.extend([0, 0, 0, 10, order, first, 1]);
+            v.extend(core::iter::repeat_n([0u8, 0, 8, 6, 0, 7, 0], 20).flatten());
+            assert_eq!(
+                check(&v),
+                Ok(()),
+                "preset {preset} order {order} first {first}"
+            );
+        }
+    }
 }

@@ -4,13 +4,23 @@ use core::time::Duration;
 
 use super::arith::{ramp, round_down};
 use super::jitter::Spread;
-use super::{BackoffConfig, Jitter, MAX_RAMP_ATTEMPTS};
+use super::{BackoffConfig, Jitter, JitterOrder, MAX_RAMP_ATTEMPTS};
 use crate::divisor::Divisor;
 use crate::error::ConfigError;
 use crate::options::{ConfigOption, backoff as opt};
 use crate::time::duration_to_nanos;
 
 pub(super) const NS_PER_MS: u64 = 1_000_000;
+
+/// A span in ns, `u64::MAX` for anything longer (the saturation point), usable in `const`.
+const fn nanos(d: Duration) -> u64 {
+    let n = d.as_nanos();
+    if n > u64::MAX as u128 {
+        u64::MAX
+    } else {
+        n as u64
+    }
+}
 /// Fluss validates its backoff options as Java `int` milliseconds.
 pub(super) const FLUSS_MAX_NS: u64 = 2_147_483_647 * NS_PER_MS;
 
@@ -24,6 +34,8 @@ pub(super) struct Rules {
     pub(super) jitter: &'static ConfigOption,
     pub(super) floor: &'static ConfigOption,
     pub(super) resolution: &'static ConfigOption,
+    pub(super) jitter_order: &'static ConfigOption,
+    pub(super) first_unjittered: &'static ConfigOption,
     /// Smallest `initial` allowed, in ns.
     pub(super) initial_min: u64,
     /// Largest `max` allowed, in ns.
@@ -37,6 +49,8 @@ pub(super) const GENERAL: Rules = Rules {
     jitter: &opt::JITTER,
     floor: &opt::FLOOR,
     resolution: &opt::RESOLUTION,
+    jitter_order: &opt::JITTER_ORDER,
+    first_unjittered: &opt::FIRST_DELAY_UNJITTERED,
     initial_min: 0,
     max_max: u64::MAX,
 };
@@ -105,6 +119,9 @@ pub struct BackoffConfigBuilder {
     pub(super) budget: Option<u64>,
     pub(super) max_attempts: Option<u32>,
     pub(super) max_wait: Option<u64>,
+    pub(super) order: JitterOrder,
+    pub(super) first_unjittered: bool,
+    pub(super) min_connect_timeout: Option<u64>,
     pub(super) rules: Rules,
 }
 
@@ -127,44 +144,78 @@ impl BackoffConfigBuilder {
             budget: None,
             max_attempts: None,
             max_wait: None,
+            order: JitterOrder::JitterThenCap,
+            first_unjittered: false,
+            min_connect_timeout: None,
             rules,
         }
     }
 
+    /// Whether `max` clamps the jittered delay ([`JitterOrder::JitterThenCap`], the default)
+    /// or only the base ([`JitterOrder::CapThenJitter`], gRFC A6 and gRPC's connection
+    /// backoff). Cap-then-jitter is refused with [`Jitter::Additive`] and
+    /// [`Jitter::Decorrelated`], which cap inside their own recurrence.
+    pub const fn jitter_order(mut self, order: JitterOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// Whether the first delay of every sequence is exactly its base (`initial`, floored and
+    /// truncated) with nothing drawn, as gRPC's connection-backoff document waits exactly
+    /// `INITIAL_BACKOFF` first; later delays are jittered as usual. Refused with
+    /// [`Jitter::Additive`], whose offset jitters the first delay by definition.
+    pub const fn first_delay_unjittered(mut self, yes: bool) -> Self {
+        self.first_unjittered = yes;
+        self
+    }
+
+    /// The shortest time a connection attempt is given to complete, for a connection table to
+    /// report to its transport (gRPC's `MIN_CONNECT_TIMEOUT`, 20 s in
+    /// [`BackoffConfig::grpc_connection`]). The backoff itself never reads it; any value is
+    /// accepted, `None` (the default) means no minimum. Durations past `u64::MAX` ns count as
+    /// `u64::MAX` ns.
+    pub const fn min_connect_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.min_connect_timeout = match timeout {
+            Some(t) => Some(nanos(t)),
+            None => None,
+        };
+        self
+    }
+
     /// The first base delay; zero disables the backoff (where the rules allow it).
-    pub fn initial(mut self, initial: Duration) -> Self {
-        self.initial = duration_to_nanos(initial);
+    pub const fn initial(mut self, initial: Duration) -> Self {
+        self.initial = nanos(initial);
         self
     }
 
     /// The largest delay, jitter included.
-    pub fn max(mut self, max: Duration) -> Self {
-        self.max = duration_to_nanos(max);
+    pub const fn max(mut self, max: Duration) -> Self {
+        self.max = nanos(max);
         self
     }
 
     /// The growth factor `num/den` (at least 1: `num ≥ den > 0`), e.g. `(2, 1)` or `(16, 10)`.
-    pub fn multiplier(mut self, num: u32, den: u32) -> Self {
+    pub const fn multiplier(mut self, num: u32, den: u32) -> Self {
         self.num = num;
         self.den = den;
         self
     }
 
     /// The jitter strategy.
-    pub fn jitter(mut self, jitter: Jitter) -> Self {
+    pub const fn jitter(mut self, jitter: Jitter) -> Self {
         self.jitter = jitter;
         self
     }
 
     /// The smallest delay, applied after jitter (at most `max`, a multiple of `resolution`).
-    pub fn floor(mut self, floor: Duration) -> Self {
-        self.floor = duration_to_nanos(floor);
+    pub const fn floor(mut self, floor: Duration) -> Self {
+        self.floor = nanos(floor);
         self
     }
 
     /// Delays are truncated down to a multiple of this (at least 1 ns).
-    pub fn resolution(mut self, resolution: Duration) -> Self {
-        self.resolution = duration_to_nanos(resolution);
+    pub const fn resolution(mut self, resolution: Duration) -> Self {
+        self.resolution = nanos(resolution);
         self
     }
 
@@ -174,8 +225,11 @@ impl BackoffConfigBuilder {
     /// run.
     ///
     /// [`Backoff::next_delay`]: super::Backoff::next_delay
-    pub fn total_budget(mut self, budget: Option<Duration>) -> Self {
-        self.budget = budget.map(duration_to_nanos);
+    pub const fn total_budget(mut self, budget: Option<Duration>) -> Self {
+        self.budget = match budget {
+            Some(b) => Some(nanos(b)),
+            None => None,
+        };
         self
     }
 
@@ -185,7 +239,7 @@ impl BackoffConfigBuilder {
     ///
     /// [`Backoff::next_delay`]: super::Backoff::next_delay
     /// [`Exhausted::Attempts`]: super::Exhausted::Attempts
-    pub fn max_attempts(mut self, n: Option<u32>) -> Self {
+    pub const fn max_attempts(mut self, n: Option<u32>) -> Self {
         self.max_attempts = n;
         self
     }
@@ -197,8 +251,11 @@ impl BackoffConfigBuilder {
     /// never lets it. `None` (the default) sets no limit.
     ///
     /// [`Exhausted::MaxWait`]: super::Exhausted::MaxWait
-    pub fn max_wait(mut self, max_wait: Option<Duration>) -> Self {
-        self.max_wait = max_wait.map(duration_to_nanos);
+    pub const fn max_wait(mut self, max_wait: Option<Duration>) -> Self {
+        self.max_wait = match max_wait {
+            Some(w) => Some(nanos(w)),
+            None => None,
+        };
         self
     }
 
@@ -208,8 +265,9 @@ impl BackoffConfigBuilder {
     }
 
     /// The config, or the first rule it breaks: resolution ≥ 1 ns; the preset's bounds on
-    /// `initial` and `max`; `initial ≤ max`; `num ≥ den > 0`; jitter ppm ≤ 1 000 000;
-    /// `floor ≤ max`; `floor` a multiple of `resolution`; `resolution ≤ max` unless `initial`
+    /// `initial` and `max`; `initial ≤ max`; `num ≥ den > 0`; proportional jitter ppm ≤
+    /// 1 000 000, per-delay ppm ≤ 100 000 000; cap-then-jitter only with a strategy that
+    /// jitters the base; an unjittered first delay not with additive jitter; `floor ≤ max`; `floor` a multiple of `resolution`; `resolution ≤ max` unless `initial`
     /// is zero (disabled); the base settles within [`MAX_RAMP_ATTEMPTS`] attempts, and so does
     /// the ramp from every start an additive offset can give. Durations past `u64::MAX` ns
     /// count as `u64::MAX` ns. `max_attempts`, `max_wait` and the total budget take any value.
@@ -262,10 +320,26 @@ impl BackoffConfigBuilder {
         if self.num < self.den {
             return Err(ConfigError::Invalid {
                 option: r.multiplier,
-                reason: "must be at least 1 (num >= den)",
+                reason: "must be at least 1 (num >= den): a backoff never shrinks \
+                         (docs/design.md), a deliberate departure from gRFC A6, which allows \
+                         multipliers below 1",
             });
         }
         self.jitter.validate(r.jitter)?;
+        if self.order == JitterOrder::CapThenJitter && !self.jitter.jitters_the_base() {
+            return Err(ConfigError::Invalid {
+                option: r.jitter_order,
+                reason: "cap-then-jitter needs a jitter around the capped base (none, \
+                         proportional, full, equal or per-delay); additive and decorrelated \
+                         jitter cap inside their own recurrence",
+            });
+        }
+        if self.first_unjittered && self.jitter.sequence_offset().is_some() {
+            return Err(ConfigError::Invalid {
+                option: r.first_unjittered,
+                reason: "additive jitter offsets the first delay by definition",
+            });
+        }
         if self.floor > self.max {
             return Err(ConfigError::Inverted {
                 option: r.floor,
@@ -341,11 +415,16 @@ impl BackoffConfigBuilder {
         // `None` for 1 ns (and for 0, which validation refuses): nothing to truncate.
         let res_div = Divisor::new(self.resolution);
         let spread = Spread::of(self.jitter, self.initial, self.max, self.resolution);
+        // With cap-then-jitter nothing clamps the drawn delay: the grid's largest value.
+        let ceiling = match self.order {
+            JitterOrder::JitterThenCap => self.max,
+            JitterOrder::CapThenJitter => u64::MAX,
+        };
         BackoffConfig {
             den_div: self.den_div(),
             res_div,
             spread,
-            top: round_down(self.max, res_div),
+            top: round_down(ceiling, res_div),
             bottom: round_down(self.floor, res_div).max(self.resolution),
             initial: self.initial,
             max: self.max,
@@ -357,6 +436,9 @@ impl BackoffConfigBuilder {
             budget: self.budget,
             max_attempts: self.max_attempts,
             max_wait: self.max_wait,
+            order: self.order,
+            first_unjittered: self.first_unjittered,
+            min_connect_timeout: self.min_connect_timeout,
             settle,
             settled,
             rules: self.rules,

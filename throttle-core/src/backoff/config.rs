@@ -7,7 +7,7 @@ use super::builder::{
     BackoffConfigBuilder, FLUSS_DISK, FLUSS_RETRY, GENERAL, GOBBLIN, GRPC, KAFKA, NS_PER_MS, Rules,
 };
 use super::jitter::Spread;
-use super::{Jitter, MAX_RAMP_ATTEMPTS};
+use super::{Jitter, JitterOrder, MAX_RAMP_ATTEMPTS};
 use crate::divisor::Divisor;
 use crate::rng::Rng;
 
@@ -31,6 +31,12 @@ pub struct BackoffConfig {
     pub(super) max_attempts: Option<u32>,
     /// Soft total wait, in ns (Gobblin `maxWait`).
     pub(super) max_wait: Option<u64>,
+    /// Whether `max` clamps the jittered delay or only the base.
+    pub(super) order: JitterOrder,
+    /// The first delay of a sequence is its base, undrawn.
+    pub(super) first_unjittered: bool,
+    /// gRPC's `MIN_CONNECT_TIMEOUT`, in ns, for a connection table to report.
+    pub(super) min_connect_timeout: Option<u64>,
     /// First attempt whose base is final (`max`, or a value the multiplier cannot grow).
     pub(super) settle: u32,
     /// The base of every attempt from `settle` on.
@@ -41,7 +47,8 @@ pub struct BackoffConfig {
     pub(super) res_div: Option<Divisor>,
     /// What an enabled, non-fixed [`Jitter::Proportional`] draws with, else `None`.
     pub(super) spread: Option<Spread>,
-    /// `max` truncated to the resolution.
+    /// `max` truncated to the resolution with jitter-then-cap; with cap-then-jitter the grid's
+    /// largest value (nothing clamps the drawn delay).
     pub(super) top: u64,
     /// `floor` truncated to the resolution, and at least one step.
     pub(super) bottom: u64,
@@ -82,9 +89,17 @@ impl BackoffConfig {
         BackoffConfigBuilder::preset(KAFKA, ms(100), ms(1_000), (2, 1), TWENTY_PERCENT).assemble()
     }
 
-    /// gRPC connection backoff: 1 s, ×1.6, ±20 %, at most 120 s.
+    /// gRPC connection backoff (grpc/grpc `doc/connection-backoff.md`): the first wait is
+    /// exactly `INITIAL_BACKOFF` = 1 s (nothing drawn), then the base grows
+    /// `min(cur·1.6, 120 s)` and each wait is that base ±20 %, jittered after the cap
+    /// ([`JitterOrder::CapThenJitter`]), so waits at the cap spread over 96–144 s. Carries
+    /// `MIN_CONNECT_TIMEOUT` = 20 s ([`BackoffConfig::min_connect_timeout`]) for the
+    /// connection table to give each attempt.
     pub fn grpc_connection() -> Self {
         BackoffConfigBuilder::preset(GRPC, ms(1_000), ms(120_000), (16, 10), TWENTY_PERCENT)
+            .jitter_order(JitterOrder::CapThenJitter)
+            .first_delay_unjittered(true)
+            .min_connect_timeout(Some(Duration::from_secs(20)))
             .assemble()
     }
 
@@ -101,7 +116,25 @@ impl BackoffConfig {
 
     /// A builder with general rules (`initial ≤ max`, no preset bounds), starting from
     /// 1 s → 10 s, ×2, ±20 %, floor 0, resolution 1 ms, no budget, no attempt or wait limit.
-    pub fn builder() -> BackoffConfigBuilder {
+    ///
+    /// `const`, like every setter of the builder, so a config's options can be a `const` (as
+    /// backon's `ExponentialBuilder` can); validation and the precomputed ramp happen in
+    /// [`BackoffConfigBuilder::build`], at run time:
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::backoff::{BackoffConfig, BackoffConfigBuilder, Jitter, JitterOrder};
+    ///
+    /// const RETRY: BackoffConfigBuilder = BackoffConfig::builder()
+    ///     .initial(Duration::from_millis(100))
+    ///     .max(Duration::from_secs(1))
+    ///     .jitter(Jitter::PerDelay { ppm: 1_000_000 })
+    ///     .jitter_order(JitterOrder::CapThenJitter);
+    /// let cfg = RETRY.build()?;
+    /// assert_eq!(cfg.initial(), Duration::from_millis(100));
+    /// # Ok::<(), throttle_sansio::ConfigError>(())
+    /// ```
+    pub const fn builder() -> BackoffConfigBuilder {
         BackoffConfigBuilder::preset(GENERAL, ms(1_000), ms(10_000), (2, 1), TWENTY_PERCENT)
     }
 
@@ -119,6 +152,9 @@ impl BackoffConfig {
             budget: self.budget,
             max_attempts: self.max_attempts,
             max_wait: self.max_wait,
+            order: self.order,
+            first_unjittered: self.first_unjittered,
+            min_connect_timeout: self.min_connect_timeout,
             rules: self.rules,
         }
     }
@@ -132,7 +168,7 @@ impl BackoffConfig {
     pub fn delay_for<R: Rng + ?Sized>(&self, attempt: u32, rng: &mut R) -> Duration {
         let base = self.base_for(attempt, &mut None, rng);
         let prev = self.stand_in_prev(attempt);
-        Duration::from_nanos(self.draw(base, prev, rng))
+        Duration::from_nanos(self.draw_at(attempt, base, prev, rng))
     }
 
     /// The unjittered base delay of `attempt`: step 1 only (no floor, no truncation).
@@ -157,9 +193,46 @@ impl BackoffConfig {
         Duration::from_nanos(self.initial)
     }
 
-    /// The largest delay, jitter included.
+    /// The cap: with [`JitterOrder::JitterThenCap`] the largest delay, jitter included; with
+    /// [`JitterOrder::CapThenJitter`] the largest base, which the jitter may exceed (see
+    /// [`BackoffConfig::largest_delay`]).
     pub fn max(&self) -> Duration {
         Duration::from_nanos(self.max)
+    }
+
+    /// Where `max` applies relative to the jitter draw.
+    pub fn jitter_order(&self) -> JitterOrder {
+        self.order
+    }
+
+    /// Whether the first delay of a sequence is its base, with nothing drawn.
+    pub fn first_delay_unjittered(&self) -> bool {
+        self.first_unjittered
+    }
+
+    /// The shortest time a connection attempt should be given (gRPC's
+    /// `MIN_CONNECT_TIMEOUT`), if set; the backoff never reads it.
+    pub fn min_connect_timeout(&self) -> Option<Duration> {
+        self.min_connect_timeout.map(Duration::from_nanos)
+    }
+
+    /// The largest delay any draw can give (zero when disabled): `max` on the grid with
+    /// jitter-then-cap; with cap-then-jitter `max` scaled by the largest factor a
+    /// proportional or per-delay draw can take, floored and truncated like a delay.
+    pub fn largest_delay(&self) -> Duration {
+        if self.is_disabled() {
+            return Duration::ZERO;
+        }
+        let raw = match (&self.spread, self.order) {
+            (Some(spread), JitterOrder::CapThenJitter) => {
+                let factor = spread.low + spread.width.saturating_sub(1);
+                super::arith::mul_div(self.max, factor, super::jitter::PPM, |n| {
+                    n / super::jitter::PPM
+                })
+            }
+            _ => self.max,
+        };
+        Duration::from_nanos(self.finish(raw))
     }
 
     /// The growth factor as `(num, den)`.

@@ -11,6 +11,8 @@ use crate::rng::{Rng, below, between_inclusive};
 use crate::time::duration_to_nanos;
 
 pub(super) const PPM: u64 = 1_000_000;
+/// The widest [`Jitter::PerDelay`]: tower's largest jitter ratio, 100.
+pub(super) const PER_DELAY_MAX_PPM: u64 = 100 * PPM;
 
 /// How a delay is randomised around its base.
 ///
@@ -48,6 +50,52 @@ pub enum Jitter {
     /// Decorrelated jitter: `min(max, U[initial, 3·prev])`, where `prev` is the previous delay
     /// of the sequence (`initial` before the first).
     Decorrelated,
+    /// Upward jitter drawn **independently for every delay**: `⌊base·f/10⁶⌋` with `f` uniform
+    /// in `[10⁶, 10⁶ + ppm)`, so the delay lies in `[base, base·(1 + ppm/10⁶))`. The per-delay
+    /// form of [`Jitter::Additive`]: nothing carries over from one delay to the next, and the
+    /// base grows from the unjittered one. backon's `with_jitter` is `ppm: 1_000_000`
+    /// (`[d, 2d)`) with [`JitterOrder::CapThenJitter`]; tower's `ExponentialBackoff` with
+    /// jitter `j` is `ppm: j·10⁶` with [`JitterOrder::JitterThenCap`] (tower clamps the
+    /// jitter to `max − base`). Always draws when the backoff is enabled, even when
+    /// `initial == max`.
+    PerDelay {
+        /// Width of the factor's range above 1, at most 100 000 000 (tower's largest jitter,
+        /// 100).
+        ppm: u32,
+    },
+}
+
+/// Where `max` applies relative to the jitter draw.
+///
+/// ```
+/// use core::time::Duration;
+/// use throttle_sansio::backoff::{BackoffConfig, JitterOrder};
+///
+/// // gRPC's connection backoff jitters the capped base: at the cap, 96–144 s.
+/// let grpc = BackoffConfig::grpc_connection();
+/// assert_eq!(grpc.jitter_order(), JitterOrder::CapThenJitter);
+/// // The largest factor is 1.2 − 10⁻⁶: 143.99988 s, truncated to the 1 ms grid.
+/// assert_eq!(grpc.largest_delay(), Duration::from_millis(143_999));
+/// // Fluss's "max includes jitter": never above 10 s.
+/// let fluss = BackoffConfig::fluss_disk_write_locked();
+/// assert_eq!(fluss.jitter_order(), JitterOrder::JitterThenCap);
+/// assert_eq!(fluss.largest_delay(), Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum JitterOrder {
+    /// Jitter first, then clamp to `max`: `max` includes jitter (Fluss's rule, and Kafka's
+    /// `ExponentialBackoff.backoff`, which clamps the jittered value to `maxInterval`).
+    /// Waits at the cap spread below `max` only.
+    #[default]
+    JitterThenCap,
+    /// Cap the base at `max`, then jitter it with no clamp after: gRFC A6's
+    /// `min(initial·mult^(n−1), max)·U(0.8, 1.2)` and gRPC's connection-backoff document, so
+    /// waits at the cap spread over `[0.8·max, 1.2·max)` with ±20 %. Only for strategies
+    /// that jitter around the base ([`Jitter::None`], [`Jitter::Proportional`],
+    /// [`Jitter::Full`], [`Jitter::Equal`], [`Jitter::PerDelay`]); [`Jitter::Additive`]
+    /// and [`Jitter::Decorrelated`] cap inside their own recurrence and are refused with it.
+    CapThenJitter,
 }
 
 // Every match on a strategy below is exhaustive (no `_` arm), so a new strategy stops the
@@ -58,7 +106,7 @@ impl Jitter {
     /// them by (`model::backoff`). Append only: a selector byte must keep meaning the same
     /// strategy, and the fuzz corpus relies on it.
     #[cfg(any(test, feature = "model"))]
-    pub(crate) const ALL: [Jitter; 6] = [
+    pub(crate) const ALL: [Jitter; 7] = [
         Jitter::None,
         Jitter::Proportional { ppm: 200_000 },
         Jitter::Additive {
@@ -67,6 +115,7 @@ impl Jitter {
         Jitter::Full,
         Jitter::Equal,
         Jitter::Decorrelated,
+        Jitter::PerDelay { ppm: 1_000_000 },
     ];
 
     /// The strategy's index in [`Jitter::ALL`]; a new strategy takes the next one and is
@@ -80,6 +129,7 @@ impl Jitter {
             Jitter::Full => 3,
             Jitter::Equal => 4,
             Jitter::Decorrelated => 5,
+            Jitter::PerDelay { .. } => 6,
         }
     }
 
@@ -96,12 +146,36 @@ impl Jitter {
                 max: PPM,
                 unit: "ppm",
             }),
+            Jitter::PerDelay { ppm } if u64::from(ppm) > PER_DELAY_MAX_PPM => {
+                Err(ConfigError::OutOfRange {
+                    option,
+                    got: u64::from(ppm),
+                    min: 0,
+                    max: PER_DELAY_MAX_PPM,
+                    unit: "ppm",
+                })
+            }
             Jitter::Proportional { .. }
+            | Jitter::PerDelay { .. }
             | Jitter::None
             | Jitter::Additive { .. }
             | Jitter::Full
             | Jitter::Equal
             | Jitter::Decorrelated => Ok(()),
+        }
+    }
+
+    /// Whether the strategy draws around the capped base, so that
+    /// [`JitterOrder::CapThenJitter`] has a meaning for it; the others cap inside their own
+    /// recurrence (additive) or draw from the previous delay (decorrelated).
+    pub(super) const fn jitters_the_base(self) -> bool {
+        match self {
+            Jitter::None
+            | Jitter::Proportional { .. }
+            | Jitter::Full
+            | Jitter::Equal
+            | Jitter::PerDelay { .. } => true,
+            Jitter::Additive { .. } | Jitter::Decorrelated => false,
         }
     }
 
@@ -112,6 +186,7 @@ impl Jitter {
             Jitter::Additive { range } => Some(range),
             Jitter::None
             | Jitter::Proportional { .. }
+            | Jitter::PerDelay { .. }
             | Jitter::Full
             | Jitter::Equal
             | Jitter::Decorrelated => None,
@@ -140,9 +215,17 @@ pub(super) struct Spread {
 }
 
 impl Spread {
-    /// What an enabled, non-fixed [`Jitter::Proportional`] config draws with, else `None`.
+    /// What an enabled, non-fixed [`Jitter::Proportional`] config, or an enabled
+    /// [`Jitter::PerDelay`] one, draws with, else `None`.
     pub(super) fn of(jitter: Jitter, initial: u64, max: u64, resolution: u64) -> Option<Spread> {
         match jitter {
+            Jitter::PerDelay { ppm } if initial != 0 => {
+                Divisor::new(resolution.saturating_mul(PPM)).map(|unit| Spread {
+                    low: PPM,
+                    width: u64::from(ppm).min(PER_DELAY_MAX_PPM),
+                    unit,
+                })
+            }
             Jitter::Proportional { ppm } if initial != 0 && initial != max => {
                 let half = u64::from(ppm).min(PPM);
                 // At least 10⁶, so always a divisor.
@@ -153,6 +236,7 @@ impl Spread {
                 })
             }
             Jitter::Proportional { .. }
+            | Jitter::PerDelay { .. }
             | Jitter::None
             | Jitter::Additive { .. }
             | Jitter::Full
@@ -187,6 +271,7 @@ impl BackoffConfig {
             Jitter::Decorrelated => self.base_at(a),
             Jitter::None
             | Jitter::Proportional { .. }
+            | Jitter::PerDelay { .. }
             | Jitter::Additive { .. }
             | Jitter::Full
             | Jitter::Equal => self.initial,
@@ -200,10 +285,10 @@ impl BackoffConfig {
             return 0;
         }
         let raw = match self.jitter {
-            Jitter::Proportional { .. } => match &self.spread {
+            Jitter::Proportional { .. } | Jitter::PerDelay { .. } => match &self.spread {
                 Some(spread) => return self.draw_spread(spread, base, rng),
-                // A fixed backoff (initial == max) stays fixed: jittering it could only
-                // shorten it.
+                // A fixed proportional backoff (initial == max) stays fixed: jittering it
+                // could only shorten it. (An enabled per-delay config always has a spread.)
                 None => base,
             },
             Jitter::None | Jitter::Additive { .. } => base,
@@ -217,7 +302,25 @@ impl BackoffConfig {
         self.finish(raw)
     }
 
-    /// Steps 2–4 for an effective [`Jitter::Proportional`]: `⌊base·f/10⁶⌋` with a freshly
+    /// [`BackoffConfig::draw`] for 0-based `attempt`: with
+    /// [`first_delay_unjittered`](super::BackoffConfigBuilder::first_delay_unjittered) the
+    /// first delay of a sequence is its base, floored and truncated, and nothing is drawn
+    /// (gRPC's connection backoff waits exactly `INITIAL_BACKOFF` first).
+    #[inline]
+    pub(super) fn draw_at<R: Rng + ?Sized>(
+        &self,
+        attempt: u32,
+        base: u64,
+        prev: u64,
+        rng: &mut R,
+    ) -> u64 {
+        if attempt == 0 && self.first_unjittered && !self.is_disabled() {
+            return self.finish(base);
+        }
+        self.draw(base, prev, rng)
+    }
+
+    /// Steps 2–4 for an effective [`Jitter::Proportional`] or [`Jitter::PerDelay`]: `⌊base·f/10⁶⌋` with a freshly
     /// drawn factor `f`, then [`BackoffConfig::finish`].
     #[inline]
     pub(super) fn draw_spread<R: Rng + ?Sized>(
@@ -238,12 +341,13 @@ impl BackoffConfig {
                 .wrapping_mul(self.resolution)
                 .min(self.top)
                 .max(self.bottom),
-            // `factor ≤ 2·10⁶`: `(10⁶ − 1)·factor` fits, as `mul_div` needs.
+            // `factor ≤ 1.01·10⁸`: `(10⁶ − 1)·factor` fits, as `mul_div` needs.
             None => self.finish(mul_div(base, factor, PPM, |n| n / PPM)),
         }
     }
 
-    /// Steps 2–4 after the jitter: `min(max)`, `max(floor)`, truncation, then at least one
+    /// Steps 2–4 after the jitter: `min(max)` (only with [`JitterOrder::JitterThenCap`]: `top`
+    /// is the grid's largest value otherwise), `max(floor)`, truncation, then at least one
     /// step (a zero delay would retry at once while the backoff claims to be enabled).
     ///
     /// Rewritten exactly: truncation `T` is monotone, so it commutes with `min` and `max` and

@@ -13,8 +13,12 @@
 //!    attempt at which the base stops changing is found when the config is built, so a
 //!    sequence costs O(1) per delay and any attempt (`u32::MAX` included) costs at most
 //!    [`MAX_RAMP_ATTEMPTS`] steps; validation bounds every jittered start the same way.
-//! 2. **Jitter** ([`Jitter`]), drawn from the caller's RNG, then **clamped to `max`**: `max`
-//!    includes jitter for every strategy.
+//! 2. **Jitter** ([`Jitter`]), drawn from the caller's RNG, then, with the default
+//!    [`JitterOrder::JitterThenCap`], **clamped to `max`** (`max` includes jitter, Fluss's
+//!    rule); with [`JitterOrder::CapThenJitter`] (gRFC A6, gRPC connection backoff) the capped
+//!    base is jittered and not clamped again, so a delay may exceed `max` by the jitter's
+//!    reach. With `first_delay_unjittered` the first delay of a sequence skips this step and
+//!    draws nothing (gRPC's first wait is exactly `INITIAL_BACKOFF`).
 //! 3. **Floor**: `max(floor, ·)`. Validation keeps `floor ≤ max`, so this never exceeds `max`.
 //! 4. **Truncation** down to a multiple of `resolution`, but never below one `resolution`
 //!    step: an enabled backoff never hands out a zero delay (a raw delay below one step, e.g.
@@ -27,8 +31,9 @@
 //!    crosses it still runs); both before anything is drawn. Then a delay larger than what is
 //!    left of the optional hard total budget is refused. [`Exhausted`] says which.
 //!
-//! So every delay lies in `[max(floor, resolution), max]` and is a multiple of `resolution`,
-//! except that an
+//! So every delay lies in `[max(floor, resolution), largest_delay]` (`largest_delay` is `max`
+//! truncated to the grid with jitter-then-cap; see [`BackoffConfig::largest_delay`]) and is a
+//! multiple of `resolution`, except that an
 //! `initial` of zero disables the backoff: every delay is zero (see
 //! [`BackoffConfig::is_disabled`]).
 //!
@@ -64,7 +69,7 @@ mod state;
 
 pub use builder::BackoffConfigBuilder;
 pub use config::BackoffConfig;
-pub use jitter::Jitter;
+pub use jitter::{Jitter, JitterOrder};
 pub use state::{Backoff, Exhausted};
 
 /// The most attempts the base delay may take to settle (reach `max` or stop growing).

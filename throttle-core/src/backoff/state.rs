@@ -84,6 +84,8 @@ impl Backoff {
         if let Some(spread) = &cfg.spread {
             if self.exhausted.is_none() && !self.at_limit(cfg) {
                 let base = match self.attempt {
+                    // An unjittered first delay draws nothing: the general path.
+                    0 if cfg.first_unjittered => None,
                     0 => Some(cfg.initial),
                     _ => cfg.next_base_narrow(self.base),
                 };
@@ -117,7 +119,7 @@ impl Backoff {
         } else {
             (cfg.next_base(self.base), self.prev)
         };
-        let delay = cfg.draw(base, prev, rng);
+        let delay = cfg.draw_at(self.attempt, base, prev, rng);
         let out = self.hand_out(cfg, base, delay);
         if out.is_some() {
             self.offset = offset;
@@ -184,7 +186,7 @@ impl Backoff {
         } else {
             cfg.stand_in_prev(attempt)
         };
-        Duration::from_nanos(cfg.draw(base, prev, rng))
+        Duration::from_nanos(cfg.draw_at(attempt, base, prev, rng))
     }
 
     /// Delays handed out since the last reset (saturating at `u32::MAX`).

@@ -601,7 +601,7 @@ fn attempt_u32_max_is_capped_and_bounded() {
         BackoffConfig::gobblin_throttling_client(),
     ] {
         let mut rng = SplitMix64::new(8);
-        assert!(cfg.delay_for(u32::MAX, &mut rng) <= cfg.max());
+        assert!(cfg.delay_for(u32::MAX, &mut rng) <= cfg.largest_delay());
         assert_eq!(cfg.base_delay(u32::MAX), cfg.max());
         assert_eq!(
             unjittered(cfg.clone()).delay_for(u32::MAX, &mut rng),
@@ -957,7 +957,9 @@ fn validation_names_the_preset_option() {
         .unwrap_err();
     assert_eq!(
         alloc::string::ToString::to_string(&e),
-        "`multiplier`: must be at least 1 (num >= den) (`BackoffConfigBuilder::multiplier`; gRPC `MULTIPLIER`)"
+        "`multiplier`: must be at least 1 (num >= den): a backoff never shrinks (docs/design.md), \
+         a deliberate departure from gRFC A6, which allows multipliers below 1 \
+         (`BackoffConfigBuilder::multiplier`; gRPC `MULTIPLIER`)"
     );
 }
 
@@ -1053,4 +1055,424 @@ fn attempts_are_checked_before_max_wait_and_both_before_the_budget() {
     assert!(b.next_delay(&wait, &mut rng).is_some());
     assert_eq!(b.next_delay(&wait, &mut rng), None);
     assert_eq!(b.exhausted(), Some(Exhausted::MaxWait));
+}
+
+// ---- Issue 15: jitter order, gRPC connection rules, per-delay jitter, extremes ----
+
+/// `⌊base·f/10⁶⌋` truncated to `res` ns, the exact proportional or per-delay draw.
+fn scaled(base: u64, factor: u64, res: u64) -> u64 {
+    let v = u64::try_from(u128::from(base) * u128::from(factor) / u128::from(PPM)).unwrap();
+    v - v % res
+}
+
+#[test]
+fn grpc_connection_waits_exactly_initial_backoff_first_and_draws_nothing() {
+    // grpc/grpc doc/connection-backoff.md, "Proposed Backoff Algorithm":
+    // `current_deadline = now() + INITIAL_BACKOFF` before the first attempt, no jitter.
+    let cfg = BackoffConfig::grpc_connection();
+    assert!(cfg.first_delay_unjittered());
+    for seed in 0..50 {
+        let mut rng = SplitMix64::new(seed);
+        let before = rng.clone();
+        let mut b = Backoff::new();
+        assert_eq!(b.next_delay(&cfg, &mut rng), Some(Duration::from_secs(1)));
+        assert_eq!(rng, before, "the first wait draws nothing");
+        assert_eq!(cfg.delay_for(0, &mut rng), Duration::from_secs(1));
+        assert_eq!(b.delay_for(&cfg, 0, &mut rng), Duration::from_secs(1));
+        assert_eq!(rng, before);
+        // The second wait: min(1 s·1.6, 120 s) ± 20 %, exactly the drawn factor.
+        let factor = 800_000 + below(&mut rng.clone(), 400_000);
+        let d = b.next_delay(&cfg, &mut rng).unwrap();
+        assert_eq!(
+            duration_to_nanos(d),
+            scaled(1_600 * NS_PER_MS, factor, NS_PER_MS)
+        );
+        assert!((1_280..1_920).contains(&d.as_millis()), "{d:?}");
+    }
+    // The option is what makes the difference: without it the first wait is jittered.
+    let jittered = cfg
+        .to_builder()
+        .first_delay_unjittered(false)
+        .build()
+        .unwrap();
+    let firsts: Vec<_> = (0..20)
+        .map(|seed| Backoff::new().next_delay(&jittered, &mut SplitMix64::new(seed)))
+        .collect();
+    assert!(firsts.iter().any(|d| *d != Some(Duration::from_secs(1))));
+}
+
+#[test]
+fn grpc_connection_jitters_after_the_cap_so_capped_waits_spread_over_96_to_144_s() {
+    // grpc/grpc doc/connection-backoff.md: `current_backoff = Min(current_backoff *
+    // MULTIPLIER, MAX_BACKOFF)`, then `+ UniformRandom(-JITTER * current_backoff, JITTER *
+    // current_backoff)` with MAX_BACKOFF = 120 s, JITTER = 0.2: 96–144 s at the cap.
+    let cfg = BackoffConfig::grpc_connection();
+    assert_eq!(cfg.jitter_order(), JitterOrder::CapThenJitter);
+    let mut rng = SplitMix64::new(15);
+    let mut b = Backoff::new();
+    for _ in 0..cfg.cap_attempt() {
+        b.next_delay(&cfg, &mut rng).unwrap();
+    }
+    let (mut above, mut below_cap) = (0, 0);
+    for _ in 0..2_000 {
+        let factor = 800_000 + below(&mut rng.clone(), 400_000);
+        let d = b.next_delay(&cfg, &mut rng).unwrap();
+        assert_eq!(
+            duration_to_nanos(d),
+            scaled(120_000 * NS_PER_MS, factor, NS_PER_MS)
+        );
+        assert!((96_000..144_000).contains(&d.as_millis()), "{d:?}");
+        above += usize::from(d > cfg.max());
+        below_cap += usize::from(d < cfg.max());
+    }
+    // Both halves of the spread occur: waits at the cap exceed MAX_BACKOFF about half the time.
+    assert!(
+        above > 800 && below_cap > 800,
+        "{above} above, {below_cap} below"
+    );
+    assert_eq!(cfg.largest_delay(), Duration::from_millis(143_999));
+}
+
+#[test]
+fn grpc_connection_carries_min_connect_timeout_20s_for_the_connection_table() {
+    // grpc/grpc doc/connection-backoff.md: MIN_CONNECT_TIMEOUT = 20 seconds.
+    let cfg = BackoffConfig::grpc_connection();
+    assert_eq!(cfg.min_connect_timeout(), Some(Duration::from_secs(20)));
+    for other in [
+        BackoffConfig::fluss_disk_write_locked(),
+        BackoffConfig::fluss_retriable_write(),
+        BackoffConfig::kafka_retry(),
+        BackoffConfig::gobblin_throttling_client(),
+        BackoffConfig::builder().build().unwrap(),
+    ] {
+        assert_eq!(other.min_connect_timeout(), None);
+        assert!(!other.first_delay_unjittered());
+    }
+    let set = BackoffConfig::builder()
+        .min_connect_timeout(Some(Duration::MAX))
+        .build()
+        .unwrap();
+    assert_eq!(
+        set.min_connect_timeout(),
+        Some(Duration::from_nanos(u64::MAX))
+    );
+    assert_eq!(set.to_builder().build(), Ok(set.clone()));
+}
+
+#[test]
+fn fluss_kafka_and_gobblin_keep_max_including_jitter() {
+    // Fluss: "max includes jitter". Kafka ExponentialBackoff.backoff (apache/kafka
+    // clients/.../utils/ExponentialBackoff.java) returns `Math.min(backoffValue,
+    // maxInterval)` after the random factor: jitter then cap. Gobblin's jittered start grows
+    // inside `maxDelay`.
+    for cfg in [
+        BackoffConfig::fluss_disk_write_locked(),
+        BackoffConfig::fluss_retriable_write(),
+        BackoffConfig::kafka_retry(),
+        BackoffConfig::gobblin_throttling_client(),
+    ] {
+        assert_eq!(cfg.jitter_order(), JitterOrder::JitterThenCap);
+        assert_eq!(cfg.largest_delay(), cfg.max());
+        let mut rng = SplitMix64::new(3);
+        let mut b = Backoff::new();
+        for _ in 0..200 {
+            assert!(b.next_delay(&cfg, &mut rng).unwrap() <= cfg.max());
+        }
+    }
+    // Kafka at its 1 s cap: 0.8–1.0 s, never above (the clamp after the factor).
+    let kafka = BackoffConfig::kafka_retry();
+    let mut rng = SplitMix64::new(9);
+    let mut b = Backoff::new();
+    let capped: Vec<_> = (0..300)
+        .map(|_| b.next_delay(&kafka, &mut rng).unwrap().as_millis())
+        .skip(10)
+        .collect();
+    assert!(capped.iter().all(|ms| (800..=1_000).contains(ms)));
+    assert!(capped.iter().filter(|ms| **ms == 1_000).count() > 100);
+}
+
+#[test]
+fn a6_retry_backoff_is_min_of_growth_and_max_times_0_8_to_1_2() {
+    // gRFC A6 (as the issue states it): `min(initial·mult^(n−1), max) · U(0.8, 1.2)`, with
+    // A6's example policy `initialBackoff ".1s"`, `maxBackoff "1s"`, `backoffMultiplier 2`.
+    let cfg = BackoffConfig::builder()
+        .initial(Duration::from_millis(100))
+        .max(Duration::from_secs(1))
+        .jitter_order(JitterOrder::CapThenJitter)
+        .build()
+        .unwrap();
+    let mut rng = SplitMix64::new(6);
+    let mut b = Backoff::new();
+    for n in 1..=40u32 {
+        let base = ((100 * NS_PER_MS) << (n - 1).min(4)).min(1_000 * NS_PER_MS);
+        let factor = 800_000 + below(&mut rng.clone(), 400_000);
+        let d = b.next_delay(&cfg, &mut rng).unwrap();
+        assert_eq!(
+            duration_to_nanos(d),
+            scaled(base, factor, NS_PER_MS),
+            "n = {n}"
+        );
+    }
+    // The same config with jitter then cap never passes 1 s.
+    let fluss_order = cfg
+        .to_builder()
+        .jitter_order(JitterOrder::JitterThenCap)
+        .build()
+        .unwrap();
+    assert_eq!(fluss_order.largest_delay(), Duration::from_secs(1));
+    assert_eq!(cfg.largest_delay(), Duration::from_millis(1_199));
+}
+
+#[test]
+fn cap_then_jitter_makes_no_difference_to_draws_at_or_below_the_base() {
+    // Full, equal and no jitter never exceed the capped base, so both orders agree draw for
+    // draw.
+    for jitter in [Jitter::None, Jitter::Full, Jitter::Equal] {
+        let a = BackoffConfig::builder().jitter(jitter).build().unwrap();
+        let c = a
+            .to_builder()
+            .jitter_order(JitterOrder::CapThenJitter)
+            .build()
+            .unwrap();
+        assert_eq!(sequence_ms(&a, 40, 2), sequence_ms(&c, 40, 2), "{jitter:?}");
+    }
+}
+
+#[test]
+fn cap_then_jitter_and_an_unjittered_first_delay_refuse_strategies_they_cannot_mean() {
+    let additive = Jitter::Additive {
+        range: Duration::from_millis(5),
+    };
+    for jitter in [additive, Jitter::Decorrelated] {
+        let e = BackoffConfig::builder()
+            .jitter(jitter)
+            .jitter_order(JitterOrder::CapThenJitter)
+            .build()
+            .unwrap_err();
+        assert_eq!(e.option(), &opt::JITTER_ORDER, "{jitter:?}");
+        assert!(matches!(e, ConfigError::Invalid { .. }));
+    }
+    let e = BackoffConfig::builder()
+        .jitter(additive)
+        .first_delay_unjittered(true)
+        .build()
+        .unwrap_err();
+    assert_eq!(e.option(), &opt::FIRST_DELAY_UNJITTERED);
+    // Decorrelated jitter may start unjittered: its first delay is then `initial`.
+    let d = BackoffConfig::builder()
+        .jitter(Jitter::Decorrelated)
+        .first_delay_unjittered(true)
+        .build()
+        .unwrap();
+    assert_eq!(sequence_ms(&d, 1, 4), [1_000]);
+}
+
+#[test]
+fn per_delay_jitter_draws_backons_d_to_2d_independently_for_every_delay() {
+    // backon (Xuanwo/backon backon/src/backoff/exponential.rs): with_jitter adds
+    // `tmp_cur.mul_f32(rng.f32())` to every delay after the cap, so `test_exponential_jitter`
+    // (defaults min 1 s, factor 2, max 60 s) sees [1, 2), [2, 4), [4, 8) s.
+    let cfg = BackoffConfig::builder()
+        .initial(Duration::from_secs(1))
+        .max(Duration::from_secs(60))
+        .jitter(Jitter::PerDelay { ppm: 1_000_000 })
+        .jitter_order(JitterOrder::CapThenJitter)
+        .resolution(Duration::from_nanos(1))
+        .build()
+        .unwrap();
+    let mut rng = SplitMix64::new(21);
+    let mut b = Backoff::new();
+    let mut ratios = Vec::new();
+    for n in 0..30u32 {
+        let base = ((1_000 * NS_PER_MS) << n.min(6)).min(60_000 * NS_PER_MS);
+        let factor = PPM + below(&mut rng.clone(), PPM);
+        let d = duration_to_nanos(b.next_delay(&cfg, &mut rng).unwrap());
+        assert_eq!(d, scaled(base, factor, 1), "attempt {n}");
+        assert!(base <= d && d < 2 * base);
+        ratios.push(d * 1_000 / base);
+    }
+    assert_eq!(b.offset(), None, "nothing is drawn once per sequence");
+    ratios.sort_unstable();
+    ratios.dedup();
+    assert!(
+        ratios.len() > 20,
+        "each delay draws its own factor: {ratios:?}"
+    );
+    // At the 60 s cap backon's jitter passes the cap: up to 120 s.
+    assert_eq!(cfg.largest_delay(), Duration::from_nanos(119_999_940_000));
+}
+
+#[test]
+fn per_delay_jitter_with_jitter_then_cap_is_towers_exponential_backoff() {
+    // tower (tower-rs/tower tower/src/retry/backoff.rs): `next = base + jitter(base)`, the
+    // jitter `base·j·U[0, 1)` clamped to `max − base`; the maker refuses j > 100.
+    let cfg = BackoffConfig::builder()
+        .initial(Duration::from_millis(50))
+        .max(Duration::from_secs(2))
+        .jitter(Jitter::PerDelay { ppm: 990_000 })
+        .build()
+        .unwrap();
+    let mut rng = SplitMix64::new(22);
+    let mut b = Backoff::new();
+    for n in 0..20u32 {
+        let base = ((50 * NS_PER_MS) << n.min(6)).min(2_000 * NS_PER_MS);
+        let factor = PPM + below(&mut rng.clone(), 990_000);
+        let d = duration_to_nanos(b.next_delay(&cfg, &mut rng).unwrap());
+        assert_eq!(d, scaled(base, factor, NS_PER_MS).min(2_000 * NS_PER_MS));
+    }
+    assert!(
+        BackoffConfig::builder()
+            .jitter(Jitter::PerDelay { ppm: 100_000_000 })
+            .build()
+            .is_ok()
+    );
+    let e = BackoffConfig::builder()
+        .jitter(Jitter::PerDelay { ppm: 100_000_001 })
+        .build()
+        .unwrap_err();
+    assert!(matches!(
+        e,
+        ConfigError::OutOfRange {
+            got: 100_000_001,
+            max: 100_000_000,
+            ..
+        }
+    ));
+    // A fixed per-delay backoff still jitters (upward), unlike a fixed proportional one.
+    let fixed = BackoffConfig::builder()
+        .initial(Duration::from_secs(1))
+        .max(Duration::from_secs(1))
+        .jitter(Jitter::PerDelay { ppm: 500_000 })
+        .jitter_order(JitterOrder::CapThenJitter)
+        .build()
+        .unwrap();
+    assert!(sequence_ms(&fixed, 20, 5).iter().any(|ms| *ms > 1_000));
+}
+
+#[test]
+fn extremes_saturate_at_u64_max_nanoseconds() {
+    // The saturation point is `u64::MAX` ns (584 years, 171 days, 23 h 34 min 33.709551615 s):
+    // `Duration::MAX` and anything above `u64::MAX` ns is read as it.
+    let top = Duration::from_nanos(u64::MAX);
+    assert_eq!(top.as_secs(), 18_446_744_073);
+    let cfg = BackoffConfig::builder()
+        .initial(Duration::from_nanos(1))
+        .max(Duration::MAX)
+        .multiplier(u32::MAX, 1)
+        .resolution(Duration::from_nanos(1))
+        .jitter(Jitter::None)
+        .build()
+        .unwrap();
+    assert_eq!(cfg.max(), top);
+    // 1, 2³²−1, (2³²−1)², then saturated: three steps to the cap.
+    assert_eq!(cfg.base_delay(1), Duration::from_nanos(u64::from(u32::MAX)));
+    assert_eq!(cfg.base_delay(3), top);
+    assert_eq!(cfg.base_delay(u32::MAX), top);
+    assert_eq!(cfg.cap_attempt(), 3);
+    let mut rng = SplitMix64::new(1);
+    let mut b = Backoff::new();
+    for _ in 0..5 {
+        b.next_delay(&cfg, &mut rng).unwrap();
+    }
+    assert_eq!(b.spent(), top, "the spent sum saturates too");
+    // Jitter above a saturated base saturates, in either order and for every widening draw.
+    for (jitter, order) in [
+        (
+            Jitter::Proportional { ppm: 1_000_000 },
+            JitterOrder::CapThenJitter,
+        ),
+        (
+            Jitter::PerDelay { ppm: 100_000_000 },
+            JitterOrder::CapThenJitter,
+        ),
+        (
+            Jitter::PerDelay { ppm: 100_000_000 },
+            JitterOrder::JitterThenCap,
+        ),
+        (Jitter::Decorrelated, JitterOrder::JitterThenCap),
+    ] {
+        let c = cfg
+            .to_builder()
+            .jitter(jitter)
+            .jitter_order(order)
+            .build()
+            .unwrap();
+        let mut b = Backoff::new();
+        let mut rng = SplitMix64::new(2);
+        for _ in 0..50 {
+            assert!(b.next_delay(&c, &mut rng).unwrap() <= top);
+        }
+        assert!(c.delay_for(u32::MAX, &mut rng) <= top);
+        assert!(c.largest_delay() <= top);
+    }
+    // The attempt counter saturates at u32::MAX: the delay stays the cap's.
+    let mut b = Backoff {
+        attempt: u32::MAX,
+        base: u64::MAX,
+        prev: u64::MAX,
+        ..Backoff::new()
+    };
+    assert_eq!(b.next_delay(&cfg, &mut rng), Some(top));
+    assert_eq!(b.attempt(), u32::MAX);
+}
+
+/// Built in a `const`: the gRPC connection preset's options, through the general builder.
+const GRPC_LIKE: BackoffConfigBuilder = BackoffConfig::builder()
+    .initial(Duration::from_secs(1))
+    .max(Duration::from_secs(120))
+    .multiplier(16, 10)
+    .jitter(Jitter::Proportional { ppm: 200_000 })
+    .jitter_order(JitterOrder::CapThenJitter)
+    .first_delay_unjittered(true)
+    .min_connect_timeout(Some(Duration::from_secs(20)));
+
+/// `Duration::MAX` in a `const` saturates at `u64::MAX` ns like the run-time setters.
+const HUGE: BackoffConfigBuilder = BackoffConfig::builder()
+    .max(Duration::MAX)
+    // 1 s past the saturation point (`Duration::MAX` wraps to `u64::MAX` by chance).
+    .total_budget(Some(Duration::from_secs(18_446_744_074)))
+    .max_wait(Some(Duration::from_secs(30)))
+    .max_attempts(Some(7))
+    .floor(Duration::from_millis(2))
+    .resolution(Duration::from_millis(1));
+
+#[test]
+fn const_builders_give_the_same_configs_as_run_time_ones() {
+    let cfg = GRPC_LIKE.build().unwrap();
+    let preset = BackoffConfig::grpc_connection();
+    assert_eq!(
+        (cfg.initial(), cfg.max(), cfg.multiplier(), cfg.jitter()),
+        (
+            preset.initial(),
+            preset.max(),
+            preset.multiplier(),
+            preset.jitter()
+        )
+    );
+    assert_eq!(
+        (
+            cfg.jitter_order(),
+            cfg.first_delay_unjittered(),
+            cfg.min_connect_timeout()
+        ),
+        (
+            preset.jitter_order(),
+            preset.first_delay_unjittered(),
+            preset.min_connect_timeout()
+        )
+    );
+    assert_eq!(sequence_ms(&cfg, 40, 11), sequence_ms(&preset, 40, 11));
+    let huge = HUGE.build().unwrap();
+    let run_time = BackoffConfig::builder()
+        .max(Duration::MAX)
+        .total_budget(Some(Duration::from_secs(18_446_744_074)))
+        .max_wait(Some(Duration::from_secs(30)))
+        .max_attempts(Some(7))
+        .floor(Duration::from_millis(2))
+        .resolution(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    assert_eq!(huge, run_time);
+    assert_eq!(huge.max(), Duration::from_nanos(u64::MAX));
+    assert_eq!(huge.total_budget(), Some(Duration::from_nanos(u64::MAX)));
 }

@@ -20,7 +20,7 @@ use alloc::string::String;
 use core::time::Duration;
 
 use super::{Cursor, Divergence};
-use crate::backoff::{Backoff, BackoffConfig, Exhausted, Jitter};
+use crate::backoff::{Backoff, BackoffConfig, Exhausted, Jitter, JitterOrder};
 use crate::rng::{Rng, SplitMix64};
 
 /// Most growth steps the reference walks when deciding validity; above the documented limit of
@@ -42,6 +42,8 @@ enum RefJitter {
     Full,
     Equal,
     Decorrelated,
+    /// `base + U[0, ppm)·base/10⁶`, drawn every delay (backon, tower).
+    PerDelay(u32),
 }
 
 impl RefJitter {
@@ -53,6 +55,7 @@ impl RefJitter {
             RefJitter::Full => Jitter::Full,
             RefJitter::Equal => Jitter::Equal,
             RefJitter::Decorrelated => Jitter::Decorrelated,
+            RefJitter::PerDelay(ppm) => Jitter::PerDelay { ppm },
         }
     }
 }
@@ -75,6 +78,12 @@ struct Spec {
     /// The preset's bounds: smallest initial, largest max.
     initial_min: u64,
     max_max: u64,
+    /// `max` clamps only the base, not the jittered delay (gRFC A6, gRPC connection backoff).
+    cap_then_jitter: bool,
+    /// The first delay of a sequence is `initial`, undrawn.
+    first_unjittered: bool,
+    /// gRPC's `MIN_CONNECT_TIMEOUT`, ns: carried, never used by the backoff.
+    min_connect: Option<u64>,
 }
 
 /// The presets, transcribed from `docs/design.md` §3.1 (not from the machine).
@@ -94,6 +103,9 @@ fn preset_spec(preset: u8) -> Spec {
         max_wait: None,
         initial_min: 0,
         max_max: u64::MAX,
+        cap_then_jitter: false,
+        first_unjittered: false,
+        min_connect: None,
     };
     match preset {
         1 => Spec {
@@ -113,10 +125,16 @@ fn preset_spec(preset: u8) -> Spec {
             max: 1_000 * MS,
             ..base
         },
+        // grpc/grpc doc/connection-backoff.md: the first wait is INITIAL_BACKOFF exactly,
+        // later ones min(cur·1.6, 120 s) ± 20 %, jittered after the cap; MIN_CONNECT_TIMEOUT
+        // 20 s.
         4 => Spec {
             max: 120_000 * MS,
             num: 16,
             den: 10,
+            cap_then_jitter: true,
+            first_unjittered: true,
+            min_connect: Some(20_000 * MS),
             ..base
         },
         5 => Spec {
@@ -214,6 +232,12 @@ fn decode_spec(c: &mut Cursor<'_>) -> (Spec, BackoffConfig, Result<BackoffConfig
             Some(Jitter::Full) => Some(RefJitter::Full),
             Some(Jitter::Equal) => Some(RefJitter::Equal),
             Some(Jitter::Decorrelated) => Some(RefJitter::Decorrelated),
+            Some(Jitter::PerDelay { .. }) => Some(RefJitter::PerDelay(match c.u8() % 4 {
+                0 => 1_000_000,
+                1 => 100_000_000,
+                2 => 100_000_001,
+                _ => c.u32(),
+            })),
         };
         if let Some(jitter) = jitter {
             s.jitter = jitter;
@@ -308,6 +332,7 @@ fn ref_additive_ok(s: &Spec) -> bool {
         RefJitter::Additive(range, _) => range,
         RefJitter::None
         | RefJitter::Proportional(_)
+        | RefJitter::PerDelay(_)
         | RefJitter::Full
         | RefJitter::Equal
         | RefJitter::Decorrelated => return true,
@@ -336,12 +361,27 @@ fn ref_additive_ok(s: &Spec) -> bool {
 fn ref_valid(s: &Spec) -> bool {
     let jitter_ok = match s.jitter {
         RefJitter::Proportional(ppm) => ppm <= 1_000_000,
+        // tower refuses a jitter above 100.
+        RefJitter::PerDelay(ppm) => ppm <= 100_000_000,
         RefJitter::None
         | RefJitter::Additive(..)
         | RefJitter::Full
         | RefJitter::Equal
         | RefJitter::Decorrelated => true,
     };
+    // Cap-then-jitter is defined for draws around the capped base; the additive start and
+    // decorrelated jitter cap inside their own recurrence.
+    let order_ok = !s.cap_then_jitter
+        || match s.jitter {
+            RefJitter::Additive(..) | RefJitter::Decorrelated => false,
+            RefJitter::None
+            | RefJitter::Proportional(_)
+            | RefJitter::PerDelay(_)
+            | RefJitter::Full
+            | RefJitter::Equal => true,
+        };
+    // An additive offset jitters the first delay by definition.
+    let first_ok = !s.first_unjittered || !matches!(s.jitter, RefJitter::Additive(..));
     s.res >= 1
         && s.initial >= s.initial_min
         && s.max <= s.max_max
@@ -349,6 +389,8 @@ fn ref_valid(s: &Spec) -> bool {
         && s.den > 0
         && s.num >= s.den
         && jitter_ok
+        && order_ok
+        && first_ok
         && s.floor <= s.max
         && s.floor.checked_rem(s.res).map_or(s.floor == 0, |r| r == 0)
         && (s.initial == 0 || s.res <= s.max)
@@ -419,9 +461,15 @@ fn ref_between(rng: &mut SplitMix64, lo: u64, hi: u64) -> u64 {
     }
 }
 
-/// Clamp to max, lift to floor, truncate to the grid but never below one grid step.
+/// Clamp to max (jitter-then-cap only), lift to floor, truncate to the grid but never below
+/// one grid step.
 fn ref_finish(s: &Spec, raw: u64) -> u64 {
-    let v = raw.min(s.max).max(s.floor);
+    let capped = if s.cap_then_jitter {
+        raw
+    } else {
+        raw.min(s.max)
+    };
+    let v = capped.max(s.floor);
     let on_grid = if s.res == 0 { v } else { v - v % s.res };
     on_grid.max(s.res)
 }
@@ -439,6 +487,10 @@ fn ref_delay(
     if s.initial == 0 {
         return Ok(0);
     }
+    // gRPC connection backoff: the first wait is INITIAL_BACKOFF, nothing drawn.
+    if s.first_unjittered && attempt == 0 {
+        return Ok(ref_finish(s, s.initial));
+    }
     let base = match s.jitter {
         // `docs/design.md` §3.1: d₀ = initial + off, dₐ₊₁ = min(max, ⌊dₐ·num/den⌋); off drawn
         // first.
@@ -451,6 +503,7 @@ fn ref_delay(
         }
         RefJitter::None
         | RefJitter::Proportional(_)
+        | RefJitter::PerDelay(_)
         | RefJitter::Full
         | RefJitter::Equal
         | RefJitter::Decorrelated => ref_base(s, attempt)?,
@@ -465,6 +518,11 @@ fn ref_delay(
             mul_div(base, factor, 1_000_000)
         }
         RefJitter::Additive(..) => base,
+        // backon `with_jitter`: d + d·U[0, 1); tower: d + d·j·U[0, 1). Every delay draws.
+        RefJitter::PerDelay(ppm) => {
+            let factor = 1_000_000 + ref_below(rng, u64::from(ppm));
+            mul_div(base, factor, 1_000_000)
+        }
         RefJitter::Full => ref_between(rng, 0, base),
         RefJitter::Equal => base / 2 + ref_between(rng, 0, base / 2),
         RefJitter::Decorrelated => ref_between(rng, s.initial, prev.saturating_mul(3)),
@@ -492,8 +550,16 @@ fn check_delay(s: &Spec, what: &str, attempt: u32, d: u64, want: u64) -> Result<
             Err(format!("{what}: disabled backoff gave {d} ns"))
         };
     }
-    if d > s.max {
-        return Err(format!("{what}: {d} ns above max {} ns", s.max));
+    // With cap-then-jitter only the jitter's reach bounds a delay: the largest factor.
+    let ceiling = match (s.cap_then_jitter, s.jitter) {
+        (true, RefJitter::Proportional(ppm)) => {
+            mul_div(s.max, 1_000_000 + u64::from(ppm), 1_000_000)
+        }
+        (true, RefJitter::PerDelay(ppm)) => mul_div(s.max, 1_000_000 + u64::from(ppm), 1_000_000),
+        _ => s.max,
+    };
+    if d > ceiling.max(s.res) {
+        return Err(format!("{what}: {d} ns above the largest {ceiling} ns"));
     }
     if d < s.floor {
         return Err(format!("{what}: {d} ns below floor {} ns", s.floor));
@@ -505,7 +571,7 @@ fn check_delay(s: &Spec, what: &str, attempt: u32, d: u64, want: u64) -> Result<
         return Err(format!("{what}: {d} ns not a multiple of {} ns", s.res));
     }
     let never_earlier = match s.jitter {
-        RefJitter::None | RefJitter::Additive(..) => true,
+        RefJitter::None | RefJitter::Additive(..) | RefJitter::PerDelay(_) => true,
         RefJitter::Proportional(_)
         | RefJitter::Full
         | RefJitter::Equal
@@ -590,6 +656,11 @@ fn check_getters(s: &Spec, cfg: &BackoffConfig) -> Result<(), Divergence> {
         cfg.is_disabled(),
         cfg.max_attempts(),
         cfg.max_wait().map(ns),
+        (
+            cfg.jitter_order() == JitterOrder::CapThenJitter,
+            cfg.first_delay_unjittered(),
+            cfg.min_connect_timeout().map(ns),
+        ),
     );
     let want = (
         s.initial,
@@ -602,6 +673,7 @@ fn check_getters(s: &Spec, cfg: &BackoffConfig) -> Result<(), Divergence> {
         s.initial == 0,
         s.max_attempts,
         s.max_wait,
+        (s.cap_then_jitter, s.first_unjittered, s.min_connect),
     );
     if got == want {
         Ok(())
@@ -712,7 +784,7 @@ fn check_state(s: &Spec, cfg: &BackoffConfig, m: &Backoff, r: &RefSeq) -> Result
 pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut c = Cursor::new(data);
     let (mut s, start, built) = decode_spec(&mut c);
-    let cfg = match (built, ref_valid(&s)) {
+    let mut cfg = match (built, ref_valid(&s)) {
         (Ok(cfg), true) => cfg,
         (Err(_), false) => {
             // Refused as it should be: carry on with the unmodified preset.
@@ -733,7 +805,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut ops = 0;
     while !c.is_empty() && ops < MAX_OPS {
         ops += 1;
-        let Some(op) = c.select(10) else {
+        let Some(op) = c.select(11) else {
             continue;
         };
         match op {
@@ -782,7 +854,48 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                     _ => {}
                 }
             }
-            _ => rngs = Rngs::new(c.u64()),
+            9 => rngs = Rngs::new(c.u64()),
+            _ => {
+                // Issue 15: rebuild the config with another jitter order, first-delay rule and
+                // minimum connect timeout (each an optional override), then start a fresh
+                // sequence on both sides.
+                let mut next = s;
+                let mut b = cfg.to_builder();
+                if let Some(order) = c.select(2) {
+                    next.cap_then_jitter = order == 1;
+                    b = b.jitter_order(if order == 1 {
+                        JitterOrder::CapThenJitter
+                    } else {
+                        JitterOrder::JitterThenCap
+                    });
+                }
+                if let Some(first) = c.select(2) {
+                    next.first_unjittered = first == 1;
+                    b = b.first_delay_unjittered(first == 1);
+                }
+                if let Some(kind) = c.select(3) {
+                    next.min_connect = match kind {
+                        0 => None,
+                        1 => Some(20_000 * MS),
+                        _ => Some(span(&mut c).0),
+                    };
+                    b = b.min_connect_timeout(next.min_connect.map(Duration::from_nanos));
+                }
+                match (b.build(), ref_valid(&next)) {
+                    (Ok(new), true) => {
+                        check_getters(&next, &new)?;
+                        s = next;
+                        cfg = new;
+                        m.reset();
+                        r = RefSeq::default();
+                    }
+                    (Err(_), false) => {}
+                    (Ok(new), false) => {
+                        return Err(format!("accepted invalid {next:?} as {new:?}"));
+                    }
+                    (Err(e), true) => return Err(format!("refused valid {next:?}: {e}")),
+                }
+            }
         }
         check_state(&s, &cfg, &m, &r)?;
     }
@@ -813,7 +926,7 @@ mod tests {
         // non-integer growth make every nanosecond count.
         let coarse: &[u8] = &[0, 8, 8];
         let fine: &[u8] = &[0, 31, 31, 5, 0xE9, 0x03, 5, 0x61, 0xEA, 2, 3, 2];
-        let strategies: [(&[u8], RefJitter); 6] = [
+        let strategies: [(&[u8], RefJitter); 7] = [
             (&[0], RefJitter::None),
             (&[1, 0], RefJitter::Proportional(200_000)),
             (
@@ -823,6 +936,7 @@ mod tests {
             (&[3], RefJitter::Full),
             (&[4], RefJitter::Equal),
             (&[5], RefJitter::Decorrelated),
+            (&[6, 0], RefJitter::PerDelay(1_000_000)),
         ];
         let ops = [0, 0, 0, 8, 6, 3, 7, 0, 7, 1, 0, 0, 8, 5, 6, 0];
         for (shape, res, initial) in [(coarse, MS, 1_000 * MS), (fine, 1, 1_001)] {
