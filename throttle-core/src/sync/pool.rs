@@ -28,13 +28,20 @@ use super::oneshot::Sender;
 use super::signal::wait_for;
 use super::unwind;
 use super::{Panicked, Runtime, WakeSignal};
-use crate::conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, Route};
+use crate::conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, ConnectAttempt, Route};
 use crate::error::ConfigError;
 use crate::rng::SplitMix64;
 use crate::time::Instant;
 
 /// Opens a connection to `host:port`. The runtime adapters provide a TCP one; a client wraps
 /// its own protocol handshake the same way.
+///
+/// Each connect gets the table's [`ConnectAttempt`]: its timeout is
+/// `max(min_connect_timeout, the attempt's backoff)` (gRPC's connection-backoff protocol).
+/// The pool enforces it whatever the connector does: a connect still running at
+/// [`ConnectAttempt::deadline`] is dropped and fails its lease with
+/// [`PoolError::ConnectTimeout`]; a connector may also pass the timeout on (to a socket's
+/// connect timeout, a handshake deadline) so it gives up on its own.
 pub trait Connector<H>: Send + Sync + 'static {
     /// The connection. Shared by every request routed to its endpoint (the pool hands out
     /// `&Conn` through [`Lease`]), so it is typically a multiplexed client.
@@ -42,11 +49,14 @@ pub trait Connector<H>: Send + Sync + 'static {
     /// Why a connect failed.
     type Error: Send + 'static;
 
-    /// Connects to `host:port`. The future owns what it needs (`'static`).
+    /// Connects to `host:port` within `attempt` (its [`timeout`](ConnectAttempt::timeout),
+    /// or its [`deadline`](ConnectAttempt::deadline) on the runtime's clock). The future owns
+    /// what it needs (`'static`).
     fn connect(
         &self,
         host: &H,
         port: u16,
+        attempt: ConnectAttempt,
     ) -> impl Future<Output = Result<Self::Conn, Self::Error>> + Send + 'static;
 }
 
@@ -72,6 +82,14 @@ pub enum PoolError<E> {
     /// This lease's connect failed; the endpoint now backs off.
     #[error("connecting to the endpoint failed; it backs off now")]
     Connect(#[source] E),
+    /// This lease's connect was still running at its [`ConnectAttempt::deadline`]: the pool
+    /// dropped it and reported it failed, so the endpoint backs off as after any failed
+    /// connect.
+    #[error("connecting to the endpoint took longer than {timeout:?}; it backs off now")]
+    ConnectTimeout {
+        /// The attempt's timeout.
+        timeout: core::time::Duration,
+    },
     /// The endpoint's last connect failed; lease again at `until`.
     #[error("the endpoint's last connect failed; it backs off until {until:?}")]
     Backoff {
@@ -164,7 +182,7 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
 ///
 /// ```
 #[doc = include_str!("doc/tiny_runtime.md")]
-/// use throttle_sansio::conn_key::{ConnConfig, ConnKey};
+/// use throttle_sansio::conn_key::{ConnConfig, ConnKey, ConnectAttempt};
 /// use throttle_sansio::sync::{ConnPool, Connector};
 ///
 /// struct Dialer;
@@ -177,6 +195,7 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
 ///         &self,
 ///         host: &&'static str,
 ///         port: u16,
+///         _attempt: ConnectAttempt,
 ///     ) -> impl Future<Output = Result<String, std::io::Error>> + Send + 'static {
 ///         core::future::ready(Ok(format!("{host}:{port}")))
 ///     }
@@ -215,7 +234,7 @@ impl<R, C: Connector<H>, U, H, S> fmt::Debug for ConnPool<R, C, U, H, S> {
 enum Step<T> {
     Leased(ConnId, Arc<T>),
     AwaitConnect,
-    Connect(ConnId),
+    Connect(ConnId, ConnectAttempt),
     Err(PoolError<()>),
 }
 
@@ -300,7 +319,8 @@ where
                 }
                 // The key's `Hash`, `Eq` and `Clone` run inside; the table changes nothing
                 // before they have, so a panic there fails this lease alone.
-                let route = match unwind::call(|| st.table.handle_request(now, key)) {
+                let st = &mut *st;
+                let route = match unwind::call(|| st.table.handle_request(now, key, &mut st.rng)) {
                     Ok(route) => route,
                     Err(panicked) => return Step::Err(PoolError::Panicked(panicked)),
                 };
@@ -315,9 +335,9 @@ where
                         },
                         None => Step::AwaitConnect,
                     },
-                    Route::Open(id, _) => {
+                    Route::Open(id, _, attempt) => {
                         st.connecting += 1;
-                        Step::Connect(id)
+                        Step::Connect(id, attempt)
                     }
                     Route::Wait { until } => Step::Err(PoolError::Backoff { until }),
                     _ => Step::Err(PoolError::Exhausted),
@@ -336,7 +356,7 @@ where
                     });
                 }
                 Step::AwaitConnect => self.shared.connected.changed(epoch).await,
-                Step::Connect(id) => {
+                Step::Connect(id, attempt) => {
                     let (tx, rx) = oneshot::channel();
                     // From here the endpoint's `Connecting` state is the guard's to end.
                     let mut guard = ConnectGuard {
@@ -344,16 +364,23 @@ where
                         id,
                         leaser: Some(tx),
                     };
-                    match unwind::call(|| self.shared.connector.connect(&key.host, key.port)) {
-                        Ok(connect) => self.shared.rt.spawn(async move {
-                            let mut guard = guard;
-                            let ended = match unwind::catch(connect).await {
-                                Ok(Ok(conn)) => ConnectEnd::Connected(conn),
-                                Ok(Err(e)) => ConnectEnd::Failed(e),
-                                Err(Panicked) => ConnectEnd::Panicked,
-                            };
-                            guard.end(ended);
-                        }),
+                    let connect = unwind::call(|| {
+                        self.shared.connector.connect(&key.host, key.port, attempt)
+                    });
+                    match connect {
+                        Ok(connect) => {
+                            let cut = self.shared.rt.sleep_until(attempt.deadline());
+                            self.shared.rt.spawn(async move {
+                                let mut guard = guard;
+                                let ended = match within(unwind::catch(connect), cut).await {
+                                    Some(Ok(Ok(conn))) => ConnectEnd::Connected(conn),
+                                    Some(Ok(Err(e))) => ConnectEnd::Failed(e),
+                                    Some(Err(Panicked)) => ConnectEnd::Panicked,
+                                    None => ConnectEnd::TimedOut(attempt.timeout()),
+                                };
+                                guard.end(ended);
+                            })
+                        }
                         Err(Panicked) => guard.end(ConnectEnd::Panicked),
                     }
                     // A connect that succeeded sends nothing: route again, to its connection.
@@ -364,6 +391,9 @@ where
                 Step::Err(e) => {
                     return Err(match e {
                         PoolError::Backoff { until } => PoolError::Backoff { until },
+                        PoolError::ConnectTimeout { timeout } => {
+                            PoolError::ConnectTimeout { timeout }
+                        }
                         PoolError::Closed => PoolError::Closed,
                         PoolError::Panicked(p) => PoolError::Panicked(p),
                         _ => PoolError::Exhausted,
@@ -502,9 +532,13 @@ where
                     }
                 }
                 ConnectEnd::Failed(e) => {
-                    let st = &mut *st;
-                    let _ = st.table.handle_connect_failed(now, id, &mut st.rng);
+                    let _ = st.table.handle_connect_failed(now, id);
                     (Some(PoolError::Connect(e)), None)
+                }
+                // Given up at the attempt's deadline: a failed connect, so it backs off.
+                ConnectEnd::TimedOut(timeout) => {
+                    let _ = st.table.handle_connect_failed(now, id);
+                    (Some(PoolError::ConnectTimeout { timeout }), None)
                 }
                 // Not the server's fault: no backoff, the next lease connects at once.
                 ConnectEnd::Panicked => {
@@ -548,10 +582,27 @@ where
     }
 }
 
+/// `work`'s output, or `None` if `cut` resolves first (then `work` is dropped unfinished).
+/// `work` is polled first, so a connect that is ready when its deadline also passes counts as
+/// done.
+async fn within<T>(work: impl Future<Output = T>, cut: impl Future<Output = ()>) -> Option<T> {
+    let mut work = core::pin::pin!(work);
+    let mut cut = core::pin::pin!(cut);
+    core::future::poll_fn(|cx| {
+        if let core::task::Poll::Ready(out) = work.as_mut().poll(cx) {
+            return core::task::Poll::Ready(Some(out));
+        }
+        cut.as_mut().poll(cx).map(|()| None)
+    })
+    .await
+}
+
 /// How a connect task ended.
 enum ConnectEnd<T, E> {
     Connected(T),
     Failed(E),
+    /// Still running at the attempt's deadline (its timeout): dropped unfinished.
+    TimedOut(core::time::Duration),
     /// `connect()` or its future panicked.
     Panicked,
     /// The task was dropped before the connect ended (the runtime shut down).
@@ -633,7 +684,7 @@ where
 ///
 /// ```
 #[doc = include_str!("doc/tiny_runtime.md")]
-/// use throttle_sansio::conn_key::{ConnConfig, ConnKey};
+/// use throttle_sansio::conn_key::{ConnConfig, ConnKey, ConnectAttempt};
 /// use throttle_sansio::sync::{ConnPool, Connector};
 ///
 /// struct Dialer;
@@ -646,6 +697,7 @@ where
 ///         &self,
 ///         host: &&'static str,
 ///         port: u16,
+///         _attempt: ConnectAttempt,
 ///     ) -> impl Future<Output = Result<String, std::io::Error>> + Send + 'static {
 ///         core::future::ready(Ok(format!("{host}:{port}")))
 ///     }
@@ -752,6 +804,7 @@ mod tests {
             &self,
             _host: &u32,
             port: u16,
+            _attempt: ConnectAttempt,
         ) -> impl Future<Output = Result<FakeConn, &'static str>> + Send + 'static {
             self.connects.fetch_add(1, Ordering::SeqCst);
             let live = Arc::clone(&self.live);
