@@ -1204,4 +1204,190 @@ mod tests {
         assert!(out.lock().unwrap().iter().all(Result::is_ok));
         assert_books(&pool, 3);
     }
+
+    // ------------------------------------------------------------ connect timeouts
+
+    /// Each connect takes `fail_after` on the runtime's clock and then fails (`None`: it
+    /// never ends); records the attempt it was given and counts its futures dropped.
+    struct Timed {
+        clock: crate::sync::ManualClock,
+        attempts: Arc<StdMutex<Vec<ConnectAttempt>>>,
+        fail_after: Option<Duration>,
+        dropped: Arc<AtomicUsize>,
+    }
+
+    struct CountDrop(Arc<AtomicUsize>);
+    impl Drop for CountDrop {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Connector<u32> for Timed {
+        type Conn = ();
+        type Error = &'static str;
+        fn connect(
+            &self,
+            _host: &u32,
+            _port: u16,
+            attempt: ConnectAttempt,
+        ) -> impl Future<Output = Result<(), &'static str>> + Send + 'static {
+            self.attempts.lock().unwrap().push(attempt);
+            let (clock, fail_after) = (self.clock.clone(), self.fail_after);
+            let dropped = CountDrop(Arc::clone(&self.dropped));
+            async move {
+                let _dropped = dropped;
+                match fail_after {
+                    Some(d) => {
+                        let at = clock.now() + d;
+                        clock.sleep_until(at).await;
+                        Err("refused")
+                    }
+                    None => core::future::pending().await,
+                }
+            }
+        }
+    }
+
+    type TimedPool = ConnPool<TestRuntime, Timed, u32, u32, RandomState>;
+    type Attempts = Arc<StdMutex<Vec<ConnectAttempt>>>;
+
+    /// A pool over `Timed` with gRPC's connection-backoff numbers without jitter
+    /// (`doc/connection-backoff.md`, "Proposed Backoff Algorithm": 1 s, ×1.6, 120 s,
+    /// MIN_CONNECT_TIMEOUT 20 s), its attempts and its count of dropped connect futures.
+    fn timed_pool(
+        exec: &Executor,
+        fail_after: Option<Duration>,
+    ) -> (TimedPool, TestRuntime, Attempts, Counter) {
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(exec.spawner());
+        let attempts: Attempts = Arc::default();
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let connector = Timed {
+            clock: rt.clock.clone(),
+            attempts: Arc::clone(&attempts),
+            fail_after,
+            dropped: Arc::clone(&dropped),
+        };
+        let backoff = crate::backoff::BackoffConfig::builder()
+            .initial(Duration::from_secs(1))
+            .max(Duration::from_secs(120))
+            .multiplier(16, 10)
+            .jitter(crate::backoff::Jitter::None)
+            .build()
+            .unwrap();
+        let cfg = ConnConfig::default().with_connect_backoff(backoff);
+        let pool = ConnPool::new(rt.clone(), connector, cfg).unwrap();
+        (pool, rt, attempts, dropped)
+    }
+
+    type TimedOut = Arc<StdMutex<Vec<Result<ConnId, PoolError<&'static str>>>>>;
+
+    fn spawn_timed_lease(exec: &Executor, pool: &TimedPool, out: &TimedOut) {
+        let (p, o) = (pool.clone(), Arc::clone(out));
+        exec.spawn(async move {
+            let r = p.lease(&ConnKey::new(0, 1, 9123)).await.map(|l| l.id());
+            o.lock().unwrap().push(r);
+        });
+    }
+
+    /// The transport is told each attempt's timeout (`max(MIN_CONNECT_TIMEOUT, backoff)`,
+    /// 20 s here), and a connect that hangs is cut at it: its future is dropped, its leaser
+    /// fails with `ConnectTimeout`, the endpoint backs off as after a failed connect, and a
+    /// leaser waiting on the same connect is not stranded: the 20 s connect outlasted its 1 s
+    /// backoff, so it connects again at once (the document's `SleepUntil` on a past deadline).
+    #[test]
+    fn the_transport_gets_the_connect_timeout_and_a_hung_connect_is_cut_at_it() {
+        let mut exec = Executor::default();
+        let (pool, rt, attempts, dropped) = timed_pool(&exec, None);
+        rt.clock.advance_to(Instant::from_millis(5_000));
+        let out: TimedOut = Arc::default();
+        spawn_timed_lease(&exec, &pool, &out);
+        spawn_timed_lease(&exec, &pool, &out); // waits for the first one's connect
+        assert_eq!(
+            exec.run_until_stalled(),
+            3,
+            "two leasers and the connect task"
+        );
+        let first = attempts.lock().unwrap()[0];
+        assert_eq!(
+            first,
+            ConnectAttempt::new(Instant::from_millis(5_000), Duration::from_secs(20))
+        );
+        assert_eq!(first.deadline(), Instant::from_millis(25_000));
+        rt.clock.advance_to(Instant::from_millis(24_999));
+        exec.run_until_stalled();
+        assert!(out.lock().unwrap().is_empty(), "1 ms before the deadline");
+        assert_eq!(dropped.load(Ordering::SeqCst), 0);
+        rt.clock.advance_to(Instant::from_millis(25_000));
+        assert_eq!(
+            exec.run_until_stalled(),
+            2,
+            "the second leaser and its own connect, which hangs too"
+        );
+        assert_eq!(
+            out.lock().unwrap()[..],
+            [Err(PoolError::ConnectTimeout {
+                timeout: Duration::from_secs(20)
+            })]
+        );
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            1,
+            "the hung connect was dropped"
+        );
+        let st = lock(&pool.shared.state);
+        let key = ConnKey::new(0, 1, 9123);
+        assert_eq!(st.table.connect_failures(&key), 1, "a failed connect");
+        assert_eq!(st.connecting, 1, "the waiter's own connect");
+        drop(st);
+        // The waiter connected again at once; its attempt's backoff is the second (1.6 s),
+        // its timeout still 20 s.
+        let second = attempts.lock().unwrap()[1];
+        assert_eq!(
+            second,
+            ConnectAttempt::new(Instant::from_millis(25_000), Duration::from_secs(20))
+        );
+        assert_eq!(pool.len(), 1);
+        rt.clock.advance_to(Instant::from_millis(45_000));
+        assert_eq!(exec.run_until_stalled(), 0);
+        assert_eq!(out.lock().unwrap().len(), 2);
+        assert_eq!((pool.len(), dropped.load(Ordering::SeqCst)), (0, 2));
+        assert_eq!(lock(&pool.shared.state).connecting, 0);
+    }
+
+    /// `doc/connection-backoff.md`, "Proposed Backoff Algorithm", through the pool: a
+    /// connect that starts at 5 s and fails 300 ms in, with a 1 s backoff, may be retried at
+    /// 6 s (the attempt's start plus its backoff), not at 6.3 s.
+    #[test]
+    fn a_connect_failing_300_ms_in_is_retried_at_its_start_plus_the_backoff() {
+        let mut exec = Executor::default();
+        let (pool, rt, attempts, _) = timed_pool(&exec, Some(Duration::from_millis(300)));
+        rt.clock.advance_to(Instant::from_millis(5_000));
+        let out: TimedOut = Arc::default();
+        spawn_timed_lease(&exec, &pool, &out);
+        exec.run_until_stalled();
+        rt.clock.advance_to(Instant::from_millis(5_300));
+        exec.run_until_stalled();
+        assert_eq!(
+            out.lock().unwrap()[..],
+            [Err(PoolError::Connect("refused"))]
+        );
+        spawn_timed_lease(&exec, &pool, &out);
+        exec.run_until_stalled();
+        assert_eq!(
+            out.lock().unwrap()[1],
+            Err(PoolError::Backoff {
+                until: Instant::from_millis(6_000)
+            })
+        );
+        rt.clock.advance_to(Instant::from_millis(6_000));
+        spawn_timed_lease(&exec, &pool, &out);
+        exec.run_until_stalled();
+        assert_eq!(attempts.lock().unwrap().len(), 2, "reconnected at 6 s");
+        assert_eq!(
+            attempts.lock().unwrap()[1].started(),
+            Instant::from_millis(6_000)
+        );
+    }
 }
