@@ -163,6 +163,10 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
 ///   new one is connected by a task spawned on the runtime (concurrent leasers of the same
 ///   endpoint wait for it); an endpoint in connect backoff is refused with
 ///   [`PoolError::Backoff`]. The leaser whose connect failed gets [`PoolError::Connect`].
+/// - Each connect is given the table's [`ConnectAttempt`] (timeout `max(min_connect_timeout,
+///   the attempt's backoff)`, 20 s at least by default) and is cut at its deadline: the
+///   leaser gets [`PoolError::ConnectTimeout`] and the endpoint backs off as after a failed
+///   connect; leasers waiting on it route again.
 /// - A [`Lease`] counts one request in flight on its connection until it is dropped (or
 ///   [`Lease::broken`] reports the connection dead); a connection with nothing in flight closes
 ///   after the table's `max_idle`.
