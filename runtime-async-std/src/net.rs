@@ -12,7 +12,8 @@ use throttle_sansio::sync::{Connector, bare_host};
 /// literal or an IPv6 literal, bare (`::1`) or bracketed (`[::1]`); it is resolved together
 /// with the port as a pair ([`bare_host`]), never as a `"{host}:{port}"` string. Wrap it to add
 /// a handshake or a multiplexing client on top: the pool shares one connection between its
-/// leases.
+/// leases. It ignores the [`ConnectAttempt`](throttle_sansio::conn_key::ConnectAttempt): the
+/// pool drops a connect still running at the attempt's deadline.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TcpConnector;
 
@@ -24,6 +25,7 @@ impl<H: AsRef<str>> Connector<H> for TcpConnector {
         &self,
         host: &H,
         port: u16,
+        _attempt: throttle_sansio::conn_key::ConnectAttempt,
     ) -> impl Future<Output = io::Result<TcpStream>> + Send + 'static {
         let host = bare_host(host.as_ref()).to_owned();
         async move {
@@ -37,6 +39,14 @@ impl<H: AsRef<str>> Connector<H> for TcpConnector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connect attempt as the pool hands it out (the pool enforces its deadline).
+    fn attempt() -> throttle_sansio::conn_key::ConnectAttempt {
+        throttle_sansio::conn_key::ConnectAttempt::new(
+            throttle_sansio::Instant::ZERO,
+            core::time::Duration::from_secs(20),
+        )
+    }
     use async_std::io::{ReadExt, WriteExt};
     use async_std::net::TcpListener;
 
@@ -46,7 +56,7 @@ mod tests {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
             let mut client = TcpConnector
-                .connect(&"127.0.0.1", addr.port())
+                .connect(&"127.0.0.1", addr.port(), attempt())
                 .await
                 .unwrap();
             let (mut server, _) = listener.accept().await.unwrap();

@@ -10,7 +10,8 @@ use tokio::net::TcpStream;
 /// literal or an IPv6 literal, bare (`::1`) or bracketed (`[::1]`); it is resolved together
 /// with the port as a pair ([`bare_host`]), never as a `"{host}:{port}"` string. Wrap it to add
 /// a handshake or a multiplexing client on top: the pool shares one connection between its
-/// leases.
+/// leases. It ignores the [`ConnectAttempt`](throttle_sansio::conn_key::ConnectAttempt): the
+/// pool drops a connect still running at the attempt's deadline.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TcpConnector;
 
@@ -22,6 +23,7 @@ impl<H: AsRef<str>> Connector<H> for TcpConnector {
         &self,
         host: &H,
         port: u16,
+        _attempt: throttle_sansio::conn_key::ConnectAttempt,
     ) -> impl Future<Output = Result<TcpStream, std::io::Error>> + Send + 'static {
         let host = bare_host(host.as_ref()).to_owned();
         async move {
@@ -36,11 +38,22 @@ impl<H: AsRef<str>> Connector<H> for TcpConnector {
 mod tests {
     use super::*;
 
+    /// A connect attempt as the pool hands it out (the pool enforces its deadline).
+    fn attempt() -> throttle_sansio::conn_key::ConnectAttempt {
+        throttle_sansio::conn_key::ConnectAttempt::new(
+            throttle_sansio::Instant::ZERO,
+            core::time::Duration::from_secs(20),
+        )
+    }
+
     #[tokio::test]
     async fn connects_to_a_loopback_listener_with_nodelay() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let stream = TcpConnector.connect(&"127.0.0.1", port).await.unwrap();
+        let stream = TcpConnector
+            .connect(&"127.0.0.1", port, attempt())
+            .await
+            .unwrap();
         assert!(stream.nodelay().unwrap());
         assert_eq!(stream.peer_addr().unwrap().port(), port);
     }

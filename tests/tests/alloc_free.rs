@@ -401,9 +401,9 @@ fn conn_round(t: &mut Conns, now: &mut Instant, endpoints: u32, requests: u32) {
     for r in 0..requests {
         let e = r % endpoints;
         let key = ConnKey::new(e, 10_000 + e, 9092);
-        let id = match t.handle_request(*now, &key) {
+        let id = match t.handle_request(*now, &key, &mut SplitMix64::new(0)) {
             Route::Use(id) => id,
-            Route::Open(id, _) => {
+            Route::Open(id, ..) => {
                 assert!(t.handle_connected(*now, id));
                 id
             }
@@ -453,7 +453,10 @@ fn endpoint_cycling_through_idle_close_allocates_nothing_after_warmup() {
     let key = ConnKey::new(1, 1, 9092);
     assert_no_alloc_after_warmup("connection table, open/idle-close cycles", || {
         for _ in 0..100 {
-            assert!(matches!(t.handle_request(now, &key), Route::Open(..)));
+            assert!(matches!(
+                t.handle_request(now, &key, &mut SplitMix64::new(0)),
+                Route::Open(..)
+            ));
             now += Duration::from_millis(2);
             t.handle_timeout(now);
             assert!(t.poll_action().is_some(), "idle close");

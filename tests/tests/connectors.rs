@@ -72,7 +72,14 @@ fn reaches<C: Connector<String>>(
 {
     let at = listener.local_addr().unwrap();
     for host in hosts {
-        let conn = match block_on(Box::pin(connector.connect(&host, at.port()))) {
+        let conn = match block_on(Box::pin(connector.connect(
+            &host,
+            at.port(),
+            throttle_sansio::conn_key::ConnectAttempt::new(
+                throttle_sansio::Instant::ZERO,
+                std::time::Duration::from_secs(20),
+            ),
+        ))) {
             Ok(conn) => conn,
             Err(e) => panic!("connect to host {host:?} port {}: {e}", at.port()),
         };

@@ -331,6 +331,12 @@ fn every_refusal_reports_the_option_that_sets_the_bad_value() {
             &options::conn::MAX_IDLE,
         ),
         (
+            ConnConfig::default()
+                .with_min_connect_timeout(Duration::ZERO)
+                .validate(),
+            &options::conn::MIN_CONNECT_TIMEOUT,
+        ),
+        (
             CoalescerConfig::default().with_max_waiters(0).validate(),
             &options::failover::MAX_WAITERS,
         ),
@@ -454,6 +460,8 @@ fn every_method_in_the_table_exists() {
         &pending_bytes::MAX_PENDING_BYTES => PendingBytesConfig::with_max_pending_bytes,
         &conn::MAX_IDLE => ConnConfig::with_max_idle,
         &conn::CONNECT_BACKOFF => ConnConfig::with_connect_backoff,
+        &conn::MIN_CONNECT_TIMEOUT => ConnConfig::with_min_connect_timeout,
+        &conn::BACKOFF_FROM => ConnConfig::with_backoff_from,
         &failover::MAX_AUTO_RETRIES => CallConfig::with_max_auto_retries,
         &failover::CALL_BACKOFF => CallConfig::with_backoff,
         &failover::MAX_WAITERS => CoalescerConfig::with_max_waiters,

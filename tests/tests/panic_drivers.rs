@@ -102,6 +102,7 @@ impl Connector<u32> for Flaky {
         &self,
         host: &u32,
         _port: u16,
+        _attempt: throttle_sansio::conn_key::ConnectAttempt,
     ) -> impl Future<Output = Result<u32, &'static str>> + Send + 'static {
         let first = self.connects.fetch_add(1, Ordering::SeqCst) == 0;
         assert!(!(first && self.eager), "connect() panics");

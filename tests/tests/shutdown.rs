@@ -112,6 +112,7 @@ impl Connector<u32> for Dialer {
         &self,
         _host: &u32,
         _port: u16,
+        _attempt: throttle_sansio::conn_key::ConnectAttempt,
     ) -> impl Future<Output = Result<Conn, std::io::Error>> + Send + 'static {
         let live = Arc::clone(&self.live);
         async move {

@@ -8,7 +8,10 @@
 //!
 //! [`ConnTable`] decides which connection a request uses ([`ConnTable::handle_request`]), counts the
 //! requests in flight on each, closes connections that stay idle for `max_idle`, and gates
-//! reconnects to a key behind the gRPC connection backoff after a *failed* connect.
+//! reconnects to a key behind the gRPC connection backoff after a *failed* connect, following
+//! gRPC's connection-backoff protocol: each attempt's backoff counts from the attempt's start
+//! (or, optionally, from the failure), and each attempt is given
+//! `max(min_connect_timeout, its backoff)` to connect ([`ConnectAttempt`]).
 //!
 //! # Driving contract
 //!
@@ -24,8 +27,9 @@
 //! - **Queries** (`&self`): [`connection`](ConnTable::connection),
 //!   [`state`](ConnTable::state), [`in_flight`](ConnTable::in_flight), …
 //!
-//! Per request: `handle_request` → on `Open(id, key)` start connecting `key` and report
-//! `handle_connected` or `handle_connect_failed`; on `Use(id)` or `Open(id, _)` call
+//! Per request: `handle_request` → on `Open(id, key, attempt)` start connecting `key`, give
+//! the connect up at `attempt.deadline()`, and report `handle_connected` or
+//! `handle_connect_failed` (a connect given up is a failed one); on `Use(id)` or `Open(id, ..)` call
 //! `handle_send(id)` when the request is written (an `Err(Disconnected)` means route again)
 //! and `handle_finished(id)` when its response arrives or it is abandoned; on
 //! `Wait { until }` call `handle_request` again at `until`. Report every close the transport sees with
@@ -118,8 +122,11 @@ impl fmt::Debug for ConnId {
 pub enum Route<U, H> {
     /// Send on this existing connection (it may still be connecting).
     Use(ConnId),
-    /// Open a connection to this endpoint under this fresh id, then send on it.
-    Open(ConnId, ConnKey<U, H>),
+    /// Open a connection to this endpoint under this fresh id, then send on it. The
+    /// [`ConnectAttempt`] says how long the transport may take to connect: a connect still
+    /// running at its [`deadline`](ConnectAttempt::deadline) is to be given up and reported
+    /// with [`ConnTable::handle_connect_failed`].
+    Open(ConnId, ConnKey<U, H>, ConnectAttempt),
     /// The last connect to this endpoint failed; route again at `until`.
     Wait {
         /// When the endpoint's connect backoff ends.
@@ -147,6 +154,92 @@ pub enum ConnState {
     Connecting,
     /// [`ConnTable::handle_connected`] was reported.
     Connected,
+}
+
+/// From when the connect backoff of a failed attempt counts ([`ConnConfig::with_backoff_from`]).
+///
+/// With a backoff `d` drawn for an attempt that started at `s` and failed at `f`, the next
+/// attempt may start at `s + d` ([`AttemptStart`](Self::AttemptStart)) or at `f + d`
+/// ([`Failure`](Self::Failure)). They differ only when connects take time: a connect that
+/// fails 300 ms in with `d = 1 s` retries at `s + 1 s` or at `s + 1.3 s`, and one that takes
+/// longer than `d` retries at once or waits `d` again.
+///
+/// ```
+/// use throttle_sansio::conn_key::{BackoffFrom, ConnConfig};
+///
+/// assert_eq!(ConnConfig::default().backoff_from(), BackoffFrom::AttemptStart);
+/// let go_like = ConnConfig::default().with_backoff_from(BackoffFrom::Failure);
+/// assert_eq!(go_like.backoff_from(), BackoffFrom::Failure);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackoffFrom {
+    /// The next attempt starts `d` after the failed attempt *started*, or at once if the
+    /// attempt took longer than `d`: gRPC's connection-backoff protocol
+    /// (`doc/connection-backoff.md`, "Proposed Backoff Algorithm": `SleepUntil(current_deadline)`)
+    /// and gRPC core's subchannel. The default.
+    #[default]
+    AttemptStart,
+    /// The next attempt starts `d` after the failure was reported, however long the connect
+    /// took: grpc-go's `addrConn.resetTransport` (a timer of `backoffFor` started after
+    /// `tryAllAddrs` fails), and this table before issue 15.
+    Failure,
+}
+
+/// How long the transport may take over one connect, as the table hands it out with
+/// [`Route::Open`] (and [`ConnTable::connect_attempt`]).
+///
+/// `timeout = max(min_connect_timeout, d)`, where `d` is the backoff drawn for this attempt
+/// when it started (gRPC's `TryConnect(Max(current_deadline, now() + MIN_CONNECT_TIMEOUT))`:
+/// `current_deadline − now()` is `d` at the attempt's start); `deadline = started + timeout`,
+/// saturating at [`Instant::MAX`]. A connect still running at `deadline` should be given up
+/// and reported as failed.
+///
+/// ```
+/// use std::hash::RandomState;
+/// use std::time::Duration;
+/// use throttle_sansio::Instant;
+/// use throttle_sansio::conn_key::{ConnConfig, ConnKey, ConnTable, Route};
+/// use throttle_sansio::rng::SplitMix64;
+///
+/// let mut table: ConnTable<u32, u32, RandomState> =
+///     ConnTable::new(ConnConfig::default()).unwrap();
+/// let mut rng = SplitMix64::new(1);
+/// let t = Instant::from_millis(5_000);
+/// let Route::Open(_, _, attempt) = table.handle_request(t, &ConnKey::new(0, 1, 9123), &mut rng)
+/// else { panic!() };
+/// // The first backoff is about 1 s: the 20 s minimum connect timeout wins.
+/// assert_eq!(attempt.started(), t);
+/// assert_eq!(attempt.timeout(), Duration::from_secs(20));
+/// assert_eq!(attempt.deadline(), Instant::from_millis(25_000));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnectAttempt {
+    started: Instant,
+    timeout: Duration,
+}
+
+impl ConnectAttempt {
+    /// An attempt that started at `started` and may take `timeout` (for transports' tests;
+    /// the table makes its own).
+    pub const fn new(started: Instant, timeout: Duration) -> Self {
+        ConnectAttempt { started, timeout }
+    }
+
+    /// When the attempt started (the route that opened it, on the table's clamped clock).
+    pub const fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// How long the connect may take: `max(min_connect_timeout, this attempt's backoff)`.
+    pub const fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// `started + timeout`, saturating at [`Instant::MAX`]: when to give the connect up.
+    pub fn deadline(&self) -> Instant {
+        self.started + self.timeout
+    }
 }
 
 /// A request was sent on a connection that is closed (or was never issued by this table).
@@ -178,18 +271,28 @@ pub enum FinishError {
 pub struct ConnConfig {
     max_idle: Duration,
     connect_backoff: BackoffConfig,
+    min_connect_timeout: Duration,
+    backoff_from: BackoffFrom,
 }
+
+/// gRPC's `MIN_CONNECT_TIMEOUT` (`doc/connection-backoff.md`, "Proposed Backoff Algorithm":
+/// 20 seconds): the least time a connect attempt is given, [`ConnConfig`]'s default.
+pub const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl Default for ConnConfig {
     /// The Fluss client's connection settings (PR #4263's `NettyClient`):
     /// `netty.connection.max-idle-time` = 10 min. Fluss sets no pace for reconnects (it
     /// reconnects at once, a departure `docs/design.md` §7 lists), so the one setting it lacks is
     /// filled with gRPC's connection backoff, [`BackoffConfig::grpc_connection`] (1 s, ×1.6,
-    /// ±20 %, 120 s), the only upstream that specifies one.
+    /// ±20 %, 120 s), the only upstream that specifies one, with the rest of gRPC's
+    /// connection-backoff protocol: each attempt may take at least [`MIN_CONNECT_TIMEOUT`]
+    /// (20 s), and the backoff counts from the attempt's start ([`BackoffFrom::AttemptStart`]).
     fn default() -> Self {
         ConnConfig {
             max_idle: Duration::from_secs(600),
             connect_backoff: BackoffConfig::grpc_connection(),
+            min_connect_timeout: MIN_CONNECT_TIMEOUT,
+            backoff_from: BackoffFrom::AttemptStart,
         }
     }
 }
@@ -212,6 +315,34 @@ impl ConnConfig {
         self
     }
 
+    /// The least time a connect attempt is given (gRPC `MIN_CONNECT_TIMEOUT`, default 20 s):
+    /// each [`ConnectAttempt`]'s timeout is `max(min_connect_timeout, its backoff)`. At least
+    /// 1 ns; `Duration::MAX` gives every connect all the time there is.
+    #[must_use]
+    pub fn with_min_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.min_connect_timeout = timeout;
+        self
+    }
+
+    /// From when a failed connect's backoff counts (default
+    /// [`BackoffFrom::AttemptStart`], gRPC's protocol document and gRPC core;
+    /// [`BackoffFrom::Failure`] is grpc-go's).
+    #[must_use]
+    pub fn with_backoff_from(mut self, from: BackoffFrom) -> Self {
+        self.backoff_from = from;
+        self
+    }
+
+    /// The least time a connect attempt is given.
+    pub fn min_connect_timeout(&self) -> Duration {
+        self.min_connect_timeout
+    }
+
+    /// From when a failed connect's backoff counts.
+    pub fn backoff_from(&self) -> BackoffFrom {
+        self.backoff_from
+    }
+
     /// How long an idle connection stays open.
     pub fn max_idle(&self) -> Duration {
         self.max_idle
@@ -222,16 +353,25 @@ impl ConnConfig {
         &self.connect_backoff
     }
 
-    /// Refuses a zero `max_idle` (a fresh connection would close before its first send).
+    /// Refuses a zero `max_idle` (a fresh connection would close before its first send) and
+    /// a zero `min_connect_timeout` (a connect with no backoff would time out before it began).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.max_idle.is_zero() {
-            return Err(ConfigError::OutOfRange {
-                option: &crate::options::conn::MAX_IDLE,
-                got: 0,
-                min: 1,
-                max: u64::MAX,
-                unit: "ns",
-            });
+        for (value, option) in [
+            (self.max_idle, &crate::options::conn::MAX_IDLE),
+            (
+                self.min_connect_timeout,
+                &crate::options::conn::MIN_CONNECT_TIMEOUT,
+            ),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::OutOfRange {
+                    option,
+                    got: 0,
+                    min: 1,
+                    max: u64::MAX,
+                    unit: "ns",
+                });
+            }
         }
         Ok(())
     }
@@ -242,6 +382,29 @@ struct Conn {
     id: ConnId,
     state: ConnState,
     in_flight: u64,
+    /// The connect attempt (meaningful while `Connecting`).
+    attempt: ConnectAttempt,
+    /// The backoff drawn for this attempt when it started, and the endpoint's sequence after
+    /// that draw: committed by a failed connect, dropped by any other end.
+    delay: Duration,
+    drawn: Backoff,
+}
+
+/// The backoff of the attempt about to start in sequence `seq`, drawn on a copy (the
+/// sequence is committed only if the attempt fails). A delay the config's limits refuse is
+/// replaced by the current attempt's: connecting never gives up by itself.
+fn draw_attempt<R: Rng + ?Sized>(
+    seq: &Backoff,
+    cfg: &BackoffConfig,
+    rng: &mut R,
+) -> (Duration, Backoff) {
+    let mut next = seq.clone();
+    let attempt = next.attempt();
+    let delay = match next.next_delay(cfg, rng) {
+        Some(d) => d,
+        None => cfg.delay_for(attempt, rng),
+    };
+    (delay, next)
 }
 
 /// Everything the table knows about one endpoint. It exists while the endpoint has a live
@@ -284,15 +447,17 @@ struct Entry<U, H> {
 ///
 /// let mut table: ConnTable<&str, &str, RandomState> =
 ///     ConnTable::new(ConnConfig::default()).unwrap();
+/// let mut rng = throttle_sansio::rng::SplitMix64::new(7); // draws connect backoffs
 /// let now = Instant::ZERO;
 /// let old = ConnKey::new("cs-0", "10.0.0.1", 9123);
-/// let Route::Open(a, _) = table.handle_request(now, &old) else { panic!() };
+/// let Route::Open(a, _, _) = table.handle_request(now, &old, &mut rng) else { panic!() };
 /// table.handle_connected(now, a);
 /// // The coordinator fails over: uid cs-0 now lives at another address.
 /// let new = ConnKey::new("cs-0", "10.0.0.2", 9123);
-/// let Route::Open(b, _) = table.handle_request(now, &new) else { panic!() };
+/// let Route::Open(b, _, _) = table.handle_request(now, &new, &mut rng) else { panic!() };
 /// assert_ne!(a, b);
-/// assert_eq!(table.handle_request(now, &old), Route::Use(a)); // old metadata keeps its connection
+/// // Old metadata keeps its connection.
+/// assert_eq!(table.handle_request(now, &old, &mut rng), Route::Use(a));
 /// ```
 #[derive(Clone, Debug)]
 pub struct ConnTable<U, H, S> {
@@ -402,33 +567,51 @@ where
     /// and the connection at the old address keeps serving requests routed by old metadata
     /// until it has been idle for `max_idle`. Routing to a connection counts as activity.
     ///
+    /// An `Open` starts a connect attempt: it draws the attempt's backoff `d` from the
+    /// endpoint's sequence with `rng` (the only answer that draws), and its
+    /// [`ConnectAttempt`] has timeout `max(min_connect_timeout, d)`. If the attempt fails,
+    /// the next one may start `d` after this route ([`BackoffFrom::AttemptStart`]) or `d`
+    /// after the failure ([`BackoffFrom::Failure`]).
+    ///
     /// # Panics
     ///
-    /// Only if user code panics: the key's `Hash`, `Eq` or `Clone`, or the hasher. The
-    /// panic reaches the caller and the input did not happen: the table is as it was, and
+    /// Only if user code panics: the key's `Hash`, `Eq` or `Clone`, the hasher, or the `Rng`.
+    /// The panic reaches the caller and the input did not happen: the table is as it was, and
     /// serves the next call.
-    pub fn handle_request(&mut self, now: Instant, node: &ConnKey<U, H>) -> Route<U, H> {
-        // User code (`Hash`, `Eq`, `Clone` of the key) runs first, all of it, so that a panic
-        // in it leaves the table as it was.
+    pub fn handle_request<R: Rng + ?Sized>(
+        &mut self,
+        now: Instant,
+        node: &ConnKey<U, H>,
+        rng: &mut R,
+    ) -> Route<U, H> {
+        // User code (`Hash`, `Eq`, `Clone` of the key, the rng) runs first, all of it, so
+        // that a panic in it leaves the table as it was.
         let (key_hash, found) = self.lookup(node);
         let t = self.clock.peek(now);
         if let Some(slot) = found {
+            // An exhausted id space answers `Exhausted` without drawing.
             let reopen = self
                 .entry(slot)
-                .is_some_and(|e| e.conn.is_none() && t >= e.wait_until);
-            let copy = reopen.then(|| node.clone());
+                .filter(|e| e.conn.is_none() && t >= e.wait_until && self.ids.peek().is_ok())
+                .map(|e| e.backoff.clone());
+            let copy = reopen.map(|seq| {
+                let key = node.clone();
+                (key, draw_attempt(&seq, &self.cfg.connect_backoff, rng))
+            });
             let now = self.clock.observe(now);
             return self.route_known(now, slot, copy);
         }
         let uid_hash = self.hasher.hash_one(&node.uid);
         let uid_anchor = self.uid_anchor(uid_hash, &node.uid);
-        let copies = self
-            .ids
-            .peek()
-            .is_ok()
-            .then(|| (node.clone(), node.clone()));
+        let copies = self.ids.peek().is_ok().then(|| {
+            let keys = (node.clone(), node.clone());
+            (
+                keys,
+                draw_attempt(&Backoff::new(), &self.cfg.connect_backoff, rng),
+            )
+        });
         let now = self.clock.observe(now);
-        let Some((key, copy)) = copies else {
+        let Some(((key, copy), (delay, drawn))) = copies else {
             return Route::Exhausted;
         };
         let idle_at = now + self.cfg.max_idle;
@@ -443,6 +626,7 @@ where
             slot,
             tag: self.ids.tag(),
         };
+        let attempt = self.attempt_at(now, delay);
         let entry = Entry {
             key,
             key_hash,
@@ -451,6 +635,9 @@ where
                 id,
                 state: ConnState::Connecting,
                 in_flight: 0,
+                attempt,
+                delay,
+                drawn,
             }),
             backoff: Backoff::new(),
             wait_until: Instant::ZERO,
@@ -483,12 +670,22 @@ where
         }
         self.live = self.live.saturating_add(1);
         self.set_deadline(slot, Some(idle_at));
-        Route::Open(id, copy)
+        Route::Open(id, copy, attempt)
+    }
+
+    /// The connect attempt starting at `now` whose backoff is `delay`.
+    fn attempt_at(&self, now: Instant, delay: Duration) -> ConnectAttempt {
+        ConnectAttempt::new(now, delay.max(self.cfg.min_connect_timeout))
     }
 
     /// `handle_request` for an endpoint with an entry at `slot`; `copy` is the key to return
-    /// if the route opens a connection (made before anything changed).
-    fn route_known(&mut self, now: Instant, slot: u32, copy: Option<ConnKey<U, H>>) -> Route<U, H> {
+    /// and the attempt's draw, if the route opens a connection (made before anything changed).
+    fn route_known(
+        &mut self,
+        now: Instant,
+        slot: u32,
+        copy: Option<(ConnKey<U, H>, (Duration, Backoff))>,
+    ) -> Route<U, H> {
         let idle_at = now + self.cfg.max_idle;
         let Some(e) = self.entry_mut(slot) else {
             return Route::Exhausted; // unreachable: by_key only names used slots
@@ -505,7 +702,7 @@ where
                 until: e.wait_until,
             };
         }
-        let Some(copy) = copy else {
+        let Some((copy, (delay, drawn))) = copy else {
             return Route::Exhausted; // unreachable: the copy was made for exactly this case
         };
         let Some(seq) = self.take_seq() else {
@@ -516,16 +713,20 @@ where
             slot,
             tag: self.ids.tag(),
         };
+        let attempt = self.attempt_at(now, delay);
         if let Some(e) = self.entry_mut(slot) {
             e.conn = Some(Conn {
                 id,
                 state: ConnState::Connecting,
                 in_flight: 0,
+                attempt,
+                delay,
+                drawn,
             });
         }
         self.live = self.live.saturating_add(1);
         self.set_deadline(slot, Some(idle_at));
-        Route::Open(id, copy)
+        Route::Open(id, copy, attempt)
     }
 
     /// The transport connected `conn`: resets the endpoint's connect backoff, so the first
@@ -556,42 +757,33 @@ where
         true
     }
 
-    /// Connecting `conn` failed: the connection is gone (fail its queued requests as
-    /// [`Disconnected`]) and the endpoint backs off. Returns the instant until which
-    /// [`handle_request`](Self::handle_request) answers `Wait`, or `None` if `conn` was not connecting
-    /// (nothing changes, nothing is drawn).
+    /// Connecting `conn` failed (or the transport gave it up at its
+    /// [`ConnectAttempt::deadline`]): the connection is gone (fail its queued requests as
+    /// [`Disconnected`]) and the endpoint backs off by the delay `d` drawn when the attempt
+    /// started. Returns the instant from which [`handle_request`](Self::handle_request) opens
+    /// again: `started + d` ([`BackoffFrom::AttemptStart`]; at or before `now` when the
+    /// connect took longer than `d`, so the next route retries at once) or `now + d`
+    /// ([`BackoffFrom::Failure`]). `None` if `conn` was not connecting (nothing changes).
     ///
-    /// When the backoff's budget refuses a delay, the delay of its current attempt is used:
-    /// connecting never gives up by itself; the caller decides when to stop routing.
-    ///
-    /// # Panics
-    ///
-    /// Only if the `Rng` panics. The panic reaches the caller having changed nothing but the
-    /// table's latest `now`: the connect is still `Connecting` and can be reported again.
-    pub fn handle_connect_failed<R: Rng + ?Sized>(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        rng: &mut R,
-    ) -> Option<Instant> {
+    /// Draws nothing: the delay was drawn by the route that opened the attempt.
+    pub fn handle_connect_failed(&mut self, now: Instant, conn: ConnId) -> Option<Instant> {
         let now = self.clock.observe(now);
         let slot = self.live_slot(conn)?;
         let max_idle = self.cfg.max_idle;
-        let backoff_cfg = &self.cfg.connect_backoff;
+        let from = self.cfg.backoff_from;
         let e = self.slots.get_mut(slot as usize)?.as_mut()?;
         if e.conn.as_ref()?.state != ConnState::Connecting {
             return None;
         }
-        let attempt = e.backoff.attempt();
-        let delay = match e.backoff.next_delay(backoff_cfg, rng) {
-            Some(d) => d,
-            None => backoff_cfg.delay_for(attempt, rng),
+        let c = e.conn.take()?;
+        let until = match from {
+            BackoffFrom::AttemptStart => c.attempt.started() + c.delay,
+            BackoffFrom::Failure => now + c.delay,
         };
-        let until = now + delay;
+        e.backoff = c.drawn;
         e.wait_until = until;
-        e.conn = None;
         self.live = self.live.saturating_sub(1);
-        self.set_deadline(slot, Some(until + max_idle));
+        self.set_deadline(slot, Some(until.max(now) + max_idle));
         Some(until)
     }
 
@@ -728,6 +920,13 @@ where
     /// The stage of `conn`, or `None` if it is closed or unknown.
     pub fn state(&self, conn: ConnId) -> Option<ConnState> {
         Some(self.live_conn(conn)?.state)
+    }
+
+    /// The connect attempt of `conn` while it is connecting (`None` once connected, closed or
+    /// unknown): the same [`ConnectAttempt`] its [`Route::Open`] carried.
+    pub fn connect_attempt(&self, conn: ConnId) -> Option<ConnectAttempt> {
+        let c = self.live_conn(conn)?;
+        (c.state == ConnState::Connecting).then_some(c.attempt)
     }
 
     /// Requests in flight on `conn`, or `None` if it is closed or unknown.

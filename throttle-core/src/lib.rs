@@ -46,7 +46,9 @@ pub use backpressure::{Decision, PressureConfig, ServerPressure, Signal, Throttl
 pub use batcher::{
     Batch, BatchAction, BatchKind, Batcher, BatcherConfig, FailReason, OpId, Refused, Withdrawal,
 };
-pub use conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, Route};
+pub use conn_key::{
+    BackoffFrom, ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, ConnectAttempt, Route,
+};
 pub use dispatch_window::{
     CreditId, Dispatch, DispatchWindow, SingleWindow, SubmitError, Submitted, WindowConfig,
 };

@@ -705,6 +705,20 @@ pub mod conn {
         "ConnConfig::with_connect_backoff",
         NONE,
     );
+    /// The least time a connect attempt is given.
+    pub const MIN_CONNECT_TIMEOUT: ConfigOption = ConfigOption::new(
+        "ConnConfig",
+        "min_connect_timeout",
+        "ConnConfig::with_min_connect_timeout",
+        &[Upstream::new("gRPC", "MIN_CONNECT_TIMEOUT")],
+    );
+    /// From when a failed connect's backoff counts (a [`BackoffFrom`](crate::conn_key::BackoffFrom)).
+    pub const BACKOFF_FROM: ConfigOption = ConfigOption::new(
+        "ConnConfig",
+        "backoff_from",
+        "ConnConfig::with_backoff_from",
+        NONE,
+    );
 }
 
 /// The failover configurations: [`CallConfig`](crate::CallConfig), the coalescer and the
@@ -894,6 +908,8 @@ pub const ALL: &[&ConfigOption] = &[
     &pending_bytes::MAX_PENDING_BYTES,
     &conn::MAX_IDLE,
     &conn::CONNECT_BACKOFF,
+    &conn::MIN_CONNECT_TIMEOUT,
+    &conn::BACKOFF_FROM,
     &failover::MAX_AUTO_RETRIES,
     &failover::CALL_BACKOFF,
     &failover::MAX_WAITERS,

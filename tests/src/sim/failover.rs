@@ -212,11 +212,12 @@ impl World<'_> {
                 let fresh = !self.by_uid.contains_key(&0);
                 (*self.by_uid.entry(0).or_insert(leader), fresh)
             }
-            _ => match self
-                .table
-                .handle_request(now, &ConnKey::new(0, leader, 9123))
-            {
-                Route::Open(id, _) => {
+            _ => match self.table.handle_request(
+                now,
+                &ConnKey::new(0, leader, 9123),
+                &mut SplitMix64::new(0),
+            ) {
+                Route::Open(id, ..) => {
                     self.table.handle_connected(now, id);
                     let _ = self.table.handle_send(now, id);
                     t.conn = Some(id);

@@ -258,6 +258,7 @@ impl Connector<u32> for Memory {
         &self,
         _: &u32,
         _: u16,
+        _attempt: throttle_sansio::conn_key::ConnectAttempt,
     ) -> impl Future<Output = Result<Arc<()>, ()>> + Send + 'static {
         core::future::ready(Ok(Arc::clone(&self.0)))
     }

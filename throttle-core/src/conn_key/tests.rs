@@ -23,10 +23,22 @@ fn key(uid: &'static str, host: &'static str) -> ConnKey<&'static str, &'static 
 
 #[track_caller]
 fn open(t: &mut Table, now: Instant, k: &ConnKey<&'static str, &'static str>) -> ConnId {
-    match t.handle_request(now, k) {
-        Route::Open(id, got) => {
+    open_with(t, now, k, &mut SplitMix64::new(0)).0
+}
+
+/// `open` drawing the attempt's backoff from `rng`; also returns the attempt.
+#[track_caller]
+fn open_with(
+    t: &mut Table,
+    now: Instant,
+    k: &ConnKey<&'static str, &'static str>,
+    rng: &mut SplitMix64,
+) -> (ConnId, ConnectAttempt) {
+    match t.handle_request(now, k, rng) {
+        Route::Open(id, got, attempt) => {
             assert_eq!(&got, k, "Open names the routed endpoint");
-            id
+            assert_eq!(t.connect_attempt(id), Some(attempt));
+            (id, attempt)
         }
         other => panic!("expected Open, got {other:?}"),
     }
@@ -76,7 +88,7 @@ fn uid_moving_to_new_address_gets_own_connection_and_old_closes_when_idle() {
     assert!(b.seq() > a.seq());
     assert!(t.handle_connected(ms(100), b));
     assert_eq!(
-        t.handle_request(ms(200), &new),
+        t.handle_request(ms(200), &new, &mut SplitMix64::new(0)),
         Route::Use(b),
         "new requests use the new"
     );
@@ -107,7 +119,10 @@ fn requests_by_old_and_new_metadata_never_evict_each_other() {
     let b = open(&mut t, ms(0), &new);
     for i in 1..20 {
         let (k, want) = if i % 2 == 0 { (&old, a) } else { (&new, b) };
-        assert_eq!(t.handle_request(ms(i), k), Route::Use(want));
+        assert_eq!(
+            t.handle_request(ms(i), k, &mut SplitMix64::new(0)),
+            Route::Use(want)
+        );
         t.handle_send(ms(i), want).unwrap();
         t.handle_finished(ms(i), want).unwrap();
     }
@@ -142,7 +157,10 @@ fn activity_resets_idle_deadline() {
     assert_eq!(t.idle_deadline(a), Some(ms(0) + IDLE));
     t.handle_connected(ms(1_000), a);
     assert_eq!(t.idle_deadline(a), Some(ms(1_000) + IDLE));
-    assert_eq!(t.handle_request(ms(5_000), &k), Route::Use(a));
+    assert_eq!(
+        t.handle_request(ms(5_000), &k, &mut SplitMix64::new(0)),
+        Route::Use(a)
+    );
     assert_eq!(
         t.idle_deadline(a),
         Some(ms(5_000) + IDLE),
@@ -191,8 +209,8 @@ fn connect_backoff_grows_across_failures_and_success_resets_it() {
     let mut now = ms(0);
     let mut bases = [1_000u64, 1_600, 2_560, 4_096].into_iter();
     for attempt in 0..4u32 {
-        let id = open(&mut t, now, &k);
-        let until = t.handle_connect_failed(now, id, &mut rng).unwrap();
+        let (id, _) = open_with(&mut t, now, &k, &mut rng);
+        let until = t.handle_connect_failed(now, id).unwrap();
         let want = mirror.next_delay(&cfg, &mut mirror_rng).unwrap();
         assert_eq!(until, now + want, "attempt {attempt}");
         let base = Duration::from_millis(bases.next().unwrap());
@@ -203,7 +221,10 @@ fn connect_backoff_grows_across_failures_and_success_resets_it() {
         assert_eq!(t.connect_failures(&k), attempt + 1);
         assert_eq!(t.len(), 0);
         let just_before = until - Duration::from_nanos(1);
-        assert_eq!(t.handle_request(just_before, &k), Route::Wait { until });
+        assert_eq!(
+            t.handle_request(just_before, &k, &mut SplitMix64::new(0)),
+            Route::Wait { until }
+        );
         assert_eq!(t.backoff_until(just_before, &k), Some(until));
         now = until;
     }
@@ -212,8 +233,8 @@ fn connect_backoff_grows_across_failures_and_success_resets_it() {
     assert_eq!(t.connect_failures(&k), 0, "success resets the backoff");
     // A later drop reconnects at once, and a failure starts again from 1 s.
     assert!(t.handle_closed(now, id));
-    let id = open(&mut t, now, &k);
-    let until = t.handle_connect_failed(now, id, &mut rng).unwrap();
+    let (id, _) = open_with(&mut t, now, &k, &mut rng);
+    let until = t.handle_connect_failed(now, id).unwrap();
     let d = until - now;
     assert!(d >= Duration::from_millis(800) && d < Duration::from_millis(1_200));
 }
@@ -242,9 +263,8 @@ fn first_reconnect_after_drop_or_server_restart_is_immediate() {
 fn backoff_of_endpoint_without_connection_is_forgotten_max_idle_after_gate_opens() {
     let mut t = table();
     let k = key("ts-4", "h");
-    let mut rng = SplitMix64::new(7);
     let a = open(&mut t, ms(0), &k);
-    let until = t.handle_connect_failed(ms(0), a, &mut rng).unwrap();
+    let until = t.handle_connect_failed(ms(0), a).unwrap();
     assert_eq!(t.tracked_endpoints(), 1);
     assert_eq!(t.poll_timeout(), Some(until + IDLE));
     t.handle_timeout(until + IDLE - Duration::from_nanos(1));
@@ -263,9 +283,8 @@ fn backoff_of_endpoint_without_connection_is_forgotten_max_idle_after_gate_opens
 fn connection_lost_while_in_backoff_keeps_backoff_for_max_idle_from_loss() {
     let mut t = table();
     let k = key("ts-4", "h");
-    let mut rng = SplitMix64::new(7);
     let a = open(&mut t, ms(0), &k);
-    let until = t.handle_connect_failed(ms(0), a, &mut rng).unwrap();
+    let until = t.handle_connect_failed(ms(0), a).unwrap();
     let b = open(&mut t, until, &k);
     let lost = until + Duration::from_secs(3);
     assert!(t.handle_closed(lost, b));
@@ -276,7 +295,10 @@ fn connection_lost_while_in_backoff_keeps_backoff_for_max_idle_from_loss() {
     );
     assert_eq!(t.poll_timeout(), Some(lost + IDLE));
     assert!(
-        matches!(t.handle_request(lost, &k), Route::Open(..)),
+        matches!(
+            t.handle_request(lost, &k, &mut SplitMix64::new(0)),
+            Route::Open(..)
+        ),
         "gate is open"
     );
 }
@@ -352,8 +374,9 @@ fn connect_failure_is_ignored_unless_connecting() {
     let a = open(&mut t, ms(0), &k);
     t.handle_connected(ms(0), a);
     let before = rng.clone();
-    assert_eq!(t.handle_connect_failed(ms(1), a, &mut rng), None);
-    assert_eq!(rng, before, "nothing drawn");
+    assert_eq!(t.handle_connect_failed(ms(1), a), None);
+    assert_eq!(t.handle_request(ms(1), &k, &mut rng), Route::Use(a));
+    assert_eq!(rng, before, "only an Open draws");
     assert_eq!(t.state(a), Some(ConnState::Connected));
     assert_eq!(t.connect_failures(&k), 0);
     assert!(!t.handle_connected(ms(2), a), "already connected");
@@ -362,7 +385,6 @@ fn connect_failure_is_ignored_unless_connecting() {
 #[test]
 fn bogus_and_stale_ids_are_ignored_everywhere() {
     let mut t = table();
-    let mut rng = SplitMix64::new(3);
     let live = open(&mut t, ms(0), &key("u", "h"));
     let stale = open(&mut t, ms(0), &key("u", "g"));
     t.handle_closed(ms(0), stale);
@@ -377,7 +399,7 @@ fn bogus_and_stale_ids_are_ignored_everywhere() {
         assert_ne!(id, live);
         assert!(!t.handle_closed(ms(1), id));
         assert!(!t.handle_connected(ms(1), id));
-        assert_eq!(t.handle_connect_failed(ms(1), id, &mut rng), None);
+        assert_eq!(t.handle_connect_failed(ms(1), id), None);
         assert_eq!(t.handle_send(ms(1), id), Err(Disconnected { conn: id }));
         assert_eq!(
             t.handle_finished(ms(1), id),
@@ -411,10 +433,9 @@ fn time_running_backwards_is_clamped() {
         drain(&mut t).is_empty(),
         "a stale `now` closes nothing early"
     );
-    let mut rng = SplitMix64::new(5);
     let until = t.handle_closed(ms(1), a).then(|| {
         let b = open(&mut t, ms(2), &k);
-        t.handle_connect_failed(ms(3), b, &mut rng).unwrap()
+        t.handle_connect_failed(ms(3), b).unwrap()
     });
     assert!(until.unwrap() >= ms(10_000) + Duration::from_millis(800));
 }
@@ -426,11 +447,7 @@ fn extreme_instants_and_durations_saturate() {
     let k = key("u", "h");
     let a = open(&mut t, Instant::MAX, &k);
     assert_eq!(t.idle_deadline(a), Some(Instant::MAX));
-    let mut rng = SplitMix64::new(9);
-    assert_eq!(
-        t.handle_connect_failed(Instant::MAX, a, &mut rng),
-        Some(Instant::MAX)
-    );
+    assert_eq!(t.handle_connect_failed(Instant::MAX, a), Some(Instant::MAX));
     // The gate opens "at" MAX, and MAX is reached: routing opens again.
     let b = open(&mut t, ms(0), &k);
     t.handle_timeout(ms(0));
@@ -447,11 +464,10 @@ fn extreme_instants_and_durations_saturate() {
     assert_eq!(forever.poll_timeout(), Some(Instant::MAX));
     forever.handle_timeout(Instant::MAX - Duration::from_nanos(1));
     assert_eq!(forever.state(c), Some(ConnState::Connecting));
-    let mut rng = SplitMix64::new(9);
     let other = key("u", "other");
     for _ in 0..1_000 {
         let id = open(&mut forever, Instant::MAX - Duration::from_secs(1), &other);
-        forever.handle_connect_failed(Instant::MAX, id, &mut rng);
+        forever.handle_connect_failed(Instant::MAX, id);
         forever.handle_timeout(Instant::MAX);
     }
     // Even a `Duration::MAX` idle deadline is reached at the end of time.
@@ -468,16 +484,19 @@ fn id_exhaustion_is_an_outcome_and_never_reuses_an_id() {
     let last = open(&mut t, ms(0), &k);
     assert_eq!(last.seq(), u64::MAX - 1);
     assert_eq!(
-        t.handle_request(ms(0), &key("u", "other")),
+        t.handle_request(ms(0), &key("u", "other"), &mut SplitMix64::new(0)),
         Route::Exhausted
     );
     assert_eq!(
-        t.handle_request(ms(0), &k),
+        t.handle_request(ms(0), &k, &mut SplitMix64::new(0)),
         Route::Use(last),
         "live connections still work"
     );
     t.handle_closed(ms(0), last);
-    assert_eq!(t.handle_request(ms(0), &k), Route::Exhausted);
+    assert_eq!(
+        t.handle_request(ms(0), &k, &mut SplitMix64::new(0)),
+        Route::Exhausted
+    );
     assert_eq!((t.len(), t.tracked_endpoints()), (0, 0));
     assert_eq!(t.poll_timeout(), None);
 }
@@ -485,7 +504,6 @@ fn id_exhaustion_is_an_outcome_and_never_reuses_an_id() {
 #[test]
 fn poll_timeout_is_the_earliest_deadline_of_any_kind() {
     let mut t = table();
-    let mut rng = SplitMix64::new(11);
     let a = open(&mut t, ms(5_000), &key("a", "h"));
     let b = open(&mut t, ms(1_000), &key("b", "h"));
     assert_eq!(t.poll_timeout(), Some(ms(5_000) + IDLE));
@@ -495,8 +513,9 @@ fn poll_timeout_is_the_earliest_deadline_of_any_kind() {
         Some(ms(5_000) + IDLE),
         "b's at 5 s, clock clamped"
     );
-    let until = t.handle_connect_failed(ms(6_000), b, &mut rng).unwrap();
-    assert_eq!(t.poll_timeout(), Some(until + IDLE));
+    let until = t.handle_connect_failed(ms(6_000), b).unwrap();
+    // b's attempt started at 5 s (clamped): its backoff counts from there.
+    assert_eq!(t.poll_timeout(), Some(until.max(ms(6_000)) + IDLE));
     t.handle_finished(ms(6_000), a).unwrap();
     assert_eq!(t.poll_timeout(), Some(ms(6_000) + IDLE));
 }
@@ -507,8 +526,8 @@ fn table_gives_memory_back_after_a_burst() {
     let mut t: ConnTable<u32, u32, RandomState> = ConnTable::new(ConnConfig::default()).unwrap();
     let mut ids = Vec::new();
     for i in 0..1_000 {
-        match t.handle_request(ms(0), &ConnKey::new(i, i, 1)) {
-            Route::Open(id, _) => ids.push(id),
+        match t.handle_request(ms(0), &ConnKey::new(i, i, 1), &mut SplitMix64::new(0)) {
+            Route::Open(id, ..) => ids.push(id),
             other => panic!("{other:?}"),
         }
     }
@@ -520,8 +539,8 @@ fn table_gives_memory_back_after_a_burst() {
     assert_eq!(t.slot_count(), 3, "trailing free slots are released");
     assert!(t.by_key.capacity() < 64);
     // Free slots are reused lowest first and ids stay fresh.
-    let again = match t.handle_request(ms(2), &ConnKey::new(5000, 0, 1)) {
-        Route::Open(id, _) => id,
+    let again = match t.handle_request(ms(2), &ConnKey::new(5000, 0, 1), &mut SplitMix64::new(0)) {
+        Route::Open(id, ..) => id,
         other => panic!("{other:?}"),
     };
     assert_eq!(again.slot, 3);
@@ -533,8 +552,8 @@ fn sparse_table(n: u32) -> (ConnTable<u32, u32, RandomState>, ConnId) {
     let mut t: ConnTable<u32, u32, RandomState> = ConnTable::new(ConnConfig::default()).unwrap();
     let mut ids = Vec::new();
     for i in 0..n {
-        match t.handle_request(ms(0), &ConnKey::new(i, 0, 1)) {
-            Route::Open(id, _) => ids.push(id),
+        match t.handle_request(ms(0), &ConnKey::new(i, 0, 1), &mut SplitMix64::new(0)) {
+            Route::Open(id, ..) => ids.push(id),
             other => panic!("{other:?}"),
         }
     }
@@ -580,8 +599,8 @@ fn trimmed_slots_left_in_the_free_list_are_never_handed_out_twice() {
     let mut t: ConnTable<u32, u32, RandomState> = ConnTable::new(ConnConfig::default()).unwrap();
     let mut ids = Vec::new();
     for i in 0..100 {
-        match t.handle_request(ms(0), &ConnKey::new(i, 0, 1)) {
-            Route::Open(id, _) => ids.push(id),
+        match t.handle_request(ms(0), &ConnKey::new(i, 0, 1), &mut SplitMix64::new(0)) {
+            Route::Open(id, ..) => ids.push(id),
             other => panic!("{other:?}"),
         }
     }
@@ -601,7 +620,7 @@ fn trimmed_slots_left_in_the_free_list_are_never_handed_out_twice() {
     let mut slots: Vec<u32> = [0, 1, 2, 3, 4, 60].into();
     for i in 1_000..1_100 {
         let key = ConnKey::new(i, 1, 1);
-        let Route::Open(id, _) = t.handle_request(ms(1), &key) else {
+        let Route::Open(id, ..) = t.handle_request(ms(1), &key, &mut SplitMix64::new(0)) else {
             panic!("fresh endpoint opens")
         };
         slots.push(id.slot);
@@ -630,7 +649,10 @@ fn emptied_table_keeps_a_floor_capacity() {
         ConnTable::new(ConnConfig::default().with_max_idle(Duration::from_millis(1))).unwrap();
     let key = ConnKey::new(1, 1, 1);
     for k in 0..10 {
-        assert!(matches!(t.handle_request(ms(2 * k), &key), Route::Open(..)));
+        assert!(matches!(
+            t.handle_request(ms(2 * k), &key, &mut SplitMix64::new(0)),
+            Route::Open(..)
+        ));
         t.handle_timeout(ms(2 * k + 2));
         assert!(matches!(t.poll_action(), Some(ConnAction::Close(_))));
         assert_eq!(t.tracked_endpoints(), 0);
@@ -666,7 +688,10 @@ fn another_tables_connection_id_is_unknown_and_closes_nothing() {
         one.state(mine).is_some(),
         "the live connection is untouched"
     );
-    assert_eq!(one.handle_request(ms(2), &k), Route::Use(mine));
+    assert_eq!(
+        one.handle_request(ms(2), &k, &mut SplitMix64::new(0)),
+        Route::Use(mine)
+    );
 }
 
 use crate::test_key::{Touchy, arm_budget};
@@ -686,8 +711,8 @@ fn open_any<S: BuildHasher + Clone>(
     now: Instant,
     k: &ConnKey<Touchy, u32>,
 ) -> ConnId {
-    match t.handle_request(now, k) {
-        Route::Open(id, _) => id,
+    match t.handle_request(now, k, &mut SplitMix64::new(0)) {
+        Route::Open(id, ..) => id,
         other => panic!("expected Open, got {other:?}"),
     }
 }
@@ -724,7 +749,7 @@ fn a_key_code_panic_while_routing_leaves_the_table_unchanged_and_it_routes_again
                 1 => touchy(2, 2),
                 _ => {
                     let id = open_any(&mut t, ms(0), &plain(3, 3));
-                    t.handle_connect_failed(ms(0), id, &mut SplitMix64::new(1));
+                    t.handle_connect_failed(ms(0), id);
                     touchy(3, 3)
                 }
             };
@@ -732,25 +757,28 @@ fn a_key_code_panic_while_routing_leaves_the_table_unchanged_and_it_routes_again
             let before = books(&t);
             arm_budget(Some(budget));
             let routed = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
-                t.handle_request(now, &key)
+                t.handle_request(now, &key, &mut SplitMix64::new(0))
             }));
             arm_budget(None);
             let id = match routed {
                 Err(_) => {
                     assert_eq!(books(&t), before, "budget {budget}, case {case}");
-                    match t.handle_request(now, &key) {
-                        Route::Open(id, _) => id,
+                    match t.handle_request(now, &key, &mut SplitMix64::new(0)) {
+                        Route::Open(id, ..) => id,
                         other => panic!("budget {budget}, case {case}: {other:?}"),
                     }
                 }
-                Ok(Route::Open(id, got)) => {
+                Ok(Route::Open(id, got, _)) => {
                     assert_eq!(got, key);
                     id
                 }
                 Ok(other) => panic!("budget {budget}, case {case}: {other:?}"),
             };
             assert_eq!(t.connection(&key), Some(id), "budget {budget}, case {case}");
-            assert_eq!(t.handle_request(now, &key), Route::Use(id));
+            assert_eq!(
+                t.handle_request(now, &key, &mut SplitMix64::new(0)),
+                Route::Use(id)
+            );
             // The books balance: disconnecting every uid and evicting leaves nothing.
             for n in 1..4 {
                 t.disconnect(now, &uid(n, false));
@@ -781,11 +809,19 @@ fn growing_shrinking_and_evicting_never_run_a_stored_key_s_code() {
     let kept = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
         // Under miri fewer keys: still past several growths and the shrink floor.
         for n in 1..if cfg!(miri) { 150 } else { 500 } {
-            let _ = t.handle_request(ms(1), &ConnKey::new(uid(n, false), 1, 1));
+            let _ = t.handle_request(
+                ms(1),
+                &ConnKey::new(uid(n, false), 1, 1),
+                &mut SplitMix64::new(0),
+            );
         }
         // Disconnects, idle closes, evictions and shrinking, down to the stored key alone.
         t.disconnect(ms(2), &uid(7, false));
-        let _ = t.handle_request(ms(2) + IDLE, &ConnKey::new(uid(0, false), 1, 1));
+        let _ = t.handle_request(
+            ms(2) + IDLE,
+            &ConnKey::new(uid(0, false), 1, 1),
+            &mut SplitMix64::new(0),
+        );
         t.handle_timeout(ms(2) + IDLE);
         drain_any(&mut t);
     }));
@@ -819,7 +855,8 @@ mod panicking_keys {
     #[test]
     fn closing_a_connection_runs_no_key_hash() {
         let mut t = key_table();
-        let Route::Open(id, _) = t.handle_request(ms(0), &key(1, 1)) else {
+        let Route::Open(id, ..) = t.handle_request(ms(0), &key(1, 1), &mut SplitMix64::new(0))
+        else {
             panic!("a fresh endpoint opens");
         };
         let panicked = panics(1, Call::Hash, 0, || {
@@ -828,7 +865,7 @@ mod panicking_keys {
         assert!(!panicked, "forgetting the endpoint hashed its key");
         assert_eq!((t.len(), t.tracked_endpoints()), (0, 0));
         assert!(matches!(
-            t.handle_request(ms(2), &key(1, 1)),
+            t.handle_request(ms(2), &key(1, 1), &mut SplitMix64::new(0)),
             Route::Open(..)
         ));
         assert_eq!(t.check_invariants(), Ok(()));
@@ -844,12 +881,12 @@ mod panicking_keys {
         // Two copies: the entry's and the one `Open` returns.
         for skip in 0..2 {
             assert!(panics(1, Call::Clone, skip, || {
-                let _ = t.handle_request(ms(1), &key(1, 2));
+                let _ = t.handle_request(ms(1), &key(1, 2), &mut SplitMix64::new(0));
             }));
             assert_eq!(format!("{t:?}"), before, "clone #{skip}: the table changed");
         }
         assert!(matches!(
-            t.handle_request(ms(1), &key(1, 2)),
+            t.handle_request(ms(1), &key(1, 2), &mut SplitMix64::new(0)),
             Route::Open(..)
         ));
         assert_eq!(t.check_invariants(), Ok(()));
@@ -859,10 +896,10 @@ mod panicking_keys {
 
     const INPUTS: [(&str, Input); 7] = [
         ("request", |t, k, _| {
-            let _ = t.handle_request(ms(5), &key(k, k));
+            let _ = t.handle_request(ms(5), &key(k, k), &mut SplitMix64::new(0));
         }),
         ("request at another host", |t, k, _| {
-            let _ = t.handle_request(ms(5), &key(k, 7));
+            let _ = t.handle_request(ms(5), &key(k, 7), &mut SplitMix64::new(0));
         }),
         ("disconnect", |t, k, _| {
             let _ = t.disconnect(ms(5), &PanicKey(k));
@@ -871,7 +908,7 @@ mod panicking_keys {
             let _ = t.handle_closed(ms(5), id);
         }),
         ("connect failed", |t, _, id| {
-            let _ = t.handle_connect_failed(ms(5), id, &mut SplitMix64::new(3));
+            let _ = t.handle_connect_failed(ms(5), id);
         }),
         ("finished", |t, _, id| {
             let _ = t.handle_finished(ms(5), id);
@@ -887,14 +924,16 @@ mod panicking_keys {
         let mut base = key_table();
         let mut ids = Vec::new();
         for k in 0..3 {
-            if let Route::Open(id, _) = base.handle_request(ms(0), &key(k, k)) {
+            if let Route::Open(id, ..) =
+                base.handle_request(ms(0), &key(k, k), &mut SplitMix64::new(0))
+            {
                 ids.push(id);
             }
         }
         // Endpoint 1 failed to connect (in backoff); endpoint 2 has a request in flight.
         let failed = ids.get(1).copied().expect("opened");
         let busy = ids.get(2).copied().expect("opened");
-        let _ = base.handle_connect_failed(ms(0), failed, &mut SplitMix64::new(1));
+        let _ = base.handle_connect_failed(ms(0), failed);
         assert!(base.handle_connected(ms(0), busy));
         assert!(base.handle_send(ms(0), busy).is_ok());
         let mut fired = 0;
@@ -928,37 +967,280 @@ mod panicking_keys {
 
 use crate::rng::PanickingRng;
 
-/// The `# Panics` contract of `handle_connect_failed`: a panicking `Rng` changes nothing but
-/// the clock, so the connect is still `Connecting` and its failure can be reported again.
+/// The `# Panics` contract of `handle_request`: a panicking `Rng` (it draws the attempt's
+/// backoff when a route opens) leaves the table exactly as it was, for a new endpoint and
+/// for one whose backoff ended; the same route then opens. A `Use` draws nothing.
 #[test]
-fn a_panicking_rng_leaves_the_connect_connecting() {
+fn a_panicking_rng_leaves_the_table_as_it_was() {
     let mut t = table();
+    let fresh = key("cs-0", "10.0.0.1");
+    let failed = key("cs-1", "10.0.0.1");
+    let id = open(&mut t, ms(0), &failed);
+    t.handle_connect_failed(ms(0), id).unwrap();
+    for k in [fresh, failed] {
+        let before = alloc::format!("{t:?}");
+        let routed = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            t.handle_request(ms(60_000), &k, &mut PanickingRng)
+        }));
+        assert!(routed.is_err(), "{k:?}: the rng was asked");
+        assert_eq!(alloc::format!("{t:?}"), before, "{k:?}: the table changed");
+        assert_eq!(t.check_invariants(), Ok(()));
+        let id = open(&mut t, ms(60_000), &k);
+        assert_eq!(
+            t.handle_request(ms(60_000), &k, &mut PanickingRng),
+            Route::Use(id),
+            "a Use draws nothing"
+        );
+    }
+}
+
+// ------------------------------------------------------------------ gRPC connection backoff
+
+/// The numbers of gRPC's connection-backoff protocol (grpc/grpc `doc/connection-backoff.md`,
+/// "Proposed Backoff Algorithm": INITIAL_BACKOFF 1 s, MULTIPLIER 1.6, MAX_BACKOFF 120 s,
+/// MIN_CONNECT_TIMEOUT 20 s) without the jitter, so every deadline is exact; 1 ns resolution
+/// keeps the document's products (6.5536 s) whole.
+fn grpc_unjittered() -> ConnConfig {
+    let backoff = BackoffConfig::builder()
+        .initial(Duration::from_secs(1))
+        .max(Duration::from_secs(120))
+        .multiplier(16, 10)
+        .jitter(crate::backoff::Jitter::None)
+        .resolution(Duration::from_nanos(1))
+        .build()
+        .unwrap();
+    ConnConfig::default().with_connect_backoff(backoff)
+}
+
+fn grpc_table(from: BackoffFrom) -> Table {
+    ConnTable::new(grpc_unjittered().with_backoff_from(from)).unwrap()
+}
+
+fn nanos(n: u64) -> Duration {
+    Duration::from_nanos(n)
+}
+
+/// The document's backoffs, attempt by attempt: 1, 1.6, 2.56, 4.096, 6.5536, 10.48576,
+/// 16.777216, 26.8435456, 42.94967296, 68.719476736, 109.9511627776 s (whole ns, rounded
+/// down), then MAX_BACKOFF.
+const GRPC_BACKOFFS_NS: [u64; 12] = [
+    1_000_000_000,
+    1_600_000_000,
+    2_560_000_000,
+    4_096_000_000,
+    6_553_600_000,
+    10_485_760_000,
+    16_777_216_000,
+    26_843_545_600,
+    42_949_672_960,
+    68_719_476_736,
+    109_951_162_777,
+    120_000_000_000,
+];
+
+#[test]
+fn default_config_follows_the_grpc_protocol_document() {
+    let c = ConnConfig::default();
+    assert_eq!(c.min_connect_timeout(), Duration::from_secs(20));
+    assert_eq!(MIN_CONNECT_TIMEOUT, Duration::from_secs(20));
+    assert_eq!(c.backoff_from(), BackoffFrom::AttemptStart);
+}
+
+#[test]
+fn zero_min_connect_timeout_is_refused_with_the_option_name() {
+    let err =
+        Table::new(ConnConfig::default().with_min_connect_timeout(Duration::ZERO)).unwrap_err();
+    assert!(matches!(
+        err,
+        ConfigError::OutOfRange {
+            option: &crate::options::conn::MIN_CONNECT_TIMEOUT,
+            got: 0,
+            min: 1,
+            ..
+        }
+    ));
+    let one = ConnConfig::default().with_min_connect_timeout(nanos(1));
+    assert!(Table::new(one).is_ok());
+}
+
+/// `doc/connection-backoff.md`, "Proposed Backoff Algorithm": `SleepUntil(current_deadline)`
+/// after a failed `TryConnect`, where `current_deadline` was set when the attempt started.
+/// A connect that starts at t and fails 300 ms in, with a 1 s backoff, is retried at t + 1 s
+/// (not at t + 1.3 s); the next one, started at t + 1 s and failing 50 ms in, at t + 2.6 s.
+#[test]
+fn each_deadline_counts_from_its_attempt_s_start() {
+    let mut t = grpc_table(BackoffFrom::AttemptStart);
     let k = key("cs-0", "10.0.0.1");
-    let Route::Open(id, _) = t.handle_request(ms(0), &k) else {
-        panic!("a new endpoint opens")
-    };
-    let before = (
-        t.state(id),
-        t.connect_failures(&k),
-        t.poll_timeout(),
-        t.len(),
-    );
-    let failed = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
-        t.handle_connect_failed(ms(5), id, &mut PanickingRng)
-    }));
-    assert!(failed.is_err());
-    assert_eq!(
-        (
-            t.state(id),
-            t.connect_failures(&k),
-            t.poll_timeout(),
-            t.len()
-        ),
-        before
-    );
-    assert_eq!(t.state(id), Some(ConnState::Connecting));
-    assert_eq!(t.check_invariants(), Ok(()));
-    let until = t.handle_connect_failed(ms(5), id, &mut SplitMix64::new(1));
-    assert!(until.is_some_and(|u| u > ms(5)), "{until:?}");
+    let mut start = ms(10_000);
+    let mut fails_after = [300u64, 50, 999, 0, 4_000].into_iter();
+    for (n, &backoff) in GRPC_BACKOFFS_NS.iter().take(5).enumerate() {
+        let (id, attempt) = open_with(&mut t, start, &k, &mut SplitMix64::new(0));
+        assert_eq!(attempt.started(), start, "attempt {n}");
+        let failed = start + Duration::from_millis(fails_after.next().unwrap());
+        let next = start + nanos(backoff);
+        assert_eq!(
+            t.handle_connect_failed(failed, id),
+            Some(next),
+            "attempt {n}"
+        );
+        assert_eq!(t.connect_failures(&k), n as u32 + 1);
+        let before = next - nanos(1);
+        assert_eq!(
+            t.handle_request(before, &k, &mut SplitMix64::new(0)),
+            Route::Wait { until: next },
+            "attempt {n}: 1 ns before the deadline"
+        );
+        start = next;
+    }
+    // The sixth attempt starts exactly at the fifth's deadline: 10 s + 1 + 1.6 + 2.56 +
+    // 4.096 + 6.5536 s.
+    assert_eq!(start, ms(10_000) + nanos(15_809_600_000));
+    let (_, attempt) = open_with(&mut t, start, &k, &mut SplitMix64::new(0));
+    assert_eq!(attempt.started(), start);
+}
+
+/// The same document, when `TryConnect` takes longer than the backoff:
+/// `SleepUntil(current_deadline)` returns at once (gRPC core's subchannel: "if the
+/// connection attempt took longer than the backoff time, then the timer will fire
+/// immediately"). The next route opens at the failure's instant.
+#[test]
+fn a_connect_slower_than_its_backoff_retries_at_once() {
+    let mut t = grpc_table(BackoffFrom::AttemptStart);
+    let k = key("cs-0", "10.0.0.1");
+    let (a, _) = open_with(&mut t, ms(0), &k, &mut SplitMix64::new(0));
+    // 5 s to fail, against a 1 s backoff: the deadline (1 s) is already past.
+    assert_eq!(t.handle_connect_failed(ms(5_000), a), Some(ms(1_000)));
+    assert_eq!(t.backoff_until(ms(5_000), &k), None);
     assert_eq!(t.connect_failures(&k), 1);
+    let (b, attempt) = open_with(&mut t, ms(5_000), &k, &mut SplitMix64::new(0));
+    assert_ne!(a, b);
+    assert_eq!(attempt.started(), ms(5_000));
+    // Its own backoff (1.6 s) counts from its start; it fails 1.6 s in, exactly at it.
+    assert_eq!(t.handle_connect_failed(ms(6_600), b), Some(ms(6_600)));
+    let (_, attempt) = open_with(&mut t, ms(6_600), &k, &mut SplitMix64::new(0));
+    assert_eq!(attempt.started(), ms(6_600));
+    // The endpoint's state is still evicted `max_idle` after the failure, not after the
+    // (earlier) deadline.
+    let mut t = grpc_table(BackoffFrom::AttemptStart);
+    let (a, _) = open_with(&mut t, ms(0), &k, &mut SplitMix64::new(0));
+    t.handle_connect_failed(ms(5_000), a);
+    assert_eq!(t.poll_timeout(), Some(ms(5_000) + IDLE));
+}
+
+/// `doc/connection-backoff.md`: `TryConnect(Max(current_deadline, now() +
+/// MIN_CONNECT_TIMEOUT))`, so an attempt may take `max(20 s, its backoff)`: 20 s while the
+/// backoff is at most 20 s (the first seven: 1 … 16.777216 s), then the backoff itself
+/// (26.8435456 s …), up to MAX_BACKOFF (120 s). Every attempt here fails at once.
+#[test]
+fn each_attempt_gets_max_of_min_connect_timeout_and_its_backoff() {
+    for from in [BackoffFrom::AttemptStart, BackoffFrom::Failure] {
+        let mut t = grpc_table(from);
+        let k = key("cs-0", "10.0.0.1");
+        let mut now = ms(0);
+        let mut timeouts = Vec::new();
+        for &backoff in GRPC_BACKOFFS_NS.iter().chain([&GRPC_BACKOFFS_NS[11]; 2]) {
+            let (id, attempt) = open_with(&mut t, now, &k, &mut SplitMix64::new(0));
+            assert_eq!(attempt.deadline(), now + attempt.timeout());
+            timeouts.push(attempt.timeout().as_nanos() as u64);
+            now = t.handle_connect_failed(now, id).unwrap();
+            assert_eq!(now, attempt.started() + nanos(backoff), "{from:?}");
+        }
+        let s20 = 20_000_000_000;
+        assert_eq!(
+            timeouts,
+            [
+                s20,
+                s20,
+                s20,
+                s20,
+                s20,
+                s20,
+                s20,
+                26_843_545_600,
+                42_949_672_960,
+                68_719_476_736,
+                109_951_162_777,
+                120_000_000_000,
+                120_000_000_000,
+                120_000_000_000,
+            ],
+            "{from:?}"
+        );
+    }
+}
+
+/// A smaller `min_connect_timeout` gives way to the backoff sooner: at 2 s, the third
+/// attempt (backoff 2.56 s) gets 2.56 s. A success resets the sequence: the next attempt's
+/// backoff is 1 s again, and its timeout the 2 s minimum.
+#[test]
+fn min_connect_timeout_is_configurable_and_a_success_restarts_the_sequence() {
+    let cfg = grpc_unjittered().with_min_connect_timeout(Duration::from_secs(2));
+    let mut t = Table::new(cfg).unwrap();
+    let k = key("cs-0", "10.0.0.1");
+    let mut now = ms(0);
+    let mut timeouts = Vec::new();
+    for _ in 0..3 {
+        let (id, attempt) = open_with(&mut t, now, &k, &mut SplitMix64::new(0));
+        timeouts.push(attempt.timeout());
+        now = t.handle_connect_failed(now, id).unwrap();
+    }
+    assert_eq!(
+        timeouts,
+        [Duration::from_secs(2), Duration::from_secs(2), ms_d(2_560)]
+    );
+    let (id, _) = open_with(&mut t, now, &k, &mut SplitMix64::new(0));
+    assert!(t.handle_connected(now, id));
+    assert_eq!(t.connect_attempt(id), None, "connected: no attempt");
+    assert!(t.handle_closed(now, id));
+    let (id, attempt) = open_with(&mut t, now, &k, &mut SplitMix64::new(0));
+    assert_eq!(attempt.timeout(), Duration::from_secs(2));
+    assert_eq!(t.handle_connect_failed(now, id), Some(now + ms_d(1_000)));
+}
+
+fn ms_d(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// grpc-go's measure (`addrConn.resetTransport`: `time.NewTimer(backoffFor)` once
+/// `tryAllAddrs` has failed), kept as an option: the 300 ms failure retries at t + 1.3 s,
+/// and a connect slower than its backoff waits the whole backoff again.
+#[test]
+fn from_failure_option_counts_the_backoff_from_the_failure_like_grpc_go() {
+    let mut t = grpc_table(BackoffFrom::Failure);
+    let k = key("cs-0", "10.0.0.1");
+    let (a, _) = open_with(&mut t, ms(10_000), &k, &mut SplitMix64::new(0));
+    assert_eq!(t.handle_connect_failed(ms(10_300), a), Some(ms(11_300)));
+    assert_eq!(
+        t.handle_request(ms(11_000), &k, &mut SplitMix64::new(0)),
+        Route::Wait { until: ms(11_300) },
+        "still waiting where the protocol document would retry"
+    );
+    let (b, _) = open_with(&mut t, ms(11_300), &k, &mut SplitMix64::new(0));
+    // Slower than its 1.6 s backoff: waits 1.6 s from the failure.
+    assert_eq!(t.handle_connect_failed(ms(16_300), b), Some(ms(17_900)));
+    assert_eq!(t.backoff_until(ms(16_300), &k), Some(ms(17_900)));
+}
+
+/// A connect that ends any other way than failing (dropped by the transport, or by
+/// `disconnect`) gives its drawn backoff back: the sequence does not grow, and the next
+/// attempt gets the same backoff.
+#[test]
+fn only_a_failed_connect_commits_the_drawn_backoff() {
+    let mut t = grpc_table(BackoffFrom::AttemptStart);
+    let k = key("cs-0", "10.0.0.1");
+    let (a, _) = open_with(&mut t, ms(0), &k, &mut SplitMix64::new(0));
+    t.handle_connect_failed(ms(0), a);
+    let (b, _) = open_with(&mut t, ms(1_000), &k, &mut SplitMix64::new(0));
+    assert!(t.handle_closed(ms(1_100), b));
+    let (c, _) = open_with(&mut t, ms(1_100), &k, &mut SplitMix64::new(0));
+    assert_eq!(t.disconnect(ms(1_200), &"cs-0"), 1);
+    drain(&mut t);
+    assert_eq!(t.connect_failures(&k), 1);
+    let (d, _) = open_with(&mut t, ms(1_200), &k, &mut SplitMix64::new(0));
+    assert!(c != d);
+    assert_eq!(
+        t.handle_connect_failed(ms(1_300), d),
+        Some(ms(1_200) + ms_d(1_600)),
+        "the second backoff, from d's start"
+    );
 }

@@ -25,9 +25,11 @@ use core::time::Duration;
 use super::user::{self, Arm};
 use super::{Cursor, Divergence};
 // The fixed FNV-1a hasher the tests and checkers share (no `std` needed).
+use crate::backoff::Jitter;
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::conn_key::{
-    ConnAction, ConnConfig, ConnId, ConnKey, ConnState, ConnTable, Disconnected, FinishError, Route,
+    BackoffFrom, ConnAction, ConnConfig, ConnId, ConnKey, ConnState, ConnTable, ConnectAttempt,
+    Disconnected, FinishError, Route,
 };
 use crate::rng::SplitMix64;
 use crate::test_hasher::TestHasher as Fnv;
@@ -54,7 +56,7 @@ fn to_ref(k: &UserKey) -> Key {
 fn route_to_ref(r: &Route<user::Key, user::Key>) -> Route<u8, u8> {
     match r {
         Route::Use(id) => Route::Use(*id),
-        Route::Open(id, k) => Route::Open(*id, to_ref(k)),
+        Route::Open(id, k, a) => Route::Open(*id, to_ref(k), *a),
         Route::Wait { until } => Route::Wait { until: *until },
         Route::Exhausted => Route::Exhausted,
     }
@@ -80,6 +82,11 @@ struct RefConn {
     open: bool,
     /// How many times something closed it (must end at exactly 1).
     closes: u32,
+    /// When its connect attempt started, the backoff drawn for it then, and the endpoint's
+    /// sequence after that draw (committed only by a failed connect).
+    started: Instant,
+    delay: Duration,
+    drawn: Backoff,
 }
 
 #[derive(Clone, Debug)]
@@ -95,6 +102,8 @@ struct RefBackoff {
 struct Reference {
     now: Instant,
     max_idle: Duration,
+    min_connect_timeout: Duration,
+    from: BackoffFrom,
     cfg: BackoffConfig,
     rng: SplitMix64,
     conns: Vec<RefConn>,
@@ -164,7 +173,17 @@ impl Reference {
         }
     }
 
-    fn opened(&mut self, id: ConnId, key: Key) {
+    /// A route opened `id`: draws its attempt's backoff from the endpoint's sequence (a
+    /// fresh one if it has none) and returns the attempt the route must carry.
+    fn opened(&mut self, id: ConnId, key: Key) -> ConnectAttempt {
+        let mut drawn = self
+            .backoff(&key)
+            .map_or_else(Backoff::new, |b| b.backoff.clone());
+        let attempt = drawn.attempt();
+        let delay = match drawn.next_delay(&self.cfg, &mut self.rng) {
+            Some(d) => d,
+            None => self.cfg.delay_for(attempt, &mut self.rng),
+        };
         self.conns.push(RefConn {
             id,
             key,
@@ -173,7 +192,20 @@ impl Reference {
             last_activity: self.now,
             open: true,
             closes: 0,
+            started: self.now,
+            delay,
+            drawn,
         });
+        self.attempt_of(self.now, delay)
+    }
+
+    fn attempt_of(&self, started: Instant, delay: Duration) -> ConnectAttempt {
+        let timeout = if delay > self.min_connect_timeout {
+            delay
+        } else {
+            self.min_connect_timeout
+        };
+        ConnectAttempt::new(started, timeout)
     }
 
     fn connected(&mut self, now: Instant, id: ConnId) -> bool {
@@ -197,7 +229,7 @@ impl Reference {
         if c.stage != Stage::Connecting {
             return None;
         }
-        let key = c.key;
+        let (key, started, delay, drawn) = (c.key, c.started, c.delay, c.drawn.clone());
         self.close(id);
         if self.backoff(&key).is_none() {
             self.backoffs.push(RefBackoff {
@@ -207,13 +239,13 @@ impl Reference {
                 lost_at: now,
             });
         }
+        let from = self.from;
         let b = self.backoffs.iter_mut().find(|b| b.key == key)?;
-        let attempt = b.backoff.attempt();
-        let delay = match b.backoff.next_delay(&self.cfg, &mut self.rng) {
-            Some(d) => d,
-            None => self.cfg.delay_for(attempt, &mut self.rng),
+        b.backoff = drawn;
+        b.until = match from {
+            BackoffFrom::AttemptStart => started + delay,
+            _ => now + delay,
         };
-        b.until = now + delay;
         b.lost_at = now;
         Some(b.until)
     }
@@ -376,35 +408,22 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut c = Cursor::new(data);
     let max_idle = decode_max_idle(&mut c);
     let seed = c.u64();
-    let cfg = ConnConfig::default().with_max_idle(max_idle);
-    let backoff_cfg = cfg.connect_backoff().clone();
-    let table: Table = ConnTable::new(cfg).map_err(|e| format!("valid config refused: {e}"))?;
-    let rng = SplitMix64::new(seed);
-    let r = Reference {
-        now: Instant::ZERO,
-        max_idle,
-        cfg: backoff_cfg,
-        rng: SplitMix64::new(seed),
-        conns: Vec::new(),
-        backoffs: Vec::new(),
-    };
-    let mut st = State {
-        table,
-        rng,
-        r,
-        ids: Vec::new(),
-        now: Instant::ZERO,
-        // Each uid's address in the freshest metadata; a move op changes it.
-        current: [(0u8, PORTS[0]); UIDS as usize],
-    };
+    let mut st = fresh(ConnConfig::default().with_max_idle(max_idle), seed)?;
     let mut step = 0usize;
 
     while !c.is_empty() {
         step += 1;
-        let Some(op) = c.select(OPS + Arm::OPS) else {
+        let Some(op) = c.select(REBUILD + 1) else {
             continue;
         };
-        let done = if op >= OPS {
+        let done = if op == REBUILD {
+            // Wind the table down (every connection closed exactly once), then go on with a
+            // fresh one under a decoded config.
+            let (cfg, seed) = decode_config(&mut c);
+            let next = fresh(cfg, seed)?;
+            wind_down(core::mem::replace(&mut st, next), step)?;
+            continue;
+        } else if op >= OPS {
             // A panicking key callback during another operation.
             let Some(arm) = Arm::decode(&mut c, op - OPS, UIDS.max(HOSTS)) else {
                 continue;
@@ -434,6 +453,82 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
             .map_err(|e| format!("step {step} ({what}): {e}"))?;
         compare(&mut st.table, &st.r, &st.ids, expect_closed, step, &what)?;
     }
+    wind_down(st, step)
+}
+
+/// The selector value that replaces the table with a fresh one under a decoded config
+/// (after the panicking-callback values `OPS..OPS + Arm::OPS`).
+const REBUILD: u8 = OPS + Arm::OPS;
+
+/// A config for [`REBUILD`], read in this order: `max_idle`, the rng seed, the backoff's
+/// measure (`0` from the attempt's start, `1` from the failure), the minimum connect timeout
+/// (`0` 20 s, `1` 1 ns, `2` `Duration::MAX`, `3` a decoded span), the connect backoff (`0`
+/// the gRPC preset, `1` the gRPC numbers without jitter, `2` 1 ms → 50 ms ×2 without jitter,
+/// so connects often outlast their backoff). An unassigned selector keeps the default.
+fn decode_config(c: &mut Cursor<'_>) -> (ConnConfig, u64) {
+    let max_idle = decode_max_idle(c);
+    let seed = c.u64();
+    let mut cfg = ConnConfig::default().with_max_idle(max_idle);
+    if c.select(2) == Some(1) {
+        cfg = cfg.with_backoff_from(BackoffFrom::Failure);
+    }
+    let min = match c.select(4) {
+        Some(1) => Some(Duration::from_nanos(1)),
+        Some(2) => Some(Duration::MAX),
+        Some(3) => Some(c.duration().max(Duration::from_nanos(1))),
+        _ => None,
+    };
+    if let Some(min) = min {
+        cfg = cfg.with_min_connect_timeout(min);
+    }
+    let unjittered = |initial: Duration, max: Duration, num: u32, den: u32| {
+        BackoffConfig::builder()
+            .initial(initial)
+            .max(max)
+            .multiplier(num, den)
+            .jitter(Jitter::None)
+            .resolution(Duration::from_nanos(1))
+            .build()
+            .ok()
+    };
+    let backoff = match c.select(3) {
+        Some(1) => unjittered(Duration::from_secs(1), Duration::from_secs(120), 16, 10),
+        Some(2) => unjittered(Duration::from_millis(1), Duration::from_millis(50), 2, 1),
+        _ => None,
+    };
+    if let Some(b) = backoff {
+        cfg = cfg.with_connect_backoff(b);
+    }
+    (cfg, seed)
+}
+
+/// A fresh table and reference under `cfg`, both drawing from `seed`.
+fn fresh(cfg: ConnConfig, seed: u64) -> Result<State, Divergence> {
+    let r = Reference {
+        now: Instant::ZERO,
+        max_idle: cfg.max_idle(),
+        min_connect_timeout: cfg.min_connect_timeout(),
+        from: cfg.backoff_from(),
+        cfg: cfg.connect_backoff().clone(),
+        rng: SplitMix64::new(seed),
+        conns: Vec::new(),
+        backoffs: Vec::new(),
+    };
+    let table: Table = ConnTable::new(cfg).map_err(|e| format!("valid config refused: {e}"))?;
+    Ok(State {
+        table,
+        rng: SplitMix64::new(seed),
+        r,
+        ids: Vec::new(),
+        now: Instant::ZERO,
+        // Each uid's address in the freshest metadata; a move op changes it.
+        current: [(0u8, PORTS[0]); UIDS as usize],
+    })
+}
+
+/// Closes everything: every connection ever opened must end closed exactly once, and the
+/// table must end empty.
+fn wind_down(st: State, step: usize) -> Result<(), Divergence> {
     let State {
         mut table,
         mut r,
@@ -441,8 +536,6 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         now,
         ..
     } = st;
-
-    // Close everything: every connection ever opened must end closed exactly once.
     let mut expect_closed = Vec::new();
     for uid in 0..UIDS {
         table.disconnect(now, &user::Key::new(uid));
@@ -515,17 +608,22 @@ fn apply(
         }
         4..=13 => {
             let key = decode_key(c, current);
-            let got = table.handle_request(*now, &to_table(&key));
+            let got = table.handle_request(*now, &to_table(&key), rng);
             let want = r.handle_request(*now, &key);
             match (&got, want) {
-                (Route::Open(id, k), None) => {
+                (Route::Open(id, k, attempt), None) => {
                     if to_ref(k) != key {
                         return Err(format!("step {step}: Open named {k:?} for {key:?}"));
                     }
                     if ids.contains(id) {
                         return Err(format!("step {step}: Open reused id {id:?}"));
                     }
-                    r.opened(*id, key);
+                    let want = r.opened(*id, key);
+                    if *attempt != want {
+                        return Err(format!(
+                            "step {step}: Open({id:?}) attempt {attempt:?}, reference {want:?}"
+                        ));
+                    }
                     ids.push(*id);
                 }
                 (g, Some(w)) if route_to_ref(g) == w => {}
@@ -547,7 +645,7 @@ fn apply(
         }
         17 | 18 => {
             let id = pick_id(c, ids, r);
-            let g = table.handle_connect_failed(*now, id, rng);
+            let g = table.handle_connect_failed(*now, id);
             let w = r.connect_failed(*now, id);
             if g != w {
                 return Err(format!(
@@ -710,6 +808,15 @@ fn compare(
                 c.id
             ));
         }
+        let attempt =
+            (c.open && c.stage == Stage::Connecting).then(|| r.attempt_of(c.started, c.delay));
+        if table.connect_attempt(c.id) != attempt {
+            return Err(format!(
+                "step {step} ({what}): {:?}'s attempt {:?}, reference {attempt:?}",
+                c.id,
+                table.connect_attempt(c.id)
+            ));
+        }
         if c.open && table.key(c.id).map(to_ref) != Some(c.key) {
             return Err(format!("step {step} ({what}): {:?} lost its key", c.id));
         }
@@ -782,6 +889,31 @@ mod tests {
             30, // timeout now
             27, 19, // a late close of the failed first id: ignored
             29, // timeout at poll_timeout: the idle new connection closes
+        ];
+        assert_eq!(check(&data), Ok(()));
+    }
+
+    #[test]
+    fn scripted_rebuild_with_jitter_free_grpc_numbers_passes() {
+        let data = [
+            1, 0, 0, 0, 0, 0, 0, 0, 0, // max_idle = 2 s, seed 0
+            4, 0, 0,  // route: Open (table one)
+            36, // wind down; a fresh table:
+            0, 0, 0, 0, 0, 0, 0, 0, 0, // max_idle 10 min, seed 0
+            0, 0, 1, // from the attempt's start, 20 s minimum, gRPC numbers without jitter
+            4, 0, 0, // route: Open, backoff 1 s, timeout 20 s
+            0, 0, 0x2c, 0x01, // time +300 ms
+            17, 0, // its connect fails: gated until 1 s, not 1.3 s
+            4, 0, 0, // route: Wait until 1 s
+            0, 0, 0xbc, 0x02, // time +700 ms: at 1 s
+            4, 0, 0,  // route: Open
+            36, // wind down again; a fresh table:
+            0, 0, 0, 0, 0, 0, 0, 0, 0, // max_idle 10 min, seed 0
+            1, 1, 2, // from the failure, 1 ns minimum, 1 ms -> 50 ms x2
+            4, 0, 0, // route: Open
+            0, 0, 0x2c, 0x01, // time +300 ms
+            17, 0, // fails: gated until 301 ms
+            4, 0, 0, // route: Wait
         ];
         assert_eq!(check(&data), Ok(()));
     }

@@ -28,13 +28,20 @@ use super::oneshot::Sender;
 use super::signal::wait_for;
 use super::unwind;
 use super::{Panicked, Runtime, WakeSignal};
-use crate::conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, Route};
+use crate::conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, ConnectAttempt, Route};
 use crate::error::ConfigError;
 use crate::rng::SplitMix64;
 use crate::time::Instant;
 
 /// Opens a connection to `host:port`. The runtime adapters provide a TCP one; a client wraps
 /// its own protocol handshake the same way.
+///
+/// Each connect gets the table's [`ConnectAttempt`]: its timeout is
+/// `max(min_connect_timeout, the attempt's backoff)` (gRPC's connection-backoff protocol).
+/// The pool enforces it whatever the connector does: a connect still running at
+/// [`ConnectAttempt::deadline`] is dropped and fails its lease with
+/// [`PoolError::ConnectTimeout`]; a connector may also pass the timeout on (to a socket's
+/// connect timeout, a handshake deadline) so it gives up on its own.
 pub trait Connector<H>: Send + Sync + 'static {
     /// The connection. Shared by every request routed to its endpoint (the pool hands out
     /// `&Conn` through [`Lease`]), so it is typically a multiplexed client.
@@ -42,11 +49,14 @@ pub trait Connector<H>: Send + Sync + 'static {
     /// Why a connect failed.
     type Error: Send + 'static;
 
-    /// Connects to `host:port`. The future owns what it needs (`'static`).
+    /// Connects to `host:port` within `attempt` (its [`timeout`](ConnectAttempt::timeout),
+    /// or its [`deadline`](ConnectAttempt::deadline) on the runtime's clock). The future owns
+    /// what it needs (`'static`).
     fn connect(
         &self,
         host: &H,
         port: u16,
+        attempt: ConnectAttempt,
     ) -> impl Future<Output = Result<Self::Conn, Self::Error>> + Send + 'static;
 }
 
@@ -72,6 +82,14 @@ pub enum PoolError<E> {
     /// This lease's connect failed; the endpoint now backs off.
     #[error("connecting to the endpoint failed; it backs off now")]
     Connect(#[source] E),
+    /// This lease's connect was still running at its [`ConnectAttempt::deadline`]: the pool
+    /// dropped it and reported it failed, so the endpoint backs off as after any failed
+    /// connect.
+    #[error("connecting to the endpoint took longer than {timeout:?}; it backs off now")]
+    ConnectTimeout {
+        /// The attempt's timeout.
+        timeout: core::time::Duration,
+    },
     /// The endpoint's last connect failed; lease again at `until`.
     #[error("the endpoint's last connect failed; it backs off until {until:?}")]
     Backoff {
@@ -145,6 +163,10 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
 ///   new one is connected by a task spawned on the runtime (concurrent leasers of the same
 ///   endpoint wait for it); an endpoint in connect backoff is refused with
 ///   [`PoolError::Backoff`]. The leaser whose connect failed gets [`PoolError::Connect`].
+/// - Each connect is given the table's [`ConnectAttempt`] (timeout `max(min_connect_timeout,
+///   the attempt's backoff)`, 20 s at least by default) and is cut at its deadline: the
+///   leaser gets [`PoolError::ConnectTimeout`] and the endpoint backs off as after a failed
+///   connect; leasers waiting on it route again.
 /// - A [`Lease`] counts one request in flight on its connection until it is dropped (or
 ///   [`Lease::broken`] reports the connection dead); a connection with nothing in flight closes
 ///   after the table's `max_idle`.
@@ -164,7 +186,7 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
 ///
 /// ```
 #[doc = include_str!("doc/tiny_runtime.md")]
-/// use throttle_sansio::conn_key::{ConnConfig, ConnKey};
+/// use throttle_sansio::conn_key::{ConnConfig, ConnKey, ConnectAttempt};
 /// use throttle_sansio::sync::{ConnPool, Connector};
 ///
 /// struct Dialer;
@@ -177,6 +199,7 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
 ///         &self,
 ///         host: &&'static str,
 ///         port: u16,
+///         _attempt: ConnectAttempt,
 ///     ) -> impl Future<Output = Result<String, std::io::Error>> + Send + 'static {
 ///         core::future::ready(Ok(format!("{host}:{port}")))
 ///     }
@@ -215,7 +238,7 @@ impl<R, C: Connector<H>, U, H, S> fmt::Debug for ConnPool<R, C, U, H, S> {
 enum Step<T> {
     Leased(ConnId, Arc<T>),
     AwaitConnect,
-    Connect(ConnId),
+    Connect(ConnId, ConnectAttempt),
     Err(PoolError<()>),
 }
 
@@ -300,7 +323,8 @@ where
                 }
                 // The key's `Hash`, `Eq` and `Clone` run inside; the table changes nothing
                 // before they have, so a panic there fails this lease alone.
-                let route = match unwind::call(|| st.table.handle_request(now, key)) {
+                let st = &mut *st;
+                let route = match unwind::call(|| st.table.handle_request(now, key, &mut st.rng)) {
                     Ok(route) => route,
                     Err(panicked) => return Step::Err(PoolError::Panicked(panicked)),
                 };
@@ -315,9 +339,9 @@ where
                         },
                         None => Step::AwaitConnect,
                     },
-                    Route::Open(id, _) => {
+                    Route::Open(id, _, attempt) => {
                         st.connecting += 1;
-                        Step::Connect(id)
+                        Step::Connect(id, attempt)
                     }
                     Route::Wait { until } => Step::Err(PoolError::Backoff { until }),
                     _ => Step::Err(PoolError::Exhausted),
@@ -336,7 +360,7 @@ where
                     });
                 }
                 Step::AwaitConnect => self.shared.connected.changed(epoch).await,
-                Step::Connect(id) => {
+                Step::Connect(id, attempt) => {
                     let (tx, rx) = oneshot::channel();
                     // From here the endpoint's `Connecting` state is the guard's to end.
                     let mut guard = ConnectGuard {
@@ -344,16 +368,23 @@ where
                         id,
                         leaser: Some(tx),
                     };
-                    match unwind::call(|| self.shared.connector.connect(&key.host, key.port)) {
-                        Ok(connect) => self.shared.rt.spawn(async move {
-                            let mut guard = guard;
-                            let ended = match unwind::catch(connect).await {
-                                Ok(Ok(conn)) => ConnectEnd::Connected(conn),
-                                Ok(Err(e)) => ConnectEnd::Failed(e),
-                                Err(Panicked) => ConnectEnd::Panicked,
-                            };
-                            guard.end(ended);
-                        }),
+                    let connect = unwind::call(|| {
+                        self.shared.connector.connect(&key.host, key.port, attempt)
+                    });
+                    match connect {
+                        Ok(connect) => {
+                            let cut = self.shared.rt.sleep_until(attempt.deadline());
+                            self.shared.rt.spawn(async move {
+                                let mut guard = guard;
+                                let ended = match within(unwind::catch(connect), cut).await {
+                                    Some(Ok(Ok(conn))) => ConnectEnd::Connected(conn),
+                                    Some(Ok(Err(e))) => ConnectEnd::Failed(e),
+                                    Some(Err(Panicked)) => ConnectEnd::Panicked,
+                                    None => ConnectEnd::TimedOut(attempt.timeout()),
+                                };
+                                guard.end(ended);
+                            })
+                        }
                         Err(Panicked) => guard.end(ConnectEnd::Panicked),
                     }
                     // A connect that succeeded sends nothing: route again, to its connection.
@@ -364,6 +395,9 @@ where
                 Step::Err(e) => {
                     return Err(match e {
                         PoolError::Backoff { until } => PoolError::Backoff { until },
+                        PoolError::ConnectTimeout { timeout } => {
+                            PoolError::ConnectTimeout { timeout }
+                        }
                         PoolError::Closed => PoolError::Closed,
                         PoolError::Panicked(p) => PoolError::Panicked(p),
                         _ => PoolError::Exhausted,
@@ -502,9 +536,13 @@ where
                     }
                 }
                 ConnectEnd::Failed(e) => {
-                    let st = &mut *st;
-                    let _ = st.table.handle_connect_failed(now, id, &mut st.rng);
+                    let _ = st.table.handle_connect_failed(now, id);
                     (Some(PoolError::Connect(e)), None)
+                }
+                // Given up at the attempt's deadline: a failed connect, so it backs off.
+                ConnectEnd::TimedOut(timeout) => {
+                    let _ = st.table.handle_connect_failed(now, id);
+                    (Some(PoolError::ConnectTimeout { timeout }), None)
                 }
                 // Not the server's fault: no backoff, the next lease connects at once.
                 ConnectEnd::Panicked => {
@@ -548,10 +586,27 @@ where
     }
 }
 
+/// `work`'s output, or `None` if `cut` resolves first (then `work` is dropped unfinished).
+/// `work` is polled first, so a connect that is ready when its deadline also passes counts as
+/// done.
+async fn within<T>(work: impl Future<Output = T>, cut: impl Future<Output = ()>) -> Option<T> {
+    let mut work = core::pin::pin!(work);
+    let mut cut = core::pin::pin!(cut);
+    core::future::poll_fn(|cx| {
+        if let core::task::Poll::Ready(out) = work.as_mut().poll(cx) {
+            return core::task::Poll::Ready(Some(out));
+        }
+        cut.as_mut().poll(cx).map(|()| None)
+    })
+    .await
+}
+
 /// How a connect task ended.
 enum ConnectEnd<T, E> {
     Connected(T),
     Failed(E),
+    /// Still running at the attempt's deadline (its timeout): dropped unfinished.
+    TimedOut(core::time::Duration),
     /// `connect()` or its future panicked.
     Panicked,
     /// The task was dropped before the connect ended (the runtime shut down).
@@ -633,7 +688,7 @@ where
 ///
 /// ```
 #[doc = include_str!("doc/tiny_runtime.md")]
-/// use throttle_sansio::conn_key::{ConnConfig, ConnKey};
+/// use throttle_sansio::conn_key::{ConnConfig, ConnKey, ConnectAttempt};
 /// use throttle_sansio::sync::{ConnPool, Connector};
 ///
 /// struct Dialer;
@@ -646,6 +701,7 @@ where
 ///         &self,
 ///         host: &&'static str,
 ///         port: u16,
+///         _attempt: ConnectAttempt,
 ///     ) -> impl Future<Output = Result<String, std::io::Error>> + Send + 'static {
 ///         core::future::ready(Ok(format!("{host}:{port}")))
 ///     }
@@ -752,6 +808,7 @@ mod tests {
             &self,
             _host: &u32,
             port: u16,
+            _attempt: ConnectAttempt,
         ) -> impl Future<Output = Result<FakeConn, &'static str>> + Send + 'static {
             self.connects.fetch_add(1, Ordering::SeqCst);
             let live = Arc::clone(&self.live);
@@ -1150,5 +1207,191 @@ mod tests {
         assert_eq!(exec.run_until_stalled(), 0);
         assert!(out.lock().unwrap().iter().all(Result::is_ok));
         assert_books(&pool, 3);
+    }
+
+    // ------------------------------------------------------------ connect timeouts
+
+    /// Each connect takes `fail_after` on the runtime's clock and then fails (`None`: it
+    /// never ends); records the attempt it was given and counts its futures dropped.
+    struct Timed {
+        clock: crate::sync::ManualClock,
+        attempts: Arc<StdMutex<Vec<ConnectAttempt>>>,
+        fail_after: Option<Duration>,
+        dropped: Arc<AtomicUsize>,
+    }
+
+    struct CountDrop(Arc<AtomicUsize>);
+    impl Drop for CountDrop {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Connector<u32> for Timed {
+        type Conn = ();
+        type Error = &'static str;
+        fn connect(
+            &self,
+            _host: &u32,
+            _port: u16,
+            attempt: ConnectAttempt,
+        ) -> impl Future<Output = Result<(), &'static str>> + Send + 'static {
+            self.attempts.lock().unwrap().push(attempt);
+            let (clock, fail_after) = (self.clock.clone(), self.fail_after);
+            let dropped = CountDrop(Arc::clone(&self.dropped));
+            async move {
+                let _dropped = dropped;
+                match fail_after {
+                    Some(d) => {
+                        let at = clock.now() + d;
+                        clock.sleep_until(at).await;
+                        Err("refused")
+                    }
+                    None => core::future::pending().await,
+                }
+            }
+        }
+    }
+
+    type TimedPool = ConnPool<TestRuntime, Timed, u32, u32, RandomState>;
+    type Attempts = Arc<StdMutex<Vec<ConnectAttempt>>>;
+
+    /// A pool over `Timed` with gRPC's connection-backoff numbers without jitter
+    /// (`doc/connection-backoff.md`, "Proposed Backoff Algorithm": 1 s, ×1.6, 120 s,
+    /// MIN_CONNECT_TIMEOUT 20 s), its attempts and its count of dropped connect futures.
+    fn timed_pool(
+        exec: &Executor,
+        fail_after: Option<Duration>,
+    ) -> (TimedPool, TestRuntime, Attempts, Counter) {
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(exec.spawner());
+        let attempts: Attempts = Arc::default();
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let connector = Timed {
+            clock: rt.clock.clone(),
+            attempts: Arc::clone(&attempts),
+            fail_after,
+            dropped: Arc::clone(&dropped),
+        };
+        let backoff = crate::backoff::BackoffConfig::builder()
+            .initial(Duration::from_secs(1))
+            .max(Duration::from_secs(120))
+            .multiplier(16, 10)
+            .jitter(crate::backoff::Jitter::None)
+            .build()
+            .unwrap();
+        let cfg = ConnConfig::default().with_connect_backoff(backoff);
+        let pool = ConnPool::new(rt.clone(), connector, cfg).unwrap();
+        (pool, rt, attempts, dropped)
+    }
+
+    type TimedOut = Arc<StdMutex<Vec<Result<ConnId, PoolError<&'static str>>>>>;
+
+    fn spawn_timed_lease(exec: &Executor, pool: &TimedPool, out: &TimedOut) {
+        let (p, o) = (pool.clone(), Arc::clone(out));
+        exec.spawn(async move {
+            let r = p.lease(&ConnKey::new(0, 1, 9123)).await.map(|l| l.id());
+            o.lock().unwrap().push(r);
+        });
+    }
+
+    /// The transport is told each attempt's timeout (`max(MIN_CONNECT_TIMEOUT, backoff)`,
+    /// 20 s here), and a connect that hangs is cut at it: its future is dropped, its leaser
+    /// fails with `ConnectTimeout`, the endpoint backs off as after a failed connect, and a
+    /// leaser waiting on the same connect is not stranded: the 20 s connect outlasted its 1 s
+    /// backoff, so it connects again at once (the document's `SleepUntil` on a past deadline).
+    #[test]
+    fn the_transport_gets_the_connect_timeout_and_a_hung_connect_is_cut_at_it() {
+        let mut exec = Executor::default();
+        let (pool, rt, attempts, dropped) = timed_pool(&exec, None);
+        rt.clock.advance_to(Instant::from_millis(5_000));
+        let out: TimedOut = Arc::default();
+        spawn_timed_lease(&exec, &pool, &out);
+        spawn_timed_lease(&exec, &pool, &out); // waits for the first one's connect
+        assert_eq!(
+            exec.run_until_stalled(),
+            3,
+            "two leasers and the connect task"
+        );
+        let first = attempts.lock().unwrap()[0];
+        assert_eq!(
+            first,
+            ConnectAttempt::new(Instant::from_millis(5_000), Duration::from_secs(20))
+        );
+        assert_eq!(first.deadline(), Instant::from_millis(25_000));
+        rt.clock.advance_to(Instant::from_millis(24_999));
+        exec.run_until_stalled();
+        assert!(out.lock().unwrap().is_empty(), "1 ms before the deadline");
+        assert_eq!(dropped.load(Ordering::SeqCst), 0);
+        rt.clock.advance_to(Instant::from_millis(25_000));
+        assert_eq!(
+            exec.run_until_stalled(),
+            2,
+            "the second leaser and its own connect, which hangs too"
+        );
+        assert_eq!(
+            out.lock().unwrap()[..],
+            [Err(PoolError::ConnectTimeout {
+                timeout: Duration::from_secs(20)
+            })]
+        );
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            1,
+            "the hung connect was dropped"
+        );
+        let st = lock(&pool.shared.state);
+        let key = ConnKey::new(0, 1, 9123);
+        assert_eq!(st.table.connect_failures(&key), 1, "a failed connect");
+        assert_eq!(st.connecting, 1, "the waiter's own connect");
+        drop(st);
+        // The waiter connected again at once; its attempt's backoff is the second (1.6 s),
+        // its timeout still 20 s.
+        let second = attempts.lock().unwrap()[1];
+        assert_eq!(
+            second,
+            ConnectAttempt::new(Instant::from_millis(25_000), Duration::from_secs(20))
+        );
+        assert_eq!(pool.len(), 1);
+        rt.clock.advance_to(Instant::from_millis(45_000));
+        assert_eq!(exec.run_until_stalled(), 0);
+        assert_eq!(out.lock().unwrap().len(), 2);
+        assert_eq!((pool.len(), dropped.load(Ordering::SeqCst)), (0, 2));
+        assert_eq!(lock(&pool.shared.state).connecting, 0);
+    }
+
+    /// `doc/connection-backoff.md`, "Proposed Backoff Algorithm", through the pool: a
+    /// connect that starts at 5 s and fails 300 ms in, with a 1 s backoff, may be retried at
+    /// 6 s (the attempt's start plus its backoff), not at 6.3 s.
+    #[test]
+    fn a_connect_failing_300_ms_in_is_retried_at_its_start_plus_the_backoff() {
+        let mut exec = Executor::default();
+        let (pool, rt, attempts, _) = timed_pool(&exec, Some(Duration::from_millis(300)));
+        rt.clock.advance_to(Instant::from_millis(5_000));
+        let out: TimedOut = Arc::default();
+        spawn_timed_lease(&exec, &pool, &out);
+        exec.run_until_stalled();
+        rt.clock.advance_to(Instant::from_millis(5_300));
+        exec.run_until_stalled();
+        assert_eq!(
+            out.lock().unwrap()[..],
+            [Err(PoolError::Connect("refused"))]
+        );
+        spawn_timed_lease(&exec, &pool, &out);
+        exec.run_until_stalled();
+        assert_eq!(
+            out.lock().unwrap()[1],
+            Err(PoolError::Backoff {
+                until: Instant::from_millis(6_000)
+            })
+        );
+        rt.clock.advance_to(Instant::from_millis(6_000));
+        spawn_timed_lease(&exec, &pool, &out);
+        exec.run_until_stalled();
+        assert_eq!(attempts.lock().unwrap().len(), 2, "reconnected at 6 s");
+        assert_eq!(
+            attempts.lock().unwrap()[1].started(),
+            Instant::from_millis(6_000)
+        );
     }
 }

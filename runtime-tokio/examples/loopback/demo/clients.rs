@@ -398,8 +398,9 @@ impl Connector<String> for DemoConnector {
         &self,
         host: &String,
         port: u16,
+        attempt: throttle_sansio::conn_key::ConnectAttempt,
     ) -> impl Future<Output = std::io::Result<Conn>> + Send + 'static {
-        let stream = TcpConnector.connect(host, port);
+        let stream = TcpConnector.connect(host, port, attempt);
         async move { Ok(Conn::from_stream(stream.await?)) }
     }
 }

@@ -197,6 +197,7 @@ impl Connector<u32> for Fake {
         &self,
         _host: &u32,
         _port: u16,
+        _attempt: crate::conn_key::ConnectAttempt,
     ) -> impl Future<Output = Result<FakeConn, &'static str>> + Send + 'static {
         let live = StdArc::clone(&self.live);
         async move {
