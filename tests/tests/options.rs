@@ -408,7 +408,6 @@ fn every_method_in_the_table_exists() {
         &backoff::MAX_WAIT => BackoffConfigBuilder::max_wait,
         &backoff::JITTER_ORDER => BackoffConfigBuilder::jitter_order,
         &backoff::FIRST_DELAY_UNJITTERED => BackoffConfigBuilder::first_delay_unjittered,
-        &backoff::MIN_CONNECT_TIMEOUT => BackoffConfigBuilder::min_connect_timeout,
         &backoff::FLUSS_DISK_INITIAL => BackoffConfigBuilder::initial,
         &backoff::FLUSS_DISK_MAX => BackoffConfigBuilder::max,
         &backoff::FLUSS_RETRY_INITIAL => BackoffConfigBuilder::initial,

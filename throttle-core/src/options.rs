@@ -278,13 +278,6 @@ pub mod backoff {
         "BackoffConfigBuilder::first_delay_unjittered",
         NONE,
     );
-    /// The shortest time a connection attempt is given (gRPC's connection-backoff protocol).
-    pub const MIN_CONNECT_TIMEOUT: ConfigOption = ConfigOption::new(
-        B,
-        "min_connect_timeout",
-        "BackoffConfigBuilder::min_connect_timeout",
-        &[Upstream::new("gRPC", "MIN_CONNECT_TIMEOUT")],
-    );
 
     const DISK: &str = "BackoffConfig::fluss_disk_write_locked()";
     /// `initial` of the Fluss disk-write-locked preset (Fluss PR #4293).
@@ -856,7 +849,6 @@ pub const ALL: &[&ConfigOption] = &[
     &backoff::MAX_WAIT,
     &backoff::JITTER_ORDER,
     &backoff::FIRST_DELAY_UNJITTERED,
-    &backoff::MIN_CONNECT_TIMEOUT,
     &backoff::FLUSS_DISK_INITIAL,
     &backoff::FLUSS_DISK_MAX,
     &backoff::FLUSS_RETRY_INITIAL,

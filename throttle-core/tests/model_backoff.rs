@@ -87,7 +87,7 @@ fn backoff_model_accepts_hand_picked_scenarios() {
     huge.extend([6, 1, 7, 0, 1, 8, 0, 5, 0]);
     assert_eq!(check(&huge), Ok(()));
     // Issue 15: each preset, then operation 10 flipping the jitter order and the first-delay
-    // rule (and setting MIN_CONNECT_TIMEOUT 20 s), then more calls; gRPC's own preset (4)
+    // rule (and the ignored byte once MIN_CONNECT_TIMEOUT), then more calls; gRPC's own preset (4)
     // flipped back to jitter-then-cap.
     for preset in 0..6 {
         for (order, first) in [(1u8, 1u8), (0, 0), (1, 0), (0, 1)] {

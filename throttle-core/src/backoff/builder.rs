@@ -121,7 +121,6 @@ pub struct BackoffConfigBuilder {
     pub(super) max_wait: Option<u64>,
     pub(super) order: JitterOrder,
     pub(super) first_unjittered: bool,
-    pub(super) min_connect_timeout: Option<u64>,
     pub(super) rules: Rules,
 }
 
@@ -146,7 +145,6 @@ impl BackoffConfigBuilder {
             max_wait: None,
             order: JitterOrder::JitterThenCap,
             first_unjittered: false,
-            min_connect_timeout: None,
             rules,
         }
     }
@@ -166,19 +164,6 @@ impl BackoffConfigBuilder {
     /// [`Jitter::Additive`], whose offset jitters the first delay by definition.
     pub const fn first_delay_unjittered(mut self, yes: bool) -> Self {
         self.first_unjittered = yes;
-        self
-    }
-
-    /// The shortest time a connection attempt is given to complete, for a connection table to
-    /// report to its transport (gRPC's `MIN_CONNECT_TIMEOUT`, 20 s in
-    /// [`BackoffConfig::grpc_connection`]). The backoff itself never reads it; any value is
-    /// accepted, `None` (the default) means no minimum. Durations past `u64::MAX` ns count as
-    /// `u64::MAX` ns.
-    pub const fn min_connect_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.min_connect_timeout = match timeout {
-            Some(t) => Some(nanos(t)),
-            None => None,
-        };
         self
     }
 
@@ -438,7 +423,6 @@ impl BackoffConfigBuilder {
             max_wait: self.max_wait,
             order: self.order,
             first_unjittered: self.first_unjittered,
-            min_connect_timeout: self.min_connect_timeout,
             settle,
             settled,
             rules: self.rules,

@@ -35,8 +35,6 @@ pub struct BackoffConfig {
     pub(super) order: JitterOrder,
     /// The first delay of a sequence is its base, undrawn.
     pub(super) first_unjittered: bool,
-    /// gRPC's `MIN_CONNECT_TIMEOUT`, in ns, for a connection table to report.
-    pub(super) min_connect_timeout: Option<u64>,
     /// First attempt whose base is final (`max`, or a value the multiplier cannot grow).
     pub(super) settle: u32,
     /// The base of every attempt from `settle` on.
@@ -92,14 +90,14 @@ impl BackoffConfig {
     /// gRPC connection backoff (grpc/grpc `doc/connection-backoff.md`): the first wait is
     /// exactly `INITIAL_BACKOFF` = 1 s (nothing drawn), then the base grows
     /// `min(cur·1.6, 120 s)` and each wait is that base ±20 %, jittered after the cap
-    /// ([`JitterOrder::CapThenJitter`]), so waits at the cap spread over 96–144 s. Carries
-    /// `MIN_CONNECT_TIMEOUT` = 20 s ([`BackoffConfig::min_connect_timeout`]) for the
-    /// connection table to give each attempt.
+    /// ([`JitterOrder::CapThenJitter`]), so waits at the cap spread over 96–144 s. The
+    /// protocol's `MIN_CONNECT_TIMEOUT` (20 s) is the connection table's setting,
+    /// [`ConnConfig::with_min_connect_timeout`](crate::conn_key::ConnConfig::with_min_connect_timeout):
+    /// the table, not the backoff, gives each attempt its time.
     pub fn grpc_connection() -> Self {
         BackoffConfigBuilder::preset(GRPC, ms(1_000), ms(120_000), (16, 10), TWENTY_PERCENT)
             .jitter_order(JitterOrder::CapThenJitter)
             .first_delay_unjittered(true)
-            .min_connect_timeout(Some(Duration::from_secs(20)))
             .assemble()
     }
 
@@ -154,7 +152,6 @@ impl BackoffConfig {
             max_wait: self.max_wait,
             order: self.order,
             first_unjittered: self.first_unjittered,
-            min_connect_timeout: self.min_connect_timeout,
             rules: self.rules,
         }
     }
@@ -208,12 +205,6 @@ impl BackoffConfig {
     /// Whether the first delay of a sequence is its base, with nothing drawn.
     pub fn first_delay_unjittered(&self) -> bool {
         self.first_unjittered
-    }
-
-    /// The shortest time a connection attempt should be given (gRPC's
-    /// `MIN_CONNECT_TIMEOUT`), if set; the backoff never reads it.
-    pub fn min_connect_timeout(&self) -> Option<Duration> {
-        self.min_connect_timeout.map(Duration::from_nanos)
     }
 
     /// The largest delay any draw can give (zero when disabled): `max` on the grid with

@@ -1134,10 +1134,7 @@ fn grpc_connection_jitters_after_the_cap_so_capped_waits_spread_over_96_to_144_s
 }
 
 #[test]
-fn grpc_connection_carries_min_connect_timeout_20s_for_the_connection_table() {
-    // grpc/grpc doc/connection-backoff.md: MIN_CONNECT_TIMEOUT = 20 seconds.
-    let cfg = BackoffConfig::grpc_connection();
-    assert_eq!(cfg.min_connect_timeout(), Some(Duration::from_secs(20)));
+fn only_grpc_connection_skips_the_first_draw() {
     for other in [
         BackoffConfig::fluss_disk_write_locked(),
         BackoffConfig::fluss_retriable_write(),
@@ -1145,18 +1142,9 @@ fn grpc_connection_carries_min_connect_timeout_20s_for_the_connection_table() {
         BackoffConfig::gobblin_throttling_client(),
         BackoffConfig::builder().build().unwrap(),
     ] {
-        assert_eq!(other.min_connect_timeout(), None);
         assert!(!other.first_delay_unjittered());
     }
-    let set = BackoffConfig::builder()
-        .min_connect_timeout(Some(Duration::MAX))
-        .build()
-        .unwrap();
-    assert_eq!(
-        set.min_connect_timeout(),
-        Some(Duration::from_nanos(u64::MAX))
-    );
-    assert_eq!(set.to_builder().build(), Ok(set.clone()));
+    assert!(BackoffConfig::grpc_connection().first_delay_unjittered());
 }
 
 #[test]
@@ -1423,8 +1411,7 @@ const GRPC_LIKE: BackoffConfigBuilder = BackoffConfig::builder()
     .multiplier(16, 10)
     .jitter(Jitter::Proportional { ppm: 200_000 })
     .jitter_order(JitterOrder::CapThenJitter)
-    .first_delay_unjittered(true)
-    .min_connect_timeout(Some(Duration::from_secs(20)));
+    .first_delay_unjittered(true);
 
 /// `Duration::MAX` in a `const` saturates at `u64::MAX` ns like the run-time setters.
 const HUGE: BackoffConfigBuilder = BackoffConfig::builder()
@@ -1450,16 +1437,8 @@ fn const_builders_give_the_same_configs_as_run_time_ones() {
         )
     );
     assert_eq!(
-        (
-            cfg.jitter_order(),
-            cfg.first_delay_unjittered(),
-            cfg.min_connect_timeout()
-        ),
-        (
-            preset.jitter_order(),
-            preset.first_delay_unjittered(),
-            preset.min_connect_timeout()
-        )
+        (cfg.jitter_order(), cfg.first_delay_unjittered()),
+        (preset.jitter_order(), preset.first_delay_unjittered())
     );
     assert_eq!(sequence_ms(&cfg, 40, 11), sequence_ms(&preset, 40, 11));
     let huge = HUGE.build().unwrap();

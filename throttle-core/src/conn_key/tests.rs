@@ -969,10 +969,16 @@ use crate::rng::PanickingRng;
 
 /// The `# Panics` contract of `handle_request`: a panicking `Rng` (it draws the attempt's
 /// backoff when a route opens) leaves the table exactly as it was, for a new endpoint and
-/// for one whose backoff ended; the same route then opens. A `Use` draws nothing.
+/// for one whose backoff ended; the same route then opens. A `Use` draws nothing. (The
+/// default gRPC backoff draws nothing for a first attempt, so this table jitters it.)
 #[test]
 fn a_panicking_rng_leaves_the_table_as_it_was() {
-    let mut t = table();
+    let jittered_first = BackoffConfig::grpc_connection()
+        .to_builder()
+        .first_delay_unjittered(false)
+        .build()
+        .unwrap();
+    let mut t = ConnTable::new(ConnConfig::default().with_connect_backoff(jittered_first)).unwrap();
     let fresh = key("cs-0", "10.0.0.1");
     let failed = key("cs-1", "10.0.0.1");
     let id = open(&mut t, ms(0), &failed);
@@ -995,6 +1001,32 @@ fn a_panicking_rng_leaves_the_table_as_it_was() {
 }
 
 // ------------------------------------------------------------------ gRPC connection backoff
+
+/// gRPC's protocol (grpc/grpc `doc/connection-backoff.md`, "Proposed Backoff Algorithm":
+/// `current_deadline = now() + INITIAL_BACKOFF`, no jitter) with the default table: an
+/// endpoint's first attempt draws nothing, gets the 20 s minimum connect timeout, and its
+/// failure gates it exactly 1 s after the attempt started; the second attempt draws.
+#[test]
+fn the_default_first_attempt_is_unjittered_and_later_ones_draw() {
+    let mut t = table();
+    let k = key("cs-0", "10.0.0.1");
+    let Route::Open(id, _, attempt) = t.handle_request(ms(0), &k, &mut PanickingRng) else {
+        panic!("a new endpoint opens without drawing")
+    };
+    assert_eq!(attempt.timeout(), Duration::from_secs(20));
+    assert_eq!(attempt.deadline(), ms(20_000));
+    assert_eq!(t.handle_connect_failed(ms(300), id), Some(ms(1_000)));
+    let drew = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+        t.handle_request(ms(1_000), &k, &mut PanickingRng)
+    }));
+    assert!(drew.is_err(), "the second attempt's wait is jittered");
+    let Route::Open(_, _, attempt) = t.handle_request(ms(1_000), &k, &mut SplitMix64::new(7))
+    else {
+        panic!("the endpoint reopens once its backoff ended")
+    };
+    // 1.6 s ± 20 %, and at least the 20 s minimum.
+    assert_eq!(attempt.timeout(), Duration::from_secs(20));
+}
 
 /// The numbers of gRPC's connection-backoff protocol (grpc/grpc `doc/connection-backoff.md`,
 /// "Proposed Backoff Algorithm": INITIAL_BACKOFF 1 s, MULTIPLIER 1.6, MAX_BACKOFF 120 s,

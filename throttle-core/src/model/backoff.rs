@@ -82,8 +82,6 @@ struct Spec {
     cap_then_jitter: bool,
     /// The first delay of a sequence is `initial`, undrawn.
     first_unjittered: bool,
-    /// gRPC's `MIN_CONNECT_TIMEOUT`, ns: carried, never used by the backoff.
-    min_connect: Option<u64>,
 }
 
 /// The presets, transcribed from `docs/design.md` §3.1 (not from the machine).
@@ -105,7 +103,6 @@ fn preset_spec(preset: u8) -> Spec {
         max_max: u64::MAX,
         cap_then_jitter: false,
         first_unjittered: false,
-        min_connect: None,
     };
     match preset {
         1 => Spec {
@@ -126,15 +123,14 @@ fn preset_spec(preset: u8) -> Spec {
             ..base
         },
         // grpc/grpc doc/connection-backoff.md: the first wait is INITIAL_BACKOFF exactly,
-        // later ones min(cur·1.6, 120 s) ± 20 %, jittered after the cap; MIN_CONNECT_TIMEOUT
-        // 20 s.
+        // later ones min(cur·1.6, 120 s) ± 20 %, jittered after the cap (its
+        // MIN_CONNECT_TIMEOUT is the connection table's).
         4 => Spec {
             max: 120_000 * MS,
             num: 16,
             den: 10,
             cap_then_jitter: true,
             first_unjittered: true,
-            min_connect: Some(20_000 * MS),
             ..base
         },
         5 => Spec {
@@ -659,7 +655,6 @@ fn check_getters(s: &Spec, cfg: &BackoffConfig) -> Result<(), Divergence> {
         (
             cfg.jitter_order() == JitterOrder::CapThenJitter,
             cfg.first_delay_unjittered(),
-            cfg.min_connect_timeout().map(ns),
         ),
     );
     let want = (
@@ -673,7 +668,7 @@ fn check_getters(s: &Spec, cfg: &BackoffConfig) -> Result<(), Divergence> {
         s.initial == 0,
         s.max_attempts,
         s.max_wait,
-        (s.cap_then_jitter, s.first_unjittered, s.min_connect),
+        (s.cap_then_jitter, s.first_unjittered),
     );
     if got == want {
         Ok(())
@@ -856,8 +851,8 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
             }
             9 => rngs = Rngs::new(c.u64()),
             _ => {
-                // Issue 15: rebuild the config with another jitter order, first-delay rule and
-                // minimum connect timeout (each an optional override), then start a fresh
+                // Issue 15: rebuild the config with another jitter order, first-delay rule (and
+                // once a minimum connect timeout, now ignored; each an optional override), then start a fresh
                 // sequence on both sides.
                 let mut next = s;
                 let mut b = cfg.to_builder();
@@ -873,13 +868,12 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                     next.first_unjittered = first == 1;
                     b = b.first_delay_unjittered(first == 1);
                 }
+                // Once a minimum connect timeout (the connection table's setting now): its
+                // bytes are still read, so stored inputs keep their meaning, and ignored.
                 if let Some(kind) = c.select(3) {
-                    next.min_connect = match kind {
-                        0 => None,
-                        1 => Some(20_000 * MS),
-                        _ => Some(span(&mut c).0),
-                    };
-                    b = b.min_connect_timeout(next.min_connect.map(Duration::from_nanos));
+                    if kind >= 2 {
+                        let _ = span(&mut c);
+                    }
                 }
                 match (b.build(), ref_valid(&next)) {
                     (Ok(new), true) => {
