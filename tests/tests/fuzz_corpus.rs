@@ -83,6 +83,7 @@ fn every_fuzz_target_has_a_corpus_replay() {
 }
 
 corpus_replays! {
+    grpc_config_corpus_matches_reference => "grpc_config", throttle_sansio::model::grpc_config::check;
     backoff_corpus_matches_reference => "backoff", throttle_sansio::model::backoff::check;
     backpressure_corpus_matches_reference => "backpressure", throttle_sansio::model::backpressure::check;
     write_gate_corpus_matches_reference => "write_gate", throttle_sansio::model::write_gate::check;

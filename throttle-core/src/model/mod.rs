@@ -21,6 +21,7 @@ pub mod batcher;
 pub mod conn_key;
 pub mod dispatch_window;
 pub mod failover;
+pub mod grpc_config;
 pub mod paced_writer;
 pub mod pending_bytes;
 pub mod user;
