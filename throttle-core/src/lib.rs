@@ -43,7 +43,8 @@ pub mod model;
 pub use backoff::{Backoff, BackoffConfig, Jitter};
 pub use backpressure::{Decision, PressureConfig, ServerPressure, Signal, ThrottleCurve};
 pub use batcher::{
-    Batch, BatchAction, BatchKind, Batcher, BatcherConfig, FailReason, OpId, Refused, Withdrawal,
+    Batch, BatchAction, BatchKind, Batcher, BatcherConfig, FailReason, OpId, Refused, RequeueError,
+    Withdrawal,
 };
 pub use conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, Route};
 pub use dispatch_window::{
