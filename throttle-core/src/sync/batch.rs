@@ -168,13 +168,13 @@ pub enum OpError<E> {
     /// `Eq` or `Clone` in `submit` for this operation (nothing was queued), or
     /// [`Transport::send`] (or its future) for its batch (the batch's credit was released).
     Panicked(Panicked),
-    /// The operation's timeout ([`BatcherConfig::with_op_timeout`]) passed before its result
+    /// The operation's timeout (`BatcherConfig::with_op_timeout`) passed before its result
     /// came: it resolves at its deadline, whether it was still held back or already in the
     /// transport (whose late answer for it is then dropped).
     TimedOut(TimedOut),
     /// Refused at submit, before it was queued: the operation alone is larger than the batch
     /// limit and the config rejects such operations
-    /// ([`BatcherConfig::with_oversized`]); the transport never sees it.
+    /// (`BatcherConfig::with_oversized`); the transport never sees it.
     TooLarge {
         /// The operation's size ([`Transport::op_bytes`]).
         bytes: u64,
