@@ -312,6 +312,46 @@ impl<H> Refused<H> {
     }
 }
 
+/// Why [`Batcher::requeue_with_payloads`] refused; nothing changed.
+///
+/// ```
+/// use throttle_sansio::batcher::RequeueError;
+/// use throttle_sansio::{Batcher, BatcherConfig, BatchAction, Instant, ReleaseError};
+/// # use core::hash::BuildHasherDefault;
+/// # #[derive(Default)] struct H(u64);
+/// # impl core::hash::Hasher for H {
+/// #     fn finish(&self) -> u64 { self.0 }
+/// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+/// # }
+/// let mut b: Batcher<u32, u8, BuildHasherDefault<H>, &str> = Batcher::new(BatcherConfig::reads());
+/// b.handle_op_with_payload(Instant::ZERO, 1, 7, "get a", 0).unwrap();
+/// let Some(BatchAction::Send { credit, payloads, .. }) = b.poll_action() else { unreachable!() };
+/// assert_eq!(
+///     b.requeue_with_payloads(Instant::ZERO, credit, vec![]),
+///     Err(RequeueError::Payloads { payloads: vec![], expected: 1 })
+/// );
+/// b.requeue_with_payloads(Instant::ZERO, credit, payloads).unwrap();
+/// assert_eq!(
+///     b.requeue_with_payloads(Instant::ZERO, credit, vec!["get a"]),
+///     Err(RequeueError::Credit(ReleaseError::AlreadyReleased))
+/// );
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequeueError<P> {
+    /// The credit names no batch in flight (unknown, or already released).
+    #[error("no batch in flight under this credit")]
+    Credit(#[source] ReleaseError),
+    /// The payloads handed back are not one per operation of the batch; here they are back.
+    #[error("requeue needs one payload per operation ({expected}), got {}", .payloads.len())]
+    Payloads {
+        /// The payloads passed, handed back.
+        payloads: Vec<P>,
+        /// The batch's operation count.
+        expected: usize,
+    },
+}
+
 /// Names an operation accepted by [`Batcher::handle_op`], for [`Batcher::cancel`]. Meaningful
 /// only to the batcher that issued it (another batcher's, or a forged one, is refused as
 /// [`ReleaseError::Unknown`]); never reused.
@@ -397,6 +437,8 @@ enum Held {
     Parked(Place),
     /// Queued in the window under this ticket.
     Queued(Ticket),
+    /// In flight under this credit (it left; [`Batcher::requeue`] may put it back).
+    Sent(CreditId),
 }
 
 #[derive(Clone, Debug)]
@@ -557,6 +599,57 @@ where
             Withdrawal::Withdrawn((handle, ())) => Withdrawal::Withdrawn(handle),
             Withdrawal::TooLate => Withdrawal::TooLate,
         })
+    }
+
+    /// The batch in flight under `credit` was torn (its stream broke before an answer): puts
+    /// it back at the head of its shard's order, to be sent again:
+    /// [`requeue_with_payloads`](Self::requeue_with_payloads) for operations without a
+    /// payload. An unknown or already-released credit is an `Err` and changes nothing.
+    ///
+    /// # Panics
+    ///
+    /// If the shard's `Clone` panics (one copy, made before anything changes: the batch is
+    /// then still in flight under `credit`).
+    ///
+    /// ```
+    /// use core::num::NonZeroUsize;
+    /// use throttle_sansio::{BatchAction, Batcher, BatcherConfig, Instant};
+    /// # use core::hash::BuildHasherDefault;
+    /// # #[derive(Default)] struct H(u64);
+    /// # impl core::hash::Hasher for H {
+    /// #     fn finish(&self) -> u64 { self.0 }
+    /// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+    /// # }
+    /// let one = NonZeroUsize::MIN;
+    /// let cfg = BatcherConfig::writes().with_max_requests_per_batch(one);
+    /// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(cfg);
+    /// let now = Instant::ZERO;
+    /// b.handle_op(now, 1, "put k1", 1).unwrap();
+    /// b.handle_op(now, 1, "put k2", 1).unwrap();
+    /// let sent = |b: &mut Batcher<u32, &str, _>| -> Vec<_> {
+    ///     core::iter::from_fn(|| b.poll_action())
+    ///         .filter_map(|a| match a { BatchAction::Send { credit, .. } => Some(credit), _ => None })
+    ///         .collect()
+    /// };
+    /// let [c1, c2] = sent(&mut b)[..] else { unreachable!() };
+    /// b.pause(1); // the stream tore: nothing more goes out until it is back
+    /// b.requeue(now, c1).unwrap();
+    /// b.requeue(now, c2).unwrap();
+    /// b.resume(now, 1); // reconnected
+    /// let again = sent(&mut b);
+    /// assert_eq!(b.batch(again[0]).unwrap().ops(), ["put k1"]);
+    /// assert_eq!(b.batch(again[1]).unwrap().ops(), ["put k2"]);
+    /// ```
+    pub fn requeue(&mut self, now: Instant, credit: CreditId) -> Result<(), ReleaseError> {
+        let n = self.batch(credit).map_or(0, Batch::len);
+        let mut payloads = Vec::new();
+        payloads.resize(n, ());
+        self.requeue_with_payloads(now, credit, payloads)
+            .map_err(|e| match e {
+                RequeueError::Credit(e) => e,
+                // Unreachable: one `()` per operation was passed.
+                RequeueError::Payloads { .. } => ReleaseError::Unknown,
+            })
     }
 }
 
@@ -846,6 +939,7 @@ where
         let next = next?;
         self.maintenance.touch();
         if let Some(flight) = self.take_sent(credit) {
+            let _ = self.held.remove(flight.batch.id);
             self.responded.clear();
             self.responded.resize(flight.batch.ops.len(), false);
             for p in positions {
@@ -986,6 +1080,7 @@ where
         };
         let open = match at {
             Held::Open(place) => self.open_at(place),
+            Held::Sent(_) => return Ok(Withdrawal::TooLate),
             _ => None,
         };
         let batch = match at {
@@ -994,6 +1089,7 @@ where
                 .and_then(|o| o.batch.as_mut()),
             Held::Parked(place) => self.window.parked_at_mut(place),
             Held::Queued(ticket) => self.window.queued_mut(ticket),
+            Held::Sent(_) => None,
         };
         let Some(batch) = batch.filter(|b| b.id == op.batch) else {
             // Unreachable: `held` follows every batch that has not left.
@@ -1039,6 +1135,7 @@ where
                 }
                 Held::Parked(place) => self.window.reclaim_at(place),
                 Held::Queued(ticket) => self.window.cancel(ticket).ok(),
+                Held::Sent(_) => None,
             };
             let _ = self.held.remove(op.batch);
             if let Some(b) = empty {
@@ -1046,6 +1143,128 @@ where
             }
         }
         Ok(Withdrawal::Withdrawn((handle, payload)))
+    }
+
+    /// Pauses `shard` (its stream is down, e.g. during a reconnect backoff): until
+    /// [`resume`](Self::resume) none of its batches is sent. Operations for it are still
+    /// accepted and batched as when the shard has no credit: the open batch is parked at the
+    /// next flush and keeps growing, full batches queue in arrival order. Batches in flight are
+    /// untouched: report their ends as usual, or [`requeue`](Self::requeue) the torn ones
+    /// (they go back at the head of the line and wait for the resume). The rule is the
+    /// window's ([`DispatchWindow::pause`], where pausing a shard the window has no entry
+    /// for, and the memory that takes, is described): the batcher adds none of its own.
+    /// Idempotent; does nothing after [`close`](Self::close). [`drain`](Self::drain) does not
+    /// lift it: a draining batcher is drained once the shard is resumed and everything sent
+    /// has ended, or [`close`](Self::close) fails what is still held.
+    ///
+    /// # Panics
+    ///
+    /// Only if the shard's `Hash` or `Eq`, or the hasher, panics; the batcher is unchanged.
+    pub fn pause(&mut self, shard: Shard) {
+        self.maintenance.touch();
+        self.window.pause(shard);
+    }
+
+    /// Ends a pause of `shard`: its held-back batches (requeued ones first, then the queued
+    /// ones, then the parked open batch: the order they would have left in) are sent as far as
+    /// the shard has credit, each as a [`BatchAction::Send`]; the rest follow as credits
+    /// return. Does nothing for a shard that is not paused.
+    ///
+    /// # Panics
+    ///
+    /// Only if the shard's `Hash`, `Eq` or `Clone`, or the hasher, panics (every key copy is
+    /// made before anything changes); the batcher is then unchanged.
+    pub fn resume(&mut self, now: Instant, shard: Shard) {
+        let sent = self.window.resume(now, &shard);
+        self.clock.observe(now);
+        self.maintenance.touch();
+        for d in sent {
+            self.record(d);
+        }
+        self.close_if_window_closed();
+    }
+
+    /// Whether `shard` is paused ([`pause`](Self::pause), not resumed since).
+    ///
+    /// # Panics
+    ///
+    /// Only if the shard's `Hash` or `Eq`, or the hasher, panics.
+    pub fn is_paused(&self, shard: &Shard) -> bool {
+        self.window.is_paused(shard)
+    }
+
+    /// The batch in flight under `credit` was torn (its stream broke, so its operations may or
+    /// may not have reached the server): puts it back at the head of its shard's order for
+    /// at-least-once delivery, with `payloads`, the payloads its [`BatchAction::Send`]
+    /// carried, in the same order (one per operation).
+    ///
+    /// The batch keeps its operations, their order and their [`OpId`]s. It goes before every
+    /// batch of the shard that has not left (queued, parked or open), and after the shard's
+    /// other requeued batches that left before it, whatever the order of the `requeue` calls:
+    /// so a shard's operations reach the server again in the order they first did. Its credit
+    /// is released exactly once, here (do not report the batch's end as well: a later
+    /// [`handle_response`](Self::handle_response) or
+    /// [`handle_failure`](Self::handle_failure) under `credit` is refused, as for any released
+    /// credit). The freed credit goes to the head of the shard's line at once, unless the
+    /// shard is [`pause`](Self::pause)d: pause first, requeue every torn batch, then
+    /// [`resume`](Self::resume) once reconnected; the requeued batches are then sent first, in
+    /// order (`BatchAction::Send`, with new credits and the payloads by value).
+    ///
+    /// While [`drain`](Self::drain)ing the batch is still sent again; after
+    /// [`close`](Self::close) (or if the window can issue no ticket) its operations fail with
+    /// [`FailReason::Closed`] instead. An operation of a requeued batch can be withdrawn with
+    /// [`cancel_with_payload`](Self::cancel_with_payload) until the batch leaves again.
+    ///
+    /// This is the Rust Oxia client's handling of a torn write stream: the unacknowledged
+    /// requests are put back in front of the shard's pending ones and sent again, in order,
+    /// once the stream is back.
+    ///
+    /// `Err(RequeueError::Credit)` for an unknown or already-released credit;
+    /// `Err(RequeueError::Payloads)` (the payloads handed back) when their number is not the
+    /// batch's: either way nothing changes.
+    ///
+    /// # Panics
+    ///
+    /// If the shard's `Clone` panics (one copy, made before anything changes: the batch is
+    /// then still in flight under `credit`, and `payloads` are dropped).
+    pub fn requeue_with_payloads(
+        &mut self,
+        now: Instant,
+        credit: CreditId,
+        payloads: Vec<P>,
+    ) -> Result<(), RequeueError<P>> {
+        let key = self
+            .window
+            .credit_key(credit)
+            .map_err(RequeueError::Credit)?;
+        let expected = match self.batch(credit) {
+            Some(b) => b.len(),
+            // Unreachable: every live credit's batch is recorded.
+            None => return Err(RequeueError::Credit(ReleaseError::Unknown)),
+        };
+        if payloads.len() != expected {
+            return Err(RequeueError::Payloads { payloads, expected });
+        }
+        // From here on no user code runs.
+        self.clock.observe(now);
+        self.maintenance.touch();
+        let Some(flight) = self.take_sent(credit) else {
+            return Err(RequeueError::Credit(ReleaseError::Unknown));
+        };
+        let mut batch = flight.batch;
+        batch.payloads = payloads;
+        let id = batch.id;
+        let (back, next) = match self.window.requeue(credit, key, batch) {
+            Ok(done) => done,
+            // Unreachable: the credit was live above and nothing ran since.
+            Err(e) => return Err(RequeueError::Credit(e)),
+        };
+        match back {
+            Ok(ticket) => self.locate(id, Held::Queued(ticket)),
+            Err(e) => self.fail_closed(e.into_batch()),
+        }
+        self.after_release(next);
+        Ok(())
     }
 
     /// The index in `open_list` of the shard at `place` (no user code).
@@ -1314,7 +1533,8 @@ where
     #[cfg(any(test, feature = "model"))]
     #[doc(hidden)]
     pub fn held_batches(&self) -> usize {
-        self.held.live()
+        // Every live credit's batch is recorded as sent.
+        self.held.live().saturating_sub(self.window.live_credits())
     }
 
     /// The index in `open_list` of `shard`, whose hash is `hash` (user `Eq`).
@@ -1357,7 +1577,7 @@ where
     /// The batch `d` left: it holds a credit now, and its operations can no longer be
     /// withdrawn.
     fn record(&mut self, mut d: Dispatch<Shard, Batch<H, P>>) {
-        let _ = self.held.remove(d.batch.id);
+        self.locate(d.batch.id, Held::Sent(d.credit));
         let payloads = core::mem::take(&mut d.batch.payloads);
         let slot = d.credit.slot();
         if self.sent.len() <= slot {
@@ -1427,1024 +1647,7 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::test_hasher::TestHasher;
-    use alloc::format;
-    use alloc::vec;
-
-    extern crate std;
-
-    /// A batch limit in operations.
-    fn nz(n: usize) -> NonZeroUsize {
-        NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN)
-    }
-
-    /// A batch limit in bytes.
-    fn nzb(n: u64) -> NonZeroU64 {
-        NonZeroU64::new(n).unwrap_or(NonZeroU64::MIN)
-    }
-
-    type B = Batcher<u32, u32, TestHasher>;
-    type Action = BatchAction<u32, u32>;
-
-    const T0: Instant = Instant::ZERO;
-
-    fn batcher(cfg: BatcherConfig) -> B {
-        B::new(cfg)
-    }
-
-    fn reads(max_in_flight: u32) -> B {
-        batcher(
-            BatcherConfig::reads()
-                .with_window(WindowConfig::default().with_max_in_flight(max_in_flight as usize))
-                .unwrap(),
-        )
-    }
-
-    fn drain(b: &mut B) -> Vec<Action> {
-        core::iter::from_fn(|| b.poll_action()).collect()
-    }
-
-    /// The `(shard, credit, ops)` of every `Send` in `actions`.
-    fn sends(b: &B, actions: &[Action]) -> Vec<(u32, CreditId, Vec<u32>)> {
-        actions
-            .iter()
-            .filter_map(|a| match a {
-                BatchAction::Send { shard, credit, .. } => Some((
-                    *shard,
-                    *credit,
-                    b.batch(*credit)
-                        .map(|x| x.ops().to_vec())
-                        .unwrap_or_default(),
-                )),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Drains the actions and returns the sends among them.
-    fn take_sends(b: &mut B) -> Vec<(u32, CreditId, Vec<u32>)> {
-        let a = drain(b);
-        sends(b, &a)
-    }
-
-    fn op(b: &mut B, shard: u32, handle: u32, bytes: u64) {
-        assert!(b.handle_op(T0, shard, handle, bytes).is_ok());
-    }
-
-    /// Adds an operation and returns its id.
-    fn op_id(b: &mut B, shard: u32, handle: u32, bytes: u64) -> OpId {
-        match b.handle_op(T0, shard, handle, bytes) {
-            Ok(id) => id,
-            Err(e) => panic!("refused: {e:?}"),
-        }
-    }
-
-    #[test]
-    fn cancel_withdraws_from_open_parked_and_queued_batches_keeping_the_order() {
-        // Shard 1: [1] in flight, [2, 3, 4] queued (full at 3), [5] parked; shard 2: [6, 7]
-        // open.
-        let mut b = batcher(
-            BatcherConfig::reads()
-                .with_max_requests_per_batch(nz(3))
-                .with_window(WindowConfig::default().with_max_in_flight(1))
-                .unwrap(),
-        );
-        op(&mut b, 1, 1, 0);
-        b.flush(T0);
-        let first = take_sends(&mut b);
-        let ids: Vec<OpId> = [2, 3, 4, 5].map(|h| op_id(&mut b, 1, h, 0)).to_vec();
-        b.flush(T0);
-        assert_eq!((b.window().queued(&1), b.open_ops(&1)), (1, 1));
-        let six = op_id(&mut b, 2, 6, 0);
-        let _seven = op_id(&mut b, 2, 7, 0);
-        assert!(b.actions.is_empty(), "nothing left yet");
-        assert_eq!(b.cancel(ids[0]), Ok(Withdrawal::Withdrawn(2)), "queued");
-        assert_eq!(b.cancel(ids[3]), Ok(Withdrawal::Withdrawn(5)), "parked");
-        assert_eq!(b.cancel(six), Ok(Withdrawal::Withdrawn(6)), "open");
-        assert_eq!(
-            b.cancel(ids[0]),
-            Ok(Withdrawal::TooLate),
-            "withdrawn already"
-        );
-        assert_eq!((b.open_ops(&1), b.open_ops(&2)), (0, 1));
-        assert!(
-            !b.window().is_parked(&1),
-            "the emptied parked batch is gone"
-        );
-        assert!(b.actions.is_empty(), "a withdrawal emits nothing");
-        b.flush(T0);
-        assert_eq!(
-            take_sends(&mut b)
-                .into_iter()
-                .map(|s| (s.0, s.2))
-                .collect::<Vec<_>>(),
-            [(2, vec![7])]
-        );
-        assert_eq!(b.handle_response(T0, first[0].1, [0]), Ok(()));
-        let a = drain(&mut b);
-        assert_eq!(
-            sends(&b, &a)[0].2,
-            [3, 4],
-            "the queued batch goes out without 2"
-        );
-        // 3 has left: too late for it now.
-        assert_eq!(b.cancel(ids[1]), Ok(Withdrawal::TooLate));
-        assert_eq!(b.check_invariants(), Ok(()));
-    }
-
-    #[test]
-    fn an_emptied_batch_is_never_sent_and_its_turn_goes_to_the_next() {
-        // A window of 1: [1] in flight, [2, 3] queued, [4] parked.
-        let mut b = batcher(
-            BatcherConfig::reads()
-                .with_max_requests_per_batch(nz(2))
-                .with_window(WindowConfig::default().with_max_in_flight(1))
-                .unwrap(),
-        );
-        op(&mut b, 1, 1, 0);
-        b.flush(T0);
-        let first = take_sends(&mut b)[0].1;
-        let queued = [op_id(&mut b, 1, 2, 0), op_id(&mut b, 1, 3, 0)];
-        let parked = op_id(&mut b, 1, 4, 0);
-        b.flush(T0);
-        for id in queued {
-            assert!(matches!(b.cancel(id), Ok(Withdrawal::Withdrawn(_))));
-        }
-        assert_eq!(b.window().queued(&1), 0, "the emptied batch left the line");
-        assert_eq!(b.handle_response(T0, first, [0]), Ok(()));
-        let a = drain(&mut b);
-        assert_eq!(sends(&b, &a)[0].2, [4], "the parked batch takes the credit");
-        let second = sends(&b, &a)[0].1;
-        // Empty the next parked batch: the release sends nothing and frees the credit.
-        let five = op_id(&mut b, 1, 5, 0);
-        b.flush(T0);
-        assert!(b.window().is_parked(&1));
-        assert_eq!(b.cancel(five), Ok(Withdrawal::Withdrawn(5)));
-        assert!(!b.window().is_parked(&1));
-        assert_eq!(b.cancel(parked), Ok(Withdrawal::TooLate), "4 left");
-        assert_eq!(b.handle_response(T0, second, [0]), Ok(()));
-        assert!(take_sends(&mut b).is_empty(), "no empty batch goes out");
-        assert_eq!(
-            (b.window().live_credits(), b.window().shard_count()),
-            (0, 0)
-        );
-        op(&mut b, 1, 6, 0);
-        b.flush(T0);
-        assert_eq!(
-            take_sends(&mut b).len(),
-            1,
-            "the freed credit serves at once"
-        );
-        assert_eq!(b.check_invariants(), Ok(()));
-    }
-
-    #[test]
-    fn a_batch_that_got_a_withdrawal_keeps_growing_and_numbers_stay_right() {
-        let mut b = reads(1);
-        op(&mut b, 1, 0, 0);
-        b.flush(T0);
-        let first = take_sends(&mut b)[0].1;
-        let ids: Vec<OpId> = (1..6).map(|h| op_id(&mut b, 1, h, 0)).collect();
-        b.flush(T0); // parked: [1..=5]
-        assert_eq!(b.cancel(ids[1]), Ok(Withdrawal::Withdrawn(2)));
-        let more = op_id(&mut b, 1, 6, 0); // reclaimed: joins [1, 3, 4, 5]
-        assert_eq!(b.cancel(ids[3]), Ok(Withdrawal::Withdrawn(4)));
-        assert_eq!(b.cancel(more), Ok(Withdrawal::Withdrawn(6)));
-        assert_eq!(b.cancel(ids[1]), Ok(Withdrawal::TooLate));
-        b.flush(T0);
-        assert_eq!(b.handle_response(T0, first, [0]), Ok(()));
-        let a = drain(&mut b);
-        let (_, credit, ops) = sends(&b, &a).remove(0);
-        assert_eq!(ops, [1, 3, 5]);
-        assert_eq!(b.handle_response(T0, credit, [0, 1, 2]), Ok(()));
-        assert_eq!(
-            drain(&mut b),
-            [1, 3, 5]
-                .iter()
-                .enumerate()
-                .map(|(position, &handle)| BatchAction::Deliver { handle, position })
-                .collect::<Vec<_>>(),
-            "positions index the batch as sent"
-        );
-    }
-
-    #[test]
-    fn cancel_refuses_forged_and_foreign_ids_and_changes_nothing() {
-        let mut one = reads(1);
-        let mut two = reads(1);
-        let mine = op_id(&mut one, 1, 1, 0);
-        let theirs = op_id(&mut two, 1, 9, 0);
-        assert_eq!(one.cancel(theirs), Err(ReleaseError::Unknown));
-        let beyond = OpId { ordinal: 7, ..mine };
-        assert_eq!(one.cancel(beyond), Err(ReleaseError::Unknown));
-        let never = OpId {
-            batch: Key::new(u64::MAX - 1, 0, mine.batch.tag()),
-            ..mine
-        };
-        assert_eq!(one.cancel(never), Err(ReleaseError::Unknown));
-        assert_eq!(one.open_ops(&1), 1);
-        one.flush(T0);
-        assert_eq!(take_sends(&mut one).len(), 1);
-        assert_eq!(one.cancel(mine), Ok(Withdrawal::TooLate), "sent");
-    }
-
-    #[test]
-    fn cancel_after_close_is_too_late_and_every_operation_ends_once() {
-        let mut b = reads(1);
-        let id = op_id(&mut b, 1, 1, 0);
-        b.close();
-        assert_eq!(
-            drain(&mut b),
-            [BatchAction::Fail {
-                handle: 1,
-                reason: FailReason::Closed
-            }]
-        );
-        assert_eq!(b.cancel(id), Ok(Withdrawal::TooLate));
-    }
-
-    #[test]
-    fn defaults_match_the_seed_and_only_an_invalid_window_is_refused() {
-        let c = BatcherConfig::default();
-        assert_eq!(c.kind(), BatchKind::Write);
-        assert_eq!(c.max_requests_per_batch(), 1000);
-        assert_eq!(c.max_batch_bytes(), 128 * 1024);
-        assert_eq!(c.window().max_in_flight(), 4);
-        assert_eq!(BatcherConfig::reads().kind(), BatchKind::Read);
-        // Zero limits cannot be written (`NonZero*`); the window is the one fallible part.
-        assert!(matches!(
-            c.with_window(WindowConfig::default().with_max_in_flight(0)),
-            Err(ConfigError::OutOfRange { got: 0, .. })
-        ));
-        let one = c.with_max_requests_per_batch(NonZeroUsize::MIN);
-        assert_eq!(one.max_requests_per_batch(), 1);
-        let b: B = Batcher::new(one); // infallible
-        assert_eq!(b.window().capacity(), 4);
-    }
-
-    #[test]
-    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
-    fn seed_1500_reads_behind_four_in_flight_go_out_as_two_rpcs() {
-        // Oxia PR #362: "at most maxReadBatchesInFlight (default 4) read batches may be
-        // outstanding per (client, shard)"; while exhausted "the open read batch keeps accumulating
-        // toward maxRequestsPerBatch" (1000). So 1500 reads become 1000 + 500, not 1500 tiny RPCs.
-        for flush_between in [false, true] {
-            let mut b = reads(4);
-            let mut first = vec![];
-            for h in 0..4 {
-                op(&mut b, 1, h, 10);
-                b.flush(T0);
-                let a = drain(&mut b);
-                first.extend(sends(&b, &a));
-            }
-            assert_eq!(first.len(), 4);
-            for h in 4..1504 {
-                op(&mut b, 1, h, 10);
-                if flush_between {
-                    b.flush(T0);
-                }
-                assert!(b.window().in_flight(&1) <= 4);
-            }
-            b.flush(T0);
-            assert!(
-                take_sends(&mut b).is_empty(),
-                "nothing more while exhausted"
-            );
-            assert_eq!((b.window().queued(&1), b.open_ops(&1)), (1, 500));
-            let mut more = vec![];
-            for (_, credit, ops) in first {
-                assert_eq!(b.handle_response(T0, credit, 0..ops.len()), Ok(()));
-                more.extend(take_sends(&mut b));
-                assert!(b.window().in_flight(&1) <= 4);
-            }
-            let sizes: Vec<usize> = more.iter().map(|s| s.2.len()).collect();
-            assert_eq!(sizes, [1000, 500], "flush_between = {flush_between}");
-            assert_eq!(more[0].2.first(), Some(&4), "oldest operations first");
-            assert_eq!(more[1].2.last(), Some(&1503));
-        }
-    }
-
-    #[test]
-    fn flush_sends_open_batch_at_once_when_shard_has_credit() {
-        let mut b = reads(4);
-        op(&mut b, 1, 7, 0);
-        assert_eq!(
-            b.open_batches(),
-            1,
-            "an open batch waits for flush (or a drain)"
-        );
-        b.flush(T0);
-        let a = drain(&mut b);
-        assert_eq!(
-            sends(&b, &a),
-            [(1, CreditId::forge(b.window.instance_tag(), 0, 1), vec![7])]
-        );
-        assert_eq!(b.open_batches(), 0);
-    }
-
-    #[test]
-    fn open_batches_counts_only_shards_holding_operations() {
-        let mut b = batcher(
-            BatcherConfig::reads()
-                .with_max_requests_per_batch(nz(2))
-                .with_window(WindowConfig::default().with_max_in_flight(1))
-                .unwrap(),
-        );
-        op(&mut b, 7, 1, 0);
-        op(&mut b, 7, 2, 0); // full at once: sent, nothing left open for shard 7
-        assert_eq!((b.open_ops(&7), b.open_batches()), (0, 0));
-        op(&mut b, 8, 3, 0);
-        op(&mut b, 7, 4, 0);
-        assert_eq!(b.open_batches(), 2);
-        b.flush(T0); // shard 7 exhausted: parked; shard 8 sent
-        assert_eq!((b.open_batches(), b.open_ops(&7)), (0, 1));
-        op(&mut b, 7, 5, 0); // reclaims the parked batch, which is then full and queued
-        assert_eq!((b.open_batches(), b.window().queued(&7)), (0, 1));
-        op(&mut b, 7, 6, 0);
-        assert_eq!(b.open_batches(), 1);
-        b.close();
-        assert_eq!(b.open_batches(), 0);
-    }
-
-    #[test]
-    fn parked_batch_keeps_growing_ahead_of_newer_operations() {
-        let mut b = reads(1);
-        op(&mut b, 1, 1, 0);
-        b.flush(T0);
-        let first = take_sends(&mut b);
-        op(&mut b, 1, 2, 0);
-        b.flush(T0);
-        assert!(b.window().is_parked(&1));
-        op(&mut b, 1, 3, 0); // reclaims the parked batch instead of starting a new one
-        assert!(!b.window().is_parked(&1));
-        b.flush(T0);
-        assert_eq!(b.open_ops(&1), 2);
-        assert_eq!(b.handle_response(T0, first[0].1, [0]), Ok(()));
-        let a = drain(&mut b);
-        assert_eq!(
-            a[0],
-            BatchAction::Deliver {
-                handle: 1,
-                position: 0
-            }
-        );
-        assert_eq!(sends(&b, &a).first().map(|s| s.2.clone()), Some(vec![2, 3]));
-    }
-
-    #[test]
-    fn full_batches_queue_fifo_behind_the_window() {
-        let mut b = batcher(
-            BatcherConfig::reads()
-                .with_max_requests_per_batch(nz(2))
-                .with_window(WindowConfig::default().with_max_in_flight(1))
-                .unwrap(),
-        );
-        for h in 0..7 {
-            op(&mut b, 1, h, 0);
-        }
-        b.flush(T0);
-        let mut got = take_sends(&mut b);
-        assert_eq!(got.len(), 1);
-        assert_eq!(b.window().queued(&1), 2);
-        let mut order = vec![];
-        while let Some((_, credit, ops)) = got.pop() {
-            order.push(ops);
-            assert_eq!(b.handle_failure(T0, credit, ()), Ok(()));
-            got = take_sends(&mut b);
-        }
-        assert_eq!(order, [vec![0, 1], vec![2, 3], vec![4, 5], vec![6]]);
-        assert_eq!((b.window().shard_count(), b.open_batches()), (0, 0));
-    }
-
-    #[test]
-    fn oversized_write_operation_travels_alone() {
-        let cfg = BatcherConfig::writes().with_max_batch_bytes(nzb(100));
-        let mut b = batcher(cfg);
-        op(&mut b, 1, 1, 30);
-        op(&mut b, 1, 2, 500); // closes [1] and goes out alone
-        op(&mut b, 1, 3, 60);
-        op(&mut b, 1, 4, 40); // exactly 100: full
-        op(&mut b, 1, 5, u64::MAX); // closes nothing (empty batch), goes alone
-        op(&mut b, 1, 6, 1);
-        b.flush(T0);
-        let got: Vec<Vec<u32>> = take_sends(&mut b).into_iter().map(|s| s.2).collect();
-        assert_eq!(got, [vec![1], vec![2], vec![3, 4], vec![5]]);
-        assert!(b.window().is_parked(&1), "four in flight: [6] waits");
-        assert_eq!(b.open_ops(&1), 1, "[6] parked");
-    }
-
-    #[test]
-    fn reads_are_bounded_by_count_only() {
-        let mut b = batcher(
-            BatcherConfig::reads()
-                .with_max_batch_bytes(nzb(1))
-                .with_max_requests_per_batch(nz(3)),
-        );
-        for h in 0..4 {
-            op(&mut b, 1, h, u64::MAX);
-        }
-        let got = take_sends(&mut b);
-        assert_eq!(got.len(), 2, "the full batch, then the open one (drained)");
-        assert_eq!((&got[0].2[..], &got[1].2[..]), (&[0, 1, 2][..], &[3][..]));
-        assert_eq!(
-            b.batch(got[0].1).map(Batch::bytes),
-            Some(u64::MAX),
-            "sizes saturate"
-        );
-    }
-
-    #[test]
-    fn response_delivers_answered_positions_and_fails_the_rest() {
-        let mut b = reads(4);
-        for h in [10, 11, 12] {
-            op(&mut b, 1, h, 0);
-        }
-        b.flush(T0);
-        let credit = take_sends(&mut b)[0].1;
-        assert_eq!(
-            b.handle_response(T0, credit, [2, 0, 0, 99, usize::MAX]),
-            Ok(())
-        );
-        assert_eq!(
-            drain(&mut b),
-            [
-                BatchAction::Deliver {
-                    handle: 10,
-                    position: 0
-                },
-                BatchAction::Fail {
-                    handle: 11,
-                    reason: FailReason::NoResponse
-                },
-                BatchAction::Deliver {
-                    handle: 12,
-                    position: 2
-                },
-            ]
-        );
-        assert_eq!(b.batch(credit), None);
-    }
-
-    #[test]
-    fn failed_batch_fails_exactly_its_operations() {
-        let mut b = batcher(BatcherConfig::reads().with_max_requests_per_batch(nz(2)));
-        for h in 0..4 {
-            op(&mut b, 1, h, 0);
-        }
-        let got = take_sends(&mut b);
-        assert_eq!(got.len(), 2);
-        assert_eq!(b.handle_failure(T0, got[1].1, ()), Ok(()));
-        assert_eq!(
-            drain(&mut b),
-            [
-                BatchAction::Fail {
-                    handle: 2,
-                    reason: FailReason::BatchFailed(())
-                },
-                BatchAction::Fail {
-                    handle: 3,
-                    reason: FailReason::BatchFailed(())
-                },
-            ]
-        );
-        assert_eq!(
-            b.batch(got[0].1).map(|x| x.ops().to_vec()),
-            Some(vec![0, 1])
-        );
-    }
-
-    #[test]
-    fn close_fails_held_back_operations_and_leaves_in_flight_ones() {
-        let mut b = batcher(
-            BatcherConfig::reads()
-                .with_max_requests_per_batch(nz(2))
-                .with_window(WindowConfig::default().with_max_in_flight(1))
-                .unwrap(),
-        );
-        for h in 0..5 {
-            op(&mut b, 1, h, 0); // [0,1] sent, [2,3] queued, [4] parked after flush
-        }
-        b.flush(T0);
-        let sent = take_sends(&mut b);
-        op(&mut b, 2, 9, 0); // open, never flushed (nor drained)
-        b.close();
-        let failed: Vec<u32> = drain(&mut b)
-            .into_iter()
-            .map(|a| match a {
-                BatchAction::Fail {
-                    handle,
-                    reason: FailReason::Closed,
-                } => handle,
-                other => panic!("unexpected {other:?}"),
-            })
-            .collect();
-        assert_eq!(failed, [2, 3, 4, 9], "held back: queued, parked, then open");
-        assert!(b.is_closed());
-        assert_eq!(b.handle_op(T0, 1, 42, 0), Err(Refused(42)));
-        assert_eq!(b.handle_response(T0, sent[0].1, [0, 1]), Ok(()));
-        assert_eq!(
-            drain(&mut b),
-            [
-                BatchAction::Deliver {
-                    handle: 0,
-                    position: 0
-                },
-                BatchAction::Deliver {
-                    handle: 1,
-                    position: 1
-                }
-            ]
-        );
-        assert_eq!((b.window().shard_count(), b.open_batches()), (0, 0));
-    }
-
-    #[test]
-    fn double_bogus_and_after_close_completions_end_nothing() {
-        let mut b = reads(2);
-        op(&mut b, 1, 1, 0);
-        b.flush(T0);
-        op(&mut b, 1, 2, 0);
-        b.flush(T0);
-        let got = take_sends(&mut b);
-        assert_eq!(b.handle_failure(T0, got[0].1, ()), Ok(()));
-        drain(&mut b);
-        assert_eq!(
-            b.handle_failure(T0, got[0].1, ()),
-            Err(ReleaseError::AlreadyReleased)
-        );
-        assert_eq!(
-            b.handle_response(T0, got[0].1, [0]),
-            Err(ReleaseError::AlreadyReleased)
-        );
-        assert_eq!(
-            b.handle_response(T0, CreditId::forge(b.window.instance_tag(), 5, 77), [0]),
-            Err(ReleaseError::Unknown)
-        );
-        assert!(drain(&mut b).is_empty());
-        assert_eq!(b.window().in_flight(&1), 1);
-        b.close();
-        assert_eq!(b.handle_response(T0, got[1].1, [0]), Ok(()));
-        assert_eq!(
-            drain(&mut b),
-            [BatchAction::Deliver {
-                handle: 2,
-                position: 0
-            }]
-        );
-        assert_eq!(
-            b.handle_response(T0, got[1].1, [0]),
-            Err(ReleaseError::AlreadyReleased)
-        );
-        assert!(drain(&mut b).is_empty());
-    }
-
-    #[test]
-    fn exhausted_shard_never_delays_another() {
-        let mut b = reads(1);
-        op(&mut b, 1, 1, 0);
-        b.flush(T0);
-        op(&mut b, 1, 2, 0);
-        op(&mut b, 2, 3, 0);
-        b.flush(T0);
-        let got = take_sends(&mut b);
-        assert_eq!(got.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2]);
-        assert_eq!(b.handle_response(T0, got[1].1, [0]), Ok(()));
-        assert!(
-            take_sends(&mut b).is_empty(),
-            "shard 2's release does not send shard 1's batch"
-        );
-        assert!(b.window().is_parked(&1));
-    }
-
-    #[test]
-    #[cfg_attr(miri, ignore)]
-    fn idle_shards_leave_no_state() {
-        let mut b = reads(4);
-        for shard in 0..10_000u32 {
-            op(&mut b, shard, shard, 0);
-            b.flush(T0);
-            let credit = take_sends(&mut b)[0].1;
-            assert_eq!(b.handle_response(T0, credit, [0]), Ok(()));
-            drain(&mut b);
-        }
-        assert_eq!(
-            (
-                b.window().shard_count(),
-                b.open_batches(),
-                b.window().live_credits()
-            ),
-            (0, 0, 0)
-        );
-        assert!(b.sent.len() <= 1 && b.open.capacity() <= 32);
-    }
-
-    /// One operation for each of `shards` shards, a flush, and a response to every batch.
-    fn round(b: &mut B, shards: u32) {
-        for s in 0..shards {
-            op(b, s, s, 10);
-        }
-        b.flush(T0);
-        for (_, credit, _) in take_sends(b) {
-            assert_eq!(b.handle_response(T0, credit, [0]), Ok(()));
-            assert!(take_sends(b).is_empty());
-        }
-        assert_eq!((b.window().live_credits(), b.open_batches()), (0, 0));
-    }
-
-    fn secs(n: u64) -> Instant {
-        Instant::from_millis(n * 1000)
-    }
-
-    #[test]
-    fn spare_buffers_follow_the_peak_number_of_batches_in_use() {
-        let mut b = reads(4);
-        round(&mut b, 32);
-        assert_eq!(
-            (b.spare_ops.len(), b.ops_out),
-            (32, 0),
-            "every buffer comes back: a round of 32 batches reuses all 32 next time"
-        );
-        round(&mut b, 12);
-        assert_eq!(b.spare_ops.len(), 32, "only maintenance drops spares");
-        b.handle_timeout(secs(1));
-        assert_eq!(b.spare_ops.len(), 32, "the period that ended had 32 in use");
-        round(&mut b, 12);
-        b.handle_timeout(secs(2));
-        assert_eq!(b.spare_ops.len(), 12, "now the recent peak is 12");
-        b.handle_timeout(secs(3));
-        assert!(b.spare_ops.is_empty(), "a quiet period gives them all back");
-        assert_eq!(b.poll_timeout(), None);
-    }
-
-    #[test]
-    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
-    fn flush_keeps_open_map_capacity_until_maintenance_after_a_quiet_period() {
-        let mut b = reads(4);
-        round(&mut b, 300);
-        let cap = b.open.capacity();
-        assert!(cap >= 300, "flush no longer shrinks the open map");
-        round(&mut b, 300);
-        assert_eq!(b.open.capacity(), cap, "the next round reuses it");
-        assert_eq!(b.poll_timeout(), Some(secs(1)));
-        b.handle_timeout(secs(1));
-        assert_eq!(b.open.capacity(), cap);
-        b.handle_timeout(secs(2));
-        assert!(b.open.capacity() <= 32 && b.open_list.capacity() <= 32);
-        assert!(b.spare_ops.is_empty() && b.sent.is_empty());
-        assert!(b.actions.capacity() <= 32);
-        assert_eq!(b.window().shard_count(), 0);
-        assert_eq!(b.poll_timeout(), None, "window and batcher both quiet");
-    }
-
-    #[test]
-    fn maintenance_leaves_open_parked_and_in_flight_operations_alone() {
-        let mut b = reads(1);
-        op(&mut b, 1, 1, 0);
-        b.flush(T0);
-        let first = take_sends(&mut b);
-        op(&mut b, 1, 2, 0);
-        b.flush(T0); // parked
-        op(&mut b, 2, 3, 0); // open, not flushed
-        for t in 1..5 {
-            b.handle_timeout(secs(t));
-        }
-        assert_eq!(
-            (b.open_ops(&1), b.open_ops(&2), b.open_batches()),
-            (1, 1, 1)
-        );
-        assert!(b.window().is_parked(&1));
-        assert_eq!(
-            b.poll_timeout(),
-            None,
-            "no input since: nothing more to give back"
-        );
-        assert_eq!(b.handle_response(secs(5), first[0].1, [0]), Ok(()));
-        assert_eq!(
-            b.poll_timeout(),
-            Some(secs(5)),
-            "an input schedules maintenance again"
-        );
-        let a = drain(&mut b);
-        assert_eq!(
-            a[0],
-            BatchAction::Deliver {
-                handle: 1,
-                position: 0
-            }
-        );
-        assert_eq!(sends(&b, &a).first().map(|s| s.2.clone()), Some(vec![2]));
-    }
-
-    #[test]
-    fn backwards_time_and_extreme_limits_are_defined() {
-        let mut b = batcher(
-            BatcherConfig::writes()
-                .with_max_requests_per_batch(NonZeroUsize::MAX)
-                .with_max_batch_bytes(NonZeroU64::MAX),
-        );
-        assert!(b.handle_op(Instant::MAX, 1, 1, u64::MAX).is_ok()); // exactly the limit: full
-        assert!(b.handle_op(Instant::from_nanos(5), 1, 2, u64::MAX).is_ok());
-        b.flush(Instant::ZERO);
-        let got = take_sends(&mut b);
-        assert_eq!(got.len(), 2);
-        let stamps: Vec<Instant> = got
-            .iter()
-            .filter_map(|s| b.batch(s.1))
-            .map(Batch::opened_at)
-            .collect();
-        assert_eq!(
-            stamps,
-            [Instant::MAX, Instant::MAX],
-            "time running backwards is clamped"
-        );
-    }
-
-    /// A payload type with no `Clone`: only a move can hand it over.
-    #[derive(Debug, PartialEq, Eq)]
-    struct Request(u32);
-
-    type PB = Batcher<u32, u32, TestHasher, Request, Shared>;
-
-    /// An error that counts its copies.
-    #[derive(Debug, PartialEq, Eq)]
-    struct Shared {
-        id: u32,
-        clones: alloc::rc::Rc<core::cell::Cell<u32>>,
-    }
-
-    impl Clone for Shared {
-        fn clone(&self) -> Self {
-            assert_ne!(self.id, 666, "this error's clone panics");
-            self.clones.set(self.clones.get() + 1);
-            Shared {
-                id: self.id,
-                clones: alloc::rc::Rc::clone(&self.clones),
-            }
-        }
-    }
-
-    fn payload_batcher(max_ops: usize, in_flight: u32) -> PB {
-        PB::new(
-            BatcherConfig::reads()
-                .with_max_requests_per_batch(nz(max_ops))
-                .with_window(WindowConfig::default().with_max_in_flight(in_flight as usize))
-                .unwrap(),
-        )
-    }
-
-    fn payload_op(b: &mut PB, shard: u32, h: u32) -> OpId {
-        match b.handle_op_with_payload(T0, shard, h, Request(100 + h), 0) {
-            Ok(id) => id,
-            Err(e) => panic!("refused: {e:?}"),
-        }
-    }
-
-    #[test]
-    fn a_sent_batch_hands_its_payloads_over_by_value_and_keeps_the_handles() {
-        let mut b = payload_batcher(3, 1);
-        for h in 1..=4 {
-            payload_op(&mut b, 1, h);
-        }
-        let withdrawn = payload_op(&mut b, 1, 5);
-        assert_eq!(
-            b.cancel_with_payload(withdrawn),
-            Ok(Withdrawal::Withdrawn((5, Request(105)))),
-            "a withdrawal hands both back"
-        );
-        let Some(BatchAction::Send {
-            shard: 1,
-            credit,
-            payloads,
-        }) = b.poll_action()
-        else {
-            panic!("the full batch is sent");
-        };
-        assert_eq!(payloads, [Request(101), Request(102), Request(103)]);
-        assert_eq!(
-            b.batch(credit).map(|x| x.ops().to_vec()),
-            Some(vec![1, 2, 3]),
-            "the handles stay, by position"
-        );
-        assert_eq!(b.poll_action(), None, "[4] parked: no credit");
-        assert_eq!(b.handle_response(T0, credit, [0, 2]), Ok(()));
-        let a: Vec<_> = core::iter::from_fn(|| b.poll_action()).collect();
-        assert!(matches!(
-            &a[..],
-            [
-                BatchAction::Deliver {
-                    handle: 1,
-                    position: 0
-                },
-                BatchAction::Fail {
-                    handle: 2,
-                    reason: FailReason::NoResponse
-                },
-                BatchAction::Deliver {
-                    handle: 3,
-                    position: 2
-                },
-                BatchAction::Send { payloads, .. },
-            ] if payloads[..] == [Request(104)]
-        ));
-        assert_eq!(
-            b.handle_op_with_payload(T0, 1, 9, Request(9), 0).map(drop),
-            Ok(())
-        );
-        b.close();
-        assert_eq!(
-            b.handle_op_with_payload(T0, 1, 10, Request(10), 0),
-            Err(Refused((10, Request(10)))),
-            "a refusal hands both back"
-        );
-    }
-
-    #[test]
-    fn a_failed_batch_hands_each_operation_its_own_copy_of_the_error() {
-        let mut b = payload_batcher(10, 4);
-        for h in 1..=3 {
-            payload_op(&mut b, 1, h);
-        }
-        let Some(BatchAction::Send { credit, .. }) = b.poll_action() else {
-            panic!("sent");
-        };
-        let clones = alloc::rc::Rc::new(core::cell::Cell::new(0));
-        let error = |id| Shared {
-            id,
-            clones: alloc::rc::Rc::clone(&clones),
-        };
-        // A clone that panics: the failure did not happen, and can be reported again.
-        let before = format!("{b:?}");
-        let caught = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
-            b.handle_failure(T0, credit, error(666))
-        }));
-        assert!(caught.is_err());
-        assert_eq!(format!("{b:?}"), before, "unchanged by the panicking clone");
-        assert_eq!(b.handle_failure(T0, credit, error(7)), Ok(()));
-        assert_eq!(clones.get(), 2, "n - 1 copies for n operations");
-        let got: Vec<(u32, Option<u32>)> = core::iter::from_fn(|| b.poll_action())
-            .map(|a| match a {
-                BatchAction::Fail { handle, reason } => (handle, reason.into_error().map(|e| e.id)),
-                other => panic!("unexpected {other:?}"),
-            })
-            .collect();
-        assert_eq!(got, [(1, Some(7)), (2, Some(7)), (3, Some(7))]);
-        assert_eq!(
-            b.handle_failure(T0, credit, error(8)),
-            Err(ReleaseError::AlreadyReleased)
-        );
-        assert_eq!(clones.get(), 2, "a refused failure copies nothing");
-        assert_eq!(b.poll_action(), None);
-    }
-
-    /// The seed of item 3: an operation for an exhausted shard, then its credit returns, and
-    /// the caller never calls `flush`. Draining the actions (which it does anyway) parks the
-    /// open batch where the returning credit sends it.
-    #[test]
-    fn an_open_batch_is_not_stranded_by_a_forgotten_flush() {
-        let mut b = reads(1);
-        op(&mut b, 1, 1, 0);
-        let first = take_sends(&mut b);
-        assert_eq!(first.len(), 1, "a shard with credit: drained, so sent");
-        op(&mut b, 1, 2, 0); // exhausted: open here, invisible to the window
-        assert_eq!(b.open_batches(), 1);
-        assert!(take_sends(&mut b).is_empty());
-        assert!(b.window().is_parked(&1), "draining parked it");
-        assert_eq!(b.handle_response(T0, first[0].1, [0]), Ok(()));
-        let a = drain(&mut b);
-        assert_eq!(
-            sends(&b, &a).into_iter().map(|s| s.2).collect::<Vec<_>>(),
-            [vec![2]],
-            "the returning credit sends it, with no flush"
-        );
-    }
-
-    #[test]
-    fn drain_refuses_new_operations_and_sends_everything_accepted_in_order() {
-        // Shard 1: [0, 1] in flight, [2, 3] queued, [4] open; shard 2: [9] open.
-        let mut b = batcher(
-            BatcherConfig::reads()
-                .with_max_requests_per_batch(nz(2))
-                .with_window(WindowConfig::default().with_max_in_flight(1))
-                .unwrap(),
-        );
-        for h in 0..5 {
-            op(&mut b, 1, h, 0);
-        }
-        op(&mut b, 2, 9, 0);
-        b.drain(T0);
-        assert!(b.is_draining() && !b.is_closed() && !b.is_drained());
-        assert_eq!(b.handle_op(T0, 1, 42, 0), Err(Refused(42)));
-        let mut sent: Vec<(u32, CreditId, Vec<u32>)> = take_sends(&mut b);
-        let mut batches = Vec::new();
-        while let Some((shard, credit, ops)) = sent.pop() {
-            let n = ops.len();
-            batches.push((shard, ops));
-            assert_eq!(b.handle_response(T0, credit, 0..n), Ok(()));
-            let a = drain(&mut b);
-            assert!(
-                a.iter().all(|x| !matches!(x, BatchAction::Fail { .. })),
-                "nothing fails: {a:?}"
-            );
-            sent.extend(sends(&b, &a));
-        }
-        batches.sort_by_key(|(shard, _)| *shard);
-        assert_eq!(
-            batches,
-            [(1, vec![0, 1]), (1, vec![2, 3]), (1, vec![4]), (2, vec![9])]
-        );
-        assert!(b.is_drained());
-        b.close();
-        assert!(
-            b.is_drained() && b.poll_action().is_none(),
-            "nothing left to fail"
-        );
-    }
-
-    #[test]
-    fn close_fails_each_shards_held_operations_in_arrival_order() {
-        // [0, 1] in flight, [2, 3] queued, [4] open and never drained: Oxia's `fail_all` would
-        // fail 4 first; this close fails in arrival order.
-        let mut b = batcher(
-            BatcherConfig::reads()
-                .with_max_requests_per_batch(nz(2))
-                .with_window(WindowConfig::default().with_max_in_flight(1))
-                .unwrap(),
-        );
-        for h in 0..5 {
-            op(&mut b, 1, h, 0);
-        }
-        assert_eq!(b.open_batches(), 1);
-        b.close();
-        let failed: Vec<u32> = drain(&mut b)
-            .into_iter()
-            .filter_map(|a| match a {
-                BatchAction::Fail {
-                    handle,
-                    reason: FailReason::Closed,
-                } => Some(handle),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(failed, [2, 3, 4]);
-    }
-
-    #[test]
-    fn running_out_of_credit_ids_fails_held_operations_and_closes() {
-        let mut b = reads(1);
-        b.window.skip_generations_to(u64::MAX - 1);
-        op(&mut b, 1, 1, 0);
-        b.flush(T0);
-        let last = take_sends(&mut b)[0].1;
-        op(&mut b, 1, 2, 0);
-        b.flush(T0); // parked
-        assert_eq!(b.handle_response(T0, last, [0]), Ok(()));
-        assert_eq!(
-            drain(&mut b),
-            [
-                BatchAction::Deliver {
-                    handle: 1,
-                    position: 0
-                },
-                BatchAction::Fail {
-                    handle: 2,
-                    reason: FailReason::Closed
-                },
-            ]
-        );
-        assert!(b.is_closed());
-        assert_eq!(b.handle_op(T0, 1, 3, 0), Err(Refused(3)));
-        assert_eq!((b.window().shard_count(), b.open_batches()), (0, 0));
-    }
-
-    #[test]
-    fn another_batchers_credit_is_unknown_and_ends_nothing() {
-        let mut one = reads(1);
-        let mut two = reads(1);
-        op(&mut one, 1, 1, 0);
-        one.flush(T0);
-        let mine = take_sends(&mut one)[0].1;
-        op(&mut two, 1, 9, 0);
-        two.flush(T0);
-        let theirs = take_sends(&mut two)[0].1;
-        assert_eq!(
-            (theirs.slot(), theirs.generation()),
-            (mine.slot(), mine.generation())
-        );
-        assert_eq!(
-            one.handle_response(T0, theirs, [0]),
-            Err(ReleaseError::Unknown)
-        );
-        assert_eq!(
-            one.handle_failure(T0, theirs, ()),
-            Err(ReleaseError::Unknown)
-        );
-        assert_eq!(drain(&mut one), [], "nothing delivered or failed");
-        assert_eq!(one.window().live_credits(), 1);
-        assert_eq!(one.handle_response(T0, mine, [0]), Ok(()));
-    }
-}
+mod tests;
 
 #[cfg(test)]
 mod panicking_key_tests {

@@ -34,6 +34,9 @@ pub(super) struct ShardWindow<B> {
     /// `line` is one of the window's pooled buffers (counted in `queues_held`), taken when the
     /// shard first had to queue; it goes back to the pool when the shard idles.
     owns_queue: bool,
+    /// Paused ([`Books::pause`]): no credit is granted and nothing is handed on until
+    /// [`Books::resume`]; new batches queue (or park) as if the shard had no credit.
+    pub(super) paused: bool,
 }
 
 impl<B> ShardWindow<B> {
@@ -45,6 +48,7 @@ impl<B> ShardWindow<B> {
             queued: 0,
             parked: None,
             owns_queue: false,
+            paused: false,
         }
     }
 
@@ -58,11 +62,11 @@ impl<B> ShardWindow<B> {
         self.queued > 0 || self.parked.is_some()
     }
 
-    /// Whether a newcomer would have to wait: no free credit, or anything held back (no
-    /// barging past the line).
+    /// Whether a newcomer would have to wait: the shard is paused, has no free credit, or
+    /// holds anything back (no barging past the line).
     #[inline]
     pub(super) fn must_wait(&self, cap: u32) -> bool {
-        self.in_flight >= cap || self.holds_back()
+        self.paused || self.in_flight >= cap || self.holds_back()
     }
 
     /// Batches held back: queued ones, then the parked one.
@@ -77,7 +81,15 @@ impl<B> ShardWindow<B> {
 pub(super) struct Held<B, P> {
     pub(super) place: P,
     pub(super) batch: B,
+    /// Where it goes in its shard's line: [`NEVER_SENT`] for a batch that has not left yet
+    /// (it joins the back), else the generation of the credit it held before
+    /// [`Books::requeue`] put it back (requeued batches go before every batch that never
+    /// left, among themselves in the order they first left).
+    pub(super) order: u64,
 }
+
+/// The `order` of a held batch that never left.
+pub(super) const NEVER_SENT: u64 = u64::MAX;
 
 /// What a full batch met on entering an existing shard's window.
 pub(crate) enum Entered<B> {
@@ -149,6 +161,11 @@ impl<B, P: Copy> Books<B, P> {
         }
     }
 
+    /// Observes `now` on the books' clock (time running backwards is ignored).
+    pub(super) fn observe(&mut self, now: Instant) {
+        self.clock.observe(now);
+    }
+
     /// Gives credits and tickets the instance tag `tag`.
     pub(super) fn set_tag(&mut self, tag: u32) {
         self.credits.set_tag(tag);
@@ -165,7 +182,7 @@ impl<B, P: Copy> Books<B, P> {
     /// window is open or draining, and `w` holds one back). Ids permitting: see `hand_on`.
     #[inline]
     pub(super) fn hands_on(&self, w: &ShardWindow<B>) -> bool {
-        self.mode != Mode::Closed && w.holds_back()
+        self.mode != Mode::Closed && w.holds_back() && !w.paused
     }
 
     /// Refuses new batches from now on, and keeps handing on the held-back ones. Nothing
@@ -206,6 +223,8 @@ impl<B, P: Copy> Books<B, P> {
             return Err(SubmitError::AlreadyParked(batch));
         }
         if w.must_wait(cap) {
+            // Only a paused shard can be idle here.
+            self.count_if_idle(w);
             w.parked = Some(batch);
             self.maintenance.touch();
             return Ok(None);
@@ -225,8 +244,7 @@ impl<B, P: Copy> Books<B, P> {
         place: P,
     ) -> Result<CreditId, Exhausted> {
         let credit = CreditId(self.credits.insert(place).map_err(|(e, _)| e)?);
-        if w.in_flight == 0 {
-            // It had credit, so nothing was held back: it was idle until now.
+        if w.is_idle() {
             self.active = self.active.saturating_add(1);
         }
         w.in_flight = w.in_flight.saturating_add(1);
@@ -268,10 +286,34 @@ impl<B, P: Copy> Books<B, P> {
             Take::Exhausted => return Err(SubmitError::Exhausted(batch)),
             Take::NoCredit => {}
         }
-        let ticket = match self.held.insert(Held { place, batch }) {
+        let ticket = match self.held.insert(Held {
+            place,
+            batch,
+            order: NEVER_SENT,
+        }) {
             Ok(key) => key,
             Err((_, held)) => return Err(SubmitError::Exhausted(held.batch)),
         };
+        // Only a paused shard can be idle here.
+        self.count_if_idle(w);
+        self.own_line(w);
+        w.line.push_back(ticket);
+        w.queued += 1;
+        self.peak_queue_len.see(w.line.len());
+        self.maintenance.touch();
+        Ok(Entered::Queued(Ticket(ticket)))
+    }
+
+    /// Counts `w` as active if it is idle (about to hold something back).
+    #[inline]
+    fn count_if_idle(&mut self, w: &ShardWindow<B>) {
+        if w.is_idle() {
+            self.active = self.active.saturating_add(1);
+        }
+    }
+
+    /// Gives `w` a pooled line buffer the first time it queues.
+    fn own_line(&mut self, w: &mut ShardWindow<B>) {
         if !w.owns_queue && w.line.capacity() == 0 {
             // First time this shard queues: take a pooled buffer if there is one, so the
             // number of buffers follows the peak of shards queueing at once.
@@ -282,11 +324,118 @@ impl<B, P: Copy> Books<B, P> {
             self.queues_held = self.queues_held.saturating_add(1);
             self.peak_queues_held.see(self.queues_held);
         }
-        w.line.push_back(ticket);
+    }
+
+    /// Puts `batch`, which left under a credit of generation `order` (already removed from
+    /// the credit slab by the caller), back into the line of its shard `w` at `place`: after
+    /// the batches requeued before it that left before it, before every other held-back
+    /// batch (queued or parked). Then hands the freed credit on as [`Self::hand_on`] does
+    /// (to the head of the line: the requeued batch itself unless one that left before it was
+    /// requeued too), unless the shard is paused: the second value. The first is the requeued
+    /// batch's ticket (stale at once if the hand-on sent it), or the batch handed back when the window is closed (the caller fails it) or can issue no ticket
+    /// (`Exhausted`); the credit is released either way.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn requeue(
+        &mut self,
+        w: &mut ShardWindow<B>,
+        place: P,
+        batch: B,
+        order: u64,
+    ) -> (Result<Ticket, SubmitError<B>>, Option<(CreditId, B)>) {
+        if self.mode == Mode::Closed {
+            return (Err(SubmitError::Closed(batch)), self.hand_on(w, place));
+        }
+        let ticket = match self.held.insert(Held {
+            place,
+            batch,
+            order,
+        }) {
+            Ok(key) => key,
+            Err((_, held)) => {
+                return (
+                    Err(SubmitError::Exhausted(held.batch)),
+                    self.hand_on(w, place),
+                );
+            }
+        };
+        self.own_line(w);
+        // Requeued batches sit at the head, by the order they first left; tombstones among
+        // them are passed over.
+        let held = &self.held;
+        let at = w
+            .line
+            .iter()
+            .position(|&k| held.get(k).is_some_and(|h| h.order >= order))
+            .unwrap_or(w.line.len());
+        w.line.insert(at, ticket);
         w.queued += 1;
         self.peak_queue_len.see(w.line.len());
+        (Ok(Ticket(ticket)), self.hand_on(w, place))
+    }
+
+    /// Pauses the shard `w`: from now on it is granted no credit and hands nothing on, so
+    /// everything for it waits in order, until [`Self::resume`]. Idempotent; does nothing
+    /// once the window is closed.
+    pub(super) fn pause(&mut self, w: &mut ShardWindow<B>) {
+        if self.mode != Mode::Closed && !w.paused {
+            w.paused = true;
+            self.maintenance.touch();
+        }
+    }
+
+    /// Ends a pause of the shard `w` at `place` and hands its free credits (up to `cap` in
+    /// flight) to its held-back batches in line order (queued, then parked), passing each to
+    /// `f`, as that many releases would have. At most `limit` are handed out (the caller's
+    /// count of key copies). Nothing is handed out while closed or once no id can be issued.
+    pub(super) fn resume(
+        &mut self,
+        w: &mut ShardWindow<B>,
+        place: P,
+        cap: u32,
+        limit: usize,
+        mut f: impl FnMut(CreditId, B),
+    ) {
+        if !w.paused {
+            return;
+        }
+        w.paused = false;
         self.maintenance.touch();
-        Ok(Entered::Queued(Ticket(ticket)))
+        // An idle shard stays idle (and uncounted); a busy one stays busy below: each credit
+        // handed out is in flight.
+        let mut handed = 0usize;
+        while handed < limit
+            && self.mode != Mode::Closed
+            && w.in_flight < cap
+            && w.holds_back()
+            && self.credits.can_issue()
+        {
+            drop_tombstones(w, &self.held);
+            let batch = match w.line.pop_front() {
+                Some(head) => {
+                    w.queued = w.queued.saturating_sub(1);
+                    self.held.remove(head).ok().map(|h| h.batch)
+                }
+                None => w.parked.take(),
+            };
+            let Some(batch) = batch else { break };
+            // `can_issue` was checked above and nothing was issued since.
+            let Ok(key) = self.credits.insert(place) else {
+                break;
+            };
+            w.in_flight = w.in_flight.saturating_add(1);
+            handed += 1;
+            f(CreditId(key), batch);
+        }
+        drop_tombstones(w, &self.held);
+    }
+
+    /// How many batches [`Self::resume`] of `w` would hand out now (before the id space).
+    pub(super) fn resumable(&self, w: &ShardWindow<B>, cap: u32) -> usize {
+        if !w.paused || self.mode == Mode::Closed {
+            return 0;
+        }
+        let free = usize::try_from(cap.saturating_sub(w.in_flight)).unwrap_or(usize::MAX);
+        free.min(w.held_count())
     }
 
     /// After a credit of the shard at `place` (window `w`) was freed: hands a fresh one to
@@ -352,6 +501,8 @@ impl<B, P: Copy> Books<B, P> {
     /// gives its line buffer back to the pool. For `close`, after [`Self::close`].
     pub(super) fn close_shard(&mut self, w: &mut ShardWindow<B>, mut f: impl FnMut(B)) {
         let was_idle = w.is_idle();
+        // Closed: nothing is handed on any more, so a pause means nothing.
+        w.paused = false;
         for key in w.line.drain(..) {
             if let Ok(held) = self.held.remove(key) {
                 f(held.batch);

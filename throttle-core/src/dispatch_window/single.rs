@@ -161,6 +161,45 @@ impl<B> SingleWindow<B> {
         Ok(next.map(|(credit, batch)| sent(credit, batch)))
     }
 
+    /// Pauses the shard: until [`resume`](Self::resume) no credit is granted and a release
+    /// hands nothing on; new batches are accepted and wait in arrival order (full ones
+    /// queued, the open one parked). As [`DispatchWindow::pause`](super::DispatchWindow::pause)
+    /// (same rules, same code); this window has no map, so a pause costs no memory.
+    ///
+    /// ```
+    /// use throttle_sansio::dispatch_window::SingleWindow;
+    /// use throttle_sansio::Instant;
+    ///
+    /// let mut w = SingleWindow::default(); // 4 in flight
+    /// w.pause();
+    /// assert_eq!(w.submit("a").unwrap(), None, "paused: queued");
+    /// assert_eq!(w.submit_or_park("open").unwrap(), None, "paused: parked");
+    /// let sent: Vec<_> = w.resume(Instant::ZERO).into_iter().map(|d| d.batch).collect();
+    /// assert_eq!(sent, ["a", "open"]);
+    /// ```
+    pub fn pause(&mut self) {
+        self.books.pause(&mut self.w);
+    }
+
+    /// Ends a pause and returns the batches to send now: the held-back ones oldest first
+    /// (queued, then parked), as many as there are free credits. As
+    /// [`DispatchWindow::resume`](super::DispatchWindow::resume).
+    pub fn resume(&mut self, now: Instant) -> Vec<Dispatch<(), B>> {
+        let n = self.books.resumable(&self.w, self.cap);
+        let mut out = Vec::with_capacity(n);
+        self.books.observe(now);
+        self.books
+            .resume(&mut self.w, (), self.cap, n, |credit, batch| {
+                out.push(sent(credit, batch));
+            });
+        out
+    }
+
+    /// Whether the shard is paused (a [`close`](Self::close) ends the pause).
+    pub fn is_paused(&self) -> bool {
+        self.w.paused
+    }
+
     /// Closes the window for sending: new batches are refused with [`SubmitError::Closed`],
     /// held-back ones keep leaving, queued first then parked, as credits complete. As
     /// [`DispatchWindow::drain`](super::DispatchWindow::drain).

@@ -9,6 +9,8 @@ use core::time::Duration;
 
 type Window = DispatchWindow<u32, &'static str, TestHasher>;
 
+const T0: Instant = Instant::ZERO;
+
 fn window(max_in_flight: u32) -> Window {
     match Window::new(WindowConfig::default().with_max_in_flight(max_in_flight as usize)) {
         Ok(w) => w,
@@ -687,4 +689,105 @@ fn a_cancel_or_reclaim_while_draining_hands_the_batch_back() {
     assert_eq!(w.reclaim(&1), Some("open"));
     assert_eq!(w.complete(a.credit), Ok(None));
     assert!(w.is_drained());
+}
+
+#[test]
+fn a_paused_shard_sends_nothing_and_resume_hands_credit_out_in_arrival_order() {
+    // Two in flight per shard. Shard 7: "a" in flight; paused; then "b" and "c" queued and
+    // "open" parked although one credit is free; the release of "a" hands nothing on.
+    let mut w = window(2);
+    let a = sent(w.submit(7, "a"));
+    w.pause(7);
+    assert!(w.is_paused(&7));
+    assert_eq!(w.available(&7), 1);
+    assert_eq!(w.submit(7, "b"), Ok(None));
+    assert_eq!(w.submit(7, "c"), Ok(None));
+    assert_eq!(w.submit_or_park(7, "open"), Ok(None));
+    assert_eq!(
+        w.complete(a.credit),
+        Ok(None),
+        "paused: the release hands nothing on"
+    );
+    // Other shards are not affected.
+    let x = sent(w.submit(8, "x"));
+    assert_eq!(x.shard, 8);
+    // Resume: two free credits, so the two oldest leave, in order; the parked one waits.
+    let out: Vec<_> = w
+        .resume(T0, &7)
+        .into_iter()
+        .map(|d| (d.shard, d.batch))
+        .collect();
+    assert_eq!(out, [(7, "b"), (7, "c")]);
+    assert!(!w.is_paused(&7));
+    assert_eq!(w.in_flight(&7), 2);
+    assert!(w.is_parked(&7));
+    conserved(&w, &[7, 8]);
+    // A second resume does nothing; a release now hands on as usual.
+    assert!(w.resume(T0, &7).is_empty());
+    let live = w.live_credits();
+    assert_eq!(live, 3);
+}
+
+#[test]
+fn pausing_an_unknown_shard_keeps_one_entry_until_resumed_and_close_ends_it() {
+    let mut w = window(1);
+    for _ in 0..3 {
+        w.pause(9); // idempotent: one entry
+    }
+    assert_eq!(w.tracked_shards(), 1);
+    assert_eq!(w.shard_count(), 0, "a paused shard with nothing is idle");
+    // Maintenance does not evict it (the pause would be lost).
+    w.handle_timeout(secs(1000));
+    w.handle_timeout(secs(2000));
+    assert_eq!(w.tracked_shards(), 1);
+    assert!(w.is_paused(&9));
+    assert_eq!(
+        w.submit(9, "a"),
+        Ok(None),
+        "the first batch of a paused shard waits"
+    );
+    assert_eq!(w.shard_count(), 1);
+    let out = w.resume(T0, &9);
+    assert_eq!(out.len(), 1);
+    assert_eq!(w.complete(out[0].credit), Ok(None));
+    // Resumed and idle: evictable again.
+    w.handle_timeout(secs(3000));
+    assert_eq!(w.tracked_shards(), 0);
+    let mut w2 = window(1);
+    w2.pause(1);
+    w2.pause(2);
+    assert_eq!(w2.submit(1, "held"), Ok(None));
+    // Close fails what a paused shard holds and ends every pause.
+    assert_eq!(w2.close(), [(1, "held")]);
+    assert!(!w2.is_paused(&1) && !w2.is_paused(&2));
+    w2.pause(3);
+    assert!(!w2.is_paused(&3), "pause after close does nothing");
+    assert!(w2.is_drained());
+}
+
+#[test]
+fn drain_keeps_a_pause_and_is_drained_only_after_resume() {
+    let mut w = window(1);
+    w.pause(7);
+    assert_eq!(w.submit(7, "a"), Ok(None));
+    w.drain();
+    assert!(!w.is_drained(), "the held batch waits for the resume");
+    let out = w.resume(T0, &7);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].batch, "a");
+    assert_eq!(w.complete(out[0].credit), Ok(None));
+    assert!(w.is_drained());
+}
+
+#[test]
+fn single_window_pause_and_resume_follow_the_same_rules() {
+    let mut w = SingleWindow::limited(NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN));
+    let a = w.submit("a").unwrap().unwrap();
+    w.pause();
+    assert_eq!(w.submit("b"), Ok(None));
+    assert_eq!(w.complete(a.credit), Ok(None));
+    assert_eq!(w.submit_or_park("open"), Ok(None));
+    let out: Vec<_> = w.resume(T0).into_iter().map(|d| d.batch).collect();
+    assert_eq!(out, ["b", "open"]);
+    assert!(!w.is_paused());
 }

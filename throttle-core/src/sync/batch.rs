@@ -18,6 +18,7 @@
 //! a plain id from then on, so the driver task, the batcher and its window never run a key's
 //! code (see [`Shards`]).
 
+use alloc::boxed::Box;
 use alloc::collections::VecDeque;
 use alloc::sync::Arc as ErrArc;
 use alloc::vec::Vec;
@@ -26,6 +27,7 @@ use core::future::Future;
 use core::hash::{BuildHasher, Hash};
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
+use core::time::Duration;
 
 use hashbrown::HashTable;
 
@@ -34,9 +36,11 @@ use super::oneshot::{self, Receiver, Sender};
 use super::signal::{WakeSignal, wait_for};
 use super::unwind;
 use super::waiters::wake_one;
-use super::{Closed, Panicked, Runtime};
+use super::{Closed, Panicked, Runtime, TimedOut};
+use crate::backoff::{Backoff, BackoffConfig};
 use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, OpId, Withdrawal};
 use crate::dispatch_window::CreditId;
+use crate::rng::SplitMix64;
 use crate::slab::{Key, Slab};
 use crate::time::Instant;
 
@@ -76,6 +80,21 @@ pub trait Transport<Shard, Op>: Send + Sync + 'static {
         shard: &Shard,
         ops: Vec<Op>,
     ) -> impl Future<Output = BatchOutcome<Self::Output, Self::Error>> + Send + 'static;
+
+    /// Whether a whole-batch `error` means the stream tore before the server executed the
+    /// batch, so that sending it again is safe and needed (default `false`: every batch error
+    /// fails the batch).
+    ///
+    /// Consulted only by a driver built with
+    /// [`BatchDriverBuilder::with_requeue`]: a torn batch goes back at the head of its shard's
+    /// order (its operations keep waiting, in order, and are sent again: at-least-once
+    /// delivery), and the shard is paused for the next delay of its reconnect backoff, then
+    /// resumed. Called once per failed batch, with no lock held; if it panics the batch fails
+    /// as if it returned `false`.
+    fn torn(&self, error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
 }
 
 /// A closure is a transport: `|shard: &Shard, ops: Vec<Op>| future` sends the batch, with
@@ -149,6 +168,19 @@ pub enum OpError<E> {
     /// `Eq` or `Clone` in `submit` for this operation (nothing was queued), or
     /// [`Transport::send`] (or its future) for its batch (the batch's credit was released).
     Panicked(Panicked),
+    /// The operation's timeout (`BatcherConfig::with_op_timeout`) passed before its result
+    /// came: it resolves at its deadline, whether it was still held back or already in the
+    /// transport (whose late answer for it is then dropped).
+    TimedOut(TimedOut),
+    /// Refused at submit, before it was queued: the operation alone is larger than the batch
+    /// limit and the config rejects such operations
+    /// (`BatcherConfig::with_oversized`); the transport never sees it.
+    TooLarge {
+        /// The operation's size ([`Transport::op_bytes`]).
+        bytes: u64,
+        /// The batch limit it exceeds ([`BatcherConfig::max_batch_bytes`]).
+        limit: u64,
+    },
 }
 
 impl<E> fmt::Display for OpError<E> {
@@ -161,6 +193,11 @@ impl<E> fmt::Display for OpError<E> {
             }
             OpError::Closed => f.write_str("the batch driver closed before the operation was sent"),
             OpError::Panicked(p) => write!(f, "{p} (the operation's batch or submit)"),
+            OpError::TimedOut(_) => f.write_str("the operation's timeout passed before its result"),
+            OpError::TooLarge { bytes, limit } => write!(
+                f,
+                "the operation of {bytes} bytes exceeds the batch limit of {limit} bytes"
+            ),
         }
     }
 }
@@ -171,6 +208,7 @@ impl<E: std::error::Error + 'static> std::error::Error for OpError<E> {
             OpError::Op(e) => Some(e),
             OpError::Batch(b) => Some(b.error()),
             OpError::Panicked(p) => Some(p),
+            OpError::TimedOut(t) => Some(t),
             _ => None,
         }
     }
@@ -388,15 +426,15 @@ impl<Shard: Hash + Eq + Clone, S: BuildHasher> Shards<Shard, S> {
 }
 
 impl<Shard, S> Shards<Shard, S> {
-    /// An operation slot naming `id` was freed; the last one removes the entry. No user code
-    /// (the key's `Drop` aside).
-    fn release(&mut self, id: ShardId) {
+    /// An operation slot naming `id` was freed; the last one removes the entry (`true`: the
+    /// id is free for another key). No user code (the key's `Drop` aside).
+    fn release(&mut self, id: ShardId) -> bool {
         let Some(Some(e)) = self.entries.get_mut(id.0) else {
-            return;
+            return false;
         };
         e.ops = e.ops.saturating_sub(1);
         if e.ops > 0 {
-            return;
+            return false;
         }
         if let Ok(found) = self.index.find_entry(e.hash, |&i| i == id.0) {
             found.remove();
@@ -405,6 +443,7 @@ impl<Shard, S> Shards<Shard, S> {
             *e = None;
         }
         self.free.push(id.0);
+        true
     }
 
     /// Shards stored (with an operation in the driver).
@@ -433,6 +472,13 @@ struct DriverState<T: Transport<Shard, Op>, Shard, Op, S> {
     /// Where dispatched batches go: back to the critical section's caller (concurrent), or to
     /// their shard's lane ([`SendOrder::PerShard`]).
     lanes: ordered::Lanes<Shard, Op>,
+    /// Requeue on: the shards whose stream tore, by shard id (`None`: never torn, or
+    /// answered since).
+    reconnecting: Vec<Option<Reconnecting>>,
+    /// Draws the reconnect backoff's jitter (seeded per driver from the process seed).
+    rng: SplitMix64,
+    /// Requeue on: each dispatched batch remembers its operations' slots.
+    keep_sent: bool,
 }
 
 struct DriverShared<R, T: Transport<Shard, Op>, Shard, Op, S> {
@@ -441,6 +487,10 @@ struct DriverShared<R, T: Transport<Shard, Op>, Shard, Op, S> {
     state: Mutex<DriverState<T, Shard, Op, S>>,
     /// Notified when the closed driver's last batch in flight ends: [`BatchDriver::closed`].
     drained: WakeSignal,
+    /// The config's operation timeout: how long a send may take before its batch ends.
+    op_timeout: Option<Duration>,
+    /// Requeue-and-pause of torn batches, if on.
+    requeue: Option<Requeue<Op>>,
 }
 
 impl<T: Transport<Shard, Op>, Shard, Op, S> DriverState<T, Shard, Op, S>
@@ -455,8 +505,36 @@ where
 }
 
 /// A dispatched batch: the key of its first operation (always there: see `drain`), its
-/// credit and its operations.
-type Outgoing<Shard, Op> = (Option<Shard>, CreditId, Vec<Op>);
+/// credit and its operations; with requeue on, the slots of those operations, in order.
+struct Outgoing<Shard, Op> {
+    key: Option<Shard>,
+    credit: CreditId,
+    ops: Vec<Op>,
+    /// The slot of each of `ops` (requeue on), else empty.
+    handles: Vec<Key>,
+}
+
+/// A copy of a batch in the transport, kept for a resend when requeue is on: the key it was
+/// sent with, a clone of each operation and the operation's slot.
+struct Kept<Shard, Op> {
+    key: Shard,
+    ops: Vec<Op>,
+    handles: Vec<Key>,
+}
+
+/// Requeue-and-pause, set by [`BatchDriverBuilder::with_requeue`]: how to copy an operation
+/// for a resend, and the reconnect backoff a torn shard pauses for.
+pub(super) struct Requeue<Op> {
+    pub(super) copy: fn(&Op) -> Op,
+    pub(super) backoff: BackoffConfig,
+}
+
+/// A shard whose stream tore: its backoff sequence since its last answered batch, and when
+/// it resumes while paused.
+struct Reconnecting {
+    backoff: Backoff,
+    resume_at: Option<Instant>,
+}
 
 /// What a critical section decided, carried out after the lock is dropped.
 struct Effects<T: Transport<Shard, Op>, Shard, Op> {
@@ -465,6 +543,40 @@ struct Effects<T: Transport<Shard, Op>, Shard, Op> {
     done: Vec<Done<T, Shard, Op>>,
     /// Lane tasks to start or wake ([`SendOrder::PerShard`]).
     lanes: ordered::LaneWork,
+    /// The driver task, to wake for a new timer (a torn shard's resume).
+    driver: Option<Waker>,
+}
+
+/// A dispatched batch ready for `send` ([`BatchDriver::prepare`]).
+struct Prepared<Shard, Op> {
+    key: Shard,
+    credit: CreditId,
+    ops: Vec<Op>,
+    /// The copy kept for a resend (requeue on).
+    kept: Option<Kept<Shard, Op>>,
+    /// When the send ends as timed out (an operation timeout is configured).
+    deadline: Option<Instant>,
+}
+
+/// `sending`, unless `timer` fires first (`None`). Polls `sending` first, so an answer ready
+/// at the deadline wins.
+async fn race<F, D>(sending: F, timer: Option<D>) -> Option<F::Output>
+where
+    F: Future,
+    D: Future<Output = ()>,
+{
+    let mut sending = core::pin::pin!(sending);
+    let mut timer = core::pin::pin!(timer);
+    core::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = sending.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        match timer.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(None),
+            _ => Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// A submitter's slot and the result to hand it.
@@ -480,6 +592,8 @@ enum BatchEnd<E> {
     Panicked,
     /// The send task was dropped before the transport answered.
     Abandoned,
+    /// The transport had not answered by the batch's operation timeout.
+    TimedOut,
 }
 
 impl<E> Clone for BatchEnd<E> {
@@ -488,6 +602,7 @@ impl<E> Clone for BatchEnd<E> {
             BatchEnd::Failed(f) => BatchEnd::Failed(f.clone()),
             BatchEnd::Panicked => BatchEnd::Panicked,
             BatchEnd::Abandoned => BatchEnd::Abandoned,
+            BatchEnd::TimedOut => BatchEnd::TimedOut,
         }
     }
 }
@@ -499,38 +614,40 @@ impl<E> BatchEnd<E> {
             BatchEnd::Failed(f) => OpError::Batch(f),
             BatchEnd::Panicked => OpError::Panicked(Panicked),
             BatchEnd::Abandoned => OpError::NoResponse,
+            BatchEnd::TimedOut => OpError::TimedOut(TimedOut),
         }
     }
 }
 
-/// How the batch whose end is being reported ended.
-enum Ending<O, E> {
+/// How the batch whose end is being reported ended (`K`: the copy kept for a resend).
+enum Ending<O, E, K> {
     /// No batch ended (a flush, a close): nothing to deliver.
     Nothing,
     /// The transport answered: results by position, each taken once.
     Answered(Vec<Option<Result<O, E>>>),
     /// The transport failed the whole batch.
     Failed(BatchFailure<E>),
+    /// The transport failed the whole batch with an error it classed as a torn stream
+    /// ([`Transport::torn`]), and a copy of the batch was kept: requeue it.
+    Torn(BatchFailure<E>, K),
     /// `send` or its future panicked.
     Panicked,
     /// The send task was dropped before the transport answered (the runtime shut down).
     Abandoned,
+    /// The operation timeout passed before the transport answered.
+    TimedOut,
 }
 
-impl<O, E> Ending<O, E> {
-    /// How a batch of `ops` operations ended, from its send future's output (`Err`: the
-    /// future panicked).
-    fn of(outcome: Result<BatchOutcome<O, E>, Panicked>, ops: usize) -> Self {
-        match outcome {
-            Ok(Ok(results)) => Ending::Answered(results.into_iter().map(Some).collect()),
-            Ok(Err(e)) => Ending::Failed(BatchFailure {
-                error: ErrArc::new(e),
-                ops,
-            }),
-            Err(Panicked) => Ending::Panicked,
-        }
-    }
-}
+/// A batch end as the driver reports it.
+type EndOf<T, Shard, Op> = Ending<
+    <T as Transport<Shard, Op>>::Output,
+    <T as Transport<Shard, Op>>::Error,
+    Kept<Shard, Op>,
+>;
+
+/// A send future's output once raced against the operation timeout: `None` if the timeout
+/// came first.
+type Raced<O, E> = Option<BatchOutcome<O, E>>;
 
 /// A batching driver over a [`Batcher`] and a user [`Transport`]. `Clone + Send + Sync`;
 /// clones submit to the same driver.
@@ -803,14 +920,25 @@ where
     ///
     /// If `rt`'s [`spawn`](Runtime::spawn) panics, as for [`new`](Self::new).
     pub fn with_hasher(rt: R, transport: T, cfg: BatcherConfig, hasher: S) -> Self {
-        Self::start(rt, transport, cfg, hasher, SendOrder::Concurrent)
+        Self::start(rt, transport, cfg, hasher, SendOrder::Concurrent, None)
     }
 
     /// Builds the driver and spawns its task (every constructor and the builder end here).
-    fn start(rt: R, transport: T, cfg: BatcherConfig, hasher: S, order: SendOrder) -> Self {
+    fn start(
+        rt: R,
+        transport: T,
+        cfg: BatcherConfig,
+        hasher: S,
+        order: SendOrder,
+        requeue: Option<Requeue<Op>>,
+    ) -> Self {
+        let keep_sent = requeue.is_some();
         let shared = Arc::new(DriverShared {
             rt,
             transport,
+            // The core config's operation timeout (`BatcherConfig::op_timeout`, not merged yet).
+            op_timeout: None,
+            requeue,
             state: Mutex::new(DriverState {
                 batcher: Batcher::with_hasher(cfg, hasher.clone()),
                 shards: Shards::new(hasher),
@@ -821,6 +949,9 @@ where
                 closed: false,
                 delivering: 0,
                 lanes: ordered::Lanes::new(order),
+                reconnecting: Vec::new(),
+                rng: super::client_rng(super::next_client_id()),
+                keep_sent,
             }),
             drained: WakeSignal::new(),
         });
@@ -870,7 +1001,7 @@ where
                 Ok(key) => key,
                 Err((_, refused)) => {
                     // 2^64 submits (or 2^32 at once): never in practice.
-                    st.shards.release(id);
+                    let _ = st.shards.release(id);
                     drop(guard);
                     drop(refused);
                     return Submit::done(Err(OpError::Closed));
@@ -1029,35 +1160,74 @@ where
         st.inbox.len().saturating_sub(st.withdrawn)
     }
 
-    /// The driver task: drain the input queue, flush when it is empty, sleep until a submit.
+    /// The driver task: drain the input queue, flush when it is empty, run the timers that are
+    /// due (the batcher's operation timeouts and maintenance, the resumes of paused shards),
+    /// then sleep until a submit or the next timer. After a close it lives on only while
+    /// timers remain and the driver is not drained (a draining driver's paused shards must
+    /// still resume, its held operations still time out).
     async fn run(self) {
+        let mut timer = None;
         core::future::poll_fn(|cx| {
             loop {
-                let (effects, stop) = {
+                let now = self.shared.rt.now();
+                let (effects, next, stop) = {
                     let mut guard = lock(&self.shared.state);
                     let st = &mut *guard;
-                    if st.closed {
-                        (None, true)
-                    } else if st.inbox.is_empty() {
-                        if !st.driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                            st.driver = Some(cx.waker().clone());
-                        }
-                        (None, false)
-                    } else {
-                        let now = self.shared.rt.now();
-                        let mut effects = Effects::new();
+                    let mut effects = Effects::new();
+                    let mut busy = false;
+                    if !st.closed && !st.inbox.is_empty() {
                         feed(st, now, &mut effects);
                         // The input queue is empty: the rate-adaptive flush.
                         st.batcher.flush(now);
-                        drain(st, &mut effects, &mut Ending::Nothing);
-                        (Some(effects), false)
+                        busy = true;
                     }
+                    if st.batcher.poll_timeout().is_some_and(|at| at <= now) {
+                        st.batcher.handle_timeout(now);
+                        busy = true;
+                    }
+                    busy |= resume_due(st, now);
+                    if busy {
+                        drain(st, &mut effects, &mut Ending::Nothing);
+                    }
+                    // A deadline that did not move past `now` waits for the next wake.
+                    let next = next_deadline(st).filter(|&at| at > now);
+                    // After a close only the operation timeouts and the resumes of paused
+                    // shards keep the task (not the batcher's maintenance).
+                    let needed = self.shared.op_timeout.is_some()
+                        || st
+                            .reconnecting
+                            .iter()
+                            .any(|r| r.as_ref().is_some_and(|r| r.resume_at.is_some()));
+                    let stop = st.closed && (!needed || next.is_none() || st.is_drained());
+                    if !busy
+                        && !stop
+                        && !st.driver.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+                    {
+                        st.driver = Some(cx.waker().clone());
+                    }
+                    (busy.then_some(effects), next, stop)
                 };
-                match effects {
-                    Some(effects) => self.apply(effects),
-                    None if stop => return Poll::Ready(()),
-                    None => return Poll::Pending,
+                if let Some(effects) = effects {
+                    self.apply(effects);
+                    continue;
                 }
+                if stop {
+                    return Poll::Ready(());
+                }
+                let Some(at) = next else {
+                    timer = None;
+                    return Poll::Pending;
+                };
+                if !matches!(&timer, Some((armed, _)) if *armed == at) {
+                    timer = Some((at, Box::pin(self.shared.rt.sleep_until(at))));
+                }
+                if let Some((_, sleep)) = timer.as_mut() {
+                    if sleep.as_mut().poll(cx).is_ready() {
+                        timer = None;
+                        continue;
+                    }
+                }
+                return Poll::Pending;
             }
         })
         .await;
@@ -1074,20 +1244,33 @@ where
                 tx.send(result);
             }
             let mut unsent = Vec::new();
-            for (shard, credit, ops) in effects.sends.drain(..) {
-                let Some(shard) = shard else {
-                    // Unreachable: each operation keeps its key until its batch is sent.
-                    debug_assert!(false, "a batch to send without a key");
-                    unsent.push((credit, Ending::Abandoned));
-                    continue;
+            for out in effects.sends.drain(..) {
+                let Prepared {
+                    key,
+                    credit,
+                    ops,
+                    kept,
+                    deadline,
+                } = match self.prepare(out) {
+                    Ok(ready) => ready,
+                    Err(ended) => {
+                        unsent.push(ended);
+                        continue;
+                    }
                 };
                 let n = ops.len();
-                match unwind::call(|| self.shared.transport.send(&shard, ops)) {
-                    Ok(sending) => self.spawn_send(credit, n, sending),
+                match unwind::call(|| self.shared.transport.send(&key, ops)) {
+                    Ok(sending) => {
+                        let timer = deadline.map(|at| self.shared.rt.sleep_until(at));
+                        self.spawn_send(credit, n, race(sending, timer), kept);
+                    }
                     Err(Panicked) => unsent.push((credit, Ending::Panicked)),
                 }
             }
             self.carry_lanes(&mut effects.lanes);
+            if let Some(w) = effects.driver.take() {
+                wake_one(w);
+            }
             if unsent.is_empty() {
                 self.delivered(ended);
                 return;
@@ -1106,12 +1289,17 @@ where
         if n == 0 {
             return;
         }
-        let drained = {
+        let (drained, task) = {
             let mut st = lock(&self.shared.state);
             st.delivering = st.delivering.saturating_sub(n);
-            st.is_drained()
+            let drained = st.is_drained();
+            // A closed driver's task waiting on a timer ends once the driver is drained.
+            (drained, if drained { st.driver.take() } else { None })
         };
         self.shared.drained.notify_if(drained);
+        if let Some(w) = task {
+            wake_one(w);
+        }
     }
 
     /// Spawns the task that awaits one batch's `send` future and reports its end. The task owns
@@ -1123,7 +1311,8 @@ where
         &self,
         credit: CreditId,
         ops: usize,
-        sending: impl Future<Output = BatchOutcome<T::Output, T::Error>> + Send + 'static,
+        sending: impl Future<Output = Raced<T::Output, T::Error>> + Send + 'static,
+        kept: Option<Kept<Shard, Op>>,
     ) {
         let guard = SendGuard {
             driver: self.clone(),
@@ -1131,13 +1320,84 @@ where
         };
         let task = async move {
             let guard = guard;
-            guard.finish(Ending::of(unwind::catch(sending).await, ops));
+            let outcome = unwind::catch(sending).await;
+            let ending = guard.driver.ending(outcome, ops, kept);
+            guard.finish(ending);
         };
         let _refused = unwind::call(|| self.shared.rt.spawn(task));
     }
 
+    /// Readies a dispatched batch for `send`: keeps a copy of it first if requeue is on (the
+    /// operations' and the key's `Clone` are user code: a panic fails the batch), and the
+    /// deadline of its send: the operation timeout, counted from now (every operation of the
+    /// batch arrived before it was dispatched, so none outlives it). `Err`: the batch ended
+    /// before it was sent.
+    #[allow(clippy::type_complexity)]
+    fn prepare(
+        &self,
+        out: Outgoing<Shard, Op>,
+    ) -> Result<Prepared<Shard, Op>, (CreditId, EndOf<T, Shard, Op>)> {
+        let Outgoing {
+            key,
+            credit,
+            ops,
+            handles,
+        } = out;
+        let Some(key) = key else {
+            // Unreachable: each operation keeps its key until its batch is sent.
+            debug_assert!(false, "a batch to send without a key");
+            return Err((credit, Ending::Abandoned));
+        };
+        let kept = match &self.shared.requeue {
+            Some(rq) => {
+                let copy = || (key.clone(), ops.iter().map(rq.copy).collect::<Vec<Op>>());
+                match unwind::call(copy) {
+                    Ok((key, ops)) => Some(Kept { key, ops, handles }),
+                    Err(Panicked) => return Err((credit, Ending::Panicked)),
+                }
+            }
+            None => None,
+        };
+        let rt = &self.shared.rt;
+        Ok(Prepared {
+            deadline: self.shared.op_timeout.map(|t| rt.now().saturating_add(t)),
+            key,
+            credit,
+            ops,
+            kept,
+        })
+    }
+
+    /// How a batch of `ops` operations ended, from its raced send future's output (`Err`: the
+    /// future panicked). A batch error is a torn stream if requeue is on and the transport
+    /// says so ([`Transport::torn`], caught: a panic there is a plain failure).
+    fn ending(
+        &self,
+        outcome: Result<Raced<T::Output, T::Error>, Panicked>,
+        ops: usize,
+        kept: Option<Kept<Shard, Op>>,
+    ) -> EndOf<T, Shard, Op> {
+        match outcome {
+            Ok(Some(Ok(results))) => Ending::Answered(results.into_iter().map(Some).collect()),
+            Ok(Some(Err(e))) => {
+                let torn = kept.is_some()
+                    && matches!(unwind::call(|| self.shared.transport.torn(&e)), Ok(true));
+                let failure = BatchFailure {
+                    error: ErrArc::new(e),
+                    ops,
+                };
+                match kept {
+                    Some(kept) if torn => Ending::Torn(failure, kept),
+                    _ => Ending::Failed(failure),
+                }
+            }
+            Ok(None) => Ending::TimedOut,
+            Err(Panicked) => Ending::Panicked,
+        }
+    }
+
     /// Reports a batch's end and carries out what the release decides.
-    fn finish(&self, credit: CreditId, ending: Ending<T::Output, T::Error>) {
+    fn finish(&self, credit: CreditId, ending: EndOf<T, Shard, Op>) {
         let effects = self.end_batch(credit, ending);
         self.apply(effects);
         self.delivered(1);
@@ -1150,27 +1410,42 @@ where
     fn end_batch(
         &self,
         credit: CreditId,
-        mut ending: Ending<T::Output, T::Error>,
+        mut ending: EndOf<T, Shard, Op>,
     ) -> Effects<T, Shard, Op> {
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
         let now = self.shared.rt.now();
         let mut effects = Effects::new();
         // A failure goes to the batcher, which copies it to each operation's `Fail`.
-        let released = match core::mem::replace(&mut ending, Ending::Nothing) {
+        // An unknown credit cannot come back here (each credit is reported once), so what
+        // each release returns is not needed.
+        match core::mem::replace(&mut ending, Ending::Nothing) {
             Ending::Answered(results) => {
                 let n = results.len();
                 ending = Ending::Answered(results);
-                st.batcher.handle_response(now, credit, 0..n)
+                answered(st, credit);
+                let _ = st.batcher.handle_response(now, credit, 0..n);
             }
-            Ending::Failed(f) => st.batcher.handle_failure(now, credit, BatchEnd::Failed(f)),
-            Ending::Panicked => st.batcher.handle_failure(now, credit, BatchEnd::Panicked),
+            Ending::Failed(f) => {
+                let _ = st.batcher.handle_failure(now, credit, BatchEnd::Failed(f));
+            }
+            Ending::Torn(f, kept) => {
+                if let Some(rq) = &self.shared.requeue {
+                    if requeue(st, rq, now, credit, f, kept) {
+                        effects.driver = st.driver.take();
+                    }
+                }
+            }
+            Ending::Panicked => {
+                let _ = st.batcher.handle_failure(now, credit, BatchEnd::Panicked);
+            }
+            Ending::TimedOut => {
+                let _ = st.batcher.handle_failure(now, credit, BatchEnd::TimedOut);
+            }
             Ending::Abandoned | Ending::Nothing => {
-                st.batcher.handle_failure(now, credit, BatchEnd::Abandoned)
+                let _ = st.batcher.handle_failure(now, credit, BatchEnd::Abandoned);
             }
-        };
-        // An unknown credit cannot come back here (each credit is reported once).
-        let _ = released;
+        }
         drain(st, &mut effects, &mut ending);
         st.delivering += 1;
         effects
@@ -1197,7 +1472,7 @@ where
             while let Some(credit) = credits.pop() {
                 let _ = st.batcher.handle_failure(now, credit, end());
                 drain(st, &mut effects, &mut Ending::Nothing);
-                credits.extend(effects.sends.drain(..).map(|(_, credit, _)| credit));
+                credits.extend(effects.sends.drain(..).map(|out| out.credit));
             }
             st.delivering += 1;
             effects.done
@@ -1232,7 +1507,7 @@ where
     S: BuildHasher + Clone + Send + 'static,
 {
     /// The batch ended as `ending`: reports it (which releases the credit) instead of `Drop`.
-    fn finish(mut self, ending: Ending<T::Output, T::Error>) {
+    fn finish(mut self, ending: EndOf<T, Shard, Op>) {
         if let Some(credit) = self.credit.take() {
             self.driver.finish(credit, ending);
         }
@@ -1260,6 +1535,7 @@ impl<T: Transport<Shard, Op>, Shard, Op> Effects<T, Shard, Op> {
             sends: Vec::new(),
             done: Vec::new(),
             lanes: ordered::LaneWork::default(),
+            driver: None,
         }
     }
 
@@ -1267,6 +1543,9 @@ impl<T: Transport<Shard, Op>, Shard, Op> Effects<T, Shard, Op> {
         self.sends.extend(more.sends);
         self.done.extend(more.done);
         self.lanes.extend(more.lanes);
+        if more.driver.is_some() {
+            self.driver = more.driver;
+        }
     }
 }
 
@@ -1309,15 +1588,169 @@ where
     T: Transport<Shard, Op>,
 {
     let slot = st.slots.remove(slot).ok()?;
-    st.shards.release(slot.shard);
+    if st.shards.release(slot.shard) {
+        forget_shard(st, slot.shard);
+    }
     Some(slot)
+}
+
+/// The shard of the batch in flight under `credit` (through its first operation's slot).
+fn shard_of<T, Shard, Op, S>(st: &DriverState<T, Shard, Op, S>, credit: CreditId) -> Option<ShardId>
+where
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    let batch = st.batcher.batch(credit)?;
+    batch
+        .ops()
+        .iter()
+        .find_map(|&h| st.slots.get(h).map(|slot| slot.shard))
+}
+
+/// The batch under `credit` was answered: its shard's stream works, so its reconnect backoff
+/// starts afresh (unless the shard is paused by another batch's tear).
+fn answered<T, Shard, Op, S>(st: &mut DriverState<T, Shard, Op, S>, credit: CreditId)
+where
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    if st.reconnecting.is_empty() {
+        return;
+    }
+    let Some(id) = shard_of(st, credit) else {
+        return;
+    };
+    if let Some(entry) = st.reconnecting.get_mut(id.0) {
+        if entry.as_ref().is_some_and(|r| r.resume_at.is_none()) {
+            *entry = None;
+        }
+    }
+}
+
+/// A torn batch: its operations' copies go back into their slots (those not ended
+/// meanwhile), the shard pauses and the batch goes back at the head of its shard's order in
+/// the batcher; the shard resumes after the next delay of its reconnect backoff (`true`: a
+/// resume was scheduled, wake the driver task). A batch torn while its shard is paused
+/// already (several batches were in flight on the stream that broke) joins that pause: one
+/// tear, one delay. A backoff that refuses another delay (its
+/// attempt or time limit), or a batch none of whose operations is left, fails the batch with
+/// the transport's error instead.
+fn requeue<T, Shard, Op, S>(
+    st: &mut DriverState<T, Shard, Op, S>,
+    rq: &Requeue<Op>,
+    now: Instant,
+    credit: CreditId,
+    failure: BatchFailure<T::Error>,
+    kept: Kept<Shard, Op>,
+) -> bool
+where
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    let delay = shard_of(st, credit).and_then(|id| {
+        if st.reconnecting.len() <= id.0 {
+            st.reconnecting.resize_with(id.0 + 1, || None);
+        }
+        let entry = st.reconnecting.get_mut(id.0)?.get_or_insert(Reconnecting {
+            backoff: Backoff::new(),
+            resume_at: None,
+        });
+        // Paused already: another batch of the same broken stream, one reconnect for both.
+        if entry.resume_at.is_none() {
+            let delay = entry.backoff.next_delay(&rq.backoff, &mut st.rng)?;
+            entry.resume_at = Some(now.saturating_add(delay));
+        }
+        Some(id)
+    });
+    let Some(id) = delay else {
+        let _ = st
+            .batcher
+            .handle_failure(now, credit, BatchEnd::Failed(failure));
+        return false;
+    };
+    let Kept { key, ops, handles } = kept;
+    let mut key = Some(key);
+    for (h, op) in handles.into_iter().zip(ops) {
+        if let Some(slot) = st.slots.get_mut(h) {
+            slot.op = Some(op);
+            if key.is_some() {
+                slot.key = key.take();
+            }
+        }
+    }
+    st.batcher.pause(id);
+    if st.batcher.requeue(now, credit).is_err() {
+        // Unreachable: the batch is in flight under `credit` (its end is reported once).
+        let _ = st
+            .batcher
+            .handle_failure(now, credit, BatchEnd::Failed(failure));
+    }
+    true
+}
+
+/// The shard id `id` names no key any more (its last operation ended, say every operation of
+/// a requeued batch timed out during the pause): a pause and backoff of it end now, so a key
+/// that gets the id next starts unpaused.
+fn forget_shard<T, Shard, Op, S>(st: &mut DriverState<T, Shard, Op, S>, id: ShardId)
+where
+    T: Transport<Shard, Op>,
+{
+    let Some(entry) = st.reconnecting.get_mut(id.0) else {
+        return;
+    };
+    match entry {
+        // Paused: resumed by the driver task's next pass, which runs before anything of a
+        // new key with this id can be dispatched (the key's `submit` wakes it).
+        Some(r) if r.resume_at.is_some() => {
+            r.backoff = Backoff::new();
+            r.resume_at = Some(Instant::ZERO);
+        }
+        _ => *entry = None,
+    }
+}
+
+/// Resumes every paused shard whose backoff delay has passed; `true` if one did.
+fn resume_due<T, Shard, Op, S>(st: &mut DriverState<T, Shard, Op, S>, now: Instant) -> bool
+where
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    let mut resumed = false;
+    for (i, entry) in st.reconnecting.iter_mut().enumerate() {
+        let Some(r) = entry else { continue };
+        if r.resume_at.is_some_and(|at| at <= now) {
+            r.resume_at = None;
+            st.batcher.resume(now, ShardId(i));
+            resumed = true;
+        }
+    }
+    resumed
+}
+
+/// The driver task's next timer: the batcher's (operation timeouts, maintenance) or a
+/// paused shard's resume, whichever comes first.
+fn next_deadline<T, Shard, Op, S>(st: &DriverState<T, Shard, Op, S>) -> Option<Instant>
+where
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    st.reconnecting
+        .iter()
+        .filter_map(|r| r.as_ref().and_then(|r| r.resume_at))
+        .chain(st.batcher.poll_timeout())
+        .min()
 }
 
 /// Drains the batcher's actions into effects; `ending` is how the reported batch ended.
 fn drain<T, Shard, Op, S>(
     st: &mut DriverState<T, Shard, Op, S>,
     effects: &mut Effects<T, Shard, Op>,
-    ending: &mut Ending<T::Output, T::Error>,
+    ending: &mut EndOf<T, Shard, Op>,
 ) where
     T: Transport<Shard, Op>,
     Shard: Hash + Eq + Clone,
@@ -1334,22 +1767,32 @@ fn drain<T, Shard, Op, S>(
                 // The first operation's key is the batch's (they share the shard id); the
                 // others' copies are dropped here.
                 let mut key = None;
-                let ops = handles
-                    .into_iter()
-                    .filter_map(|h| {
-                        let slot = st.slots.get_mut(h)?;
-                        let own = slot.key.take();
-                        if key.is_none() {
-                            key = own;
+                let mut ops = Vec::with_capacity(handles.len());
+                let mut sent = Vec::new();
+                let keep = st.keep_sent;
+                for h in handles {
+                    let Some(slot) = st.slots.get_mut(h) else {
+                        continue;
+                    };
+                    let own = slot.key.take();
+                    if key.is_none() {
+                        key = own;
+                    }
+                    if let Some(op) = slot.op.take() {
+                        ops.push(op);
+                        if keep {
+                            sent.push(h);
                         }
-                        slot.op.take()
-                    })
-                    .collect();
+                    }
+                }
+                let out = Outgoing {
+                    key,
+                    credit,
+                    ops,
+                    handles: sent,
+                };
                 // Per-shard mode: to the shard's lane, in this (dispatch) order.
-                if let Some(send) = st
-                    .lanes
-                    .route(shard, (key, credit, ops), &mut effects.lanes)
-                {
+                if let Some(send) = st.lanes.route(shard, out, &mut effects.lanes) {
                     effects.sends.push(send);
                 }
             }

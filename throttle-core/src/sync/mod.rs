@@ -102,7 +102,9 @@ pub use retry::{
 pub use runtime::{ManualClock, ManualSleep, Runtime};
 pub use seed::{client_rng, next_client_id, process_seed};
 pub use signal::{Changed, WakeSignal, wait_until};
-pub use window::{Acquire, OwnedPermit, Permit, Released, TryAcquireError, WindowHandle};
+pub use window::{
+    Acquire, AcquireError, OwnedPermit, Permit, Released, TimedOut, TryAcquireError, WindowHandle,
+};
 pub use writer::{Append, SendBatch, WriteDriver, WriteError};
 
 /// The handle was closed: the wait failed and nothing is held.

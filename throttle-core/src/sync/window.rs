@@ -26,17 +26,19 @@ use core::future::Future;
 use core::hash::{BuildHasher, Hash};
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
+use core::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::Closed;
 use super::loom::{Arc, Mutex, lock};
 use super::signal::{WakeSignal, wait_for};
 use super::waiters::{WaiterKey, Waiters, wake_all};
+use super::{Closed, Runtime};
 use crate::dispatch_window::{
     CreditId, DispatchWindow, Entered, SubmitError, Take, Ticket, WindowConfig,
 };
 use crate::error::ConfigError;
+use crate::time::Instant;
 
 /// Wakers collected under the lock, woken after it is dropped.
 type Wakeups = SmallVec<[Waker; 2]>;
@@ -62,6 +64,51 @@ pub enum TryAcquireError {
     /// The handle was closed.
     #[error("the window is closed")]
     Closed,
+}
+
+/// The typed timeout of this layer: a wait or an operation reached its deadline first.
+///
+/// What [`AcquireError::TimedOut`] carries (a window wait), and what a
+/// [`BatchDriver`](super::BatchDriver)'s operation fails with when its configured operation
+/// timeout passes ([`OpError::TimedOut`](super::OpError::TimedOut)).
+///
+/// ```
+/// use throttle_sansio::sync::TimedOut;
+///
+/// assert_eq!(TimedOut.to_string(), "the deadline passed before the operation completed");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[error("the deadline passed before the operation completed")]
+pub struct TimedOut;
+
+/// Why a timed wait for a window credit ([`WindowHandle::acquire_timeout`],
+/// [`Acquire::deadline`]) gave no permit.
+///
+/// ```
+/// use throttle_sansio::sync::{AcquireError, TimedOut};
+/// use std::error::Error as _;
+///
+/// let e = AcquireError::TimedOut(TimedOut);
+/// assert_eq!(e.to_string(), "no window credit before the deadline");
+/// assert!(e.source().is_some());
+/// assert_eq!(AcquireError::Closed.to_string(), "the window is closed");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum AcquireError {
+    /// The deadline passed while the waiter was still in its shard's line: it left the line
+    /// and holds no credit.
+    #[error("no window credit before the deadline")]
+    TimedOut(#[source] TimedOut),
+    /// The handle was closed.
+    #[error("the window is closed")]
+    Closed,
+}
+
+impl From<Closed> for AcquireError {
+    fn from(_: Closed) -> Self {
+        AcquireError::Closed
+    }
 }
 
 /// A waiter's state in the arena. A slot is freed only by the [`Acquire`] that owns it.
@@ -399,6 +446,47 @@ where
         Acquire::new(Holder::Owned(Arc::clone(&self.shared)), shard)
     }
 
+    /// As [`acquire`](Self::acquire), giving up at `timeout` after this call on `rt`'s clock
+    /// (the deadline saturates at [`Instant::MAX`], which never fires). See
+    /// [`Acquire::deadline`] for the exact rule: a credit handed over before the waiter
+    /// observes its deadline wins, so a timer and a grant that race lose no credit.
+    ///
+    /// ```
+    #[doc = include_str!("doc/tiny_runtime.md")]
+    /// use core::time::Duration;
+    /// use throttle_sansio::WindowConfig;
+    /// use throttle_sansio::sync::{AcquireError, TimedOut, WindowHandle};
+    ///
+    /// let rt = Tiny::default();
+    /// let window = WindowHandle::new(WindowConfig::default().with_max_in_flight(1)).unwrap();
+    /// let held = window.try_acquire(7u32).unwrap();
+    /// let mut late = Box::pin(window.acquire_timeout(&rt, 7, Duration::from_millis(50)));
+    /// let mut cx = Context::from_waker(Waker::noop());
+    /// assert!(late.as_mut().poll(&mut cx).is_pending(), "in line behind `held`");
+    /// rt.clock.advance(Duration::from_millis(50));
+    /// assert_eq!(rt.block_on(late).unwrap_err(), AcquireError::TimedOut(TimedOut));
+    /// assert_eq!(window.waiting(&7), 0, "the timed-out waiter left the line");
+    /// drop(held);
+    /// assert_eq!(window.available(&7), 1);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub fn acquire_timeout<'a, R: Runtime>(
+        &'a self,
+        rt: &R,
+        shard: Shard,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Permit<'a, Shard, S>, AcquireError>> + 'a
+    where
+        Shard: 'a,
+        S: 'a,
+    {
+        let deadline = rt.now().saturating_add(timeout);
+        self.acquire(shard).deadline(rt, deadline)
+    }
+
     /// A credit of `shard` now, if one is free and nobody waits for the shard. The permit
     /// borrows the handle; see [`try_acquire_owned`](Self::try_acquire_owned).
     ///
@@ -687,6 +775,77 @@ where
             shared: Some(shared),
             shard: Some(shard),
             state: AcquireState::Start,
+        }
+    }
+}
+
+impl<'a, Shard, S> Acquire<'a, Shard, S>
+where
+    Shard: Hash + Eq + Clone + 'a,
+    S: BuildHasher + 'a,
+{
+    /// This wait, given up at `deadline` on `rt`'s clock: resolves to the permit, to
+    /// [`AcquireError::Closed`], or to [`AcquireError::TimedOut`].
+    ///
+    /// The rule, decided under the handle's lock when the timer has fired: a waiter still in
+    /// its shard's line leaves it (the window's O(1) cancel, as when the future is dropped)
+    /// and the wait times out; a waiter the window already handed a credit to resolves to
+    /// that permit, even though the deadline passed. So a release and the timer that race
+    /// never lose or duplicate a credit. The wait is polled before the timer, so a credit free
+    /// at the first poll is taken even with a deadline already passed (`Duration::ZERO` is a
+    /// `try_acquire` that reports [`AcquireError::TimedOut`] instead of waiting).
+    ///
+    /// Dropping the returned future is dropping this `Acquire` (see the type). Its timer is
+    /// `rt`'s [`sleep_until`](Runtime::sleep_until), pinned in the future itself.
+    ///
+    /// # Panics
+    ///
+    /// As polling this `Acquire` (see the type).
+    pub fn deadline<R: Runtime>(
+        mut self,
+        rt: &R,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Permit<'a, Shard, S>, AcquireError>> + 'a {
+        let sleep = rt.sleep_until(deadline);
+        async move {
+            let mut sleep = core::pin::pin!(sleep);
+            core::future::poll_fn(move |cx| {
+                if let Poll::Ready(done) = Pin::new(&mut self).poll(cx) {
+                    return Poll::Ready(done.map_err(AcquireError::from));
+                }
+                if sleep.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(self.expire());
+                }
+                Poll::Pending
+            })
+            .await
+        }
+    }
+
+    /// The deadline passed: under one lock, a waiter still in line leaves it
+    /// ([`AcquireError::TimedOut`]); one handed a credit takes it; one failed by `close`
+    /// resolves to [`AcquireError::Closed`]. A future not yet in line (never polled) times
+    /// out. Runs no user code. The future is resolved afterwards (polling it again returns
+    /// `Pending`, dropping it does nothing).
+    pub(crate) fn expire(&mut self) -> Result<Permit<'a, Shard, S>, AcquireError> {
+        let state = core::mem::replace(&mut self.state, AcquireState::Done);
+        let timed_out = Err(AcquireError::TimedOut(TimedOut));
+        let AcquireState::Waiting(key) = state else {
+            return match state {
+                AcquireState::Start => timed_out,
+                _ => Err(AcquireError::Closed),
+            };
+        };
+        let Some(shared) = self.shared.as_ref() else {
+            return Err(AcquireError::Closed);
+        };
+        let taken = lock(&shared.get().state).take_waiter(key);
+        match (taken, self.shared.take(), self.shard.take()) {
+            (Some(Waiter::Granted(credit)), Some(shared), Some(shard)) => {
+                Ok(Permit::new(shared, shard, credit))
+            }
+            (Some(Waiter::Waiting(_)), _, _) => timed_out,
+            _ => Err(AcquireError::Closed),
         }
     }
 }

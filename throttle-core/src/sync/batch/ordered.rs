@@ -30,9 +30,10 @@ use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 
 use super::{
-    BatchDriver, BatchOutcome, Ending, Outgoing, SendGuard, ShardId, Transport, lock, unwind,
-    wake_one,
+    BatchDriver, Ending, Kept, Outgoing, Prepared, Raced, Requeue, SendGuard, ShardId, Transport,
+    lock, race, unwind, wake_one,
 };
+use crate::backoff::BackoffConfig;
 use crate::batcher::BatcherConfig;
 use crate::sync::{Panicked, Runtime};
 
@@ -146,6 +147,7 @@ pub struct BatchDriverBuilder<R, T, Shard, Op, S = std::hash::RandomState> {
     cfg: BatcherConfig,
     hasher: S,
     order: SendOrder,
+    requeue: Option<Requeue<Op>>,
     /// The key and operation types the built driver takes (they are the transport's).
     types: PhantomData<fn(Shard, Op)>,
 }
@@ -155,6 +157,7 @@ impl<R, T, Shard, Op, S> fmt::Debug for BatchDriverBuilder<R, T, Shard, Op, S> {
         f.debug_struct("BatchDriverBuilder")
             .field("cfg", &self.cfg)
             .field("order", &self.order)
+            .field("requeue", &self.requeue.as_ref().map(|rq| &rq.backoff))
             .finish_non_exhaustive()
     }
 }
@@ -180,6 +183,7 @@ where
             cfg,
             hasher: std::hash::RandomState::new(),
             order: SendOrder::Concurrent,
+            requeue: None,
             types: PhantomData,
         }
     }
@@ -200,6 +204,59 @@ where
         self
     }
 
+    /// Requeues torn batches instead of failing them, pausing their shard for `reconnect`'s
+    /// next delay (off by default).
+    ///
+    /// When a batch fails as a whole with an error the transport classes as a torn stream
+    /// ([`Transport::torn`]: the server did not execute it), the driver:
+    ///
+    /// 1. pauses the batch's shard: nothing more is dispatched to it;
+    /// 2. puts the batch back at the head of the shard's order in the batcher
+    ///    ([`Batcher::requeue`](crate::Batcher::requeue)), its operations still waiting for
+    ///    their results (each resolves once: with the resend's answer, or its timeout);
+    /// 3. resumes the shard after the next delay of the shard's reconnect backoff sequence
+    ///    (drawn from `reconnect` with a per-driver generator), which sends the requeued
+    ///    batch first, then the shard's later ones, in their order.
+    ///
+    /// The sequence restarts once a batch of the shard is answered. A delay the backoff
+    /// refuses (its attempt or time budget spent) fails the torn batch with the transport's
+    /// error ([`OpError::Batch`](super::OpError::Batch)) instead. Delivery is at least once:
+    /// a batch the server did execute but the transport still called torn runs twice.
+    ///
+    /// To resend, the driver clones each operation before `send` (the transport consumes
+    /// the originals), hence `Op: Clone`; a `clone` that panics fails that batch with
+    /// [`OpError::Panicked`](super::OpError::Panicked) before it is sent.
+    ///
+    /// ```
+    #[doc = include_str!("../doc/tiny_runtime.md")]
+    /// use core::time::Duration;
+    /// use throttle_sansio::{BackoffConfig, BatcherConfig};
+    /// use throttle_sansio::sync::{BatchDriver, BatchOutcome, SendOrder};
+    ///
+    /// let reconnect = BackoffConfig::grpc_connection();
+    /// let send = |_: &u8, puts: Vec<u64>| async move {
+    ///     let ok: BatchOutcome<u64, std::io::Error> = Ok(puts.into_iter().map(Ok).collect());
+    ///     ok
+    /// };
+    /// let rt = Tiny::default();
+    /// let driver = BatchDriver::builder(rt.clone(), send, BatcherConfig::writes())
+    ///     .with_send_order(SendOrder::PerShard)
+    ///     .with_requeue(reconnect)
+    ///     .build();
+    /// assert_eq!(rt.block_on(driver.submit(1, 5)).unwrap(), 5);
+    /// driver.close();
+    /// ```
+    pub fn with_requeue(mut self, reconnect: BackoffConfig) -> Self
+    where
+        Op: Clone,
+    {
+        self.requeue = Some(Requeue {
+            copy: Op::clone,
+            backoff: reconnect,
+        });
+        self
+    }
+
     /// Hashes shard keys with `hasher` (as [`BatchDriver::with_hasher`]).
     pub fn with_hasher<S2>(self, hasher: S2) -> BatchDriverBuilder<R, T, Shard, Op, S2> {
         BatchDriverBuilder {
@@ -208,6 +265,7 @@ where
             cfg: self.cfg,
             hasher,
             order: self.order,
+            requeue: self.requeue,
             types: PhantomData,
         }
     }
@@ -219,7 +277,14 @@ where
     ///
     /// If the runtime's [`spawn`](Runtime::spawn) panics, as for [`BatchDriver::new`].
     pub fn build(self) -> BatchDriver<R, T, Shard, Op, S> {
-        BatchDriver::start(self.rt, self.transport, self.cfg, self.hasher, self.order)
+        BatchDriver::start(
+            self.rt,
+            self.transport,
+            self.cfg,
+            self.hasher,
+            self.order,
+            self.requeue,
+        )
     }
 }
 
@@ -348,11 +413,12 @@ impl<Shard, Op> Lanes<Shard, Op> {
     }
 }
 
-/// A send future as the lane keeps it (boxed: its type is the transport's unnameable one).
+/// A send future as the lane keeps it (boxed: its type is the transport's unnameable one),
+/// raced against the operation timeout.
 type SendFuture<T, Shard, Op> = Pin<
     Box<
         dyn Future<
-                Output = BatchOutcome<
+                Output = Raced<
                     <T as Transport<Shard, Op>>::Output,
                     <T as Transport<Shard, Op>>::Error,
                 >,
@@ -372,6 +438,8 @@ where
     guard: SendGuard<R, T, Shard, Op, S>,
     ops: usize,
     future: SendFuture<T, Shard, Op>,
+    /// The copy kept for a resend (requeue on).
+    kept: Option<Kept<Shard, Op>>,
 }
 
 /// A shard's lane task: owns the lane entry from its start until it removes it.
@@ -453,24 +521,36 @@ where
                 return Poll::Ready(());
             }
             let mut progressed = !self.taken.is_empty();
-            while let Some((key, credit, ops)) = self.taken.pop_front() {
+            while let Some(out) = self.taken.pop_front() {
                 let guard = SendGuard {
                     driver: self.driver.clone(),
-                    credit: Some(credit),
+                    credit: Some(out.credit),
                 };
-                let Some(key) = key else {
-                    // Unreachable: each operation keeps its key until its batch is sent.
-                    debug_assert!(false, "a batch to send without a key");
-                    guard.finish(Ending::Abandoned);
-                    continue;
+                let Prepared {
+                    key,
+                    ops,
+                    kept,
+                    deadline,
+                    ..
+                } = match self.driver.prepare(out) {
+                    Ok(ready) => ready,
+                    Err((_, ending)) => {
+                        guard.finish(ending);
+                        continue;
+                    }
                 };
                 let n = ops.len();
-                match unwind::call(|| self.driver.shared.transport.send(&key, ops)) {
-                    Ok(future) => self.flights.push_back(Flight {
-                        guard,
-                        ops: n,
-                        future: Box::pin(future),
-                    }),
+                let shared = &self.driver.shared;
+                match unwind::call(|| shared.transport.send(&key, ops)) {
+                    Ok(sending) => {
+                        let timer = deadline.map(|at| shared.rt.sleep_until(at));
+                        self.flights.push_back(Flight {
+                            guard,
+                            ops: n,
+                            future: Box::pin(race(sending, timer)),
+                            kept,
+                        });
+                    }
                     Err(Panicked) => guard.finish(Ending::Panicked),
                 }
             }
@@ -486,9 +566,15 @@ where
                 };
                 progressed = true;
                 if let Some(done) = self.flights.remove(i) {
-                    let Flight { guard, ops, future } = done;
+                    let Flight {
+                        guard,
+                        ops,
+                        future,
+                        kept,
+                    } = done;
                     drop(future);
-                    guard.finish(Ending::of(outcome, ops));
+                    let ending = self.driver.ending(outcome, ops, kept);
+                    guard.finish(ending);
                 }
             }
             if !progressed {
@@ -521,7 +607,9 @@ where
         let driver = self.driver.clone();
         let unsent = self.taken.drain(..);
         let mut release = |batch: Outgoing<Shard, Op>| {
-            let (key, credit, ops) = batch;
+            let Outgoing {
+                key, credit, ops, ..
+            } = batch;
             drop((key, ops));
             drop(SendGuard {
                 driver: driver.clone(),
@@ -545,10 +633,10 @@ where
 mod tests {
     use super::*;
     use crate::WindowConfig;
-    use crate::sync::OpError;
     use crate::sync::test_support::{
         CountingWaker, Executor, RefusingRuntime, TestRuntime, poll_once,
     };
+    use crate::sync::{BatchOutcome, OpError};
     use crate::test_hasher::TestHasher;
     use core::num::NonZeroUsize;
     use std::sync::Arc as StdArc;

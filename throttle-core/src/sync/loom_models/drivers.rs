@@ -176,6 +176,101 @@ fn batch_finish_racing_close(parked: bool, fresh: bool, drains: bool) {
     });
 }
 
+/// Tears every batch: its send fails at once with an error `torn` classes as a torn stream.
+struct Tear;
+
+impl Transport<u32, u32> for Tear {
+    type Output = u32;
+    type Error = &'static str;
+    fn send(
+        &self,
+        _shard: &u32,
+        _ops: Vec<u32>,
+    ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
+        core::future::ready(Err("torn"))
+    }
+    fn torn(&self, _error: &&'static str) -> bool {
+        true
+    }
+}
+
+/// A torn batch's end (its send task, on one thread: the requeue at the head of the shard and
+/// the pause) races `close` or `drain` (on another). With one reconnect attempt allowed, the
+/// requeued batch is either failed by the close (`Closed`), or, draining, resent after the
+/// 10 ms pause and, torn again with the backoff spent, failed with the transport's error; a
+/// close that comes first makes the requeue fail the batch. Each way the operation resolves
+/// exactly once, no credit, slot or queued entry is left, every task ends (the driver task
+/// once its resume timer and the resend are done) and `closed()` resolves.
+#[test]
+fn batch_torn_end_racing_close_or_drain_resolves_the_requeued_operation_once() {
+    for drains in [false, true] {
+        super::model(move || {
+            let rt = TestRuntime::new();
+            let cfg = BatcherConfig::reads()
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap();
+            let reconnect = crate::backoff::BackoffConfig::builder()
+                .initial(core::time::Duration::from_millis(10))
+                .jitter(crate::backoff::Jitter::None)
+                .max_attempts(Some(1))
+                .build()
+                .unwrap();
+            let driver = BatchDriver::builder(rt.clone(), Tear, cfg)
+                .with_hasher(TestHasher::default())
+                .with_requeue(reconnect)
+                .build();
+            let mut task = Hand::new(spawned_one(&rt));
+            assert!(task.poll().is_pending(), "the driver task waits for work");
+            let mut op = Hand::new(driver.submit(1, 10));
+            assert!(op.poll().is_pending());
+            assert!(task.poll().is_pending());
+            let send = spawned_one(&rt); // the batch [10], about to tear
+
+            let t1 = thread::spawn(move || {
+                let mut send = Hand::new(send);
+                assert!(send.poll().is_ready(), "the send task ends at once");
+            });
+            let d2 = driver.clone();
+            let t2 = thread::spawn(move || {
+                if drains {
+                    drop(d2.drain());
+                } else {
+                    d2.close();
+                }
+            });
+            join(t1);
+            join(t2);
+
+            let mut tasks = alloc::vec![task];
+            settle(&rt, &mut tasks);
+            // The pause ends: a requeued batch is resent (and tears again).
+            rt.clock.advance(core::time::Duration::from_millis(10));
+            settle(&rt, &mut tasks);
+            assert!(tasks.is_empty(), "a driver or send task was left pending");
+
+            assert!(op.wakes() >= 1, "the submitter was left unwoken");
+            match op.poll() {
+                Poll::Ready(Err(OpError::Closed)) => assert!(!drains, "drain failed it Closed"),
+                Poll::Ready(Err(OpError::Batch(f))) => assert_eq!(*f, "torn"),
+                other => panic!(
+                    "the operation was not resolved once: {:?}",
+                    other.is_ready()
+                ),
+            }
+            assert_eq!(
+                (driver.in_flight(&1), driver.open_ops(&1), driver.queued()),
+                (0, 0, 0)
+            );
+            assert_eq!(driver.slots_in_use(), 0, "a slot left behind");
+            let mut closed = Hand::new(boxed(driver.closed()));
+            assert!(
+                closed.poll().is_ready(),
+                "closed() pending with nothing live"
+            );
+        });
+    }
+}
+
 /// Connects at once; counts the connections alive (a `FakeConn` not yet dropped). The count
 /// is a loom atomic, so loom may switch threads just before a connection's drop.
 struct Fake {

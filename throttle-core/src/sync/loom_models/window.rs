@@ -7,8 +7,9 @@ use loom::thread;
 
 use super::{Hand, boxed, join};
 use crate::dispatch_window::WindowConfig;
+use crate::sync::test_support::TestRuntime;
 use crate::sync::test_support::{CountingWaker, poll_once};
-use crate::sync::{Closed, OwnedPermit, Released, TryAcquireError, WindowHandle};
+use crate::sync::{AcquireError, Closed, OwnedPermit, Released, TryAcquireError, WindowHandle};
 use crate::test_hasher::TestHasher;
 
 type Handle<S = TestHasher> = WindowHandle<u32, S>;
@@ -455,4 +456,48 @@ where
 fn two_shards_under_one_lock_each_serve_their_own_waiter() {
     two_shards_under_one_lock::<TestHasher>();
     two_shards_under_one_lock::<Colliding>();
+}
+
+/// The timer of a timed acquire fires while a release hands the waiter the credit (and, in
+/// the second variant, while the handle closes): the waiter ends with the permit (the grant
+/// won) or with a timeout / `Closed`, and in the latter case the credit is free again, never
+/// stranded with a waiter that gave up and never issued twice.
+#[test]
+fn a_timed_out_acquire_racing_the_handoff_loses_no_credit() {
+    for close in [false, true] {
+        super::model(move || {
+            let (rt, h) = (TestRuntime::new(), window::<TestHasher>(1));
+            let p = permit(&h, 0);
+            let deadline = crate::time::Instant::from_millis(10);
+            let mut waiter = boxed(h.acquire_owned(0).deadline(&rt, deadline));
+            let (waker, _) = CountingWaker::new();
+            assert!(poll_once(&mut waiter, &waker).is_pending());
+
+            let closer = h.clone();
+            let t1 = thread::spawn(move || {
+                let _ = p.complete();
+                if close {
+                    closer.close();
+                }
+            });
+            let t2 = thread::spawn(move || {
+                rt.clock.advance(core::time::Duration::from_millis(10));
+                match poll_once(&mut waiter, &waker) {
+                    Poll::Ready(outcome) => outcome,
+                    Poll::Pending => panic!("the deadline passed: the wait must end"),
+                }
+            });
+            join(t1);
+            match join(t2) {
+                Ok(permit) => {
+                    assert_eq!(h.in_flight(&0), 1, "the grant is the permit's");
+                    drop(permit);
+                }
+                Err(AcquireError::TimedOut(_)) | Err(AcquireError::Closed) => {
+                    assert_eq!(h.in_flight(&0), 0, "a waiter that gave up holds no credit");
+                }
+            }
+            assert_settled(&h, &[0]);
+        });
+    }
 }

@@ -508,3 +508,128 @@ fn closed_resolves_only_once_closed_and_the_last_permit_is_released() {
     // Already drained: a new `closed()` is ready at once.
     assert!(poll_once(&mut Box::pin(h.closed()), &w).is_ready());
 }
+
+mod timeouts {
+    use super::*;
+    use crate::sync::test_support::TestRuntime;
+    use core::time::Duration;
+
+    fn boxed<F: Future>(f: F) -> Pin<Box<F>> {
+        Box::pin(f)
+    }
+
+    #[test]
+    fn a_waiter_still_in_line_at_its_deadline_leaves_it_and_times_out() {
+        let (rt, h) = (TestRuntime::new(), handle(1));
+        let held = h.try_acquire(3).unwrap();
+        let (waker, _) = CountingWaker::new();
+        let mut first = boxed(h.acquire_timeout(&rt, 3, Duration::from_millis(10)));
+        let mut second = boxed(h.acquire(3));
+        assert!(poll_once(&mut first, &waker).is_pending());
+        assert!(poll_once(&mut second, &waker).is_pending());
+        assert_eq!(h.waiting(&3), 2);
+        rt.clock.advance(Duration::from_millis(9));
+        assert!(poll_once(&mut first, &waker).is_pending(), "1 ms early");
+        rt.clock.advance(Duration::from_millis(1));
+        match poll_once(&mut first, &waker) {
+            Poll::Ready(Err(AcquireError::TimedOut(TimedOut))) => {}
+            other => panic!("expected a timeout, got {:?}", other.map(|r| r.is_ok())),
+        }
+        assert_eq!(h.waiting(&3), 1, "the timed-out waiter left the line");
+        // The credit goes to the waiter behind it, not to the one that gave up.
+        assert_eq!(held.complete(), Released::HandedOn);
+        let permit = match poll_once(&mut second, &waker) {
+            Poll::Ready(Ok(p)) => p,
+            _ => panic!("the next waiter should hold the credit"),
+        };
+        drop(first);
+        drop(permit);
+        assert_eq!(h.available(&3), 1);
+        assert_eq!(h.live_credits(), 0);
+        assert_eq!(h.stats().refused_releases, 0);
+    }
+
+    #[test]
+    fn a_credit_handed_over_before_the_deadline_is_observed_wins_over_the_timer() {
+        let (rt, h) = (TestRuntime::new(), handle(1));
+        let held = h.try_acquire(3).unwrap();
+        let (waker, _) = CountingWaker::new();
+        let mut waiter = boxed(h.acquire_timeout(&rt, 3, Duration::from_millis(10)));
+        assert!(poll_once(&mut waiter, &waker).is_pending());
+        // The grant and the timer both happen before the next poll.
+        assert_eq!(held.complete(), Released::HandedOn);
+        rt.clock.advance(Duration::from_millis(10));
+        let permit = match poll_once(&mut waiter, &waker) {
+            Poll::Ready(Ok(p)) => p,
+            _ => panic!("the granted credit must be taken, not dropped with a timeout"),
+        };
+        assert_eq!(h.in_flight(&3), 1);
+        drop(permit);
+        assert_eq!(h.live_credits(), 0);
+        assert_eq!(h.available(&3), 1);
+    }
+
+    #[test]
+    fn expire_on_a_granted_waiter_returns_its_permit() {
+        // The timer path itself (`expire`), with the grant already made: the permit, not a
+        // timeout (a timeout here would strand or silently free the handed credit).
+        let h = handle(1);
+        let held = h.try_acquire(3).unwrap();
+        let (waker, _) = CountingWaker::new();
+        let mut waiter = h.acquire(3);
+        assert!(poll_once(&mut waiter, &waker).is_pending());
+        assert_eq!(held.complete(), Released::HandedOn);
+        let Ok(permit) = waiter.expire() else {
+            panic!("the handed credit must come back as the permit");
+        };
+        assert_eq!(h.in_flight(&3), 1);
+        drop(waiter);
+        assert_eq!(
+            h.in_flight(&3),
+            1,
+            "dropping the resolved future releases nothing"
+        );
+        drop(permit);
+        assert_eq!(h.live_credits(), 0);
+    }
+
+    #[test]
+    fn a_zero_timeout_takes_a_free_credit_and_times_out_without_one() {
+        let (rt, h) = (TestRuntime::new(), handle(1));
+        let (waker, _) = CountingWaker::new();
+        let mut free = boxed(h.acquire_timeout(&rt, 3, Duration::ZERO));
+        let permit = match poll_once(&mut free, &waker) {
+            Poll::Ready(Ok(p)) => p,
+            _ => panic!("a free credit is taken even at a zero timeout"),
+        };
+        let mut none = boxed(h.acquire_timeout(&rt, 3, Duration::ZERO));
+        assert!(matches!(
+            poll_once(&mut none, &waker),
+            Poll::Ready(Err(AcquireError::TimedOut(_)))
+        ));
+        assert_eq!(h.waiting(&3), 0);
+        drop(permit);
+        assert_eq!(h.available(&3), 1);
+    }
+
+    #[test]
+    fn close_before_the_deadline_resolves_closed_and_a_huge_timeout_never_fires() {
+        let (rt, h) = (TestRuntime::new(), handle(1));
+        let held = h.try_acquire(3).unwrap();
+        let (waker, _) = CountingWaker::new();
+        let mut waiter = boxed(h.acquire_timeout(&rt, 3, Duration::MAX));
+        assert!(poll_once(&mut waiter, &waker).is_pending());
+        rt.clock.advance(Duration::from_secs(1_000_000));
+        assert!(
+            poll_once(&mut waiter, &waker).is_pending(),
+            "Instant::MAX never fires"
+        );
+        h.close();
+        assert!(matches!(
+            poll_once(&mut waiter, &waker),
+            Poll::Ready(Err(AcquireError::Closed))
+        ));
+        drop(held);
+        assert_eq!(h.live_credits(), 0);
+    }
+}
