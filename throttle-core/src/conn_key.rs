@@ -390,6 +390,19 @@ struct Conn {
     drawn: Backoff,
 }
 
+impl Conn {
+    /// When the connection may be closed with nothing in flight, given the idle deadline
+    /// `idle_at`: a connecting one is never cut before its attempt's connect deadline (and
+    /// the cut then counts as a failed connect, see `handle_timeout`).
+    fn close_at(&self, idle_at: Instant) -> Instant {
+        if self.state == ConnState::Connecting {
+            idle_at.max(self.attempt.deadline())
+        } else {
+            idle_at
+        }
+    }
+}
+
 /// The backoff of the attempt about to start in sequence `seq`, drawn on a copy (the
 /// sequence is committed only if the attempt fails). A delay the config's limits refuse is
 /// replaced by the current attempt's: connecting never gives up by itself.
@@ -669,7 +682,7 @@ where
             }
         }
         self.live = self.live.saturating_add(1);
-        self.set_deadline(slot, Some(idle_at));
+        self.set_deadline(slot, Some(idle_at.max(attempt.deadline())));
         Route::Open(id, copy, attempt)
     }
 
@@ -693,7 +706,8 @@ where
         if let Some(c) = &e.conn {
             let id = c.id;
             if c.in_flight == 0 {
-                self.set_deadline(slot, Some(idle_at));
+                let at = c.close_at(idle_at);
+                self.set_deadline(slot, Some(at));
             }
             return Route::Use(id);
         }
@@ -725,7 +739,7 @@ where
             });
         }
         self.live = self.live.saturating_add(1);
-        self.set_deadline(slot, Some(idle_at));
+        self.set_deadline(slot, Some(idle_at.max(attempt.deadline())));
         Route::Open(id, copy, attempt)
     }
 
@@ -769,6 +783,13 @@ where
     pub fn handle_connect_failed(&mut self, now: Instant, conn: ConnId) -> Option<Instant> {
         let now = self.clock.observe(now);
         let slot = self.live_slot(conn)?;
+        self.fail_connect(slot, now).map(|(_, until)| until)
+    }
+
+    /// Ends the connecting connection at `slot` as a failed connect: commits the backoff its
+    /// attempt drew and returns its id and when the endpoint may be tried again. `None` (and
+    /// nothing changes) if the slot's connection is not connecting.
+    fn fail_connect(&mut self, slot: u32, now: Instant) -> Option<(ConnId, Instant)> {
         let max_idle = self.cfg.max_idle;
         let from = self.cfg.backoff_from;
         let e = self.slots.get_mut(slot as usize)?.as_mut()?;
@@ -784,7 +805,7 @@ where
         e.wait_until = until;
         self.live = self.live.saturating_sub(1);
         self.set_deadline(slot, Some(until.max(now) + max_idle));
-        Some(until)
+        Some((c.id, until))
     }
 
     /// A request is being written on `conn`: counts it in flight (an in-flight connection is
@@ -804,6 +825,7 @@ where
     /// connection or one with nothing in flight.
     pub fn handle_finished(&mut self, now: Instant, conn: ConnId) -> Result<(), FinishError> {
         let now = self.clock.observe(now);
+        let idle_at = now + self.cfg.max_idle;
         let slot = self
             .live_slot(conn)
             .ok_or(FinishError::Disconnected(conn))?;
@@ -816,7 +838,7 @@ where
         }
         c.in_flight -= 1;
         if c.in_flight == 0 {
-            let at = now + self.cfg.max_idle;
+            let at = c.close_at(idle_at);
             self.set_deadline(slot, Some(at));
         }
         Ok(())
@@ -875,13 +897,21 @@ where
             if at > now {
                 break;
             }
-            match self.entry(slot).map(|e| e.conn.is_some()) {
-                Some(true) => {
+            let conn = self.entry(slot).map(|e| e.conn.as_ref().map(|c| c.state));
+            match conn {
+                Some(Some(ConnState::Connecting)) => {
+                    // Still connecting at its connect deadline (which its timer never
+                    // precedes): a failed connect, backoff and all, and the transport drops it.
+                    if let Some((id, _)) = self.fail_connect(slot, now) {
+                        self.actions.push_back(ConnAction::Close(id));
+                    }
+                }
+                Some(Some(_)) => {
                     if let Some(id) = self.drop_conn(slot, now) {
                         self.actions.push_back(ConnAction::Close(id));
                     }
                 }
-                Some(false) => self.free_entry(slot),
+                Some(None) => self.free_entry(slot),
                 None => {
                     // Unreachable: a timer names a used slot. Drop it so the loop ends.
                     self.heap_remove(0);

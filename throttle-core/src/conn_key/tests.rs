@@ -649,10 +649,12 @@ fn emptied_table_keeps_a_floor_capacity() {
         ConnTable::new(ConnConfig::default().with_max_idle(Duration::from_millis(1))).unwrap();
     let key = ConnKey::new(1, 1, 1);
     for k in 0..10 {
-        assert!(matches!(
-            t.handle_request(ms(2 * k), &key, &mut SplitMix64::new(0)),
-            Route::Open(..)
-        ));
+        let Route::Open(id, ..) = t.handle_request(ms(2 * k), &key, &mut SplitMix64::new(0)) else {
+            panic!("the endpoint opens")
+        };
+        // Connected, so it idles out after 1 ms (a connecting one waits for its connect
+        // deadline, 20 s).
+        assert!(t.handle_connected(ms(2 * k), id));
         t.handle_timeout(ms(2 * k + 2));
         assert!(matches!(t.poll_action(), Some(ConnAction::Close(_))));
         assert_eq!(t.tracked_endpoints(), 0);
@@ -809,11 +811,15 @@ fn growing_shrinking_and_evicting_never_run_a_stored_key_s_code() {
     let kept = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
         // Under miri fewer keys: still past several growths and the shrink floor.
         for n in 1..if cfg!(miri) { 150 } else { 500 } {
-            let _ = t.handle_request(
+            let routed = t.handle_request(
                 ms(1),
                 &ConnKey::new(uid(n, false), 1, 1),
                 &mut SplitMix64::new(0),
             );
+            // Connected, so the idle timer closes it without a connect backoff to remember.
+            if let Route::Open(id, ..) = routed {
+                t.handle_connected(ms(1), id);
+            }
         }
         // Disconnects, idle closes, evictions and shrinking, down to the stored key alone.
         t.disconnect(ms(2), &uid(7, false));
@@ -1001,6 +1007,43 @@ fn a_panicking_rng_leaves_the_table_as_it_was() {
 }
 
 // ------------------------------------------------------------------ gRPC connection backoff
+
+/// A connecting connection is not closed for idleness before its connect deadline, and a
+/// connect still running then has failed: its backoff counts (before, a `max_idle` shorter
+/// than the connect timeout reopened a hung endpoint every `max_idle`, with no backoff).
+#[test]
+fn the_idle_timer_never_cuts_a_connect_before_its_deadline_and_then_counts_a_failure() {
+    let mut t: Table =
+        ConnTable::new(grpc_unjittered().with_max_idle(Duration::from_secs(5))).unwrap();
+    let k = key("cs-0", "10.0.0.1");
+    let Route::Open(id, _, attempt) = t.handle_request(ms(0), &k, &mut SplitMix64::new(1)) else {
+        panic!("opens")
+    };
+    assert_eq!(attempt.deadline(), ms(20_000));
+    assert_eq!(
+        t.poll_timeout(),
+        Some(ms(20_000)),
+        "not the 5 s idle deadline"
+    );
+    // A second request while it connects does not pull the deadline in either.
+    assert_eq!(
+        t.handle_request(ms(4_000), &k, &mut SplitMix64::new(1)),
+        Route::Use(id)
+    );
+    assert_eq!(t.poll_timeout(), Some(ms(20_000)));
+    t.handle_timeout(ms(19_999));
+    assert_eq!(t.poll_action(), None);
+    assert_eq!(t.state(id), Some(ConnState::Connecting));
+    t.handle_timeout(ms(20_000));
+    assert_eq!(t.poll_action(), Some(ConnAction::Close(id)));
+    assert_eq!(t.connect_failures(&k), 1, "the cut is a failed connect");
+    // The attempt started at 0 with a 1 s backoff: the endpoint may open again at once, and
+    // its next wait is 1.6 s.
+    let Route::Open(_, _, next) = t.handle_request(ms(20_000), &k, &mut SplitMix64::new(1)) else {
+        panic!("reopens once its backoff has passed")
+    };
+    assert_eq!(next.timeout(), Duration::from_secs(20));
+}
 
 /// gRPC's protocol (grpc/grpc `doc/connection-backoff.md`, "Proposed Backoff Algorithm":
 /// `current_deadline = now() + INITIAL_BACKOFF`, no jitter) with the default table: an

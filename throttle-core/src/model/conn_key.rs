@@ -145,8 +145,17 @@ impl Reference {
         }
     }
 
+    /// When an open connection with nothing in flight is closed: `max_idle` after its last
+    /// activity, and a connecting one not before its attempt's connect deadline.
     fn idle_deadline(&self, c: &RefConn) -> Option<Instant> {
-        (c.open && c.in_flight == 0).then(|| c.last_activity + self.max_idle)
+        (c.open && c.in_flight == 0).then(|| {
+            let idle = c.last_activity + self.max_idle;
+            if c.stage == Stage::Connecting {
+                idle.max(self.attempt_of(c.started, c.delay).deadline())
+            } else {
+                idle
+            }
+        })
     }
 
     fn forget_deadline(&self, b: &RefBackoff) -> Option<Instant> {
@@ -302,7 +311,16 @@ impl Reference {
             .map(|c| c.id)
             .collect();
         for id in &due {
-            self.close(*id);
+            // A connect still running at its deadline failed: its backoff counts.
+            let connecting = self
+                .conns
+                .iter()
+                .any(|c| c.open && c.id == *id && c.stage == Stage::Connecting);
+            if connecting {
+                let _ = self.connect_failed(now, *id);
+            } else {
+                self.close(*id);
+            }
         }
         let forget: Vec<Key> = self
             .backoffs
