@@ -63,6 +63,7 @@ pub struct BatcherConfig {
     max_batch_bytes: NonZeroU64,
     /// Valid: [`BatcherConfig::with_window`] refuses an invalid one.
     window: WindowConfig,
+    oversized: Oversized,
 }
 
 /// 1000 operations per batch (Oxia's `maxRequestsPerBatch`).
@@ -86,6 +87,7 @@ impl Default for BatcherConfig {
             max_requests_per_batch: DEFAULT_MAX_REQUESTS,
             max_batch_bytes: DEFAULT_MAX_BYTES,
             window: WindowConfig::default(),
+            oversized: Oversized::TravelAlone,
         }
     }
 }
@@ -150,6 +152,27 @@ impl BatcherConfig {
     pub fn with_max_in_flight(mut self, n: NonZeroUsize) -> Self {
         self.window = WindowConfig::new(n);
         self
+    }
+
+    /// What a write batcher does with an operation larger than
+    /// [`max_batch_bytes`](Self::max_batch_bytes): [`Oversized::TravelAlone`] (the default)
+    /// or [`Oversized::Reject`]. Ignored for reads (no byte limit).
+    ///
+    /// ```
+    /// use throttle_sansio::{BatcherConfig, Oversized};
+    ///
+    /// assert_eq!(BatcherConfig::writes().oversized(), Oversized::TravelAlone);
+    /// assert_eq!(BatcherConfig::writes().with_oversized(Oversized::Reject).oversized(), Oversized::Reject);
+    /// ```
+    #[must_use]
+    pub fn with_oversized(mut self, oversized: Oversized) -> Self {
+        self.oversized = oversized;
+        self
+    }
+
+    /// What happens to an operation larger than the batch limit.
+    pub fn oversized(&self) -> Oversized {
+        self.oversized
     }
 
     /// Read or write limits.
@@ -297,19 +320,89 @@ pub enum BatchAction<Shard, H, P = (), E = ()> {
     },
 }
 
-/// An operation refused because the batcher is closed or draining ([`Batcher::close`],
-/// [`Batcher::drain`]); what was offered is handed back: the handle, or `(handle, payload)`
-/// from [`Batcher::handle_op_with_payload`]. (Not `Closed`: that is `sync::Closed` (feature
-/// `std`), the handles' unit error, and no two public types of the crate share a name.)
+/// Why [`Batcher::handle_op`] refused an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum RefuseReason {
+    /// The batcher closed ([`Batcher::close`], or it ran out of ids).
+    #[error("the batcher is closed")]
+    Closed,
+    /// The batcher is draining ([`Batcher::drain`]): it sends what it holds, takes nothing new.
+    #[error("the batcher is draining")]
+    Draining,
+    /// A write operation larger than the batch limit, under [`Oversized::Reject`] (Oxia's
+    /// `RequestTooLarge`).
+    #[error("operation of {bytes} bytes exceeds the {limit}-byte batch limit")]
+    TooLarge {
+        /// The operation's size.
+        bytes: u64,
+        /// [`BatcherConfig::max_batch_bytes`].
+        limit: u64,
+    },
+}
+
+/// An operation the batcher refused, and why; what was offered is handed back: the handle, or
+/// `(handle, payload)` from [`Batcher::handle_op_with_payload`]. (Not `Closed`: that is
+/// `sync::Closed` (feature `std`), the handles' unit error, and no two public types of the
+/// crate share a name.)
+///
+/// ```
+/// use core::num::NonZeroU64;
+/// use throttle_sansio::{Batcher, BatcherConfig, Instant, Oversized, RefuseReason, Refused};
+/// # use core::hash::BuildHasherDefault;
+/// # #[derive(Default)] struct H(u64);
+/// # impl core::hash::Hasher for H {
+/// #     fn finish(&self) -> u64 { self.0 }
+/// #     fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.wrapping_mul(31) ^ u64::from(*x); } }
+/// # }
+/// let limit = NonZeroU64::new(16).expect("not zero");
+/// let cfg = BatcherConfig::writes().with_max_batch_bytes(limit).with_oversized(Oversized::Reject);
+/// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(cfg);
+/// let refused = b.handle_op(Instant::ZERO, 1, "put big", 64).unwrap_err();
+/// assert_eq!(refused, Refused { handle: "put big", reason: RefuseReason::TooLarge { bytes: 64, limit: 16 } });
+/// assert_eq!(refused.to_string(), "batcher refused the operation: operation of 64 bytes exceeds the 16-byte batch limit");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("batcher is closed or draining")]
-pub struct Refused<H>(pub H);
+#[error("batcher refused the operation: {reason}")]
+#[non_exhaustive]
+pub struct Refused<H> {
+    /// What was offered, handed back.
+    pub handle: H,
+    /// Why it was refused.
+    pub reason: RefuseReason,
+}
 
 impl<H> Refused<H> {
+    /// A refusal of `handle` for `reason`.
+    pub fn new(handle: H, reason: RefuseReason) -> Self {
+        Refused { handle, reason }
+    }
+
     /// The refused operation's handle.
     pub fn into_handle(self) -> H {
-        self.0
+        self.handle
     }
+
+    /// Why it was refused.
+    pub fn reason(&self) -> RefuseReason {
+        self.reason
+    }
+}
+
+/// What a write batcher does with an operation larger than
+/// [`BatcherConfig::max_batch_bytes`] ([`BatcherConfig::with_oversized`]; reads have no byte
+/// limit, so this never applies to them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Oversized {
+    /// The default: it closes the open batch and leaves in a batch of its own (a server that
+    /// takes it gets it; one that refuses it answers that one batch with its error).
+    #[default]
+    TravelAlone,
+    /// Refused at once by [`Batcher::handle_op`] with [`RefuseReason::TooLarge`], before it
+    /// is batched: nothing is queued or sent (the Rust Oxia client's `RequestTooLarge`, for
+    /// an operation of more than `max_batch_size` bytes).
+    Reject,
 }
 
 /// Why [`Batcher::requeue_with_payloads`] refused; nothing changed.
@@ -589,7 +682,7 @@ where
         bytes: u64,
     ) -> Result<OpId, Refused<H>> {
         self.handle_op_with_payload(now, shard, handle, (), bytes)
-            .map_err(|Refused((handle, ()))| Refused(handle))
+            .map_err(|r| Refused::new(r.handle.0, r.reason))
     }
 
     /// Withdraws the operation `op` if its batch has not left yet, handing its handle back:
@@ -746,7 +839,24 @@ where
         }
         if self.closed || self.draining {
             self.clock.observe(now);
-            return Err(Refused((handle, payload)));
+            let reason = if self.closed {
+                RefuseReason::Closed
+            } else {
+                RefuseReason::Draining
+            };
+            return Err(Refused::new((handle, payload), reason));
+        }
+        if self.cfg.oversized == Oversized::Reject
+            && self.cfg.kind == BatchKind::Write
+            && bytes > self.cfg.max_batch_bytes()
+        {
+            // Oxia's check (`size > max_batch_size`): an operation of exactly the limit fits.
+            self.clock.observe(now);
+            let limit = self.cfg.max_batch_bytes();
+            return Err(Refused::new(
+                (handle, payload),
+                RefuseReason::TooLarge { bytes, limit },
+            ));
         }
         // User code first: the hash, the lookups and every key copy needed below.
         let hash = self.window.hash_key(&shard);
@@ -798,7 +908,7 @@ where
                     }
                     None => match keys.pop() {
                         Some(key) => self.window.open_pinned(key, hash),
-                        None => return Err(Refused((handle, payload))), // unreachable: counted above
+                        None => return Err(Refused::new((handle, payload), RefuseReason::Closed)), // unreachable: counted above
                     },
                 };
                 // Reclaim the parked batch so newer operations join it instead of queueing
@@ -810,7 +920,7 @@ where
                 }
                 let Some(key) = keys.pop() else {
                     self.window.unpin(place);
-                    return Err(Refused((handle, payload))); // unreachable: counted above
+                    return Err(Refused::new((handle, payload), RefuseReason::Closed)); // unreachable: counted above
                 };
                 let i = self.open_list.len();
                 self.open_list.push(OpenShard {
@@ -828,7 +938,7 @@ where
         };
         let Some(open) = self.open_list.get_mut(i) else {
             // Unreachable: listed above. Hand the operation back rather than lose it.
-            return Err(Refused((handle, payload)));
+            return Err(Refused::new((handle, payload), RefuseReason::Closed));
         };
         let place = open.place;
         let slot = &mut open.batch;
@@ -842,7 +952,7 @@ where
             None => {
                 // `can_issue` was checked above and nothing was issued since.
                 let Ok(id) = self.held.insert(Held::Open(place)) else {
-                    return Err(Refused((handle, payload))); // unreachable
+                    return Err(Refused::new((handle, payload), RefuseReason::Closed)); // unreachable
                 };
                 self.open_count += 1;
                 self.ops_out = self.ops_out.saturating_add(1);
@@ -1322,7 +1432,7 @@ where
     /// beyond those of an open batcher.
     ///
     /// ```
-    /// use throttle_sansio::batcher::Refused;
+    /// use throttle_sansio::batcher::{RefuseReason, Refused};
     /// use throttle_sansio::{BatchAction, Batcher, BatcherConfig, Instant, WindowConfig};
     /// # use core::hash::BuildHasherDefault;
     /// # #[derive(Default)] struct H(u64);
@@ -1337,7 +1447,7 @@ where
     /// let Some(BatchAction::Send { credit, .. }) = b.poll_action() else { unreachable!() };
     /// b.handle_op(now, 1, "b", 0).unwrap(); // no credit left: held back
     /// b.drain(now);
-    /// assert_eq!(b.handle_op(now, 1, "c", 0), Err(Refused("c")));
+    /// assert_eq!(b.handle_op(now, 1, "c", 0), Err(Refused::new("c", RefuseReason::Draining)));
     /// assert_eq!(b.poll_action(), None);
     /// b.handle_response(now, credit, [0]).unwrap(); // the credit returns: "b" goes out
     /// assert!(matches!(b.poll_action(), Some(BatchAction::Deliver { handle: "a", .. })));

@@ -514,7 +514,10 @@ fn close_fails_held_back_operations_and_leaves_in_flight_ones() {
         .collect();
     assert_eq!(failed, [2, 3, 4, 9], "held back: queued, parked, then open");
     assert!(b.is_closed());
-    assert_eq!(b.handle_op(T0, 1, 42, 0), Err(Refused(42)));
+    assert_eq!(
+        b.handle_op(T0, 1, 42, 0),
+        Err(Refused::new(42, RefuseReason::Closed))
+    );
     assert_eq!(b.handle_response(T0, sent[0].1, [0, 1]), Ok(()));
     assert_eq!(
         drain(&mut b),
@@ -827,7 +830,7 @@ fn a_sent_batch_hands_its_payloads_over_by_value_and_keeps_the_handles() {
     b.close();
     assert_eq!(
         b.handle_op_with_payload(T0, 1, 10, Request(10), 0),
-        Err(Refused((10, Request(10)))),
+        Err(Refused::new((10, Request(10)), RefuseReason::Closed)),
         "a refusal hands both back"
     );
 }
@@ -907,7 +910,10 @@ fn drain_refuses_new_operations_and_sends_everything_accepted_in_order() {
     op(&mut b, 2, 9, 0);
     b.drain(T0);
     assert!(b.is_draining() && !b.is_closed() && !b.is_drained());
-    assert_eq!(b.handle_op(T0, 1, 42, 0), Err(Refused(42)));
+    assert_eq!(
+        b.handle_op(T0, 1, 42, 0),
+        Err(Refused::new(42, RefuseReason::Draining))
+    );
     let mut sent: Vec<(u32, CreditId, Vec<u32>)> = take_sends(&mut b);
     let mut batches = Vec::new();
     while let Some((shard, credit, ops)) = sent.pop() {
@@ -986,7 +992,10 @@ fn running_out_of_credit_ids_fails_held_operations_and_closes() {
         ]
     );
     assert!(b.is_closed());
-    assert_eq!(b.handle_op(T0, 1, 3, 0), Err(Refused(3)));
+    assert_eq!(
+        b.handle_op(T0, 1, 3, 0),
+        Err(Refused::new(3, RefuseReason::Closed))
+    );
     assert_eq!((b.window().shard_count(), b.open_batches()), (0, 0));
 }
 
@@ -1154,4 +1163,52 @@ fn a_paused_shard_batches_on_and_other_shards_are_not_held() {
             reason: FailReason::Closed
         }]
     );
+}
+
+#[test]
+fn reject_refuses_an_operation_larger_than_the_batch_limit_at_once() {
+    // oxia-db/oxia-client-rust, oxia-client/src/batcher.rs test
+    // `oversized_write_is_rejected_before_batching`: max_batch_size 16, a 64-byte put fails
+    // with RequestTooLarge and nothing is queued or dispatched. Oxia's check is
+    // `size > max_batch_size`, so an operation of exactly the limit is taken.
+    let cfg = BatcherConfig::writes()
+        .with_max_batch_bytes(nzb(16))
+        .with_oversized(Oversized::Reject);
+    let mut b = batcher(cfg);
+    assert_eq!(
+        b.handle_op(T0, 1, 1, 64),
+        Err(Refused::new(
+            1,
+            RefuseReason::TooLarge {
+                bytes: 64,
+                limit: 16
+            }
+        ))
+    );
+    assert!(drain(&mut b).is_empty(), "nothing queued or sent");
+    assert_eq!((b.open_batches(), b.window().shard_count()), (0, 0));
+    op(&mut b, 1, 2, 16); // exactly the limit: taken, a full batch
+    assert_eq!(sent_ops(&mut b), [vec![2]]);
+    // Reads have no byte limit: the option does not apply.
+    let mut r = batcher(
+        BatcherConfig::reads()
+            .with_max_batch_bytes(nzb(16))
+            .with_oversized(Oversized::Reject),
+    );
+    assert!(r.handle_op(T0, 1, 3, 64).is_ok());
+}
+
+#[test]
+fn torn_batches_requeued_in_send_order_keep_it_too() {
+    // As the Oxia case above, the torn batches requeued in the order they were sent.
+    let mut b = writes(3, 4);
+    for h in [11, 12, 13, 21, 22, 23] {
+        op(&mut b, 5, h, 1);
+    }
+    let sent = take_sends(&mut b);
+    b.pause(5);
+    b.requeue(T0, sent[0].1).unwrap();
+    b.requeue(T0, sent[1].1).unwrap();
+    b.resume(T0, 5);
+    assert_eq!(sent_ops(&mut b), [vec![11, 12, 13], vec![21, 22, 23]]);
 }

@@ -49,7 +49,7 @@ use super::user::{self, Arm, Key};
 use super::{Cursor, Divergence};
 use core::num::{NonZeroU64, NonZeroUsize};
 
-use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, OpId, Refused, Withdrawal};
+use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, OpId, Withdrawal};
 use crate::dispatch_window::{CreditId, WindowConfig};
 use crate::error::ReleaseError;
 use crate::test_hasher::TestHasher;
@@ -540,7 +540,7 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool
             if r.closed || r.draining {
                 r.refused.push(handle);
                 ids.push(None);
-                if got != Err(Refused((handle, payload(handle)))) {
+                if got.as_ref().err().map(|r| r.handle) != Some((handle, payload(handle))) {
                     return Err(format!(
                         "step {step}: op after close or drain = {got:?}, want Refused({handle})"
                     ));
