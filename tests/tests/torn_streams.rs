@@ -8,12 +8,12 @@
 
 use core::future::Future;
 use core::time::Duration;
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use throttle_sansio::sync::{BatchDriver, BatchOutcome, OpError, SendOrder, Transport};
-use throttle_sansio::{BackoffConfig, BatcherConfig, Instant, Jitter, WindowConfig};
+use throttle_sansio::{BackoffConfig, BatcherConfig, Instant, Jitter, Oversized, WindowConfig};
 use throttle_tokio::TokioRuntime;
 
 /// The errors of the fake shard's write stream.
@@ -304,4 +304,57 @@ async fn a_drain_during_the_pause_waits_for_the_resend() {
     driver.drain().await;
     assert_eq!(put.await.unwrap(), 1);
     assert_eq!(stream.executed(), [1]);
+}
+
+/// Issue 15 item 7, Oxia's `RequestTooLarge`: with `Oversized::Reject`, a write larger than
+/// the batch limit is refused by `submit` at once, with its size and the limit; the transport
+/// never sees it and the shard's other writes are unaffected. The default sends it alone.
+#[tokio::test(start_paused = true)]
+async fn an_oversized_write_is_refused_at_submit_when_the_config_rejects_them() {
+    let rt = TokioRuntime::new();
+    let stream = Stream::new(&rt, 0);
+    let limit = NonZeroU64::new(100).unwrap();
+    let cfg = writes(1)
+        .with_max_batch_bytes(limit)
+        .with_oversized(Oversized::Reject);
+    let driver: BatchDriver<_, _, u8, u64> = BatchDriver::new(rt.clone(), stream.clone(), cfg);
+    let start = rt.now();
+    // Polled once, before the driver task has run: the refusal is already there.
+    let mut big = driver.submit(7, 150);
+    let first = core::pin::Pin::new(&mut big).poll(&mut core::task::Context::from_waker(
+        core::task::Waker::noop(),
+    ));
+    match first {
+        core::task::Poll::Ready(Err(e @ OpError::TooLarge { .. })) => {
+            assert!(matches!(
+                e,
+                OpError::TooLarge {
+                    bytes: 150,
+                    limit: 100
+                }
+            ));
+            assert_eq!(
+                e.to_string(),
+                "the operation of 150 bytes exceeds the batch limit of 100 bytes"
+            );
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_eq!(rt.now(), start, "refused at once");
+    assert_eq!(driver.queued(), 0);
+    assert_eq!(driver.submit(7, 40).await.unwrap(), 40);
+    assert_eq!(stream.executed(), [40]);
+    driver.close();
+
+    let travels = BatchDriver::new(
+        rt.clone(),
+        stream.clone(),
+        writes(1).with_max_batch_bytes(limit),
+    );
+    assert_eq!(
+        travels.submit(7, 150).await.unwrap(),
+        150,
+        "the default sends it alone"
+    );
+    travels.close();
 }

@@ -359,7 +359,7 @@ pub enum RefuseReason {
 /// let cfg = BatcherConfig::writes().with_max_batch_bytes(limit).with_oversized(Oversized::Reject);
 /// let mut b: Batcher<u32, &str, BuildHasherDefault<H>> = Batcher::new(cfg);
 /// let refused = b.handle_op(Instant::ZERO, 1, "put big", 64).unwrap_err();
-/// assert_eq!(refused, Refused { handle: "put big", reason: RefuseReason::TooLarge { bytes: 64, limit: 16 } });
+/// assert_eq!(refused, Refused::new("put big", RefuseReason::TooLarge { bytes: 64, limit: 16 }));
 /// assert_eq!(refused.to_string(), "batcher refused the operation: operation of 64 bytes exceeds the 16-byte batch limit");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]

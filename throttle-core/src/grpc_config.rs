@@ -511,12 +511,9 @@ fn duration(s: Str<'_>, option: &'static ConfigOption) -> Result<Duration, Confi
     }
     dec.floor_scaled(9)
         .map(Duration::from_nanos)
-        .ok_or(ConfigError::OutOfRange {
+        .ok_or(ConfigError::Invalid {
             option,
-            got: u64::MAX,
-            min: 1,
-            max: u64::MAX,
-            unit: "ns",
+            reason: "exceeds u64::MAX ns (about 584 years), the longest span this crate keeps",
         })
 }
 

@@ -44,8 +44,8 @@ pub mod model;
 pub use backoff::{Backoff, BackoffConfig, Jitter, JitterOrder};
 pub use backpressure::{Decision, PressureConfig, ServerPressure, Signal, ThrottleCurve};
 pub use batcher::{
-    Batch, BatchAction, BatchKind, Batcher, BatcherConfig, FailReason, OpId, Refused, RequeueError,
-    Withdrawal,
+    Batch, BatchAction, BatchKind, Batcher, BatcherConfig, FailReason, OpId, Oversized,
+    RefuseReason, Refused, RequeueError, Withdrawal,
 };
 pub use conn_key::{
     BackoffFrom, ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, ConnectAttempt, Route,

@@ -1180,8 +1180,10 @@ fn fluss_kafka_and_gobblin_keep_max_including_jitter() {
 }
 
 #[test]
-fn a6_retry_backoff_is_min_of_growth_and_max_times_0_8_to_1_2() {
-    // gRFC A6 (as the issue states it): `min(initial·mult^(n−1), max) · U(0.8, 1.2)`, with
+fn cap_then_jitter_is_min_of_growth_and_max_times_0_8_to_1_2() {
+    // Issue 15's statement of the retry backoff, `min(initial·mult^(n−1), max) · U(0.8, 1.2)`
+    // (gRFC A6's own text, 2017, draws full jitter under the capped base instead; see
+    // docs/backoff.md, "gRPC service config"), with
     // A6's example policy `initialBackoff ".1s"`, `maxBackoff "1s"`, `backoffMultiplier 2`.
     let cfg = BackoffConfig::builder()
         .initial(Duration::from_millis(100))

@@ -187,7 +187,8 @@ fn durations_are_proto_json_strings_parsed_exactly() {
     ))
     .unwrap_err();
     assert!(
-        matches!(huge, ConfigError::OutOfRange { option, .. } if option.name() == "maxBackoff")
+        matches!(huge, ConfigError::Invalid { option, reason } if option.name() == "maxBackoff" && reason.contains("u64::MAX ns")),
+        "{huge}"
     );
     // initialBackoff above maxBackoff: our backoff's rule, named by the JSON keys.
     let inverted =
