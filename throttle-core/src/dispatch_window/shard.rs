@@ -141,6 +141,20 @@ fn drop_tombstones<B, P>(w: &mut ShardWindow<B>, held: &Slab<Held<B, P>>) {
     }
 }
 
+/// The oldest batch `w` holds back (its line's head, past cancelled tickets, else its parked
+/// batch), taken out of the books; `None` if it holds none.
+#[inline(always)]
+fn take_oldest_held<B, P>(w: &mut ShardWindow<B>, held: &mut Slab<Held<B, P>>) -> Option<B> {
+    drop_tombstones(w, held);
+    match w.line.pop_front() {
+        Some(head) => {
+            w.queued = w.queued.saturating_sub(1);
+            held.remove(head).ok().map(|h| h.batch)
+        }
+        None => w.parked.take(),
+    }
+}
+
 impl<B, P: Copy> Books<B, P> {
     /// Fresh books: open, with a new instance tag shared by credits and tickets.
     pub(super) fn new() -> Self {
@@ -409,14 +423,7 @@ impl<B, P: Copy> Books<B, P> {
             && w.holds_back()
             && self.credits.can_issue()
         {
-            drop_tombstones(w, &self.held);
-            let batch = match w.line.pop_front() {
-                Some(head) => {
-                    w.queued = w.queued.saturating_sub(1);
-                    self.held.remove(head).ok().map(|h| h.batch)
-                }
-                None => w.parked.take(),
-            };
+            let batch = take_oldest_held(w, &mut self.held);
             let Some(batch) = batch else { break };
             // `can_issue` was checked above and nothing was issued since.
             let Ok(key) = self.credits.insert(place) else {
@@ -447,14 +454,7 @@ impl<B, P: Copy> Books<B, P> {
         w.in_flight = w.in_flight.saturating_sub(1);
         let mut next = None;
         if self.hands_on(w) && self.credits.can_issue() {
-            drop_tombstones(w, &self.held);
-            let batch = match w.line.pop_front() {
-                Some(head) => {
-                    w.queued = w.queued.saturating_sub(1);
-                    self.held.remove(head).ok().map(|h| h.batch)
-                }
-                None => w.parked.take(),
-            };
+            let batch = take_oldest_held(w, &mut self.held);
             if let Some(batch) = batch {
                 // `can_issue` was checked above and nothing was issued since.
                 if let Ok(key) = self.credits.insert(place) {
