@@ -456,6 +456,8 @@ fn every_method_in_the_table_exists() {
         &batcher::MAX_REQUESTS_PER_BATCH => BatcherConfig::with_max_requests_per_batch,
         &batcher::MAX_BATCH_BYTES => BatcherConfig::with_max_batch_bytes,
         &batcher::WINDOW => BatcherConfig::with_window,
+        &batcher::OVERSIZED => BatcherConfig::with_oversized,
+        &batcher::OP_TIMEOUT => BatcherConfig::with_op_timeout,
         &pending_bytes::MAX_PENDING_BYTES => PendingBytesConfig::with_max_pending_bytes,
         &conn::MAX_IDLE => ConnConfig::with_max_idle,
         &conn::CONNECT_BACKOFF => ConnConfig::with_connect_backoff,

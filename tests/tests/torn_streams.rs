@@ -358,3 +358,63 @@ async fn an_oversized_write_is_refused_at_submit_when_the_config_rejects_them() 
     );
     travels.close();
 }
+
+/// Issue 15 item 6, the Oxia Java client's request timeout (streamnative/oxia-java,
+/// `OxiaClientBuilder` `DefaultRequestTimeout`, 30 s): a batch the server never answers
+/// fails with `OpError::TimedOut` at its oldest write's deadline, its credit goes to the
+/// shard's next batch, and a write held back past its own deadline fails without ever being
+/// sent. Times are exact (paused tokio time).
+#[tokio::test(start_paused = true)]
+async fn a_hung_batch_and_a_write_held_behind_it_time_out_at_their_deadlines() {
+    let rt = TokioRuntime::new();
+    let stream = Stream::new(&rt, 0);
+    let cfg = writes(1).with_op_timeout(Duration::from_secs(30));
+    let driver: BatchDriver<_, _, u8, u64> = BatchDriver::new(rt.clone(), stream.clone(), cfg);
+    let start = rt.now();
+    let hung = tokio::spawn(driver.submit(7, HANG));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let held = tokio::spawn(driver.submit(7, 5));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(stream.sends().len(), 1, "5 waits for the credit HANG holds");
+    let hung = hung.await.unwrap();
+    assert!(matches!(hung, Err(OpError::TimedOut(_))), "{hung:?}");
+    assert_eq!(
+        rt.now() - start,
+        Duration::from_secs(30),
+        "at HANG's deadline"
+    );
+    // The credit came back at 30 s: 5 (due at 40 s) was sent then, and is answered.
+    assert_eq!(held.await.unwrap().unwrap(), 5);
+    assert_eq!(stream.sends().len(), 2);
+
+    assert_eq!(driver.in_flight(&7), 0, "every credit back");
+    driver.close();
+    driver.closed().await;
+}
+
+/// Issue 15 items 6 and 8 together: a torn write waiting out a reconnect backoff longer than
+/// the request timeout (60 s against 30 s) times out while paused, and is not sent again.
+#[tokio::test(start_paused = true)]
+async fn a_torn_write_paused_past_its_deadline_times_out_and_is_not_resent() {
+    let rt = TokioRuntime::new();
+    let stream = Stream::new(&rt, 1);
+    let cfg = writes(1).with_op_timeout(Duration::from_secs(30));
+    let slow = BackoffConfig::builder()
+        .initial(Duration::from_secs(60))
+        .max(Duration::from_secs(60))
+        .jitter(Jitter::None)
+        .build()
+        .expect("a valid backoff");
+    let driver: BatchDriver<_, _, u8, u64> = BatchDriver::builder(rt.clone(), stream.clone(), cfg)
+        .with_requeue(slow)
+        .build();
+    let start = rt.now();
+    let put = driver.submit(7, 1).await;
+    assert!(matches!(put, Err(OpError::TimedOut(_))), "{put:?}");
+    assert_eq!(rt.now() - start, Duration::from_secs(30), "its deadline");
+    tokio::time::sleep(Duration::from_secs(60)).await; // past the resume
+    assert_eq!(stream.sends().len(), 1, "torn once, never resent");
+    assert_eq!(driver.in_flight(&7), 0);
+    driver.close();
+    driver.closed().await;
+}

@@ -32,6 +32,7 @@ use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use core::hash::{BuildHasher, Hash};
 use core::num::{NonZeroU64, NonZeroUsize};
+use core::time::Duration;
 
 use hashbrown::HashTable;
 use smallvec::SmallVec;
@@ -64,6 +65,8 @@ pub struct BatcherConfig {
     /// Valid: [`BatcherConfig::with_window`] refuses an invalid one.
     window: WindowConfig,
     oversized: Oversized,
+    /// How long an operation may wait for its end, from its acceptance (`None`: forever).
+    op_timeout: Option<Duration>,
 }
 
 /// 1000 operations per batch (Oxia's `maxRequestsPerBatch`).
@@ -88,6 +91,7 @@ impl Default for BatcherConfig {
             max_batch_bytes: DEFAULT_MAX_BYTES,
             window: WindowConfig::default(),
             oversized: Oversized::TravelAlone,
+            op_timeout: None,
         }
     }
 }
@@ -175,6 +179,40 @@ impl BatcherConfig {
         self.oversized
     }
 
+    /// Gives every operation a deadline: its acceptance by [`Batcher::handle_op`] (the
+    /// batcher's clamped clock) plus `timeout`, saturating at [`Instant::MAX`]. There is none
+    /// by default; the Oxia Java client's is 30 s (`OxiaClientBuilder.DefaultRequestTimeout`).
+    ///
+    /// - An operation not yet sent (open, parked, queued or requeued) whose deadline has
+    ///   passed is taken out of its batch by [`Batcher::handle_timeout`] and ends with
+    ///   [`FailReason::TimedOut`]; a batch left empty is dropped without taking a credit.
+    /// - A batch that leaves carries the earliest deadline of its operations
+    ///   ([`Batch::deadline`], the one RPC carries them all, as a gRPC deadline would): the
+    ///   caller enforces it on the send, and reports a send that outlives it with
+    ///   [`Batcher::handle_failure`] (the driver in `sync` does, as `OpError::TimedOut`).
+    ///
+    /// A `timeout` of zero times out every operation that has not left by the next
+    /// `handle_timeout`.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::BatcherConfig;
+    ///
+    /// assert_eq!(BatcherConfig::writes().op_timeout(), None);
+    /// let oxia = BatcherConfig::writes().with_op_timeout(Duration::from_secs(30));
+    /// assert_eq!(oxia.op_timeout(), Some(Duration::from_secs(30)));
+    /// ```
+    #[must_use]
+    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = Some(timeout);
+        self
+    }
+
+    /// The operation timeout ([`with_op_timeout`](Self::with_op_timeout)), if any.
+    pub fn op_timeout(&self) -> Option<Duration> {
+        self.op_timeout
+    }
+
     /// Read or write limits.
     pub fn kind(&self) -> BatchKind {
         self.kind
@@ -215,6 +253,9 @@ pub struct Batch<H, P = ()> {
     /// The ordinals of `ops`, position by position, once an operation was withdrawn; empty
     /// while none was (then an operation's ordinal is its position).
     ordinals: Vec<u64>,
+    /// The deadlines of `ops`, position by position (non-decreasing: operations join in
+    /// acceptance order), with an operation timeout; empty without one.
+    deadlines: Vec<Instant>,
 }
 
 impl<H, P> Batch<H, P> {
@@ -244,6 +285,14 @@ impl<H, P> Batch<H, P> {
     pub fn opened_at(&self) -> Instant {
         self.opened_at
     }
+
+    /// The earliest deadline of its operations (that of the oldest, since they are in
+    /// acceptance order), with an operation timeout
+    /// ([`BatcherConfig::with_op_timeout`]); `None` without one. For a batch in flight it is
+    /// the send's deadline: report a send that outlives it with [`Batcher::handle_failure`].
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadlines.first().copied()
+    }
 }
 
 /// Why an operation ended without a response. `E` is the error the caller passed to
@@ -266,6 +315,9 @@ pub enum FailReason<E = ()> {
     BatchFailed(E),
     /// The batcher closed before the operation was sent.
     Closed,
+    /// Its deadline ([`BatcherConfig::with_op_timeout`]) passed before its batch left:
+    /// [`Batcher::handle_timeout`] took it out of the batch, which never carries it.
+    TimedOut,
 }
 
 impl<E> FailReason<E> {
@@ -557,6 +609,9 @@ fn open_hash<Shard, H, P>(list: &[OpenShard<Shard, H, P>], i: u32) -> u64 {
     list.get(i as usize).map_or(0, |o| o.hash)
 }
 
+/// The smallest length of the deadline queue that triggers a sweep of its stale entries.
+const TIMERS_MIN: usize = 64;
+
 /// Per-shard batching in front of a [`DispatchWindow`].
 ///
 /// Generic over the shard key, the caller's per-operation handle `H` (a response channel, an
@@ -651,6 +706,19 @@ pub struct Batcher<Shard, H, S, P = (), E = ()> {
     spare_ops: Vec<Vec<H>>,
     /// Operation buffers in use (open, parked, queued or in flight).
     ops_out: usize,
+    /// Emptied deadline buffers (with an operation timeout), as `spare_ops`.
+    spare_deadlines: Vec<Vec<Instant>>,
+    /// With an operation timeout: each accepted operation's deadline and id, sorted by
+    /// deadline: `handle_op` appends (the clock is clamped, so its deadline is the latest),
+    /// `requeue` inserts in order. An entry is *stale* once its batch ended (`held` no longer
+    /// has it); stale entries are dropped from the front by `handle_timeout` and, in bulk,
+    /// when the queue reaches `timers_limit`.
+    timers: VecDeque<(Instant, OpId)>,
+    /// The queue length that triggers dropping stale entries: twice what survived the last
+    /// sweep (at least [`TIMERS_MIN`]), so the sweeps cost O(1) per operation and the queue
+    /// holds at most about twice the operations held.
+    timers_limit: usize,
+    peak_timers: Peak,
     responded: Vec<bool>,
     /// Scratch for [`handle_failure`](Self::handle_failure): one copy of the error per
     /// operation, made before anything changes. Empty between calls.
@@ -778,6 +846,10 @@ where
             held: Slab::new(),
             spare_ops: Vec::new(),
             ops_out: 0,
+            spare_deadlines: Vec::new(),
+            timers: VecDeque::new(),
+            timers_limit: TIMERS_MIN,
+            peak_timers: Peak::default(),
             responded: Vec::new(),
             errors: Vec::new(),
             closed: false,
@@ -965,6 +1037,10 @@ where
                     id,
                     next_ordinal: 0,
                     ordinals: Vec::new(),
+                    deadlines: match self.cfg.op_timeout {
+                        Some(_) => self.spare_deadlines.pop().unwrap_or_default(),
+                        None => Vec::new(),
+                    },
                 })
             }
         };
@@ -981,12 +1057,19 @@ where
         batch.payloads.push(payload);
         batch.bytes = batch.bytes.saturating_add(bytes);
         self.peak_batch_len.see(batch.ops.len());
+        let deadline = self.cfg.op_timeout.map(|t| now.saturating_add(t));
+        if let Some(at) = deadline {
+            batch.deadlines.push(at);
+        }
         let full = if fills {
             self.open_count = self.open_count.saturating_sub(1);
             slot.take()
         } else {
             None
         };
+        if let Some(at) = deadline {
+            self.push_timer(at, op_id);
+        }
         for b in [overflowed, full].into_iter().flatten() {
             match keys.pop() {
                 Some(key) => self.submit_full(place, key, b),
@@ -1058,6 +1141,7 @@ where
                 }
             }
             let mut ops = flight.batch.ops;
+            self.recycle_deadlines(flight.batch.deadlines);
             for (position, handle) in ops.drain(..).enumerate() {
                 let action = if self.responded.get(position).copied().unwrap_or(false) {
                     BatchAction::Deliver { handle, position }
@@ -1141,6 +1225,7 @@ where
         if let Some(flight) = self.take_sent(credit) {
             let _ = self.held.remove(flight.batch.id);
             let mut ops = flight.batch.ops;
+            self.recycle_deadlines(flight.batch.deadlines);
             for (handle, error) in ops.drain(..).zip(errors.drain(..)) {
                 self.push_action(BatchAction::Fail {
                     handle,
@@ -1230,6 +1315,9 @@ where
         batch.ordinals.remove(position);
         let handle = batch.ops.remove(position);
         let payload = batch.payloads.remove(position);
+        if position < batch.deadlines.len() {
+            batch.deadlines.remove(position);
+        }
         let emptied = batch.ops.is_empty();
         self.maintenance.touch();
         if emptied {
@@ -1250,6 +1338,7 @@ where
             let _ = self.held.remove(op.batch);
             if let Some(b) = empty {
                 self.recycle(b.ops);
+                self.recycle_deadlines(b.deadlines);
             }
         }
         Ok(Withdrawal::Withdrawn((handle, payload)))
@@ -1310,8 +1399,11 @@ where
     ///
     /// The batch keeps its operations, their order and their [`OpId`]s. It goes before every
     /// batch of the shard that has not left (queued, parked or open), and after the shard's
-    /// other requeued batches that left before it, whatever the order of the `requeue` calls:
-    /// so a shard's operations reach the server again in the order they first did. Its credit
+    /// other requeued batches that left before it (its latest departure counts), whatever the
+    /// order of the `requeue` calls: so when one tear takes a shard's batches in flight, they
+    /// reach the server again in the order they left in. (A batch torn a second time, after
+    /// a resend, goes by its resend: it may then follow a batch that first left after it.)
+    /// Its credit
     /// is released exactly once, here (do not report the batch's end as well: a later
     /// [`handle_response`](Self::handle_response) or
     /// [`handle_failure`](Self::handle_failure) under `credit` is refused, as for any released
@@ -1343,10 +1435,12 @@ where
         credit: CreditId,
         payloads: Vec<P>,
     ) -> Result<(), RequeueError<P>> {
-        let key = self
-            .window
-            .credit_key(credit)
-            .map_err(RequeueError::Credit)?;
+        // The key copy (user `Clone`) first; then the clock sees `now`, refused or not, as in
+        // `handle_response`.
+        let key = self.window.credit_key(credit);
+        // From here on no user code runs.
+        self.clock.observe(now);
+        let key = key.map_err(RequeueError::Credit)?;
         let expected = match self.batch(credit) {
             Some(b) => b.len(),
             // Unreachable: every live credit's batch is recorded.
@@ -1355,8 +1449,6 @@ where
         if payloads.len() != expected {
             return Err(RequeueError::Payloads { payloads, expected });
         }
-        // From here on no user code runs.
-        self.clock.observe(now);
         self.maintenance.touch();
         let Some(flight) = self.take_sent(credit) else {
             return Err(RequeueError::Credit(ReleaseError::Unknown));
@@ -1364,6 +1456,20 @@ where
         let mut batch = flight.batch;
         batch.payloads = payloads;
         let id = batch.id;
+        // Its operations' due entries may have left the deadline queue while it was in
+        // flight: queue them again, in deadline order, for the next `handle_timeout`.
+        let now = self.clock.peek(now);
+        for (position, &at) in batch.deadlines.iter().enumerate() {
+            if at > now {
+                break;
+            }
+            let ordinal = match batch.ordinals.get(position) {
+                Some(&o) => o,
+                None => u64::try_from(position).unwrap_or(u64::MAX),
+            };
+            let i = self.timers.partition_point(|&(a, _)| a <= at);
+            self.timers.insert(i, (at, OpId { batch: id, ordinal }));
+        }
         let (back, next) = match self.window.requeue(credit, key, batch) {
             Ok(done) => done,
             // Unreachable: the credit was live above and nothing ran since.
@@ -1401,6 +1507,8 @@ where
     pub fn close(&mut self) {
         self.closed = true;
         self.maintenance.touch();
+        // Nothing is held back after this: no operation is left to time out.
+        self.timers.clear();
         self.open.clear();
         let mut list = core::mem::take(&mut self.open_list);
         let mut open = Vec::new();
@@ -1492,9 +1600,14 @@ where
     /// within the interval therefore keeps what it uses and allocates nothing.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.observe(now);
+        self.expire(now);
         self.window.handle_timeout(now);
         if !self.maintenance.begin(now) {
             return;
+        }
+        let timers = self.peak_timers.roll(self.timers.len());
+        if let Some(target) = self.maintenance.target(self.timers.capacity(), timers) {
+            self.timers.shrink_to(target);
         }
         let open = self.peak_open.roll(self.open_list.len());
         if let Some(target) = self.maintenance.target(self.open.capacity(), open) {
@@ -1506,6 +1619,14 @@ where
         }
         let out = self.peak_ops_out.roll(self.ops_out);
         self.spare_ops.truncate(out.saturating_sub(self.ops_out));
+        self.spare_deadlines
+            .truncate(out.saturating_sub(self.ops_out));
+        if let Some(target) = self
+            .maintenance
+            .target(self.spare_deadlines.capacity(), out)
+        {
+            self.spare_deadlines.shrink_to(target);
+        }
         if let Some(target) = self.maintenance.target(self.spare_ops.capacity(), out) {
             self.spare_ops.shrink_to(target);
         }
@@ -1541,13 +1662,20 @@ where
         self.window.set_shrink_floor(floor);
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) should next run (for the batcher or its
-    /// window), or `None` while there is nothing to give back.
+    /// When [`handle_timeout`](Self::handle_timeout) should next run: the earliest deadline
+    /// of an operation held back (with an operation timeout), or maintenance for the batcher
+    /// or its window; `None` while there is neither. O(1). It may name the deadline of an
+    /// operation that has ended since (a run then changes nothing but the queue of
+    /// deadlines), never one later than a held operation's.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.maintenance.deadline(), self.window.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.maintenance.deadline(),
+            self.window.poll_timeout(),
+            self.timers.front().map(|&(at, _)| at),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The next thing to do, or `None` when there is nothing left.
@@ -1733,6 +1861,7 @@ where
     /// Fails every operation of a batch that never left with [`FailReason::Closed`].
     fn fail_closed(&mut self, batch: Batch<H, P>) {
         let _ = self.held.remove(batch.id);
+        self.recycle_deadlines(batch.deadlines);
         let mut ops = batch.ops;
         for handle in ops.drain(..) {
             self.push_action(BatchAction::Fail {
@@ -1753,6 +1882,58 @@ where
     fn recycle(&mut self, ops: Vec<H>) {
         self.ops_out = self.ops_out.saturating_sub(1);
         self.spare_ops.push(ops);
+    }
+
+    /// Takes back an emptied batch's deadline buffer (one that never allocated is dropped):
+    /// at most one per operation buffer handed out, as for `spare_ops`.
+    fn recycle_deadlines(&mut self, mut deadlines: Vec<Instant>) {
+        if deadlines.capacity() > 0 {
+            deadlines.clear();
+            self.spare_deadlines.push(deadlines);
+        }
+    }
+
+    /// Queues the deadline of the operation just accepted (the latest yet, the clock being
+    /// clamped), first dropping every stale entry once the queue reaches `timers_limit`.
+    fn push_timer(&mut self, at: Instant, op: OpId) {
+        if self.timers.len() >= self.timers_limit {
+            let held = &self.held;
+            self.timers.retain(|(_, op)| held.get(op.batch).is_some());
+            self.timers_limit = self.timers.len().saturating_mul(2).max(TIMERS_MIN);
+        }
+        self.timers.push_back((at, op));
+        self.peak_timers.see(self.timers.len());
+    }
+
+    /// Ends every operation not yet sent whose deadline is at or before `now` with
+    /// [`FailReason::TimedOut`] (withdrawn as [`cancel`](Self::cancel) would, its payload
+    /// dropped), in acceptance order, and drops the stale entries at the front: afterwards the
+    /// front entry, if any, is a held operation's, due after `now`. An entry of an operation
+    /// in flight is dropped once due: the send's deadline ([`Batch::deadline`]) is the
+    /// caller's to enforce, and a [`requeue`](Self::requeue) queues the entries again.
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(at, op)) = self.timers.front() {
+            let at_held = self.held.get(op.batch).copied();
+            match at_held {
+                Some(_) if at > now => break,
+                None | Some(Held::Sent(_)) => {}
+                Some(_) => {
+                    if let Ok(Withdrawal::Withdrawn((handle, payload))) =
+                        self.cancel_with_payload(op)
+                    {
+                        self.push_action(BatchAction::Fail {
+                            handle,
+                            reason: FailReason::TimedOut,
+                        });
+                        // Dropped after everything is consistent: its destructor is user code.
+                        self.timers.pop_front();
+                        drop(payload);
+                        continue;
+                    }
+                }
+            }
+            self.timers.pop_front();
+        }
     }
 }
 

@@ -665,6 +665,17 @@ pub mod batcher {
     /// The per-shard dispatch window (a [`WindowConfig`](crate::WindowConfig)).
     pub const WINDOW: ConfigOption =
         ConfigOption::new(B, "window", "BatcherConfig::with_window", NONE);
+    /// What a write batcher does with an operation larger than the batch limit (Oxia refuses
+    /// it with `RequestTooLarge`).
+    pub const OVERSIZED: ConfigOption =
+        ConfigOption::new(B, "oversized", "BatcherConfig::with_oversized", NONE);
+    /// Each operation's timeout, from its acceptance.
+    pub const OP_TIMEOUT: ConfigOption = ConfigOption::new(
+        B,
+        "op_timeout",
+        "BatcherConfig::with_op_timeout",
+        &[Upstream::new("Oxia", "requestTimeout")],
+    );
 }
 
 /// [`PendingBytesConfig`](crate::PendingBytesConfig).
@@ -897,6 +908,8 @@ pub const ALL: &[&ConfigOption] = &[
     &batcher::MAX_REQUESTS_PER_BATCH,
     &batcher::MAX_BATCH_BYTES,
     &batcher::WINDOW,
+    &batcher::OVERSIZED,
+    &batcher::OP_TIMEOUT,
     &pending_bytes::MAX_PENDING_BYTES,
     &conn::MAX_IDLE,
     &conn::CONNECT_BACKOFF,

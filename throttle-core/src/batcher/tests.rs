@@ -1212,3 +1212,223 @@ fn torn_batches_requeued_in_send_order_keep_it_too() {
     b.resume(T0, 5);
     assert_eq!(sent_ops(&mut b), [vec![11, 12, 13], vec![21, 22, 23]]);
 }
+
+/// Operation timeouts (issue 15 item 6). The Oxia Java client gives every read and write a
+/// request timeout, 30 s by default (streamnative/oxia-java, `OxiaClientBuilder`
+/// `DefaultRequestTimeout`), and fails a timed-out operation with a timeout error.
+mod op_timeout {
+    use super::*;
+
+    const OXIA: Duration = Duration::from_secs(30);
+
+    fn ms(n: u64) -> Instant {
+        Instant::from_millis(n)
+    }
+
+    fn timed(max_in_flight: u32, max_ops: usize, timeout: Duration) -> B {
+        batcher(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(nz(max_ops))
+                .with_window(WindowConfig::default().with_max_in_flight(max_in_flight as usize))
+                .unwrap()
+                .with_op_timeout(timeout),
+        )
+    }
+
+    fn add(b: &mut B, at: u64, shard: u32, handle: u32) -> OpId {
+        match b.handle_op(ms(at), shard, handle, 0) {
+            Ok(id) => id,
+            Err(e) => panic!("refused: {e:?}"),
+        }
+    }
+
+    fn timed_out(actions: &[Action]) -> Vec<u32> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                BatchAction::Fail {
+                    handle,
+                    reason: FailReason::TimedOut,
+                } => Some(*handle),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn held_operations_fail_at_their_own_deadlines_and_a_sent_batch_carries_its_oldest() {
+        // One batch in flight on shard 1 (window 1); 2 and 3 held behind it, accepted 10 s
+        // apart, so they time out 10 s apart, each at acceptance + 30 s.
+        let mut b = timed(1, 1000, OXIA);
+        add(&mut b, 0, 1, 1);
+        let [(_, first, _)] = take_sends(&mut b)[..] else {
+            panic!("one send")
+        };
+        assert_eq!(b.batch(first).and_then(Batch::deadline), Some(ms(30_000)));
+        add(&mut b, 5_000, 1, 2);
+        add(&mut b, 15_000, 1, 3);
+        assert!(take_sends(&mut b).is_empty(), "no credit: parked");
+        assert!(b.poll_timeout().is_some_and(|t| t <= ms(30_000)));
+        // The in-flight batch's deadline is the caller's to enforce: nothing ends at 30 s but
+        // the queue entry.
+        b.handle_timeout(ms(30_000));
+        assert_eq!(drain(&mut b), []);
+        b.handle_timeout(ms(34_999));
+        assert_eq!(drain(&mut b), [], "2 is due at 35 s, not before");
+        b.handle_timeout(ms(35_000));
+        assert_eq!(timed_out(&drain(&mut b)), [2]);
+        assert_eq!(b.open_ops(&1), 1, "3 stays, parked");
+        b.handle_timeout(ms(45_000));
+        assert_eq!(timed_out(&drain(&mut b)), [3]);
+        assert_eq!(b.open_ops(&1), 0);
+        assert!(!b.window().is_parked(&1), "the emptied batch is dropped");
+        // The late answer for 1 releases the credit; nothing is left to send.
+        b.handle_response(ms(50_000), first, [0]).unwrap();
+        let after = drain(&mut b);
+        assert!(
+            matches!(after[..], [BatchAction::Deliver { handle: 1, .. }]),
+            "{after:?}"
+        );
+        assert_eq!(b.window().shard_count(), 0);
+    }
+
+    #[test]
+    fn a_queued_batch_loses_only_its_expired_operations_and_keeps_its_turn() {
+        // Batches of 2: [1] in flight, [2, 3] queued (3 accepted 20 s after 2), [4] parked.
+        let mut b = timed(1, 2, OXIA);
+        add(&mut b, 0, 7, 1);
+        b.flush(ms(0));
+        let [(_, c1, _)] = take_sends(&mut b)[..] else {
+            panic!("one send")
+        };
+        add(&mut b, 1_000, 7, 2);
+        add(&mut b, 21_000, 7, 3);
+        add(&mut b, 22_000, 7, 4);
+        assert!(take_sends(&mut b).is_empty());
+        assert_eq!(b.window().queued(&7), 1);
+        b.handle_timeout(ms(31_000));
+        assert_eq!(timed_out(&drain(&mut b)), [2]);
+        b.handle_response(ms(31_000), c1, [0]).unwrap();
+        let next = take_sends(&mut b);
+        assert_eq!(
+            next.iter().map(|s| s.2.clone()).collect::<Vec<_>>(),
+            [vec![3]]
+        );
+        assert_eq!(
+            b.batch(next[0].1).and_then(Batch::deadline),
+            Some(ms(51_000))
+        );
+    }
+
+    #[test]
+    fn every_operation_ends_once_whether_it_times_out_is_cancelled_or_answered() {
+        let mut b = timed(1, 1000, Duration::from_millis(10));
+        add(&mut b, 0, 1, 1);
+        let [(_, c, _)] = take_sends(&mut b)[..] else {
+            panic!("one send")
+        };
+        let two = add(&mut b, 1, 1, 2);
+        add(&mut b, 2, 1, 3);
+        assert_eq!(b.cancel(two), Ok(Withdrawal::Withdrawn(2)));
+        b.handle_timeout(ms(100));
+        assert_eq!(
+            timed_out(&drain(&mut b)),
+            [3],
+            "2 was withdrawn: it does not end again"
+        );
+        b.handle_response(ms(100), c, [0]).unwrap();
+        assert_eq!(drain(&mut b).len(), 1);
+        b.handle_timeout(ms(200));
+        assert_eq!(drain(&mut b), []);
+    }
+
+    #[test]
+    fn a_requeued_batch_past_its_deadline_times_out_instead_of_going_out_again() {
+        let mut b = timed(4, 1, OXIA);
+        add(&mut b, 0, 1, 1);
+        add(&mut b, 20_000, 1, 2);
+        let sent = take_sends(&mut b);
+        let [(_, c1, _), (_, c2, _)] = sent[..] else {
+            panic!("two sends: {sent:?}")
+        };
+        // Both deadlines pass while in flight (the queue drops their entries), then the
+        // stream tears.
+        b.handle_timeout(ms(31_000));
+        assert_eq!(drain(&mut b), []);
+        b.pause(1);
+        b.requeue(ms(40_000), c1).unwrap();
+        b.requeue(ms(40_000), c2).unwrap();
+        assert_eq!(
+            b.poll_timeout().map(|t| t <= ms(40_000)),
+            Some(true),
+            "1 is due"
+        );
+        b.handle_timeout(ms(40_000));
+        assert_eq!(timed_out(&drain(&mut b)), [1], "2 is due at 50 s");
+        b.resume(ms(41_000), 1);
+        let again = take_sends(&mut b);
+        assert_eq!(
+            again.iter().map(|s| s.2.clone()).collect::<Vec<_>>(),
+            [vec![2]]
+        );
+    }
+
+    #[test]
+    fn the_deadline_queue_stays_near_the_operations_held() {
+        // 10,000 operations, each answered at once: the queue keeps about twice what is held
+        // (here one), not one entry per operation ever accepted.
+        let mut b = timed(4, 1000, OXIA);
+        for h in 0..10_000u32 {
+            add(&mut b, u64::from(h), 1, h);
+            for (_, c, _) in take_sends(&mut b) {
+                b.handle_response(ms(u64::from(h)), c, [0]).unwrap();
+            }
+            assert!(
+                b.timers.len() <= 2 * TIMERS_MIN,
+                "{} entries",
+                b.timers.len()
+            );
+        }
+        // Stale entries never hold back the timer: after a run nothing due remains.
+        b.handle_timeout(ms(10_000));
+        assert!(b.timers.is_empty());
+    }
+
+    #[test]
+    fn without_a_timeout_nothing_times_out_or_allocates_deadlines() {
+        let mut b = reads(1);
+        op(&mut b, 1, 1, 0);
+        let _ = take_sends(&mut b);
+        op(&mut b, 1, 2, 0);
+        b.flush(T0);
+        b.handle_timeout(Instant::MAX);
+        assert_eq!(timed_out(&drain(&mut b)), []);
+        assert!(b.timers.is_empty() && b.spare_deadlines.is_empty());
+        assert_eq!(
+            b.open_ops(&1),
+            1,
+            "2 waits, parked, for as long as it takes"
+        );
+    }
+
+    #[test]
+    fn close_fails_held_operations_as_closed_not_timed_out() {
+        let mut b = timed(1, 1000, Duration::from_millis(5));
+        add(&mut b, 0, 1, 1);
+        let _ = take_sends(&mut b);
+        add(&mut b, 1, 1, 2);
+        b.close();
+        b.handle_timeout(ms(100));
+        let ends = drain(&mut b);
+        assert!(
+            matches!(
+                ends[..],
+                [BatchAction::Fail {
+                    handle: 2,
+                    reason: FailReason::Closed
+                }]
+            ),
+            "{ends:?}"
+        );
+    }
+}

@@ -41,6 +41,27 @@
 //! that order) to panic and run another operation under `catch_unwind` (see [`super::user`]):
 //! if the armed call fired, the batcher must be exactly as before and the reference is rolled
 //! back.
+//!
+//! Operation 20, as the very first operation only (later it reads its byte and does nothing),
+//! sets what the config bytes cannot: oversized rejection (`Oversized::Reject`: a write
+//! larger than the byte limit is refused `TooLarge`, an operation of exactly the limit fits)
+//! and an operation timeout (none, 0, 1 ns, 1 ms, 500 ms, 2 s, 10 s or `Duration::MAX`). The
+//! reference gives each accepted operation the deadline acceptance + timeout; at
+//! `handle_timeout` every operation held back (open, parked, queued or requeued) whose
+//! deadline is at or before the clock ends `TimedOut`, and a batch left empty is dropped. A
+//! sent batch must carry its oldest operation's deadline (`Batch::deadline`), and after every
+//! operation `poll_timeout` must not be later than the earliest deadline held back.
+//!
+//! Operations 21 and 22 pause and resume a shard: a paused shard sends nothing (full batches
+//! queue, the open one parks, a returning credit hands nothing on) and is not counted as
+//! stranded; a resume sends its held-back batches, oldest first, as far as it has credit;
+//! `is_paused` must agree. Operation 23 requeues a batch in flight (its stream tore), with the
+//! payloads its `Send` carried or, sometimes, one too many (refused, nothing changes): its
+//! credit is released and it goes back before every batch of its shard that never left,
+//! after the shard's requeued batches whose latest departure was earlier; after a close its
+//! operations fail `Closed`. FIFO per shard is then checked for first departures only (a
+//! resend goes behind later operations by design); the order of every send is the
+//! reference's. At the end every paused shard is resumed before the stranding check.
 
 use alloc::format;
 use alloc::vec::Vec;
@@ -48,8 +69,12 @@ use alloc::vec::Vec;
 use super::user::{self, Arm, Key};
 use super::{Cursor, Divergence};
 use core::num::{NonZeroU64, NonZeroUsize};
+use core::time::Duration;
 
-use crate::batcher::{BatchAction, Batcher, BatcherConfig, FailReason, OpId, Withdrawal};
+use crate::batcher::{
+    BatchAction, Batcher, BatcherConfig, FailReason, OpId, Oversized, RefuseReason, RequeueError,
+    Withdrawal,
+};
 use crate::dispatch_window::{CreditId, WindowConfig};
 use crate::error::ReleaseError;
 use crate::test_hasher::TestHasher;
@@ -71,6 +96,33 @@ const OPS: u8 = 16;
 /// The operation after the panicking-callback ones: cancel an operation.
 const CANCEL: u8 = OPS + Arm::OPS;
 
+/// As the first operation only: the options a plain config byte cannot set (operation
+/// timeout, oversized rejection). Later it does nothing.
+const OPTIONS: u8 = CANCEL + 1;
+
+/// Pause a shard.
+const PAUSE: u8 = CANCEL + 2;
+
+/// Resume a shard.
+const RESUME: u8 = CANCEL + 3;
+
+/// Requeue a batch in flight (its stream tore).
+const REQUEUE: u8 = CANCEL + 4;
+
+/// Every operation value assigned.
+const ALL: u8 = REQUEUE + 1;
+
+/// The operation timeouts [`OPTIONS`] picks from: none, or one of these.
+const TIMEOUTS: [Duration; 7] = [
+    Duration::ZERO,
+    Duration::from_nanos(1),
+    Duration::from_millis(1),
+    Duration::from_millis(500),
+    Duration::from_secs(2),
+    Duration::from_secs(10),
+    Duration::MAX,
+];
+
 /// How an operation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum End {
@@ -78,6 +130,7 @@ enum End {
     NoResponse,
     BatchFailed(u32),
     Closed,
+    TimedOut,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,6 +140,9 @@ struct RefBatch {
     ops: Vec<u32>,
     bytes: u64,
     opened_at: Instant,
+    /// Requeued (torn in flight): the index in `Reference::credits` of the credit it last
+    /// left under, which orders it among the shard's other requeued batches.
+    departed: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -122,6 +178,14 @@ struct Reference {
     withdrawn: Vec<u32>,
     /// The next batch's `RefBatch::id`.
     next_batch: u32,
+    /// The operation timeout, and each operation's deadline by handle (`None` for a refused
+    /// one or without a timeout).
+    timeout: Option<Duration>,
+    deadline: Vec<Option<Instant>>,
+    /// Operations larger than `max_bytes` are refused (writes only).
+    reject_oversized: bool,
+    /// Shards paused and not resumed.
+    paused: Vec<u8>,
 }
 
 impl Reference {
@@ -143,8 +207,13 @@ impl Reference {
                 .any(|(s, _, parked)| *s == shard && *parked)
     }
 
+    fn is_paused(&self, shard: u8) -> bool {
+        self.paused.contains(&shard)
+    }
+
     fn submit_full(&mut self, shard: u8, batch: RefBatch) {
-        if self.in_flight_of(shard) < self.cap && !self.holds_back(shard) {
+        if self.in_flight_of(shard) < self.cap && !self.holds_back(shard) && !self.is_paused(shard)
+        {
             self.to_send.push((shard, batch));
         } else {
             self.queued.push((shard, batch));
@@ -158,6 +227,7 @@ impl Reference {
             ops: Vec::new(),
             bytes: 0,
             opened_at: self.clock,
+            departed: None,
         }
     }
 
@@ -241,7 +311,7 @@ impl Reference {
                 continue;
             }
             let others_held = self.queued.iter().any(|(s, _)| *s == shard);
-            if self.in_flight_of(shard) < self.cap && !others_held {
+            if self.in_flight_of(shard) < self.cap && !others_held && !self.is_paused(shard) {
                 let (_, batch, _) = self.open.remove(i);
                 self.to_send.push((shard, batch));
             } else if let Some(entry) = self.open.get_mut(i) {
@@ -267,20 +337,105 @@ impl Reference {
             };
             self.to_end.push((*h, end));
         }
-        if !self.closed {
-            if let Some(q) = self.queued.iter().position(|(s, _)| *s == shard) {
-                let (_, b) = self.queued.remove(q);
-                self.to_send.push((shard, b));
-            } else if let Some(p) = self
-                .open
-                .iter()
-                .position(|(s, _, parked)| *s == shard && *parked)
-            {
-                let (_, b, _) = self.open.remove(p);
-                self.to_send.push((shard, b));
+        self.hand_on(shard);
+        true
+    }
+
+    /// A credit of `shard` came back: it sends the shard's oldest held-back batch (queued,
+    /// requeued ones first, then the parked one), unless the shard is paused or the batcher
+    /// closed.
+    fn hand_on(&mut self, shard: u8) {
+        if self.closed || self.is_paused(shard) {
+            return;
+        }
+        if let Some(q) = self.queued.iter().position(|(s, _)| *s == shard) {
+            let (_, b) = self.queued.remove(q);
+            self.to_send.push((shard, b));
+        } else if let Some(p) = self
+            .open
+            .iter()
+            .position(|(s, _, parked)| *s == shard && *parked)
+        {
+            let (_, b, _) = self.open.remove(p);
+            self.to_send.push((shard, b));
+        }
+    }
+
+    /// The batch in flight under `credit` tore: its credit is released and the batch goes
+    /// back before every batch of its shard that never left, after the shard's requeued
+    /// batches that left before it (or its operations fail `Closed` after a close). Whether
+    /// the credit was live.
+    fn requeue(&mut self, credit: CreditId) -> bool {
+        let Some(i) = self.in_flight.iter().position(|(c, _, _)| *c == credit) else {
+            return false;
+        };
+        let (_, shard, mut batch) = self.in_flight.remove(i);
+        self.released.push(credit);
+        if self.closed {
+            self.to_end
+                .extend(batch.ops.iter().map(|h| (*h, End::Closed)));
+            return true;
+        }
+        let departed = self.credits.iter().position(|c| *c == credit);
+        batch.departed = departed;
+        let at = self
+            .queued
+            .iter()
+            .position(|(s, b)| *s == shard && b.departed.is_none_or(|d| Some(d) >= departed))
+            .unwrap_or(self.queued.len());
+        self.queued.insert(at, (shard, batch));
+        self.hand_on(shard);
+        true
+    }
+
+    /// Resumes `shard`: its held-back batches go out, oldest first, as far as it has credit.
+    fn resume(&mut self, shard: u8) {
+        if !self.is_paused(shard) {
+            return;
+        }
+        self.paused.retain(|s| *s != shard);
+        while self.in_flight_of(shard) < self.cap && (self.holds_back(shard)) {
+            let before = self.to_send.len();
+            self.hand_on(shard);
+            if self.to_send.len() == before {
+                break;
             }
         }
-        true
+    }
+
+    /// Every operation held back (open, parked, queued or requeued) whose deadline is at or
+    /// before the clock ends `TimedOut`; a batch left empty is dropped.
+    fn expire(&mut self) {
+        let (now, deadline) = (self.clock, &self.deadline);
+        let due = |h: &u32| {
+            usize::try_from(*h)
+                .ok()
+                .and_then(|i| deadline.get(i).copied().flatten())
+                .is_some_and(|d| d <= now)
+        };
+        let mut ended = Vec::new();
+        for (_, b, _) in &mut self.open {
+            ended.extend(b.ops.iter().copied().filter(|h| due(h)));
+            b.ops.retain(|h| !due(h));
+        }
+        for (_, b) in &mut self.queued {
+            ended.extend(b.ops.iter().copied().filter(|h| due(h)));
+            b.ops.retain(|h| !due(h));
+        }
+        self.open.retain(|(_, b, _)| !b.ops.is_empty());
+        self.queued.retain(|(_, b)| !b.ops.is_empty());
+        self.to_end
+            .extend(ended.into_iter().map(|h| (h, End::TimedOut)));
+    }
+
+    /// The earliest deadline of an operation held back.
+    fn earliest_held_deadline(&self) -> Option<Instant> {
+        self.open
+            .iter()
+            .flat_map(|(_, b, _)| b.ops.iter())
+            .chain(self.queued.iter().flat_map(|(_, b)| b.ops.iter()))
+            .filter_map(|h| *self.deadline.get(usize::try_from(*h).ok()?)?)
+            .min()
     }
 
     fn drain(&mut self) {
@@ -301,6 +456,7 @@ impl Reference {
 
     fn close(&mut self) {
         self.closed = true;
+        self.paused.clear();
         for (_, b, _) in core::mem::take(&mut self.open) {
             self.to_end.extend(b.ops.iter().map(|h| (*h, End::Closed)));
         }
@@ -366,6 +522,10 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         last_sent: Vec::new(),
         withdrawn: Vec::new(),
         next_batch: 0,
+        timeout: None,
+        deadline: Vec::new(),
+        reject_oversized: false,
+        paused: Vec::new(),
     };
     let mut st = State {
         m,
@@ -379,16 +539,37 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut pending = false;
     while !c.is_empty() {
         step += 1;
-        let Some(op) = c.select(CANCEL + 1) else {
+        let Some(op) = c.select(ALL) else {
             continue;
         };
+        if op == OPTIONS {
+            // Only before anything happened: a fresh machine with the options.
+            let b = c.u8();
+            if step == 1 {
+                let mut cfg = cfg;
+                if b & 1 == 1 {
+                    cfg = cfg.with_oversized(Oversized::Reject);
+                    st.r.reject_oversized = write;
+                }
+                let timeout = TIMEOUTS
+                    .get(usize::from(b >> 1) % (TIMEOUTS.len() + 1))
+                    .copied();
+                if let Some(t) = timeout {
+                    cfg = cfg.with_op_timeout(t);
+                }
+                st.r.timeout = timeout;
+                st.m = Machine::new(cfg);
+                st.m.set_shrink_floor(0);
+            }
+            continue;
+        }
         let adds = op <= LAST_ADD;
         // A close or drain may find operations not yet drained (an open batch held here).
         if pending && !adds && op != CLOSE {
             settle(&mut st.m, &mut st.r, false).map_err(|e| format!("step {step}: {e}"))?;
             pending = false;
         }
-        let flushed = if op == CANCEL {
+        let flushed = if op == CANCEL || op >= PAUSE {
             apply(op, &mut c, &mut st, step)?
         } else if op >= OPS {
             // A panicking key callback during another operation.
@@ -430,6 +611,14 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         next_handle,
         ids: _,
     } = st;
+    // Every paused shard's stream comes back.
+    for shard in 0..SHARDS {
+        if r.is_paused(shard) {
+            m.resume(now, Key::new(shard));
+            r.resume(shard);
+            settle(&mut m, &mut r, false).map_err(|e| format!("resuming at the end: {e}"))?;
+        }
+    }
     // Answer every batch in flight, again and again, with no flush: whatever was accepted
     // must go out (or, after a close, have failed). Anything still held back is stranded.
     while let Some(&(credit, _, ref batch)) = r.in_flight.first() {
@@ -537,15 +726,30 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool
                 m.handle_op_with_payload(*now, Key::new(shard), handle, payload(handle), bytes);
             r.clock = r.clock.max(*now);
             r.shard_of.push(shard);
-            if r.closed || r.draining {
+            let too_large = r.reject_oversized && bytes > r.max_bytes;
+            if r.closed || r.draining || too_large {
                 r.refused.push(handle);
+                r.deadline.push(None);
                 ids.push(None);
-                if got.as_ref().err().map(|r| r.handle) != Some((handle, payload(handle))) {
+                let want = if r.closed {
+                    RefuseReason::Closed
+                } else if r.draining {
+                    RefuseReason::Draining
+                } else {
+                    RefuseReason::TooLarge {
+                        bytes,
+                        limit: r.max_bytes,
+                    }
+                };
+                let refused = got.as_ref().err().map(|r| (r.handle, r.reason));
+                if refused != Some(((handle, payload(handle)), want)) {
                     return Err(format!(
-                        "step {step}: op after close or drain = {got:?}, want Refused({handle})"
+                        "step {step}: op {handle} of {bytes} bytes = {got:?}, want Refused({want:?})"
                     ));
                 }
             } else {
+                r.deadline
+                    .push(r.timeout.map(|t| r.clock.saturating_add(t)));
                 let Ok(id) = got else {
                     return Err(format!("step {step}: op refused while open: {got:?}"));
                 };
@@ -615,6 +819,7 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool
             *now = c.time_step(*now);
             m.handle_timeout(*now);
             r.clock = r.clock.max(*now);
+            r.expire();
             if let Some(t) = m.poll_timeout() {
                 if t <= r.clock && t != Instant::MAX {
                     return Err(format!(
@@ -665,6 +870,62 @@ fn apply(op: u8, c: &mut Cursor<'_>, st: &mut State, step: usize) -> Result<bool
                 ));
             }
         }
+        PAUSE => {
+            let shard = c.below(SHARDS);
+            m.pause(Key::new(shard));
+            if !r.closed && !r.is_paused(shard) {
+                r.paused.push(shard);
+            }
+            if m.is_paused(&Key::new(shard)) != r.is_paused(shard) {
+                return Err(format!(
+                    "step {step}: shard {shard} paused {}",
+                    r.is_paused(shard)
+                ));
+            }
+        }
+        RESUME => {
+            let shard = c.below(SHARDS);
+            *now = c.time_step(*now);
+            m.resume(*now, Key::new(shard));
+            r.clock = r.clock.max(*now);
+            r.resume(shard);
+            if m.is_paused(&Key::new(shard)) {
+                return Err(format!(
+                    "step {step}: shard {shard} still paused after resume"
+                ));
+            }
+        }
+        REQUEUE => {
+            let credit = pick_credit(c, r, m.window().instance_tag());
+            let len = r
+                .in_flight
+                .iter()
+                .find(|(x, _, _)| *x == credit)
+                .map(|(_, _, b)| b.ops.clone());
+            // Mostly the payloads the `Send` carried; sometimes one too many.
+            let extra = c.below(8) == 0;
+            let mut payloads: Vec<u32> = len.iter().flatten().map(|h| payload(*h)).collect();
+            if extra {
+                payloads.push(0);
+            }
+            let n = payloads.len();
+            *now = c.time_step(*now);
+            let got = m.requeue_with_payloads(*now, credit, payloads);
+            r.clock = r.clock.max(*now);
+            match (len, got) {
+                (Some(ops), Err(RequeueError::Payloads { payloads, expected }))
+                    if extra && expected == ops.len() && payloads.len() == n => {}
+                (Some(_), Ok(())) if !extra => {
+                    r.requeue(credit);
+                }
+                (None, Err(RequeueError::Credit(_))) => {}
+                (live, got) => {
+                    return Err(format!(
+                        "step {step}: requeue of {credit:?} (in flight {live:?}, extra {extra}) = {got:?}"
+                    ));
+                }
+            }
+        }
         _ => {}
     }
     Ok(flushed)
@@ -710,6 +971,7 @@ fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Result<(), Diver
                 match reason {
                     FailReason::NoResponse => End::NoResponse,
                     FailReason::BatchFailed(e) => End::BatchFailed(e),
+                    FailReason::TimedOut => End::TimedOut,
                     _ => End::Closed,
                 },
             )),
@@ -784,6 +1046,17 @@ fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Result<(), Diver
                     b.opened_at()
                 ));
             }
+            let deadline = r
+                .timeout
+                .and_then(|_| batch.ops.first())
+                .and_then(|h| *r.deadline.get(usize::try_from(*h).ok()?)?);
+            if b.deadline() != deadline {
+                return Err(format!(
+                    "shard {shard} sent {:?} with deadline {:?}, want {deadline:?}",
+                    batch.ops,
+                    b.deadline()
+                ));
+            }
             if r.credits.contains(credit) {
                 return Err(format!("credit {credit:?} reused"));
             }
@@ -793,18 +1066,22 @@ fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Result<(), Diver
                 .find(|(s, _)| *s == shard)
                 .map(|(_, h)| *h);
             let increasing = batch.ops.windows(2).all(|w| w.first() < w.get(1));
+            // A requeued batch goes out again behind later operations (at-least-once): the
+            // order among sends is the reference's; FIFO holds for first departures.
+            let resent = batch.departed.is_some();
             if !increasing
-                || batch
-                    .ops
-                    .first()
-                    .is_some_and(|f| last.is_some_and(|l| *f <= l))
+                || (!resent
+                    && batch
+                        .ops
+                        .first()
+                        .is_some_and(|f| last.is_some_and(|l| *f <= l)))
             {
                 return Err(format!(
                     "shard {shard}: {:?} sent after {last:?}: not FIFO",
                     batch.ops
                 ));
             }
-            if let Some(h) = batch.ops.last() {
+            if let Some(h) = batch.ops.last().filter(|_| !resent) {
                 r.last_sent.retain(|(s, _)| *s != shard);
                 r.last_sent.push((shard, *h));
             }
@@ -830,7 +1107,8 @@ fn stranded(m: &Machine) -> Result<(), Divergence> {
     let w = m.window();
     for shard in 0..SHARDS {
         let key = Key::new(shard);
-        if w.available(&key) > 0 && (w.queued(&key) > 0 || w.is_parked(&key)) {
+        if w.available(&key) > 0 && (w.queued(&key) > 0 || w.is_parked(&key)) && !w.is_paused(&key)
+        {
             return Err(format!(
                 "stranded: shard {shard} holds a batch back with credit"
             ));
@@ -877,6 +1155,20 @@ fn compare(m: &Machine, r: &Reference, flushed: bool) -> Result<(), Divergence> 
             (active, r.in_flight.len())
         ));
     }
+    // The timer never sleeps past a held operation's deadline.
+    if let Some(due) = r.earliest_held_deadline().filter(|_| r.timeout.is_some()) {
+        if m.poll_timeout().is_none_or(|t| t > due) {
+            return Err(format!(
+                "poll_timeout {:?}, but an operation held back is due at {due:?}",
+                m.poll_timeout()
+            ));
+        }
+    }
+    for shard in 0..SHARDS {
+        if w.is_paused(&Key::new(shard)) != r.is_paused(shard) {
+            return Err(format!("shard {shard}: paused {}", r.is_paused(shard)));
+        }
+    }
     // Open batches held by the batcher: the reference's unparked ones (never empty).
     let open = r.open.iter().filter(|(_, _, parked)| !parked).count();
     if m.is_draining() != r.draining || m.is_drained() != r.is_drained() {
@@ -900,6 +1192,59 @@ fn compare(m: &Machine, r: &Reference, flushed: bool) -> Result<(), Divergence> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reads, no batch limits, 2 in flight per shard.
+    const HEADER: [u8; 4] = [0, 0, 0, 1];
+    /// Adds an operation of 0 bytes for shard 0, at the same time.
+    const ADD: [u8; 4] = [0, 0, 1, 2];
+    /// `handle_timeout` 1 s later (a short step of 1,000,000 µs).
+    const TIMEOUT_1S: [u8; 6] = [15, 5, 0x40, 0x42, 0x0F, 0x00];
+
+    fn script(parts: &[&[u8]]) -> Vec<u8> {
+        parts.iter().flat_map(|p| p.iter().copied()).collect()
+    }
+
+    #[test]
+    fn a_requeued_batch_past_its_deadline_is_checked_to_time_out() {
+        // Timeout 500 ms; the operation leaves, its deadline passes in flight, the stream
+        // tears (pause, requeue), and the next `handle_timeout` must time it out.
+        let data = script(&[
+            &HEADER,
+            &[OPTIONS, 3 << 1],
+            &ADD,
+            &TIMEOUT_1S,
+            &[PAUSE, 0],
+            &[REQUEUE, 4, 0, 1, 2],
+            &[15, 2],
+        ]);
+        assert_eq!(check(&data), Ok(()));
+    }
+
+    #[test]
+    fn pause_requeue_and_resume_scripts_pass() {
+        // Two operations in two batches (cut by a flush), both torn and requeued in reverse
+        // order while paused, then resumed: they must go out again in their first order.
+        let data = script(&[
+            &HEADER,
+            &ADD,
+            &[7, 2],
+            &ADD,
+            &[7, 2],
+            &[PAUSE, 0],
+            &[REQUEUE, 4, 1, 1, 2],
+            &[REQUEUE, 4, 0, 1, 2],
+            &[RESUME, 0, 2],
+        ]);
+        assert_eq!(check(&data), Ok(()));
+    }
+
+    #[test]
+    fn an_oversized_write_is_checked_to_be_refused() {
+        // Writes of at most 16 bytes (max_bytes 2 * 16... selector 1 is 1 byte), rejection on,
+        // no timeout: a 5-byte write is refused as too large.
+        let data = script(&[&[1, 0, 1, 1], &[OPTIONS, 1 | (7 << 1)], &[0, 0, 2, 5, 2]]);
+        assert_eq!(check(&data), Ok(()));
+    }
 
     #[test]
     fn empty_and_short_inputs_pass() {

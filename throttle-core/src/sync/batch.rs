@@ -170,9 +170,10 @@ pub enum OpError<E> {
     /// `Eq` or `Clone` in `submit` for this operation (nothing was queued), or
     /// [`Transport::send`] (or its future) for its batch (the batch's credit was released).
     Panicked(Panicked),
-    /// Reserved for the operation timeout, which the core batcher does not have yet (issue
-    /// 15 item 6): not produced today. It will mean the operation's deadline passed before
-    /// its result came, whether it was still held back or already in the transport.
+    /// The operation's deadline ([`BatcherConfig::with_op_timeout`], counted from its
+    /// acceptance) passed before its result came: while it was still held back (it was never
+    /// sent), or while its batch was in the transport (the send was dropped at the batch's
+    /// deadline, its oldest operation's; every operation of the batch ends so).
     TimedOut(TimedOut),
     /// Refused at submit, before it was queued: the operation alone is larger than the batch
     /// limit and the config rejects such operations
@@ -489,7 +490,8 @@ struct DriverShared<R, T: Transport<Shard, Op>, Shard, Op, S> {
     state: Mutex<DriverState<T, Shard, Op, S>>,
     /// Notified when the closed driver's last batch in flight ends: [`BatchDriver::closed`].
     drained: WakeSignal,
-    /// The config's operation timeout: how long a send may take before its batch ends.
+    /// The config's operation timeout ([`BatcherConfig::with_op_timeout`]): the batcher
+    /// decides every deadline; this only says whether there are any.
     op_timeout: Option<Duration>,
     /// Requeue-and-pause of torn batches, if on.
     requeue: Option<Requeue<Op>>,
@@ -514,6 +516,9 @@ where
 struct Outgoing<Shard, Op> {
     key: Option<Shard>,
     credit: CreditId,
+    /// The batch's deadline ([`Batch::deadline`](crate::batcher::Batch::deadline)), with an
+    /// operation timeout.
+    deadline: Option<Instant>,
     ops: Vec<Op>,
     /// The slot of each of `ops` (requeue on), else empty.
     handles: Vec<Key>,
@@ -559,7 +564,8 @@ struct Prepared<Shard, Op> {
     ops: Vec<Op>,
     /// The copy kept for a resend (requeue on).
     kept: Option<Kept<Shard, Op>>,
-    /// When the send ends as timed out (an operation timeout is configured).
+    /// When the send ends as timed out (an operation timeout is configured): the batch's
+    /// [`deadline`](crate::batcher::Batch::deadline).
     deadline: Option<Instant>,
 }
 
@@ -941,8 +947,7 @@ where
         let shared = Arc::new(DriverShared {
             rt,
             transport,
-            // The core config's operation timeout (`BatcherConfig::op_timeout`, not merged yet).
-            op_timeout: None,
+            op_timeout: cfg.op_timeout(),
             size_limit: cfg.max_batch_bytes(),
             requeue,
             state: Mutex::new(DriverState {
@@ -1180,9 +1185,10 @@ where
         st.inbox.len().saturating_sub(st.withdrawn)
     }
 
-    /// The driver task: drain the input queue, flush when it is empty, run the timers that are
-    /// due (the batcher's operation timeouts and maintenance, the resumes of paused shards),
-    /// then sleep until a submit or the next timer. After a close it lives on only while
+    /// The driver task: run the timers that are due (the batcher's operation timeouts and
+    /// maintenance, first, so that no operation past its deadline is flushed; the resumes of
+    /// paused shards), drain the input queue, flush when it is empty, then sleep until a
+    /// submit or the next timer. After a close it lives on only while
     /// timers remain and the driver is not drained (a draining driver's paused shards must
     /// still resume, its held operations still time out).
     async fn run(self) {
@@ -1195,14 +1201,14 @@ where
                     let st = &mut *guard;
                     let mut effects = Effects::new();
                     let mut busy = false;
+                    if st.batcher.poll_timeout().is_some_and(|at| at <= now) {
+                        st.batcher.handle_timeout(now);
+                        busy = true;
+                    }
                     if !st.closed && !st.inbox.is_empty() {
                         feed(st, now, &mut effects);
                         // The input queue is empty: the rate-adaptive flush.
                         st.batcher.flush(now);
-                        busy = true;
-                    }
-                    if st.batcher.poll_timeout().is_some_and(|at| at <= now) {
-                        st.batcher.handle_timeout(now);
                         busy = true;
                     }
                     busy |= resume_due(st, now);
@@ -1348,10 +1354,9 @@ where
     }
 
     /// Readies a dispatched batch for `send`: keeps a copy of it first if requeue is on (the
-    /// operations' and the key's `Clone` are user code: a panic fails the batch), and the
-    /// deadline of its send: the operation timeout, counted from now (every operation of the
-    /// batch arrived before it was dispatched, so none outlives it). `Err`: the batch ended
-    /// before it was sent.
+    /// operations' and the key's `Clone` are user code: a panic fails the batch), with the
+    /// deadline of its send, which the batcher decided (its oldest operation's). `Err`: the
+    /// batch ended before it was sent.
     #[allow(clippy::type_complexity)]
     fn prepare(
         &self,
@@ -1360,6 +1365,7 @@ where
         let Outgoing {
             key,
             credit,
+            deadline,
             ops,
             handles,
         } = out;
@@ -1378,9 +1384,8 @@ where
             }
             None => None,
         };
-        let rt = &self.shared.rt;
         Ok(Prepared {
-            deadline: self.shared.op_timeout.map(|t| rt.now().saturating_add(t)),
+            deadline,
             key,
             credit,
             ops,
@@ -1797,11 +1802,9 @@ fn drain<T, Shard, Op, S>(
     while let Some(action) = st.batcher.poll_action() {
         match action {
             BatchAction::Send { shard, credit, .. } => {
-                let handles: Vec<Key> = st
-                    .batcher
-                    .batch(credit)
-                    .map(|b| b.ops().to_vec())
-                    .unwrap_or_default();
+                let batch = st.batcher.batch(credit);
+                let deadline = batch.and_then(|b| b.deadline());
+                let handles: Vec<Key> = batch.map(|b| b.ops().to_vec()).unwrap_or_default();
                 // The first operation's key is the batch's (they share the shard id); the
                 // others' copies are dropped here.
                 let mut key = None;
@@ -1826,6 +1829,7 @@ fn drain<T, Shard, Op, S>(
                 let out = Outgoing {
                     key,
                     credit,
+                    deadline,
                     ops,
                     handles: sent,
                 };
@@ -1854,6 +1858,7 @@ fn drain<T, Shard, Op, S>(
                     let error = match reason {
                         FailReason::BatchFailed(end) => end.into_error(),
                         FailReason::Closed => OpError::Closed,
+                        FailReason::TimedOut => OpError::TimedOut(TimedOut),
                         _ => OpError::NoResponse,
                     };
                     effects.done.push((slot.tx, Err(error)));
@@ -2292,6 +2297,85 @@ mod tests {
         exec.run_until_stalled();
         assert!(matches!(results(&out)[..], [(5, Ok(50))]));
         assert_books(&driver, 1, 0);
+    }
+
+    type Timed = (
+        Executor,
+        BatchDriver<TestRuntime, Held, u8, u32, RandomState>,
+        Held,
+        Results,
+        crate::sync::ManualClock,
+    );
+
+    /// A driver over [`Held`] with a window of 1 and an operation timeout of 30 s, the Oxia
+    /// Java client's default request timeout (streamnative/oxia-java, `OxiaClientBuilder`
+    /// `DefaultRequestTimeout`), and its clock.
+    fn setup_timed() -> Timed {
+        let exec = Executor::default();
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(exec.spawner());
+        let clock = rt.clock.clone();
+        let held = Held::default();
+        let cfg = BatcherConfig::reads()
+            .with_window(WindowConfig::default().with_max_in_flight(1))
+            .unwrap()
+            .with_op_timeout(Duration::from_secs(30));
+        let driver = BatchDriver::new(rt, held.clone(), cfg);
+        (
+            exec,
+            driver,
+            held,
+            Arc::new(StdMutex::new(Vec::new())),
+            clock,
+        )
+    }
+
+    #[test]
+    fn a_hung_send_and_the_operations_held_behind_it_time_out_each_at_its_deadline() {
+        let (mut exec, driver, held, out, clock) = setup_timed();
+        submit(&exec, &driver, &out, 1);
+        exec.run_until_stalled();
+        let hung = held.take();
+        assert_eq!(hung.len(), 1, "1 is in the transport, which never answers");
+        clock.advance(Duration::from_secs(10));
+        submit(&exec, &driver, &out, 2);
+        exec.run_until_stalled();
+        assert!(held.take().is_empty(), "2 waits for the credit");
+        clock.advance(Duration::from_millis(19_999));
+        exec.run_until_stalled();
+        assert!(out.lock().unwrap().is_empty(), "nothing is due before 30 s");
+        clock.advance(Duration::from_millis(1));
+        exec.run_until_stalled();
+        // At 30 s the send is dropped: 1 times out and its credit sends 2 (due at 40 s).
+        let got = core::mem::take(&mut *out.lock().unwrap());
+        assert!(
+            matches!(got[..], [(1, Err(OpError::TimedOut(TimedOut)))]),
+            "{got:?}"
+        );
+        let second = held.take();
+        assert_eq!(
+            second.iter().map(|s| s.1.clone()).collect::<Vec<_>>(),
+            [alloc::vec![2]]
+        );
+        drop(hung);
+        clock.advance(Duration::from_secs(10));
+        exec.run_until_stalled();
+        let got = core::mem::take(&mut *out.lock().unwrap());
+        assert!(
+            matches!(got[..], [(2, Err(OpError::TimedOut(TimedOut)))]),
+            "{got:?}"
+        );
+        assert_eq!(driver.in_flight(&1), 0, "every credit came back");
+        // An answer in time still wins.
+        submit(&exec, &driver, &out, 3);
+        exec.run_until_stalled();
+        let (_, _, reply) = held.take().into_iter().next().unwrap();
+        clock.advance(Duration::from_millis(29_999));
+        reply.send(Ok(alloc::vec![Ok(33)]));
+        exec.run_until_stalled();
+        let got = core::mem::take(&mut *out.lock().unwrap());
+        assert!(matches!(got[..], [(3, Ok(33))]), "{got:?}");
+        drop(second);
     }
 
     #[test]
