@@ -13,7 +13,7 @@ proptest! {
     /// dispatched FIFO per shard, every batch leaves once and idle shards hold no state.
     #[test]
     fn window_matches_reference_and_conserves_credits(
-        data in common::bytes(24)
+        data in common::bytes(27)
     ) {
         prop_assert_eq!(check(&data), Ok(()));
     }
@@ -22,7 +22,7 @@ proptest! {
     /// multi-shard window, on one shard) does.
     #[test]
     fn single_window_matches_reference(
-        data in common::bytes(24)
+        data in common::bytes(27)
     ) {
         prop_assert_eq!(check_single(&data), Ok(()));
     }

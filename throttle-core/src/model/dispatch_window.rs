@@ -6,12 +6,12 @@
 //!
 //! Checked after every operation: credits conserved (`in_flight + available == capacity`),
 //! never more than `max_in_flight` per shard, FIFO dispatch (a release sends the shard's
-//! oldest queued batch, then its parked one), ids never reused, double and bogus releases
-//! change nothing, every batch leaves exactly once (dispatched, reclaimed, failed or refused),
-//! and no idle shard is counted or holds a buffer; idle entries are gone once maintenance
-//! has run with nothing live (`tracked_shards() == 0`). Maintenance (`handle_timeout`) is interleaved at
-//! random times and must change none of this; its deadline is never in the past, and it goes
-//! quiet after two runs with nothing live.
+//! oldest requeued batch, else its oldest queued one, else its parked one), ids never reused,
+//! double and bogus releases change nothing, every batch leaves exactly once (dispatched,
+//! reclaimed, failed or refused), and no idle shard is counted or holds a buffer; idle entries
+//! are gone once maintenance has run with nothing live (`tracked_shards() == 0`). Maintenance
+//! (`handle_timeout`) is interleaved at random times and must change none of this; its
+//! deadline is never in the past, and it goes quiet after two runs with nothing live.
 //!
 //! Shards are [`Key`]s. Operations 20, 21 and 22 each arm one `Hash`, `Eq` or `Clone` call (in
 //! that order) to panic and run another operation under `catch_unwind` (see [`super::user`]):
@@ -22,6 +22,28 @@
 //! batches and keeps handing held-back ones on, and a run that ends draining completes every
 //! credit until nothing is left, checking that every held batch left whole, in order, and
 //! that `is_drained` turns true.
+//!
+//! Operations 24, 25 and 26 (issue 15; new values, so stored inputs keep their meaning) are
+//! `pause`, `resume` and `requeue`. The reference keeps paused shards in a `Vec` and requeued
+//! batches in a third list beside the queued and parked ones, each with its place in the
+//! order of departures (the reference's own count of credits issued). A paused shard takes no
+//! credit: its new batches queue or park although credit is free, and a release of one of its
+//! credits hands nothing on (the credit simply comes back free). `resume` sends its held-back
+//! batches in the order they would have left (requeued ones in the order they first left,
+//! then queued, then parked) under fresh credits, as many as it has free. `requeue` of a live
+//! credit (a torn stream) releases it and puts its batch back at the head of its shard's
+//! order, after requeued batches that left before it; the freed credit is then handed on as
+//! by `complete` (so an unpaused shard resends at once); after `close` the batch is handed
+//! back; a released credit is refused and changes nothing. A requeued batch gets a ticket
+//! (`cancel` withdraws it while it waits). Checked after each: the same outputs and dispatch
+//! order, credits conserved, `is_paused` per shard, every batch ending exactly once (a
+//! requeued batch is held again until it leaves again), and a shard that is not paused with a
+//! free credit holding nothing back (ids permitting). A paused idle shard keeps its map entry
+//! through maintenance; `close` ends every pause. A run that ends draining resumes its paused
+//! shards, as a driver whose streams came back would, before it checks that nothing is
+//! stranded. Under a panicking callback (20–22) the inner operation may be any of `0..20` or
+//! 24–26 (one byte, as before: the others are no-ops). [`SingleWindow`] has `pause` and
+//! `resume` but no `requeue`: the single-shard run reads a `requeue`'s bytes and skips it.
 //!
 //! [`check_single`] runs the same decoder and reference over a [`SingleWindow`], as one
 //! shard: every output of the single-shard window is checked against what the reference
@@ -48,14 +70,31 @@ const OPS: u8 = 20;
 /// `drain`, after the panicking-callback operations.
 const DRAIN: u8 = OPS + Arm::OPS;
 
+/// `pause` of a shard, after `drain` (issue 15).
+const PAUSE: u8 = DRAIN + 1;
+
+/// `resume` of a shard.
+const RESUME: u8 = PAUSE + 1;
+
+/// `requeue` of a credit's batch (a torn stream): multi-shard window only.
+const REQUEUE: u8 = RESUME + 1;
+
 /// Every operation value assigned.
-const ALL: u8 = DRAIN + 1;
+const ALL: u8 = REQUEUE + 1;
+
+/// What [`DispatchWindow::requeue`] returns: the requeued batch's ticket (or the batch handed
+/// back), and the dispatch of the freed credit.
+type Requeued =
+    Result<(Result<Ticket, SubmitError<u32>>, Option<Dispatch<Key, u32>>), ReleaseError>;
 
 /// A window under check: the multi-shard window over [`Key`]s, or the single-shard window as
 /// shard 0. Outputs are in the multi-shard window's types.
 pub(crate) trait Subject: Debug + Sized {
     /// Shards the decoder draws from.
     const SHARDS: u8;
+    /// A paused shard keeps its (idle) map entry through maintenance; a window without a map
+    /// has none to keep.
+    const PAUSE_KEEPS_ENTRY: bool;
     fn make(cfg: WindowConfig) -> Result<Self, ConfigError>;
     fn set_shrink_floor(&mut self, floor: usize);
     fn submit(
@@ -74,6 +113,11 @@ pub(crate) trait Subject: Debug + Sized {
     fn cancel(&mut self, ticket: Ticket) -> Result<u32, ReleaseError>;
     fn close(&mut self) -> Vec<(u8, u32)>;
     fn drain(&mut self);
+    fn pause(&mut self, shard: Key);
+    fn resume(&mut self, now: Instant, shard: &Key) -> Vec<Dispatch<Key, u32>>;
+    fn is_paused(&self, shard: &Key) -> bool;
+    /// `None`: the window has no `requeue` (the operation is skipped).
+    fn requeue(&mut self, credit: CreditId, shard: Key, batch: u32) -> Option<Requeued>;
     fn handle_timeout(&mut self, now: Instant);
     fn poll_timeout(&self) -> Option<Instant>;
     fn skip_generations_to(&mut self, next: u64);
@@ -94,6 +138,7 @@ pub(crate) trait Subject: Debug + Sized {
 
 impl Subject for Window {
     const SHARDS: u8 = 4;
+    const PAUSE_KEEPS_ENTRY: bool = true;
     fn make(cfg: WindowConfig) -> Result<Self, ConfigError> {
         Window::new(cfg)
     }
@@ -134,6 +179,18 @@ impl Subject for Window {
     }
     fn drain(&mut self) {
         Window::drain(self);
+    }
+    fn pause(&mut self, shard: Key) {
+        Window::pause(self, shard);
+    }
+    fn resume(&mut self, now: Instant, shard: &Key) -> Vec<Dispatch<Key, u32>> {
+        Window::resume(self, now, shard)
+    }
+    fn is_paused(&self, shard: &Key) -> bool {
+        Window::is_paused(self, shard)
+    }
+    fn requeue(&mut self, credit: CreditId, shard: Key, batch: u32) -> Option<Requeued> {
+        Some(Window::requeue(self, credit, shard, batch))
     }
     fn handle_timeout(&mut self, now: Instant) {
         Window::handle_timeout(self, now);
@@ -196,6 +253,7 @@ fn on_shard_0(d: Dispatch<(), u32>) -> Dispatch<Key, u32> {
 
 impl Subject for SingleWindow<u32> {
     const SHARDS: u8 = 1;
+    const PAUSE_KEEPS_ENTRY: bool = false;
     fn make(cfg: WindowConfig) -> Result<Self, ConfigError> {
         SingleWindow::new(cfg)
     }
@@ -239,6 +297,21 @@ impl Subject for SingleWindow<u32> {
     }
     fn drain(&mut self) {
         SingleWindow::drain(self);
+    }
+    fn pause(&mut self, _: Key) {
+        SingleWindow::pause(self);
+    }
+    fn resume(&mut self, now: Instant, _: &Key) -> Vec<Dispatch<Key, u32>> {
+        SingleWindow::resume(self, now)
+            .into_iter()
+            .map(on_shard_0)
+            .collect()
+    }
+    fn is_paused(&self, _: &Key) -> bool {
+        SingleWindow::is_paused(self)
+    }
+    fn requeue(&mut self, _: CreditId, _: Key, _: u32) -> Option<Requeued> {
+        None
     }
     fn handle_timeout(&mut self, now: Instant) {
         SingleWindow::handle_timeout(self, now);
@@ -308,6 +381,28 @@ enum Fate {
     Refused,
 }
 
+/// A credit the machine issued, as the reference remembers it.
+#[derive(Clone, Copy, Debug)]
+struct Issued {
+    id: CreditId,
+    shard: u8,
+    /// Not yet released (by `complete` or `requeue`).
+    live: bool,
+    /// The batch that left under it.
+    batch: u32,
+    /// Its place in the order of departures (the index of this entry in `credits`).
+    seq: u64,
+}
+
+/// Where a shard's oldest held-back batch is in the reference: an index into `requeued`,
+/// `queued` or `parked`.
+#[derive(Clone, Copy, Debug)]
+enum HeldAt {
+    Requeued(usize),
+    Queued(usize),
+    Parked(usize),
+}
+
 #[derive(Clone, Debug)]
 struct Reference {
     cap: u32,
@@ -317,14 +412,21 @@ struct Reference {
     draining: bool,
     /// Credit ids the machine may still issue (only shrinks when the model skips ahead).
     ids_left: u64,
-    /// Every credit ever issued: (id, shard, live).
-    credits: Vec<(CreditId, u8, bool)>,
-    /// Full batches waiting, in global arrival order: (shard, batch).
+    /// Every credit ever issued, in the order the batches left.
+    credits: Vec<Issued>,
+    /// Batches put back by `requeue` after they left (a torn stream), in the order they were
+    /// put back: (shard, batch, `seq` of the credit they held). A shard's next batch is its
+    /// requeued one of lowest `seq`, before any batch that never left.
+    requeued: Vec<(u8, u32, u64)>,
+    /// Full batches waiting that never left, in global arrival order: (shard, batch).
     queued: Vec<(u8, u32)>,
     /// Parked open batches: (shard, batch).
     parked: Vec<(u8, u32)>,
-    /// Every ticket `enqueue` returned, with its batch.
-    tickets: Vec<(Ticket, u32)>,
+    /// Paused shards (`pause` and no `resume` or `close` since).
+    paused: Vec<u8>,
+    /// Every ticket the window returned, with its batch and, for a `requeue` ticket, the
+    /// `seq` the batch was requeued under (`None`: an `enqueue` ticket).
+    tickets: Vec<(Ticket, u32, Option<u64>)>,
     /// Every batch and where it went.
     fates: Vec<(u32, Fate)>,
 }
@@ -334,13 +436,22 @@ impl Reference {
         let n = self
             .credits
             .iter()
-            .filter(|(_, s, live)| *live && *s == shard)
+            .filter(|x| x.live && x.shard == shard)
             .count();
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 
-    fn has_queued(&self, shard: u8) -> bool {
-        self.queued.iter().any(|(s, _)| *s == shard)
+    fn live(&self) -> Vec<Issued> {
+        self.credits.iter().filter(|x| x.live).copied().collect()
+    }
+
+    /// Whether the window is closed by `close` (not by `drain`): nothing is handed on.
+    fn hard_closed(&self) -> bool {
+        self.closed && !self.draining
+    }
+
+    fn is_paused(&self, shard: u8) -> bool {
+        self.paused.contains(&shard)
     }
 
     fn parked_of(&self, shard: u8) -> Option<u32> {
@@ -350,10 +461,66 @@ impl Reference {
             .map(|(_, b)| *b)
     }
 
+    /// The shard's oldest held-back batch: its requeued batch that left first, else its
+    /// oldest queued one, else its parked one.
+    fn oldest_held(&self, shard: u8) -> Option<HeldAt> {
+        let requeued = self
+            .requeued
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| x.0 == shard)
+            .min_by_key(|(_, x)| x.2)
+            .map(|(i, _)| HeldAt::Requeued(i));
+        requeued
+            .or_else(|| {
+                self.queued
+                    .iter()
+                    .position(|(s, _)| *s == shard)
+                    .map(HeldAt::Queued)
+            })
+            .or_else(|| {
+                self.parked
+                    .iter()
+                    .position(|(s, _)| *s == shard)
+                    .map(HeldAt::Parked)
+            })
+    }
+
+    /// Takes the batch at `at` out of the held-back ones.
+    fn take_held(&mut self, at: HeldAt) -> u32 {
+        match at {
+            HeldAt::Requeued(i) => self.requeued.remove(i).1,
+            HeldAt::Queued(i) => self.queued.remove(i).1,
+            HeldAt::Parked(i) => self.parked.remove(i).1,
+        }
+    }
+
+    /// The shard's held-back batches in the order they would leave.
+    fn line_of(&self, shard: u8) -> Vec<u32> {
+        let mut requeued: Vec<(u64, u32)> = self
+            .requeued
+            .iter()
+            .filter(|x| x.0 == shard)
+            .map(|x| (x.2, x.1))
+            .collect();
+        requeued.sort_unstable();
+        let mut line: Vec<u32> = requeued.into_iter().map(|(_, b)| b).collect();
+        line.extend(
+            self.queued
+                .iter()
+                .filter(|(s, _)| *s == shard)
+                .map(|(_, b)| *b),
+        );
+        line.extend(self.parked_of(shard));
+        line
+    }
+
+    fn holds_back(&self, shard: u8) -> bool {
+        self.oldest_held(shard).is_some()
+    }
+
     fn has_credit(&self, shard: u8) -> bool {
-        self.in_flight(shard) < self.cap
-            && !self.has_queued(shard)
-            && self.parked_of(shard).is_none()
+        self.in_flight(shard) < self.cap && !self.holds_back(shard) && !self.is_paused(shard)
     }
 
     fn set_fate(&mut self, batch: u32, fate: Fate) -> Result<(), Divergence> {
@@ -367,26 +534,77 @@ impl Reference {
         }
     }
 
-    /// Records a fresh credit the machine issued for `shard`.
-    fn issued(&mut self, credit: CreditId, shard: u8) -> Result<(), Divergence> {
-        if self.credits.iter().any(|(c, _, _)| *c == credit) {
+    /// A dispatched batch comes back (`requeue`): it is held again.
+    fn came_back(&mut self, batch: u32) -> Result<(), Divergence> {
+        match self.fates.iter_mut().find(|(b, _)| *b == batch) {
+            Some((_, f)) if *f == Fate::Dispatched => {
+                *f = Fate::Held;
+                Ok(())
+            }
+            Some((_, f)) => Err(format!("batch {batch} requeued while {f:?}")),
+            None => Err(format!("batch {batch} was never submitted")),
+        }
+    }
+
+    /// Records a fresh credit the machine issued for `shard`, carrying `batch`.
+    fn issued(&mut self, credit: CreditId, shard: u8, batch: u32) -> Result<(), Divergence> {
+        if self.credits.iter().any(|x| x.id == credit) {
             return Err(format!("credit {credit:?} reused"));
         }
         self.ids_left = self.ids_left.saturating_sub(1);
-        self.credits.push((credit, shard, true));
+        let seq = u64::try_from(self.credits.len()).unwrap_or(u64::MAX);
+        self.credits.push(Issued {
+            id: credit,
+            shard,
+            live: true,
+            batch,
+            seq,
+        });
         Ok(())
+    }
+
+    /// After one of `shard`'s credits was released: what the machine handed on (`got`) must
+    /// be the shard's oldest held-back batch under a fresh credit, unless the window is
+    /// closed, the shard is paused, nothing is held back or no id is left.
+    fn hand_on(
+        &mut self,
+        shard: u8,
+        got: Option<Dispatch<Key, u32>>,
+        what: &str,
+    ) -> Result<(), Divergence> {
+        let next = if self.hard_closed() || self.is_paused(shard) || self.ids_left == 0 {
+            None
+        } else {
+            self.oldest_held(shard)
+        };
+        let Some(at) = next else {
+            return match got {
+                None => Ok(()),
+                Some(d) => Err(format!("{what} handed on {d:?}, want nothing")),
+            };
+        };
+        let batch = self.take_held(at);
+        match got {
+            Some(d) if d.shard.id() == shard && d.batch == batch => {
+                self.issued(d.credit, shard, batch)?;
+                self.set_fate(batch, Fate::Dispatched)
+            }
+            other => Err(format!(
+                "{what} handed on {other:?}, want batch {batch} of shard {shard}"
+            )),
+        }
     }
 }
 
 /// Decodes `data` into window operations, drives the multi-shard window and the reference,
 /// and returns the first disagreement.
 pub fn check(data: &[u8]) -> Result<(), Divergence> {
-    run::<Window>(data)
+    run::<Window>(data).map(drop)
 }
 
 /// As [`check`], over a [`SingleWindow`] (every operation on its one shard).
 pub fn check_single(data: &[u8]) -> Result<(), Divergence> {
-    run::<SingleWindow<u32>>(data)
+    run::<SingleWindow<u32>>(data).map(drop)
 }
 
 /// [`check`], then [`check_single`] on the same input: what the fuzz target and the corpus
@@ -396,7 +614,15 @@ pub fn check_all(data: &[u8]) -> Result<(), Divergence> {
     check_single(data).map_err(|e| format!("single-shard window: {e}"))
 }
 
-fn run<W: Subject>(data: &[u8]) -> Result<(), Divergence> {
+/// The operation run under an armed callback: any value of an operation that may run user
+/// code (`0..OPS`, `pause`, `resume`, `requeue`), else `None`. Reads one byte either way.
+fn armed_op(c: &mut Cursor<'_>) -> Option<u8> {
+    let v = c.u8();
+    (v < OPS || (PAUSE..ALL).contains(&v)).then_some(v)
+}
+
+/// Runs `data` and returns every departure, in order: (shard, batch) per credit issued.
+fn run<W: Subject>(data: &[u8]) -> Result<Vec<(u8, u32)>, Divergence> {
     let mut c = Cursor::new(data);
     // The limit, as a client gives it (`usize`); above `u32::MAX` the window clamps, so
     // `usize::MAX` behaves as `u32::MAX` did before the limit was a `usize`.
@@ -422,8 +648,10 @@ fn run<W: Subject>(data: &[u8]) -> Result<(), Divergence> {
         draining: false,
         ids_left: u64::MAX - 1,
         credits: Vec::new(),
+        requeued: Vec::new(),
         queued: Vec::new(),
         parked: Vec::new(),
+        paused: Vec::new(),
         tickets: Vec::new(),
         fates: Vec::new(),
     };
@@ -444,7 +672,7 @@ fn run<W: Subject>(data: &[u8]) -> Result<(), Divergence> {
             let Some(arm) = Arm::decode(&mut c, op - OPS, W::SHARDS) else {
                 continue;
             };
-            let Some(inner) = c.select(OPS) else {
+            let Some(inner) = armed_op(&mut c) else {
                 continue;
             };
             let before = user::snapshot(&st.w);
@@ -462,15 +690,28 @@ fn run<W: Subject>(data: &[u8]) -> Result<(), Divergence> {
         }
         compare(&st.w, &st.r).map_err(|e| format!("step {step}: {e}"))?;
     }
-    let State { mut w, mut r, .. } = st;
+    let State {
+        mut w, mut r, now, ..
+    } = st;
     if r.draining {
         // Draining: completing every credit sends everything held back, whole and in order
-        // (each completion is checked against the reference), until nothing is left.
-        while let Some(&(credit, _, _)) = r.credits.iter().find(|x| x.2) {
-            complete(&mut w, &mut r, credit)?;
-            compare(&w, &r)?;
+        // (each completion is checked against the reference), until nothing is left. A paused
+        // shard sends nothing until it is resumed, so each round resumes the paused shards
+        // (as a driver whose streams came back would) and completes again.
+        loop {
+            while let Some(credit) = r.credits.iter().find(|x| x.live).map(|x| x.id) {
+                complete(&mut w, &mut r, credit)?;
+                compare(&w, &r)?;
+            }
+            if r.paused.is_empty() {
+                break;
+            }
+            for shard in r.paused.clone() {
+                resume(&mut w, &mut r, now, shard)?;
+                compare(&w, &r)?;
+            }
         }
-        let stuck = r.queued.len() + r.parked.len();
+        let stuck = r.requeued.len() + r.queued.len() + r.parked.len();
         if stuck == 0 && !w.is_drained() {
             return Err("every credit completed while draining, but not drained".into());
         }
@@ -481,9 +722,8 @@ fn run<W: Subject>(data: &[u8]) -> Result<(), Divergence> {
     // Close (collecting what a drain could not send for lack of ids), then complete every
     // live credit: everything must end and nothing may remain.
     close(&mut w, &mut r)?;
-    let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
-    for credit in live {
-        complete(&mut w, &mut r, credit)?;
+    for credit in r.live() {
+        complete(&mut w, &mut r, credit.id)?;
     }
     compare(&w, &r)?;
     // With nothing live, two runs give everything back and maintenance goes quiet.
@@ -506,7 +746,7 @@ fn run<W: Subject>(data: &[u8]) -> Result<(), Divergence> {
             w.live_credits()
         ));
     }
-    Ok(())
+    Ok(r.credits.iter().map(|x| (x.shard, x.batch)).collect())
 }
 
 /// What one run carries from operation to operation.
@@ -554,15 +794,15 @@ fn apply<W: Subject>(
         }
         7..=10 => {
             // A live credit, chosen by index among live ones.
-            let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
+            let live = r.live();
             if let Some(credit) = live.get(usize::from(c.u8()) % live.len().max(1)) {
-                complete(w, r, *credit).map_err(|e| format!("step {step}: {e}"))?;
+                complete(w, r, credit.id).map_err(|e| format!("step {step}: {e}"))?;
             }
         }
         11 => {
             // A credit issued earlier, live or not (duplicates after release).
             let n = r.credits.len();
-            if let Some((credit, _, _)) = r.credits.get(usize::from(c.u16()) % n.max(1)).copied() {
+            if let Some(credit) = r.credits.get(usize::from(c.u16()) % n.max(1)).map(|x| x.id) {
                 complete(w, r, credit).map_err(|e| format!("step {step}: {e}"))?;
             }
         }
@@ -595,10 +835,21 @@ fn apply<W: Subject>(
             *now = c.time_step(*now);
             let due = w.poll_timeout().is_some_and(|t| t <= *now);
             w.handle_timeout(*now);
-            if due && w.tracked_shards() != w.shard_count() {
+            // Paused idle shards keep their entries (the pause is remembered there).
+            let kept = if W::PAUSE_KEEPS_ENTRY {
+                r.paused
+                    .iter()
+                    .filter(|&&s| r.in_flight(s) == 0 && !r.holds_back(s))
+                    .count()
+            } else {
+                0
+            };
+            if due && w.tracked_shards() != w.shard_count() + kept {
                 return Err(format!(
-                    "step {step}: maintenance ran at {now:?} and left {} idle entries",
-                    w.tracked_shards() - w.shard_count()
+                    "step {step}: maintenance ran at {now:?} and left {} entries for {} active \
+                     shards and {kept} paused idle ones",
+                    w.tracked_shards(),
+                    w.shard_count()
                 ));
             }
             maintenance_is_not_overdue(w, *now).map_err(|e| format!("step {step}: {e}"))?;
@@ -614,13 +865,15 @@ fn apply<W: Subject>(
             // Cancel a ticket issued earlier: still queued, or dispatched, withdrawn or
             // failed since (then refused, changing nothing).
             let n = r.tickets.len();
-            if let Some((ticket, batch)) = r.tickets.get(usize::from(c.u16()) % n.max(1)).copied() {
-                cancel(w, r, ticket, batch).map_err(|e| format!("step {step}: {e}"))?;
+            if let Some((ticket, batch, requeued)) =
+                r.tickets.get(usize::from(c.u16()) % n.max(1)).copied()
+            {
+                cancel(w, r, ticket, batch, requeued).map_err(|e| format!("step {step}: {e}"))?;
             }
         }
         18 => {
             // A live credit under another window's tag: unknown here, changes nothing.
-            let live: Vec<CreditId> = r.credits.iter().filter(|x| x.2).map(|x| x.0).collect();
+            let live: Vec<CreditId> = r.live().iter().map(|x| x.id).collect();
             if let Some(credit) = live.get(usize::from(c.u8()) % live.len().max(1)) {
                 let foreign = CreditId::forge(
                     credit.tag().wrapping_add(1),
@@ -638,7 +891,7 @@ fn apply<W: Subject>(
         19 => {
             // A ticket under another window's tag: unknown here, changes nothing.
             let n = r.tickets.len();
-            if let Some((ticket, _)) = r.tickets.get(usize::from(c.u16()) % n.max(1)) {
+            if let Some((ticket, _, _)) = r.tickets.get(usize::from(c.u16()) % n.max(1)) {
                 let foreign =
                     Ticket::forged(ticket.tag().wrapping_add(1), ticket.id(), ticket.slot());
                 let got = w.cancel(foreign);
@@ -655,6 +908,32 @@ fn apply<W: Subject>(
             if !r.closed {
                 r.closed = true;
                 r.draining = true;
+            }
+        }
+        PAUSE => {
+            w.pause(Key::new(shard));
+            // After `close` a pause does nothing; a draining window still pauses.
+            if !r.hard_closed() && !r.is_paused(shard) {
+                r.paused.push(shard);
+            }
+        }
+        RESUME => {
+            resume(w, r, *now, shard).map_err(|e| format!("step {step}: {e}"))?;
+        }
+        REQUEUE => {
+            // A torn stream: the batch under a live credit (or, one time in four, under any
+            // credit issued earlier, then refused as released) goes back to its shard. The
+            // shard byte is read and unused: the credit names its shard.
+            let any = c.below(4) == 0;
+            let pick = usize::from(c.u16());
+            let chosen = if any {
+                r.credits.get(pick % r.credits.len().max(1)).copied()
+            } else {
+                let live = r.live();
+                live.get(pick % live.len().max(1)).copied()
+            };
+            if let Some(credit) = chosen {
+                requeue(w, r, credit).map_err(|e| format!("step {step}: {e}"))?;
             }
         }
         _ => {}
@@ -718,7 +997,7 @@ fn expect_submit(
         }
         return match got {
             Ok(Some(d)) if d.shard.id() == shard && d.batch == batch => {
-                r.issued(d.credit, shard)?;
+                r.issued(d.credit, shard, batch)?;
                 r.set_fate(batch, Fate::Dispatched)
             }
             other => Err(format!(
@@ -755,27 +1034,42 @@ fn enqueue<W: Subject>(
     let Some(ticket) = ticket else {
         return Ok(());
     };
-    if r.tickets.iter().any(|(t, _)| *t == ticket) {
+    if r.tickets.iter().any(|(t, _, _)| *t == ticket) {
         return Err(format!("ticket {ticket:?} reused"));
     }
     if !w.is_queued(ticket) {
         return Err(format!("fresh ticket {ticket:?} is not queued"));
     }
-    r.tickets.push((ticket, batch));
+    r.tickets.push((ticket, batch, None));
     Ok(())
 }
 
-/// `cancel`: a ticket still queued withdraws its batch; any other is refused unchanged.
+/// `cancel`: a ticket still queued withdraws its batch; any other is refused unchanged. An
+/// `enqueue` ticket (`requeued` is `None`) is live while its batch waits, never having left;
+/// a `requeue` ticket while its batch waits requeued under that `seq`.
 fn cancel<W: Subject>(
     w: &mut W,
     r: &mut Reference,
     ticket: Ticket,
     batch: u32,
+    requeued: Option<u64>,
 ) -> Result<(), Divergence> {
     let got = w.cancel(ticket);
-    match r.queued.iter().position(|(_, b)| *b == batch) {
-        Some(i) => {
-            r.queued.remove(i);
+    let at = match requeued {
+        None => r
+            .queued
+            .iter()
+            .position(|(_, b)| *b == batch)
+            .map(HeldAt::Queued),
+        Some(seq) => r
+            .requeued
+            .iter()
+            .position(|x| x.1 == batch && x.2 == seq)
+            .map(HeldAt::Requeued),
+    };
+    match at {
+        Some(at) => {
+            r.take_held(at);
             r.set_fate(batch, Fate::Withdrawn)?;
             match got {
                 Ok(b) if b == batch => {}
@@ -797,96 +1091,166 @@ fn cancel<W: Subject>(
     Ok(())
 }
 
-fn complete<W: Subject>(w: &mut W, r: &mut Reference, credit: CreditId) -> Result<(), Divergence> {
-    let got = w.complete(credit);
-    let Some(idx) = r.credits.iter().position(|(c, _, _)| *c == credit) else {
-        return match got {
-            Err(_) => Ok(()),
-            Ok(d) => Err(format!("never-issued {credit:?} released: {d:?}")),
+/// A release of `credit` (live, released or never issued) is checked against the reference;
+/// a live one marks it released and returns its shard.
+fn release_of(
+    r: &mut Reference,
+    credit: CreditId,
+    refused: Option<ReleaseError>,
+    what: &str,
+) -> Result<Option<u8>, Divergence> {
+    let Some(entry) = r.credits.iter_mut().find(|x| x.id == credit) else {
+        return match refused {
+            Some(_) => Ok(None),
+            None => Err(format!("{what} of never-issued {credit:?} went through")),
         };
     };
-    let Some(&(_, shard, live)) = r.credits.get(idx) else {
-        return Err(format!("credit index {idx} vanished"));
-    };
-    if !live {
-        return match got {
-            Err(ReleaseError::AlreadyReleased) => Ok(()),
+    if !entry.live {
+        return match refused {
+            Some(ReleaseError::AlreadyReleased) => Ok(None),
             other => Err(format!(
-                "second release of {credit:?} = {other:?}, want AlreadyReleased"
+                "{what} of released {credit:?}: refusal {other:?}, want AlreadyReleased"
             )),
         };
     }
-    if let Some(entry) = r.credits.get_mut(idx) {
-        entry.2 = false;
+    if let Some(e) = refused {
+        return Err(format!("{what} of live {credit:?} refused: {e:?}"));
     }
-    let next = if r.closed && !r.draining {
-        None
-    } else if let Some(i) = r.queued.iter().position(|(s, _)| *s == shard) {
-        Some((r.queued.remove(i).1, Some(i)))
-    } else if let Some(i) = r.parked.iter().position(|(s, _)| *s == shard) {
-        Some((r.parked.remove(i).1, None))
-    } else {
-        None
-    };
-    match next {
-        None => match got {
-            Ok(None) => Ok(()),
-            other => Err(format!("release of {credit:?} = {other:?}, want Ok(None)")),
-        },
-        Some((batch, from_queue)) if r.ids_left == 0 => {
-            // No id for the next batch: it stays held (ids never wrap; `close` collects it).
-            match from_queue {
-                Some(i) => r.queued.insert(i, (shard, batch)),
-                None => r.parked.push((shard, batch)),
-            }
-            match got {
-                Ok(None) => Ok(()),
-                other => Err(format!(
-                    "release with no ids left = {other:?}, want Ok(None)"
-                )),
-            }
-        }
-        Some((batch, _)) => match got {
-            Ok(Some(d)) if d.shard.id() == shard && d.batch == batch => {
-                r.issued(d.credit, shard)?;
-                r.set_fate(batch, Fate::Dispatched)
-            }
-            other => Err(format!(
-                "release of {credit:?} = {other:?}, want dispatch of {batch}"
-            )),
-        },
-    }
+    entry.live = false;
+    Ok(Some(entry.shard))
 }
 
+fn complete<W: Subject>(w: &mut W, r: &mut Reference, credit: CreditId) -> Result<(), Divergence> {
+    let got = w.complete(credit);
+    let refused = got.as_ref().err().copied();
+    let Some(shard) = release_of(r, credit, refused, "release")? else {
+        return Ok(());
+    };
+    r.hand_on(shard, got.ok().flatten(), "release")
+}
+
+/// `requeue` of the batch that left under `credit` (multi-shard window only): the credit is
+/// released and the batch goes back to its shard, before every batch that never left and
+/// after those requeued before it that left before it; then the freed credit is handed on as
+/// by `complete` (the requeued batch itself, if it is now the oldest), unless the shard is
+/// paused. After `close` the batch is handed back instead (the caller fails it).
+fn requeue<W: Subject>(w: &mut W, r: &mut Reference, credit: Issued) -> Result<(), Divergence> {
+    let Some(got) = w.requeue(credit.id, Key::new(credit.shard), credit.batch) else {
+        return Ok(());
+    };
+    let refused = got.as_ref().err().copied();
+    let Some(shard) = release_of(r, credit.id, refused, "requeue")? else {
+        return Ok(());
+    };
+    let Ok((back, next)) = got else {
+        return Err(format!("requeue of live {credit:?} refused"));
+    };
+    let batch = credit.batch;
+    r.came_back(batch)?;
+    if r.hard_closed() {
+        r.set_fate(batch, Fate::Failed)?;
+        return match (back, next) {
+            (Err(SubmitError::Closed(b)), None) if b == batch => Ok(()),
+            other => Err(format!(
+                "requeue of {batch} after close = {other:?}, want (Closed({batch}), None)"
+            )),
+        };
+    }
+    let ticket = match back {
+        Ok(t) => t,
+        Err(e) => return Err(format!("requeue of {batch} = {e:?}, want a ticket")),
+    };
+    if r.tickets.iter().any(|(t, _, _)| *t == ticket) {
+        return Err(format!("ticket {ticket:?} reused"));
+    }
+    r.requeued.push((shard, batch, credit.seq));
+    r.tickets.push((ticket, batch, Some(credit.seq)));
+    r.hand_on(shard, next, "requeue")?;
+    let waiting = r.requeued.iter().any(|x| x.1 == batch && x.2 == credit.seq);
+    if w.is_queued(ticket) != waiting {
+        return Err(format!(
+            "requeue ticket {ticket:?}: is_queued {}, want {waiting}",
+            w.is_queued(ticket)
+        ));
+    }
+    Ok(())
+}
+
+/// `resume(shard)`: a paused shard's held-back batches leave, oldest first (requeued in the
+/// order they first left, then queued, then parked), as many as it has free credits and ids
+/// left; any other shard's resume sends nothing.
+fn resume<W: Subject>(
+    w: &mut W,
+    r: &mut Reference,
+    now: Instant,
+    shard: u8,
+) -> Result<(), Divergence> {
+    let got = w.resume(now, &Key::new(shard));
+    let mut want = Vec::new();
+    if let Some(i) = r.paused.iter().position(|&s| s == shard) {
+        r.paused.remove(i);
+        let free = r.cap.saturating_sub(r.in_flight(shard));
+        while u64::try_from(want.len()).unwrap_or(u64::MAX) < r.ids_left
+            && u32::try_from(want.len()).unwrap_or(u32::MAX) < free
+        {
+            let Some(at) = r.oldest_held(shard) else {
+                break;
+            };
+            want.push(r.take_held(at));
+        }
+    }
+    if got.len() != want.len() {
+        return Err(format!(
+            "resume({shard}) = {got:?}, want batches {want:?} of shard {shard}"
+        ));
+    }
+    for (d, batch) in got.into_iter().zip(want) {
+        if d.shard.id() != shard || d.batch != batch {
+            return Err(format!(
+                "resume({shard}) sent {d:?}, want batch {batch} of shard {shard}"
+            ));
+        }
+        r.issued(d.credit, shard, batch)?;
+        r.set_fate(batch, Fate::Dispatched)?;
+    }
+    // `compare` checks `is_paused` next (a query here would run user `Hash` under the arm).
+    Ok(())
+}
+
+/// `close`: every held-back batch is returned, per shard in line order (requeued ones in
+/// the order they first left, then queued, then parked); every pause ends.
 fn close<W: Subject>(w: &mut W, r: &mut Reference) -> Result<(), Divergence> {
     let got: Vec<(u8, u32)> = w.close();
     r.closed = true;
     r.draining = false;
-    let mut want: Vec<(u8, u32)> = core::mem::take(&mut r.queued);
-    want.append(&mut r.parked);
-    if got.len() != want.len() {
+    let want_len = r.requeued.len() + r.queued.len() + r.parked.len();
+    if got.len() != want_len {
         return Err(format!(
-            "close returned {got:?}, want {want:?} (any shard order)"
+            "close returned {got:?}, want {want_len} batches: requeued {:?}, queued {:?}, \
+             parked {:?} (any shard order)",
+            r.requeued, r.queued, r.parked
         ));
     }
+    let mut failed = Vec::new();
     for shard in 0..W::SHARDS {
         let g: Vec<u32> = got
             .iter()
             .filter(|(s, _)| *s == shard)
             .map(|(_, b)| *b)
             .collect();
-        let x: Vec<u32> = want
-            .iter()
-            .filter(|(s, _)| *s == shard)
-            .map(|(_, b)| *b)
-            .collect();
+        let x = r.line_of(shard);
         if g != x {
             return Err(format!(
                 "close for shard {shard} returned {g:?}, want {x:?}"
             ));
         }
+        failed.extend(x);
     }
-    for (_, b) in want {
+    r.requeued.clear();
+    r.queued.clear();
+    r.parked.clear();
+    r.paused.clear();
+    for b in failed {
         r.set_fate(b, Fate::Failed)?;
     }
     Ok(())
@@ -907,13 +1271,31 @@ fn compare<W: Subject>(w: &W, r: &Reference) -> Result<(), Divergence> {
     for shard in 0..W::SHARDS {
         let key = Key::new(shard);
         let in_flight = r.in_flight(shard);
-        let queued = r.queued.iter().filter(|(s, _)| *s == shard).count();
+        // The machine's line holds requeued and never-sent batches alike.
+        let queued = r.queued.iter().filter(|(s, _)| *s == shard).count()
+            + r.requeued.iter().filter(|x| x.0 == shard).count();
         let parked = r.parked_of(shard);
-        let got = (w.in_flight(&key), w.queued(&key), w.parked(&key));
-        if got != (in_flight, queued, parked) {
+        let paused = r.is_paused(shard);
+        let got = (
+            w.in_flight(&key),
+            w.queued(&key),
+            w.parked(&key),
+            w.is_paused(&key),
+        );
+        if got != (in_flight, queued, parked, paused) {
             return Err(format!(
-                "shard {shard}: (in_flight, queued, parked) = {got:?}, want {:?}",
-                (in_flight, queued, parked)
+                "shard {shard}: (in_flight, queued, parked, paused) = {got:?}, want {:?}",
+                (in_flight, queued, parked, paused)
+            ));
+        }
+        if !paused
+            && r.ids_left > 0
+            && w.available(&key) > 0
+            && (w.queued(&key) > 0 || w.parked(&key).is_some())
+        {
+            return Err(format!(
+                "shard {shard}: not paused, {} credits free, yet holds batches back",
+                w.available(&key)
             ));
         }
         if w.in_flight(&key).saturating_add(w.available(&key)) != w.capacity()
@@ -930,7 +1312,7 @@ fn compare<W: Subject>(w: &W, r: &Reference) -> Result<(), Divergence> {
             active += 1;
         }
     }
-    let live = r.credits.iter().filter(|x| x.2).count();
+    let live = r.live().len();
     if w.tracked_shards() < active {
         return Err(format!(
             "{} map entries for {active} active shards",
@@ -957,6 +1339,7 @@ fn compare<W: Subject>(w: &W, r: &Reference) -> Result<(), Divergence> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::vec;
 
     #[test]
     fn empty_and_short_inputs_pass() {
@@ -964,5 +1347,102 @@ mod tests {
         assert_eq!(check(&[1, 0, 0, 0, 1, 0, 8]), Ok(()));
         assert_eq!(check_single(&[]), Ok(()));
         assert_eq!(check_single(&[1, 0, 0, 0, 1, 0, 8]), Ok(()));
+    }
+
+    // Hand-written scripts: after the limit byte, each operation is its selector, the shard
+    // byte, then its own bytes. The departures (shard, batch) are worked out by hand, so a
+    // reference that mis-modelled pause, resume or requeue the way the machine does would
+    // still fail here.
+
+    /// Pause, a release while paused, a requeue while paused, then resume: the release
+    /// hands nothing on, and resume sends the requeued batch first, then the queued one, as
+    /// far as the two free credits go; the parked batch leaves on the next release.
+    const PAUSE_RELEASE_RESUME: [u8; 30] = [
+        1, //                max_in_flight 2
+        0, 0, 0, //          shard 0: batch 0 leaves
+        0, 0, 0, //          batch 1 leaves (no credit left)
+        PAUSE, 0, //         pause shard 0
+        0, 0, 0, //          batch 2 queued
+        0, 0, 1, //          batch 3 parked
+        0, 1, 0, //          shard 1 is not paused: batch 4 leaves
+        7, 0, 0, //          complete batch 0's credit: paused, nothing handed on
+        REQUEUE, 0, 1, 0, 0, // requeue batch 1 (live credit 0): paused, nothing sent
+        RESUME, 0, //        two free credits: batch 1, then batch 2
+        7, 0, //             (first two bytes of the next release: batch 4's credit)
+    ];
+
+    #[test]
+    fn pause_holds_back_and_resume_sends_requeued_then_queued_then_parked() {
+        let mut data = PAUSE_RELEASE_RESUME.to_vec();
+        // Complete batch 4's credit (shard 1: nothing to hand on), then batch 1's second
+        // credit: the parked batch 3 leaves.
+        data.extend([0, 7, 0, 0]);
+        assert_eq!(
+            run::<Window>(&data),
+            Ok(vec![(0, 0), (0, 1), (1, 4), (0, 1), (0, 2), (0, 3)])
+        );
+        // One shard: batch 4 waits behind batch 2 on the paused shard, and the requeue is
+        // skipped (batch 1 stays in flight): resume has one free credit, for batch 2.
+        assert_eq!(
+            run::<SingleWindow<u32>>(&data),
+            Ok(vec![(0, 0), (0, 1), (0, 2), (0, 4), (0, 3)])
+        );
+    }
+
+    #[test]
+    fn a_resume_whose_key_clone_panics_leaves_the_shard_paused() {
+        let mut data = PAUSE_RELEASE_RESUME.to_vec();
+        // Before the resume: the same resume with shard 0's first `Clone` armed to panic
+        // (key 0, no skip). It must change nothing, so the departures are as without it.
+        let at = data.len() - 4;
+        data.splice(at..at, [OPS + 2, 0, 0, RESUME, 0]);
+        data.extend([0, 7, 0, 0]);
+        assert_eq!(
+            run::<Window>(&data),
+            Ok(vec![(0, 0), (0, 1), (1, 4), (0, 1), (0, 2), (0, 3)])
+        );
+    }
+
+    #[test]
+    fn requeued_batches_go_first_in_the_order_they_first_left() {
+        let data = [
+            2, //                    max_in_flight 3
+            0, 0, 0, 0, 0, 0, 0, 0, 0, // batches 0, 1, 2 leave
+            0, 0, 0, //              batch 3 queued
+            PAUSE, 0, //
+            REQUEUE, 0, 1, 1, 0, //  requeue batch 1 (live credit 1): line [1, 3]
+            REQUEUE, 0, 1, 0, 0, //  requeue batch 0, which left first: line [0, 1, 3]
+            RESUME, 0, //            two free credits: batches 0 and 1
+            7, 0, 0, //              complete batch 2: batch 3 leaves
+            REQUEUE, 0, 1, 0, 0, //  not paused: batch 0 is requeued and resent at once
+        ];
+        assert_eq!(
+            run::<Window>(&data),
+            Ok(vec![(0, 0), (0, 1), (0, 2), (0, 0), (0, 1), (0, 3), (0, 0)])
+        );
+    }
+
+    #[test]
+    fn a_drain_leaves_a_paused_shards_batches_until_resume() {
+        let data = [
+            4, //       max_in_flight 1
+            0, 0, 0, // batch 0 leaves
+            PAUSE, 0, //
+            0, 0, 0, // batch 1 queued
+            DRAIN, 0, 0, // drain
+            7, 0, 0, // complete batch 0: paused, so batch 1 stays although draining
+        ];
+        // The run ends draining with batch 1 held on the paused shard; the drain phase
+        // resumes it (batch 1 leaves) and completes it.
+        assert_eq!(run::<Window>(&data), Ok(vec![(0, 0), (0, 1)]));
+        assert_eq!(run::<SingleWindow<u32>>(&data), Ok(vec![(0, 0), (0, 1)]));
+    }
+
+    #[test]
+    fn new_operations_took_new_selector_values() {
+        // Every value below 24 kept its meaning; 24..27 are pause, resume, requeue.
+        assert_eq!((DRAIN, PAUSE, RESUME, REQUEUE, ALL), (23, 24, 25, 26, 27));
+        // A value past them is a one-byte no-op.
+        assert_eq!(run::<Window>(&[1, ALL, 0, 0, 0]), Ok(vec![(0, 0)]));
     }
 }
