@@ -464,7 +464,7 @@ impl FinagleBudgetConfig {
 /// One slice of deposits minus withdrawals.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Slot {
-    /// The slice's number, counted from the budget's first observation.
+    /// The slice's number, counted from the budget's first deposit or withdrawal.
     slice: u64,
     sum: i64,
 }
@@ -472,9 +472,11 @@ struct Slot {
 /// Finagle's retry budget: a window of deposits and withdrawals over `ttl`, plus a reserve.
 ///
 /// Time is cut into slices of `ttl / 10` (100 ms at TTL 1 s, 1 s at 10 s, 6 s at 60 s),
-/// numbered from the budget's **first observation** (the `now` of its first
-/// `handle_request`, `handle_failure`, `handle_success` or `try_withdraw`), so the answer
-/// never depends on where the timeline's epoch lies, only on the spans between events. An
+/// numbered from the budget's **first deposit or withdrawal** (the `now` of its first
+/// `handle_request` or `try_withdraw`; `handle_failure` and `handle_success` put nothing in
+/// the window and do not set the grid), so the answer never depends on where the timeline's
+/// epoch lies, nor on outcomes reported before the first request, only on the spans between
+/// the window's events. An
 /// event in slice `k` counts while the current slice is below `k + 10`: it lives more than
 /// `0.9 · ttl` and at most `ttl`, at every TTL. The balance, in millionths of a retry, is
 /// `reserve + Σ(deposits − withdrawals)` over the events that count; a retry is allowed when
@@ -486,7 +488,8 @@ struct Slot {
 /// floats. Finagle keeps nine finished slices plus the current one, like this; tower keeps
 /// ten finished slices plus the current one, so its deposits live up to `1.1 · ttl`. Both
 /// re-anchor their slices at each rotation (to the event that rotates them), so their
-/// boundaries drift with the traffic; these stay on the grid set by the first observation.
+/// boundaries drift with the traffic; these stay on the grid set by the first deposit or
+/// withdrawal.
 ///
 /// ```
 /// use core::time::Duration;
@@ -517,7 +520,7 @@ pub struct FinagleBudget {
     /// `config.slice_nanos()`, read on every decision.
     slice_nanos: u64,
     clock: Clock,
-    /// The first observation: slice 0 starts here.
+    /// The first deposit or withdrawal: slice 0 starts here.
     anchor: Option<Instant>,
     slots: [Slot; SLICES as usize],
 }
@@ -551,7 +554,8 @@ impl FinagleBudget {
         u64::try_from(b / i128::from(RETRY)).unwrap_or(if b > 0 { u64::MAX } else { 0 })
     }
 
-    /// The first observation, where slice 0 starts (`None` before any event).
+    /// The first deposit or withdrawal (`handle_request` or `try_withdraw`), where slice 0
+    /// starts (`None` before either).
     pub fn anchor(&self) -> Option<Instant> {
         self.anchor
     }
@@ -577,7 +581,7 @@ impl FinagleBudget {
         self.config.reserve() + window
     }
 
-    /// Records the first observation; `now` is already clamped.
+    /// Observes `now` (clamped) and, at the first deposit or withdrawal, anchors the grid.
     fn observe(&mut self, now: Instant) -> Instant {
         let now = self.clock.observe(now);
         if self.anchor.is_none() {
@@ -610,11 +614,12 @@ impl RetryBudget for FinagleBudget {
     }
 
     fn handle_failure(&mut self, now: Instant) {
-        self.observe(now);
+        // Nothing enters the window: only the clock sees `now` (no anchor).
+        self.clock.observe(now);
     }
 
     fn handle_success(&mut self, now: Instant) {
-        self.observe(now);
+        self.clock.observe(now);
     }
 
     fn try_withdraw(&mut self, now: Instant) -> bool {
@@ -1213,7 +1218,7 @@ mod tests {
         let ttl = Duration::from_secs(ttl_secs);
         let at = |tenths_x100: u32| epoch + ttl * tenths_x100 / 1_000;
         let mut b = finagle_budget(ttl_secs, 0, 1_000_000);
-        b.handle_failure(epoch); // the first observation: the anchor
+        assert!(!b.try_withdraw(epoch), "empty"); // the first withdrawal attempt: the anchor
         b.handle_request(at(95)); // in slice 0 (0.095 TTL)
         let mut late = b.clone();
         late.handle_request(at(950)); // in slice 9
@@ -1225,6 +1230,28 @@ mod tests {
             late.can_retry(at(1_000)),  // only the slice-9 one is left
             late.balance(at(950)) == 2, // both at 0.95 TTL
         ]
+    }
+
+    #[test]
+    fn outcomes_before_the_first_request_do_not_move_the_grid() {
+        // TTL 1 s, no reserve, 50 %: two requests at 950 ms make one retry. Anchored at the
+        // first request, their slice ends at 1,950 ms; had the failure at 0 ms set the grid,
+        // they would have expired at 1,900 ms.
+        let plain = |outcome: Option<fn(&mut FinagleBudget, Instant)>| {
+            let mut b = finagle_budget(1, 0, 500_000);
+            if let Some(f) = outcome {
+                f(&mut b, ms(0));
+            }
+            assert_eq!(b.anchor(), None, "an outcome alone does not anchor");
+            b.handle_request(ms(950));
+            b.handle_request(ms(950));
+            assert_eq!(b.anchor(), Some(ms(950)));
+            (b.can_retry(ms(1_920)), b.can_retry(ms(1_950)))
+        };
+        let want = (true, false);
+        assert_eq!(plain(None), want);
+        assert_eq!(plain(Some(|b, at| b.handle_failure(at))), want);
+        assert_eq!(plain(Some(|b, at| b.handle_success(at))), want);
     }
 
     #[test]

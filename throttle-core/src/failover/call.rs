@@ -902,7 +902,7 @@ mod tests {
                 reason: SurfaceReason::BudgetEmpty
             }
         );
-        // One TTL after the budget's first observation (`T`) the withdrawal has expired and
+        // One TTL after the budget's first withdrawal (`T`, its anchor) the withdrawal has expired and
         // the floor allows one again.
         let later = T + Duration::from_secs(1);
         let mut third = Call::new(&CallConfig::default());

@@ -1021,7 +1021,7 @@ fn finagle_slice(anchor: Instant, at: Instant, ttl_secs: u64) -> u128 {
 }
 
 /// Finagle budget recounted: the reserve plus every event whose TTL/10 slice is among the
-/// last ten, slices counted from the first observation.
+/// last ten, slices counted from the first deposit or withdrawal.
 fn finagle_recount(
     reserve: i128,
     ttl_secs: u64,
@@ -1293,8 +1293,9 @@ fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
         now = budget_time(c, now);
         // The reference's own clamp: time never runs backwards.
         let effective = core::cmp::max(now, latest);
-        // Every input but the two queries is an observation; the first one is the anchor.
-        let observes = !matches!(op, 3..=5);
+        // The first deposit (a request) or withdrawal is the anchor; outcomes and queries
+        // are not.
+        let observes = matches!(op, 0 | 1);
         if observes && anchor.is_none() {
             anchor = Some(effective);
         }
