@@ -184,8 +184,12 @@ impl BatcherConfig {
     /// by default; the Oxia Java client's is 30 s (`OxiaClientBuilder.DefaultRequestTimeout`).
     ///
     /// - An operation not yet sent (open, parked, queued or requeued) whose deadline has
-    ///   passed is taken out of its batch by [`Batcher::handle_timeout`] and ends with
+    ///   passed is taken out of its batch by [`Batcher::handle_timeout`] (and by
+    ///   [`Batcher::flush`], which runs the same step first) and ends with
     ///   [`FailReason::TimedOut`]; a batch left empty is dropped without taking a credit.
+    ///   Once [`Batcher::poll_timeout`] has passed, run `handle_timeout` before reporting a
+    ///   batch's end, a requeue or a resume: the credit those free would otherwise send an
+    ///   overdue operation (with a deadline already past; the `sync` driver does this).
     /// - A batch that leaves carries the earliest deadline of its operations
     ///   ([`Batch::deadline`], the one RPC carries them all, as a gRPC deadline would): the
     ///   caller enforces it on the send, and reports a send that outlives it with
@@ -1067,15 +1071,16 @@ where
         } else {
             None
         };
-        if let Some(at) = deadline {
-            self.push_timer(at, op_id);
-        }
         for b in [overflowed, full].into_iter().flatten() {
             match keys.pop() {
                 Some(key) => self.submit_full(place, key, b),
                 // Unreachable: one copy was made per batch sent.
                 None => self.fail_closed(b),
             }
+        }
+        // After the hand-overs: a sweep must find every batch where `held` says it is.
+        if let Some(at) = deadline {
+            self.push_timer(at, op_id);
         }
         Ok(op_id)
     }
@@ -1086,7 +1091,9 @@ where
     /// The open-batch map keeps its capacity for the next round; only
     /// [`handle_timeout`](Self::handle_timeout) shrinks it.
     pub fn flush(&mut self, now: Instant) {
-        self.clock.observe(now);
+        let now = self.clock.observe(now);
+        // Operations past their deadline time out rather than leave.
+        self.expire(now);
         self.maintenance.touch();
         self.open.clear();
         let mut list = core::mem::take(&mut self.open_list);
@@ -1467,8 +1474,13 @@ where
                 Some(&o) => o,
                 None => u64::try_from(position).unwrap_or(u64::MAX),
             };
+            let op = OpId { batch: id, ordinal };
+            // An entry no `handle_timeout` has reached yet is still there: one per operation.
+            if self.timers.iter().any(|&(_, o)| o == op) {
+                continue;
+            }
             let i = self.timers.partition_point(|&(a, _)| a <= at);
-            self.timers.insert(i, (at, OpId { batch: id, ordinal }));
+            self.timers.insert(i, (at, op));
         }
         let (back, next) = match self.window.requeue(credit, key, batch) {
             Ok(done) => done,
@@ -1897,12 +1909,33 @@ where
     /// clamped), first dropping every stale entry once the queue reaches `timers_limit`.
     fn push_timer(&mut self, at: Instant, op: OpId) {
         if self.timers.len() >= self.timers_limit {
-            let held = &self.held;
-            self.timers.retain(|(_, op)| held.get(op.batch).is_some());
+            let mut timers = core::mem::take(&mut self.timers);
+            timers.retain(|&(_, op)| self.holds_op(op));
+            self.timers = timers;
             self.timers_limit = self.timers.len().saturating_mul(2).max(TIMERS_MIN);
         }
         self.timers.push_back((at, op));
         self.peak_timers.see(self.timers.len());
+    }
+
+    /// Whether `op` is still in a batch this batcher holds (open, parked, queued or in
+    /// flight): not ended, withdrawn or timed out. O(log operations of its batch).
+    fn holds_op(&self, op: OpId) -> bool {
+        let batch = match self.held.get(op.batch) {
+            None => None,
+            Some(&Held::Open(place)) => self
+                .open_at(place)
+                .and_then(|i| self.open_list.get(i))
+                .and_then(|o| o.batch.as_ref()),
+            Some(&Held::Parked(place)) => self.window.parked_at(place),
+            Some(&Held::Queued(ticket)) => self.window.queued_at(ticket),
+            Some(&Held::Sent(credit)) => self.batch(credit),
+        };
+        batch.is_some_and(|b| {
+            b.id == op.batch
+                && op.ordinal < b.next_ordinal
+                && (b.ordinals.is_empty() || b.ordinals.binary_search(&op.ordinal).is_ok())
+        })
     }
 
     /// Ends every operation not yet sent whose deadline is at or before `now` with

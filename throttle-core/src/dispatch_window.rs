@@ -838,6 +838,11 @@ where
         entry_at(&mut self.shards, place)?.w.parked.as_mut()
     }
 
+    /// The queued batch of `ticket`, while it waits. Runs no user code.
+    pub(crate) fn queued_at(&self, ticket: Ticket) -> Option<&B> {
+        self.books.held.get(ticket.0).map(|h| &h.batch)
+    }
+
     /// The queued batch of `ticket`, mutably, while it waits (the batcher withdraws operations
     /// from it). Runs no user code.
     pub(crate) fn queued_mut(&mut self, ticket: Ticket) -> Option<&mut B> {

@@ -1395,6 +1395,62 @@ mod op_timeout {
     }
 
     #[test]
+    fn withdrawals_from_a_batch_still_held_do_not_grow_the_deadline_queue() {
+        // One operation parked for ever (no timeout passes), and 10,000 more that join its
+        // batch and are withdrawn at once: the queue keeps the live ones, not every one
+        // ever accepted (a sweep judges each operation, not its batch).
+        let mut b = timed(1, 1_000_000, Duration::MAX);
+        add(&mut b, 0, 1, 0);
+        let _ = take_sends(&mut b);
+        add(&mut b, 0, 1, 1);
+        b.flush(ms(0));
+        for h in 2..10_002u32 {
+            let id = add(&mut b, u64::from(h), 1, h);
+            assert_eq!(b.cancel(id), Ok(Withdrawal::Withdrawn(h)));
+            assert!(
+                b.timers.len() <= 2 * TIMERS_MIN,
+                "{} entries",
+                b.timers.len()
+            );
+        }
+        assert_eq!(b.open_ops(&1), 1);
+    }
+
+    #[test]
+    fn an_answer_after_a_deadline_passed_does_not_send_the_overdue_operation() {
+        // Window 1: A in flight, B and C held (C 20 s younger). A's answer comes at 35 s,
+        // past B's deadline (31 s): with `handle_timeout` run first, as the contract says
+        // when `poll_timeout` has passed, B times out and only C leaves, with its own
+        // deadline.
+        let mut b = timed(1, 1000, OXIA);
+        add(&mut b, 0, 1, 1);
+        let [(_, a, _)] = take_sends(&mut b)[..] else {
+            panic!("one send")
+        };
+        add(&mut b, 1_000, 1, 2);
+        add(&mut b, 21_000, 1, 3);
+        b.flush(ms(21_000));
+        assert!(b.poll_timeout().is_some_and(|t| t <= ms(35_000)));
+        b.handle_timeout(ms(35_000));
+        b.handle_response(ms(35_000), a, [0]).unwrap();
+        let actions = drain(&mut b);
+        assert_eq!(timed_out(&actions), [2]);
+        let sent = sends(&b, &actions);
+        assert_eq!(
+            sent.iter().map(|s| s.2.clone()).collect::<Vec<_>>(),
+            [vec![3]]
+        );
+        assert_eq!(
+            b.batch(sent[0].1).and_then(Batch::deadline),
+            Some(ms(51_000))
+        );
+        // A flush past a deadline times out instead of sending, without `handle_timeout`.
+        add(&mut b, 52_000, 2, 4);
+        b.flush(ms(82_000));
+        assert_eq!(timed_out(&drain(&mut b)), [4]);
+    }
+
+    #[test]
     fn without_a_timeout_nothing_times_out_or_allocates_deadlines() {
         let mut b = reads(1);
         op(&mut b, 1, 1, 0);

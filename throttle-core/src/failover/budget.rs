@@ -472,11 +472,11 @@ struct Slot {
 /// Finagle's retry budget: a window of deposits and withdrawals over `ttl`, plus a reserve.
 ///
 /// Time is cut into slices of `ttl / 10` (100 ms at TTL 1 s, 1 s at 10 s, 6 s at 60 s),
-/// numbered from the budget's **first deposit or withdrawal** (the `now` of its first
-/// `handle_request` or `try_withdraw`; `handle_failure` and `handle_success` put nothing in
-/// the window and do not set the grid), so the answer never depends on where the timeline's
-/// epoch lies, nor on outcomes reported before the first request, only on the spans between
-/// the window's events. An
+/// numbered from the budget's **first deposit or withdrawal** (the `now` of the first
+/// `handle_request` that deposits, or `try_withdraw` that withdraws; outcomes, refused
+/// withdrawals and requests that deposit nothing do not set the grid), so the answer never
+/// depends on where the timeline's epoch lies, nor on anything before the window's first
+/// event, only on the spans between its events. An
 /// event in slice `k` counts while the current slice is below `k + 10`: it lives more than
 /// `0.9 · ttl` and at most `ttl`, at every TTL. The balance, in millionths of a retry, is
 /// `reserve + Σ(deposits − withdrawals)` over the events that count; a retry is allowed when
@@ -554,8 +554,7 @@ impl FinagleBudget {
         u64::try_from(b / i128::from(RETRY)).unwrap_or(if b > 0 { u64::MAX } else { 0 })
     }
 
-    /// The first deposit or withdrawal (`handle_request` or `try_withdraw`), where slice 0
-    /// starts (`None` before either).
+    /// The first deposit or withdrawal, where slice 0 starts (`None` before either).
     pub fn anchor(&self) -> Option<Instant> {
         self.anchor
     }
@@ -581,19 +580,14 @@ impl FinagleBudget {
         self.config.reserve() + window
     }
 
-    /// Observes `now` (clamped) and, at the first deposit or withdrawal, anchors the grid.
+    /// Observes `now` (clamped).
     fn observe(&mut self, now: Instant) -> Instant {
-        let now = self.clock.observe(now);
-        if self.anchor.is_none() {
-            self.anchor = Some(now);
-        }
-        now
+        self.clock.observe(now)
     }
 
+    /// A deposit or withdrawal at `now` (clamped); the first one anchors the grid.
     fn add(&mut self, now: Instant, amount: i64) {
-        let Some(anchor) = self.anchor else {
-            return;
-        };
+        let anchor = *self.anchor.get_or_insert(now);
         let slice = self.slice(anchor, now);
         if let Some(slot) = self.slots.get_mut((slice % SLICES) as usize) {
             if slot.slice != slice {
@@ -615,11 +609,11 @@ impl RetryBudget for FinagleBudget {
 
     fn handle_failure(&mut self, now: Instant) {
         // Nothing enters the window: only the clock sees `now` (no anchor).
-        self.clock.observe(now);
+        self.observe(now);
     }
 
     fn handle_success(&mut self, now: Instant) {
-        self.clock.observe(now);
+        self.observe(now);
     }
 
     fn try_withdraw(&mut self, now: Instant) -> bool {
@@ -1218,7 +1212,11 @@ mod tests {
         let ttl = Duration::from_secs(ttl_secs);
         let at = |tenths_x100: u32| epoch + ttl * tenths_x100 / 1_000;
         let mut b = finagle_budget(ttl_secs, 0, 1_000_000);
-        assert!(!b.try_withdraw(epoch), "empty"); // the first withdrawal attempt: the anchor
+        b.handle_request(epoch); // the first deposit: the anchor
+        assert!(
+            b.try_withdraw(epoch),
+            "and withdrawn at once: the balance is back to 0"
+        );
         b.handle_request(at(95)); // in slice 0 (0.095 TTL)
         let mut late = b.clone();
         late.handle_request(at(950)); // in slice 9
@@ -1237,12 +1235,12 @@ mod tests {
         // TTL 1 s, no reserve, 50 %: two requests at 950 ms make one retry. Anchored at the
         // first request, their slice ends at 1,950 ms; had the failure at 0 ms set the grid,
         // they would have expired at 1,900 ms.
-        let plain = |outcome: Option<fn(&mut FinagleBudget, Instant)>| {
+        let plain = |before: Option<fn(&mut FinagleBudget, Instant)>| {
             let mut b = finagle_budget(1, 0, 500_000);
-            if let Some(f) = outcome {
+            if let Some(f) = before {
                 f(&mut b, ms(0));
             }
-            assert_eq!(b.anchor(), None, "an outcome alone does not anchor");
+            assert_eq!(b.anchor(), None, "nothing entered the window: no anchor");
             b.handle_request(ms(950));
             b.handle_request(ms(950));
             assert_eq!(b.anchor(), Some(ms(950)));
@@ -1252,6 +1250,8 @@ mod tests {
         assert_eq!(plain(None), want);
         assert_eq!(plain(Some(|b, at| b.handle_failure(at))), want);
         assert_eq!(plain(Some(|b, at| b.handle_success(at))), want);
+        // A refused withdrawal (empty window, no reserve) puts nothing in the window either.
+        assert_eq!(plain(Some(|b, at| assert!(!b.try_withdraw(at)))), want);
     }
 
     #[test]

@@ -301,6 +301,8 @@ impl Reference {
     }
 
     fn flush(&mut self) {
+        // Operations past their deadline time out rather than leave.
+        self.expire();
         let mut i = 0;
         while i < self.open.len() {
             let Some(&(shard, _, parked)) = self.open.get(i) else {
@@ -979,8 +981,11 @@ fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Result<(), Diver
     }
     // The actions ran out: no open batch may be left where nothing would send it.
     stranded(m)?;
-    // Running out of actions flushed (the reference's flush adds its sends after the others).
-    r.flush();
+    // Running out of actions flushed, if an open batch was held (the reference's flush adds
+    // its sends after the others).
+    if r.open.iter().any(|(_, _, parked)| !parked) {
+        r.flush();
+    }
     // A close fails each shard's held operations in arrival order (handles grow with it).
     for shard in 0..SHARDS {
         let closed: Vec<u32> = ends

@@ -1293,12 +1293,8 @@ fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
         now = budget_time(c, now);
         // The reference's own clamp: time never runs backwards.
         let effective = core::cmp::max(now, latest);
-        // The first deposit (a request) or withdrawal is the anchor; outcomes and queries
-        // are not.
-        let observes = matches!(op, 0 | 1);
-        if observes && anchor.is_none() {
-            anchor = Some(effective);
-        }
+        // The first event entering the window (a deposit, or a withdrawal that succeeds) is
+        // the anchor: set below, where the reference records one.
         let balance = finagle_recount(reserve, ttl_secs, anchor, effective, &events);
         match op {
             0 => {
@@ -1306,6 +1302,7 @@ fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
                 latest = effective;
                 if percent_ppm > 0 {
                     events.push((effective, i128::from(percent_ppm)));
+                    anchor.get_or_insert(effective);
                 }
                 for t in &mut twins {
                     t.check(now, &(), |b, at| b.handle_request(at))?;
@@ -1322,6 +1319,7 @@ fn check_finagle(c: &mut Cursor<'_>) -> Result<(), Divergence> {
                 }
                 if want {
                     events.push((effective, -1_000_000));
+                    anchor.get_or_insert(effective);
                 }
                 for t in &mut twins {
                     t.check(now, &got, |b, at| b.try_withdraw(at))?;

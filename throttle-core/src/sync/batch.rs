@@ -1441,6 +1441,11 @@ where
         let st = &mut *guard;
         let now = self.shared.rt.now();
         let mut effects = Effects::new();
+        // Operations past their deadline time out first, so the credit this end frees does
+        // not send them (the driver task may not have run its timer yet).
+        if st.batcher.poll_timeout().is_some_and(|at| at <= now) {
+            st.batcher.handle_timeout(now);
+        }
         // A failure goes to the batcher, which copies it to each operation's `Fail`.
         // An unknown credit cannot come back here (each credit is reported once), so what
         // each release returns is not needed.
