@@ -71,7 +71,7 @@ use crate::sync::{Panicked, Runtime};
 /// [`OpError::NoResponse`](super::OpError::NoResponse)).
 ///
 /// ```
-#[doc = include_str!("../doc/tiny_runtime.md")]
+#[doc = include_str!("../../doc/tiny_runtime.md")]
 /// use throttle_sansio::{BatcherConfig, WindowConfig};
 /// use throttle_sansio::sync::{BatchDriver, BatchOutcome, SendOrder, Transport};
 ///
@@ -124,7 +124,7 @@ pub enum SendOrder {
 /// the hasher. Made by [`BatchDriver::builder`].
 ///
 /// ```
-#[doc = include_str!("../doc/tiny_runtime.md")]
+#[doc = include_str!("../../doc/tiny_runtime.md")]
 /// use throttle_sansio::BatcherConfig;
 /// use throttle_sansio::sync::{BatchDriver, BatchOutcome, SendOrder};
 ///
@@ -228,7 +228,7 @@ where
     /// [`OpError::Panicked`](super::OpError::Panicked) before it is sent.
     ///
     /// ```
-    #[doc = include_str!("../doc/tiny_runtime.md")]
+    #[doc = include_str!("../../doc/tiny_runtime.md")]
     /// use core::time::Duration;
     /// use throttle_sansio::{BackoffConfig, BatcherConfig};
     /// use throttle_sansio::sync::{BatchDriver, BatchOutcome, SendOrder};

@@ -185,7 +185,7 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
 /// `throttle_tokio::TokioRuntime` in an application):
 ///
 /// ```
-#[doc = include_str!("doc/tiny_runtime.md")]
+#[doc = include_str!("../doc/tiny_runtime.md")]
 /// use throttle_sansio::conn_key::{ConnConfig, ConnKey, ConnectAttempt};
 /// use throttle_sansio::sync::{ConnPool, Connector};
 ///
@@ -687,7 +687,7 @@ where
 /// until dropped. `Send` (and `Sync`) for `Send + Sync` connections; not `Clone`.
 ///
 /// ```
-#[doc = include_str!("doc/tiny_runtime.md")]
+#[doc = include_str!("../doc/tiny_runtime.md")]
 /// use throttle_sansio::conn_key::{ConnConfig, ConnKey, ConnectAttempt};
 /// use throttle_sansio::sync::{ConnPool, Connector};
 ///

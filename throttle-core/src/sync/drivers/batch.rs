@@ -46,6 +46,7 @@ use crate::rng::SplitMix64;
 use crate::slab::{Key, Slab};
 use crate::time::Instant;
 
+#[path = "batch/ordered.rs"]
 mod ordered;
 
 pub use ordered::{BatchDriverBuilder, SendOrder};
@@ -228,7 +229,7 @@ impl<E> From<Panicked> for OpError<E> {
 /// error, which is also its [`source`](std::error::Error::source).
 ///
 /// ```
-#[doc = include_str!("doc/tiny_runtime.md")]
+#[doc = include_str!("../doc/tiny_runtime.md")]
 /// use std::error::Error as _;
 /// use throttle_sansio::BatcherConfig;
 /// use throttle_sansio::sync::{BatchDriver, BatchOutcome, OpError, Transport};
@@ -700,7 +701,7 @@ type Raced<O, E> = Option<BatchOutcome<O, E>>;
 /// `throttle_tokio::TokioRuntime` in an application):
 ///
 /// ```
-#[doc = include_str!("doc/tiny_runtime.md")]
+#[doc = include_str!("../doc/tiny_runtime.md")]
 /// use throttle_sansio::BatcherConfig;
 /// use throttle_sansio::sync::{BatchDriver, BatchOutcome, Transport};
 ///
@@ -815,7 +816,7 @@ impl<R, T: Transport<Shard, Op>, Shard, Op, S> fmt::Debug for BatchDriver<R, T, 
 /// result is discarded. Either way nothing is stranded (`docs/sync.md`).
 ///
 /// ```
-#[doc = include_str!("doc/tiny_runtime.md")]
+#[doc = include_str!("../doc/tiny_runtime.md")]
 /// use throttle_sansio::{BatcherConfig, WindowConfig};
 /// use throttle_sansio::sync::{BatchDriver, BatchOutcome, Transport};
 ///
@@ -1088,7 +1089,7 @@ where
     /// `close`, only waits.
     ///
     /// ```
-    #[doc = include_str!("doc/tiny_runtime.md")]
+    #[doc = include_str!("../doc/tiny_runtime.md")]
     /// use throttle_sansio::BatcherConfig;
     /// use throttle_sansio::sync::{BatchDriver, BatchOutcome, OpError};
     ///
