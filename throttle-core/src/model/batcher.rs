@@ -186,6 +186,8 @@ struct Reference {
     reject_oversized: bool,
     /// Shards paused and not resumed.
     paused: Vec<u8>,
+    /// What the last close failed, in the order it must have (see `close`).
+    close_order: Vec<u32>,
 }
 
 impl Reference {
@@ -459,6 +461,15 @@ impl Reference {
     fn close(&mut self) {
         self.closed = true;
         self.paused.clear();
+        // The order the close fails them in, per shard: the line (requeued batches first, in
+        // their order, then the queued ones), then the open batch.
+        self.close_order = self
+            .queued
+            .iter()
+            .flat_map(|(_, b)| b.ops.iter())
+            .chain(self.open.iter().flat_map(|(_, b, _)| b.ops.iter()))
+            .copied()
+            .collect();
         for (_, b, _) in core::mem::take(&mut self.open) {
             self.to_end.extend(b.ops.iter().map(|h| (*h, End::Closed)));
         }
@@ -528,6 +539,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         deadline: Vec::new(),
         reject_oversized: false,
         paused: Vec::new(),
+        close_order: Vec::new(),
     };
     let mut st = State {
         m,

@@ -56,7 +56,8 @@ pub(super) fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Resul
     if r.open.iter().any(|(_, _, parked)| !parked) {
         r.flush();
     }
-    // A close fails each shard's held operations in arrival order (handles grow with it).
+    // A close fails each shard's held operations in line order: arrival order, except that
+    // requeued batches come first (the reference's `close_order`).
     for shard in 0..SHARDS {
         let closed: Vec<u32> = ends
             .iter()
@@ -69,9 +70,20 @@ pub(super) fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Resul
             })
             .map(|(h, _)| *h)
             .collect();
-        if closed.windows(2).any(|w| w.first() >= w.get(1)) {
+        let in_order: Vec<u32> = closed
+            .iter()
+            .copied()
+            .filter(|h| r.close_order.contains(h))
+            .collect();
+        let want: Vec<u32> = r
+            .close_order
+            .iter()
+            .copied()
+            .filter(|h| in_order.contains(h))
+            .collect();
+        if in_order != want {
             return Err(format!(
-                "shard {shard}: closed in order {closed:?}, not arrival order"
+                "shard {shard}: closed in order {closed:?}, want the line's order {want:?}"
             ));
         }
     }
