@@ -1954,15 +1954,32 @@ mod tests {
         Held,
         Results,
     ) {
+        let (exec, driver, held, out, _clock) = setup_with(window, None);
+        (exec, driver, held, out)
+    }
+
+    /// A driver over [`Held`] with a window of `window` reads and the operation timeout
+    /// `timeout`, and the runtime's clock.
+    fn setup_with(window: u32, timeout: Option<Duration>) -> Timed {
         let exec = Executor::default();
         let mut rt = TestRuntime::new();
         rt.spawner = Some(exec.spawner());
+        let clock = rt.clock.clone();
         let held = Held::default();
-        let cfg = BatcherConfig::reads()
+        let mut cfg = BatcherConfig::reads()
             .with_window(WindowConfig::default().with_max_in_flight(window as usize))
             .unwrap();
+        if let Some(t) = timeout {
+            cfg = cfg.with_op_timeout(t);
+        }
         let driver = BatchDriver::new(rt, held.clone(), cfg);
-        (exec, driver, held, Arc::new(StdMutex::new(Vec::new())))
+        (
+            exec,
+            driver,
+            held,
+            Arc::new(StdMutex::new(Vec::new())),
+            clock,
+        )
     }
 
     fn submit(
@@ -2317,23 +2334,7 @@ mod tests {
     /// Java client's default request timeout (streamnative/oxia-java, `OxiaClientBuilder`
     /// `DefaultRequestTimeout`), and its clock.
     fn setup_timed() -> Timed {
-        let exec = Executor::default();
-        let mut rt = TestRuntime::new();
-        rt.spawner = Some(exec.spawner());
-        let clock = rt.clock.clone();
-        let held = Held::default();
-        let cfg = BatcherConfig::reads()
-            .with_window(WindowConfig::default().with_max_in_flight(1))
-            .unwrap()
-            .with_op_timeout(Duration::from_secs(30));
-        let driver = BatchDriver::new(rt, held.clone(), cfg);
-        (
-            exec,
-            driver,
-            held,
-            Arc::new(StdMutex::new(Vec::new())),
-            clock,
-        )
+        setup_with(1, Some(Duration::from_secs(30)))
     }
 
     #[test]
