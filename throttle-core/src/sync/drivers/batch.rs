@@ -745,6 +745,50 @@ impl<R, T: Transport<Shard, Op>, Shard, Op, S> Clone for BatchDriver<R, T, Shard
     }
 }
 
+/// The driver's five type parameters with their bounds, written once: its inner parts (the
+/// withdrawer, the send guards, the lane tasks) take one parameter `P`, the tuple
+/// `(R, T, Shard, Op, S)`, whose bounds the compiler then knows from this trait alone.
+trait Parts: 'static {
+    type R: Runtime;
+    type T: Transport<Self::Shard, Self::Op>;
+    type Shard: Hash + Eq + Clone + Send + 'static;
+    type Op: Send + 'static;
+    type S: BuildHasher + Clone + Send + 'static;
+}
+
+impl<
+    R: Runtime,
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone + Send + 'static,
+    Op: Send + 'static,
+    S: BuildHasher + Clone + Send + 'static,
+> Parts for (R, T, Shard, Op, S)
+{
+    type R = R;
+    type T = T;
+    type Shard = Shard;
+    type Op = Op;
+    type S = S;
+}
+
+/// The driver whose parts are `P`.
+type DriverOf<P> = BatchDriver<
+    <P as Parts>::R,
+    <P as Parts>::T,
+    <P as Parts>::Shard,
+    <P as Parts>::Op,
+    <P as Parts>::S,
+>;
+
+/// The shared state of the driver whose parts are `P`.
+type SharedOf<P> = DriverShared<
+    <P as Parts>::R,
+    <P as Parts>::T,
+    <P as Parts>::Shard,
+    <P as Parts>::Op,
+    <P as Parts>::S,
+>;
+
 /// What a dropped [`Submit`] asks of its driver.
 trait Withdraw: Send + Sync {
     /// Withdraws the operation in slot `slot` if its batch has not left.
@@ -752,18 +796,11 @@ trait Withdraw: Send + Sync {
 }
 
 /// The driver's [`Withdraw`]: a second handle on its shared state.
-struct Withdrawer<R, T: Transport<Shard, Op>, Shard, Op, S> {
-    shared: Arc<DriverShared<R, T, Shard, Op, S>>,
+struct Withdrawer<P: Parts> {
+    shared: Arc<SharedOf<P>>,
 }
 
-impl<R, T, Shard, Op, S> Withdraw for Withdrawer<R, T, Shard, Op, S>
-where
-    R: Runtime,
-    T: Transport<Shard, Op>,
-    Shard: Hash + Eq + Clone + Send + 'static,
-    Op: Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
+impl<P: Parts> Withdraw for Withdrawer<P> {
     fn withdraw(&self, slot: Key) {
         let taken = {
             let mut guard = lock(&self.shared.state);
@@ -916,6 +953,23 @@ where
     pub fn new(rt: R, transport: T, cfg: BatcherConfig) -> Self {
         Self::with_hasher(rt, transport, cfg, std::hash::RandomState::new())
     }
+
+    /// A builder of a driver batching with `cfg` and sending through `transport` on `rt`;
+    /// until told otherwise it builds what [`new`](Self::new) does ([`SendOrder::Concurrent`],
+    /// a fresh std [`RandomState`](std::hash::RandomState)).
+    pub fn builder(
+        rt: R,
+        transport: T,
+        cfg: BatcherConfig,
+    ) -> BatchDriverBuilder<R, T, Shard, Op, std::hash::RandomState> {
+        BatchDriverBuilder::new(
+            rt,
+            transport,
+            cfg,
+            std::hash::RandomState::new(),
+            Self::start,
+        )
+    }
 }
 
 impl<R, T, Shard, Op, S> BatchDriver<R, T, Shard, Op, S>
@@ -932,18 +986,26 @@ where
     ///
     /// If `rt`'s [`spawn`](Runtime::spawn) panics, as for [`new`](Self::new).
     pub fn with_hasher(rt: R, transport: T, cfg: BatcherConfig, hasher: S) -> Self {
-        Self::start(rt, transport, cfg, hasher, SendOrder::Concurrent, None)
+        Self::start(BatchDriverBuilder::new(
+            rt,
+            transport,
+            cfg,
+            hasher,
+            Self::start,
+        ))
     }
 
-    /// Builds the driver and spawns its task (every constructor and the builder end here).
-    fn start(
-        rt: R,
-        transport: T,
-        cfg: BatcherConfig,
-        hasher: S,
-        order: SendOrder,
-        requeue: Option<Requeue<Op>>,
-    ) -> Self {
+    /// Builds the driver `builder` describes and spawns its task (every constructor ends here).
+    fn start(builder: BatchDriverBuilder<R, T, Shard, Op, S>) -> Self {
+        let BatchDriverBuilder {
+            rt,
+            transport,
+            cfg,
+            hasher,
+            order,
+            requeue,
+            ..
+        } = builder;
         let keep_sent = requeue.is_some();
         let shared = Arc::new(DriverShared {
             rt,
@@ -968,7 +1030,7 @@ where
             drained: WakeSignal::new(),
         });
         let driver = BatchDriver {
-            withdraw: erase(Withdrawer {
+            withdraw: erase(Withdrawer::<(R, T, Shard, Op, S)> {
                 shared: Arc::clone(&shared),
             }),
             shared,
@@ -1294,7 +1356,7 @@ where
                     Err(Panicked) => unsent.push((credit, Ending::Panicked)),
                 }
             }
-            self.carry_lanes(&mut effects.lanes);
+            ordered::LaneRun::<(R, T, Shard, Op, S)>::carry(self, &mut effects.lanes);
             if let Some(w) = effects.driver.take() {
                 wake_one(w);
             }
@@ -1341,7 +1403,7 @@ where
         sending: impl Future<Output = Raced<T::Output, T::Error>> + Send + 'static,
         kept: Option<Kept<Shard, Op>>,
     ) {
-        let guard = SendGuard {
+        let guard = SendGuard::<(R, T, Shard, Op, S)> {
             driver: self.clone(),
             credit: Some(credit),
         };
@@ -1517,42 +1579,21 @@ where
 
 /// One send task's credit: released exactly once, by the task when the transport answers, or
 /// by `Drop` if the task is dropped first.
-struct SendGuard<R, T, Shard, Op, S>
-where
-    R: Runtime,
-    T: Transport<Shard, Op>,
-    Shard: Hash + Eq + Clone + Send + 'static,
-    Op: Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
-    driver: BatchDriver<R, T, Shard, Op, S>,
+struct SendGuard<P: Parts> {
+    driver: DriverOf<P>,
     credit: Option<CreditId>,
 }
 
-impl<R, T, Shard, Op, S> SendGuard<R, T, Shard, Op, S>
-where
-    R: Runtime,
-    T: Transport<Shard, Op>,
-    Shard: Hash + Eq + Clone + Send + 'static,
-    Op: Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
+impl<P: Parts> SendGuard<P> {
     /// The batch ended as `ending`: reports it (which releases the credit) instead of `Drop`.
-    fn finish(mut self, ending: EndOf<T, Shard, Op>) {
+    fn finish(mut self, ending: EndOf<P::T, P::Shard, P::Op>) {
         if let Some(credit) = self.credit.take() {
             self.driver.finish(credit, ending);
         }
     }
 }
 
-impl<R, T, Shard, Op, S> Drop for SendGuard<R, T, Shard, Op, S>
-where
-    R: Runtime,
-    T: Transport<Shard, Op>,
-    Shard: Hash + Eq + Clone + Send + 'static,
-    Op: Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
+impl<P: Parts> Drop for SendGuard<P> {
     fn drop(&mut self) {
         if let Some(credit) = self.credit.take() {
             self.driver.abandon(credit);
@@ -1995,11 +2036,23 @@ mod tests {
         });
     }
 
+    /// Submits each of `ops` (to shard 1), then runs the tasks until they stall.
+    fn submit_all(
+        exec: &mut Executor,
+        d: &BatchDriver<TestRuntime, Held, u8, u32, RandomState>,
+        out: &Results,
+        ops: &[u32],
+    ) {
+        for &op in ops {
+            submit(exec, d, out, op);
+        }
+        exec.run_until_stalled();
+    }
+
     #[test]
     fn operations_arriving_while_the_window_is_exhausted_ride_one_later_batch() {
         let (mut exec, driver, held, out) = setup(1);
-        submit(&exec, &driver, &out, 10);
-        exec.run_until_stalled();
+        submit_all(&mut exec, &driver, &out, &[10]);
         let first = held.take();
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].1, [10]);
@@ -2037,9 +2090,7 @@ mod tests {
     #[test]
     fn a_failed_batch_fails_each_of_its_operations_with_the_shared_error() {
         let (mut exec, driver, held, out) = setup(1);
-        submit(&exec, &driver, &out, 1);
-        submit(&exec, &driver, &out, 2);
-        exec.run_until_stalled();
+        submit_all(&mut exec, &driver, &out, &[1, 2]);
         let (_, ops, reply) = held.take().into_iter().next().unwrap();
         assert_eq!(ops, [1, 2], "queued together: one batch");
         reply.send(Err("broken pipe"));
@@ -2135,8 +2186,7 @@ mod tests {
     #[test]
     fn close_fails_held_operations_lets_in_flight_ones_finish_and_refuses_new_ones() {
         let (mut exec, driver, held, out) = setup(1);
-        submit(&exec, &driver, &out, 1);
-        exec.run_until_stalled();
+        submit_all(&mut exec, &driver, &out, &[1]);
         submit(&exec, &driver, &out, 2); // parked behind the full window
         exec.run_until_stalled();
         submit(&exec, &driver, &out, 3); // still in the input queue
@@ -2161,10 +2211,8 @@ mod tests {
     fn closed_resolves_only_once_closed_and_the_last_batch_in_flight_ends() {
         use crate::sync::test_support::{CountingWaker, poll_once};
         let (mut exec, driver, held, out) = setup(2);
-        submit(&exec, &driver, &out, 1);
-        exec.run_until_stalled();
-        submit(&exec, &driver, &out, 2);
-        exec.run_until_stalled();
+        submit_all(&mut exec, &driver, &out, &[1]);
+        submit_all(&mut exec, &driver, &out, &[2]);
         let mut sent = held.take();
         assert_eq!(sent.len(), 2, "two batches in the transport");
         let (w, wakes) = CountingWaker::new();
@@ -2242,11 +2290,8 @@ mod tests {
     #[test]
     fn a_panicking_send_future_fails_its_batch_and_its_credit_sends_the_parked_batch() {
         let (mut exec, driver, held, out) = setup(1);
-        submit(&exec, &driver, &out, 1);
-        exec.run_until_stalled();
-        submit(&exec, &driver, &out, 2);
-        submit(&exec, &driver, &out, 3);
-        exec.run_until_stalled();
+        submit_all(&mut exec, &driver, &out, &[1]);
+        submit_all(&mut exec, &driver, &out, &[2, 3]);
         assert_eq!(driver.open_ops(&1), 2, "parked behind the full window");
         let (_, _, reply) = held.take().into_iter().next().unwrap();
         reply.send(Err(FUTURE_PANIC));
@@ -2269,18 +2314,15 @@ mod tests {
     fn a_send_that_panics_before_returning_its_future_fails_its_batch_and_frees_the_credit() {
         let (mut exec, driver, held, out) = setup(1);
         // Sent by the driver task: the task survives the panic.
-        submit(&exec, &driver, &out, SEND_PANIC);
-        exec.run_until_stalled();
+        submit_all(&mut exec, &driver, &out, &[SEND_PANIC]);
         assert!(matches!(
             results(&out)[..],
             [(SEND_PANIC, Err(OpError::Panicked(_)))]
         ));
         assert_books(&driver, 1, 0);
         // Sent by a send task, as the credit of the batch before it comes back.
-        submit(&exec, &driver, &out, 1);
-        exec.run_until_stalled();
-        submit(&exec, &driver, &out, SEND_PANIC);
-        exec.run_until_stalled();
+        submit_all(&mut exec, &driver, &out, &[1]);
+        submit_all(&mut exec, &driver, &out, &[SEND_PANIC]);
         let (_, _, reply) = held.take().into_iter().next().unwrap();
         reply.send(Ok(alloc::vec![Ok(10)]));
         exec.run_until_stalled();
@@ -2288,8 +2330,7 @@ mod tests {
         assert!(matches!(got[0], (1, Ok(10))));
         assert!(matches!(got[1], (SEND_PANIC, Err(OpError::Panicked(_)))));
         assert_books(&driver, 1, 0);
-        submit(&exec, &driver, &out, 2);
-        exec.run_until_stalled();
+        submit_all(&mut exec, &driver, &out, &[2]);
         let (_, ops, reply) = held
             .take()
             .into_iter()
@@ -2312,8 +2353,7 @@ mod tests {
             Poll::Ready(Err(OpError::Panicked(Panicked)))
         ));
         assert_eq!(driver.queued(), 0, "nothing queued");
-        submit(&exec, &driver, &out, 5);
-        exec.run_until_stalled();
+        submit_all(&mut exec, &driver, &out, &[5]);
         let (_, ops, reply) = held.take().into_iter().next().unwrap();
         assert_eq!(ops, [5]);
         reply.send(Ok(alloc::vec![Ok(50)]));
@@ -2337,24 +2377,33 @@ mod tests {
         setup_with(1, Some(Duration::from_secs(30)))
     }
 
+    /// Advances the clock by `by`, runs the tasks until they stall, and takes the results
+    /// that came in, in arrival order.
+    fn advance_and_run(
+        exec: &mut Executor,
+        clock: &crate::sync::ManualClock,
+        by: Duration,
+        out: &Results,
+    ) -> Vec<(u32, Result<u32, OpError<&'static str>>)> {
+        clock.advance(by);
+        exec.run_until_stalled();
+        core::mem::take(&mut *out.lock().unwrap())
+    }
+
     #[test]
     fn a_hung_send_and_the_operations_held_behind_it_time_out_each_at_its_deadline() {
         let (mut exec, driver, held, out, clock) = setup_timed();
-        submit(&exec, &driver, &out, 1);
-        exec.run_until_stalled();
+        submit_all(&mut exec, &driver, &out, &[1]);
         let hung = held.take();
         assert_eq!(hung.len(), 1, "1 is in the transport, which never answers");
         clock.advance(Duration::from_secs(10));
-        submit(&exec, &driver, &out, 2);
-        exec.run_until_stalled();
+        submit_all(&mut exec, &driver, &out, &[2]);
         assert!(held.take().is_empty(), "2 waits for the credit");
         clock.advance(Duration::from_millis(19_999));
         exec.run_until_stalled();
         assert!(out.lock().unwrap().is_empty(), "nothing is due before 30 s");
-        clock.advance(Duration::from_millis(1));
-        exec.run_until_stalled();
         // At 30 s the send is dropped: 1 times out and its credit sends 2 (due at 40 s).
-        let got = core::mem::take(&mut *out.lock().unwrap());
+        let got = advance_and_run(&mut exec, &clock, Duration::from_millis(1), &out);
         assert!(
             matches!(got[..], [(1, Err(OpError::TimedOut(TimedOut)))]),
             "{got:?}"
@@ -2365,17 +2414,14 @@ mod tests {
             [alloc::vec![2]]
         );
         drop(hung);
-        clock.advance(Duration::from_secs(10));
-        exec.run_until_stalled();
-        let got = core::mem::take(&mut *out.lock().unwrap());
+        let got = advance_and_run(&mut exec, &clock, Duration::from_secs(10), &out);
         assert!(
             matches!(got[..], [(2, Err(OpError::TimedOut(TimedOut)))]),
             "{got:?}"
         );
         assert_eq!(driver.in_flight(&1), 0, "every credit came back");
         // An answer in time still wins.
-        submit(&exec, &driver, &out, 3);
-        exec.run_until_stalled();
+        submit_all(&mut exec, &driver, &out, &[3]);
         let (_, _, reply) = held.take().into_iter().next().unwrap();
         clock.advance(Duration::from_millis(29_999));
         reply.send(Ok(alloc::vec![Ok(33)]));
@@ -2454,6 +2500,27 @@ mod tests {
 
     type TrapDriver = BatchDriver<TestRuntime, Held, TrapKey, u32, TestHasher>;
 
+    /// A driver over [`Held`] with a window of one read batch per shard, keys of type `K`
+    /// hashed with [`TestHasher`], and the executor that runs its tasks.
+    fn window_of_one<K>() -> (
+        Executor,
+        BatchDriver<TestRuntime, Held, K, u32, TestHasher>,
+        Held,
+    )
+    where
+        K: Numbered + Hash + Eq + Clone + Send + 'static,
+    {
+        let exec = Executor::default();
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(exec.spawner());
+        let held = Held::default();
+        let cfg = BatcherConfig::reads()
+            .with_window(WindowConfig::default().with_max_in_flight(1))
+            .unwrap();
+        let driver = BatchDriver::with_hasher(rt, held.clone(), cfg, TestHasher::default());
+        (exec, driver, held)
+    }
+
     const A: u32 = 1;
     const B: u32 = 2;
     /// A shard first seen after the sweep's operation.
@@ -2475,14 +2542,7 @@ mod tests {
 
     impl Fixture {
         fn new() -> Self {
-            let exec = Executor::default();
-            let mut rt = TestRuntime::new();
-            rt.spawner = Some(exec.spawner());
-            let held = Held::default();
-            let cfg = BatcherConfig::reads()
-                .with_window(WindowConfig::default().with_max_in_flight(1))
-                .unwrap();
-            let driver = BatchDriver::with_hasher(rt, held.clone(), cfg, TestHasher::default());
+            let (exec, driver, held) = window_of_one();
             Fixture {
                 exec,
                 driver,
@@ -2720,16 +2780,8 @@ mod tests {
     fn a_key_that_always_panics_fails_each_of_its_submits_and_every_other_shard_is_served() {
         use crate::sync::test_support::{CountingWaker, poll_once};
         for point in [Point::Hash, Point::Eq, Point::Clone] {
-            let exec = Executor::default();
-            let mut rt = TestRuntime::new();
-            rt.spawner = Some(exec.spawner());
-            let held = Held::default();
-            let cfg = BatcherConfig::reads()
-                .with_window(WindowConfig::default().with_max_in_flight(1))
-                .unwrap();
-            let driver: BatchDriver<_, _, Sour, u32, TestHasher> =
-                BatchDriver::with_hasher(rt, held.clone(), cfg, TestHasher::default());
-            let (mut exec, out) = (exec, Results::default());
+            let (mut exec, driver, held) = window_of_one::<Sour>();
+            let out = Results::default();
             let submit = |exec: &Executor, n: u8, op: u32| {
                 let (fut, out) = (driver.submit(Sour { n, sour: None }, op), Arc::clone(&out));
                 exec.spawn(async move {

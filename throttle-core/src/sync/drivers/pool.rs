@@ -367,6 +367,7 @@ where
                         pool: self.clone(),
                         id,
                         leaser: Some(tx),
+                        finish: PoolShared::<R, C, U, H, S>::finish_connect,
                     };
                     let connect = unwind::call(|| {
                         self.shared.connector.connect(&key.host, key.port, attempt)
@@ -616,46 +617,34 @@ enum ConnectEnd<T, E> {
 /// A started connect's obligation: report its end to the table exactly once (so the endpoint
 /// never stays `Connecting`) and tell the leaser that opened it how it failed. Owned by the
 /// connect task from the moment it is built, so `Drop` ends a task that never finished.
-struct ConnectGuard<R, C, U, H, S>
-where
-    R: Runtime,
-    C: Connector<H>,
-    U: Hash + Eq + Clone + Send + 'static,
-    H: Hash + Eq + Clone + Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
+struct ConnectGuard<R, C: Connector<H>, U, H, S> {
     pool: ConnPool<R, C, U, H, S>,
     id: ConnId,
     /// `None` once ended.
     leaser: Option<Sender<PoolError<C::Error>>>,
+    /// `PoolShared::finish_connect` for this pool's types, taken where their bounds hold (as
+    /// [`LeaseEnd`]'s), so neither `end` nor `Drop` needs them.
+    finish: ConnectFn<R, C, U, H, S>,
 }
 
-impl<R, C, U, H, S> ConnectGuard<R, C, U, H, S>
-where
-    R: Runtime,
-    C: Connector<H>,
-    U: Hash + Eq + Clone + Send + 'static,
-    H: Hash + Eq + Clone + Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
+type ConnectFn<R, C, U, H, S> = fn(
+    &PoolShared<R, C, U, H, S>,
+    ConnId,
+    ConnectEnd<<C as Connector<H>>::Conn, <C as Connector<H>>::Error>,
+) -> Option<PoolError<<C as Connector<H>>::Error>>;
+
+impl<R, C: Connector<H>, U, H, S> ConnectGuard<R, C, U, H, S> {
     fn end(&mut self, ended: ConnectEnd<C::Conn, C::Error>) {
         let Some(leaser) = self.leaser.take() else {
             return;
         };
-        if let Some(error) = self.pool.shared.finish_connect(self.id, ended) {
+        if let Some(error) = (self.finish)(&self.pool.shared, self.id, ended) {
             leaser.send(error);
         }
     }
 }
 
-impl<R, C, U, H, S> Drop for ConnectGuard<R, C, U, H, S>
-where
-    R: Runtime,
-    C: Connector<H>,
-    U: Hash + Eq + Clone + Send + 'static,
-    H: Hash + Eq + Clone + Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
+impl<R, C: Connector<H>, U, H, S> Drop for ConnectGuard<R, C, U, H, S> {
     fn drop(&mut self) {
         let ended = if std::thread::panicking() {
             ConnectEnd::Panicked

@@ -350,19 +350,7 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
 
     /// Retry only errors for which `when` returns `true` (every error by default).
     pub fn when<W2>(self, when: W2) -> Retry<'a, R, Op, W2, N, B> {
-        Retry {
-            when,
-            rt: self.rt,
-            op: self.op,
-            backoff: self.backoff,
-            throttling_backoff: self.throttling_backoff,
-            max_retries: self.max_retries,
-            notify: self.notify,
-            deadline: self.deadline,
-            budget: self.budget,
-            seed: self.seed,
-            _borrows: PhantomData,
-        }
+        self.replace(|_, notify, budget| (when, notify, budget))
     }
 
     /// Retry errors for which `when` returns a cause (`None` surfaces the error): like
@@ -374,19 +362,7 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
 
     /// Called with the error and the delay before each retry.
     pub fn notify<N2>(self, notify: N2) -> Retry<'a, R, Op, W, N2, B> {
-        Retry {
-            notify,
-            rt: self.rt,
-            op: self.op,
-            backoff: self.backoff,
-            throttling_backoff: self.throttling_backoff,
-            max_retries: self.max_retries,
-            when: self.when,
-            deadline: self.deadline,
-            budget: self.budget,
-            seed: self.seed,
-            _borrows: PhantomData,
-        }
+        self.replace(|when, _, budget| (when, notify, budget))
     }
 
     /// No attempt starts at or after `at` (on the runtime's clock).
@@ -397,15 +373,25 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
 
     /// Share `budget` with other retries (and failover calls of the same client).
     pub fn budget<B2>(self, budget: &SharedBudget<B2>) -> Retry<'a, R, Op, W, N, B2> {
+        self.replace(|when, notify, _| (when, notify, Some(budget.clone())))
+    }
+
+    /// The same retry with its classifier, notifier and budget (the parts whose types are
+    /// parameters) replaced by `f`'s.
+    fn replace<W2, N2, B2>(
+        self,
+        f: impl FnOnce(W, N, Option<SharedBudget<B>>) -> (W2, N2, Option<SharedBudget<B2>>),
+    ) -> Retry<'a, R, Op, W2, N2, B2> {
+        let (when, notify, budget) = f(self.when, self.notify, self.budget);
         Retry {
-            budget: Some(budget.clone()),
+            when,
+            notify,
+            budget,
             rt: self.rt,
             op: self.op,
             backoff: self.backoff,
             throttling_backoff: self.throttling_backoff,
             max_retries: self.max_retries,
-            when: self.when,
-            notify: self.notify,
             deadline: self.deadline,
             seed: self.seed,
             _borrows: PhantomData,

@@ -267,14 +267,7 @@ impl<Rt, B, N, R, Resp, S> fmt::Debug for WriteDriver<Rt, B, N, R, Resp, S> {
     }
 }
 
-impl<Rt, B, N, R, Resp> WriteDriver<Rt, B, N, R, Resp, std::hash::RandomState>
-where
-    Rt: Runtime,
-    B: Hash + Eq + Clone + Send + Sync + 'static,
-    N: Hash + Eq + Clone + Send + Sync + 'static,
-    R: Clone + Send + 'static,
-    Resp: Send + 'static,
-{
+impl<Rt, B, N, R, Resp> WriteDriver<Rt, B, N, R, Resp, std::hash::RandomState> {
     /// A driver writing with `cfg`, sending through `send`, sorting answers with
     /// `classifier`, buckets and nodes hashed with a fresh std
     /// [`RandomState`](std::hash::RandomState); its sender task is spawned on `rt`. Refuses
@@ -291,9 +284,14 @@ where
         classifier: C,
     ) -> Result<Self, ConfigError>
     where
+        Rt: Runtime,
         F: Fn(N, Vec<SendBatch<B, R>>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Vec<Resp>> + Send + 'static,
         C: WriteClassifier<Resp>,
+        B: Hash + Eq + Clone + Send + Sync + 'static,
+        N: Hash + Eq + Clone + Send + Sync + 'static,
+        R: Clone + Send + 'static,
+        Resp: Send + 'static,
     {
         Self::with_hasher(rt, cfg, send, classifier, std::hash::RandomState::new())
     }
@@ -544,16 +542,14 @@ where
         let guard = SendGuard {
             driver: self.clone(),
             ids: Some(ids),
+            report: Self::report,
         };
         let task = async move {
             let mut guard = guard;
-            let answer = match unwind::catch(sending).await {
+            guard.report(match unwind::catch(sending).await {
                 Ok(responses) => Answer::Answered(responses),
                 Err(Panicked) => Answer::Panicked,
-            };
-            if let Some(ids) = guard.ids.take() {
-                guard.driver.report(ids, answer);
-            }
+            });
         };
         let _refused = unwind::call(|| self.shared.rt.spawn(task));
     }
@@ -711,36 +707,32 @@ fn end<B, N, R>(
 
 /// One request's batches: reported exactly once, by the task when the closure's future
 /// resolves, or by `Drop` if the task is dropped first.
-struct SendGuard<Rt, B, N, R, Resp, S>
-where
-    Rt: Runtime,
-    B: Hash + Eq + Clone + Send + Sync + 'static,
-    N: Hash + Eq + Clone + Send + Sync + 'static,
-    R: Clone + Send + 'static,
-    Resp: Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
+struct SendGuard<Rt, B, N, R, Resp, S> {
     driver: WriteDriver<Rt, B, N, R, Resp, S>,
     ids: Option<Vec<BatchId>>,
+    /// `WriteDriver::report` for this driver's types, taken where their bounds hold, so that
+    /// `Drop` needs none.
+    report: ReportFn<Rt, B, N, R, Resp, S>,
 }
 
-impl<Rt, B, N, R, Resp, S> Drop for SendGuard<Rt, B, N, R, Resp, S>
-where
-    Rt: Runtime,
-    B: Hash + Eq + Clone + Send + Sync + 'static,
-    N: Hash + Eq + Clone + Send + Sync + 'static,
-    R: Clone + Send + 'static,
-    Resp: Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
-    fn drop(&mut self) {
+type ReportFn<Rt, B, N, R, Resp, S> =
+    fn(&WriteDriver<Rt, B, N, R, Resp, S>, Vec<BatchId>, Answer<Resp>);
+
+impl<Rt, B, N, R, Resp, S> SendGuard<Rt, B, N, R, Resp, S> {
+    /// Reports the request's batches as `answer`, once.
+    fn report(&mut self, answer: Answer<Resp>) {
         if let Some(ids) = self.ids.take() {
-            let answer = if std::thread::panicking() {
-                Answer::Panicked
-            } else {
-                Answer::Abandoned
-            };
-            self.driver.report(ids, answer);
+            (self.report)(&self.driver, ids, answer);
         }
+    }
+}
+
+impl<Rt, B, N, R, Resp, S> Drop for SendGuard<Rt, B, N, R, Resp, S> {
+    fn drop(&mut self) {
+        self.report(if std::thread::panicking() {
+            Answer::Panicked
+        } else {
+            Answer::Abandoned
+        });
     }
 }

@@ -5,7 +5,7 @@
 //! `Send`, in credit order) to [`Lanes::route`], which appends it to its shard's lane queue. A
 //! shard with batches in flight or queued has exactly one lane entry and one lane task
 //! ([`LaneRun`]); the first batch routed to a shard without an entry creates the entry and asks
-//! the caller to start the task (after unlock, [`BatchDriver::carry_lanes`]). The task takes
+//! the caller to start the task (after unlock, [`LaneRun::carry`]). The task takes
 //! its queue under the lock (storing its waker there when the queue is empty), then, outside
 //! it, calls [`Transport::send`] for each batch in queue order and polls its in-flight futures
 //! front to back. It removes its entry, under the same lock in which it finds the queue empty
@@ -25,13 +25,12 @@ use alloc::vec::Vec;
 use core::fmt;
 use core::future::Future;
 use core::hash::{BuildHasher, Hash};
-use core::marker::PhantomData;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 
 use super::{
-    BatchDriver, Ending, Kept, Outgoing, Prepared, Raced, Requeue, SendGuard, ShardId, Transport,
-    lock, race, unwind, wake_one,
+    BatchDriver, DriverOf, Ending, Kept, Outgoing, Parts, Prepared, Raced, Requeue, SendGuard,
+    ShardId, Transport, lock, race, unwind, wake_one,
 };
 use crate::backoff::BackoffConfig;
 use crate::batcher::BatcherConfig;
@@ -141,18 +140,25 @@ pub enum SendOrder {
 /// driver.close();
 /// ```
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct BatchDriverBuilder<R, T, Shard, Op, S = std::hash::RandomState> {
-    rt: R,
-    transport: T,
-    cfg: BatcherConfig,
-    hasher: S,
-    order: SendOrder,
-    requeue: Option<Requeue<Op>>,
-    /// The key and operation types the built driver takes (they are the transport's).
-    types: PhantomData<fn(Shard, Op)>,
+pub struct BatchDriverBuilder<R, T: Transport<Shard, Op>, Shard, Op, S = std::hash::RandomState> {
+    pub(super) rt: R,
+    pub(super) transport: T,
+    pub(super) cfg: BatcherConfig,
+    pub(super) hasher: S,
+    pub(super) order: SendOrder,
+    pub(super) requeue: Option<Requeue<Op>>,
+    /// `BatchDriver::start` for these types, taken where their bounds hold, so that `build`
+    /// needs none (a new hasher takes it anew: [`with_hasher`](Self::with_hasher)).
+    pub(super) start: StartFn<R, T, Shard, Op, S>,
 }
 
-impl<R, T, Shard, Op, S> fmt::Debug for BatchDriverBuilder<R, T, Shard, Op, S> {
+/// Builds and spawns the driver a builder describes.
+pub(super) type StartFn<R, T, Shard, Op, S> =
+    fn(BatchDriverBuilder<R, T, Shard, Op, S>) -> BatchDriver<R, T, Shard, Op, S>;
+
+impl<R, T: Transport<Shard, Op>, Shard, Op, S> fmt::Debug
+    for BatchDriverBuilder<R, T, Shard, Op, S>
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BatchDriverBuilder")
             .field("cfg", &self.cfg)
@@ -162,41 +168,27 @@ impl<R, T, Shard, Op, S> fmt::Debug for BatchDriverBuilder<R, T, Shard, Op, S> {
     }
 }
 
-impl<R, T, Shard, Op> BatchDriver<R, T, Shard, Op, std::hash::RandomState>
-where
-    R: Runtime,
-    T: Transport<Shard, Op>,
-    Shard: Hash + Eq + Clone + Send + 'static,
-    Op: Send + 'static,
-{
-    /// A builder of a driver batching with `cfg` and sending through `transport` on `rt`;
-    /// until told otherwise it builds what [`new`](Self::new) does ([`SendOrder::Concurrent`],
-    /// a fresh std [`RandomState`](std::hash::RandomState)).
-    pub fn builder(
+impl<R, T: Transport<Shard, Op>, Shard, Op, S> BatchDriverBuilder<R, T, Shard, Op, S> {
+    /// What [`BatchDriver::with_hasher`] builds (concurrent sends, no requeue), built by
+    /// `start`.
+    pub(super) fn new(
         rt: R,
         transport: T,
         cfg: BatcherConfig,
-    ) -> BatchDriverBuilder<R, T, Shard, Op, std::hash::RandomState> {
+        hasher: S,
+        start: StartFn<R, T, Shard, Op, S>,
+    ) -> Self {
         BatchDriverBuilder {
             rt,
             transport,
             cfg,
-            hasher: std::hash::RandomState::new(),
+            hasher,
             order: SendOrder::Concurrent,
             requeue: None,
-            types: PhantomData,
+            start,
         }
     }
-}
 
-impl<R, T, Shard, Op, S> BatchDriverBuilder<R, T, Shard, Op, S>
-where
-    R: Runtime,
-    T: Transport<Shard, Op>,
-    Shard: Hash + Eq + Clone + Send + 'static,
-    Op: Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
     /// How the driver hands each shard's batches to the transport (default
     /// [`SendOrder::Concurrent`]).
     pub fn with_send_order(mut self, order: SendOrder) -> Self {
@@ -258,7 +250,14 @@ where
     }
 
     /// Hashes shard keys with `hasher` (as [`BatchDriver::with_hasher`]).
-    pub fn with_hasher<S2>(self, hasher: S2) -> BatchDriverBuilder<R, T, Shard, Op, S2> {
+    pub fn with_hasher<S2>(self, hasher: S2) -> BatchDriverBuilder<R, T, Shard, Op, S2>
+    where
+        S2: BuildHasher + Clone + Send + 'static,
+        R: Runtime,
+        T: Transport<Shard, Op>,
+        Shard: Hash + Eq + Clone + Send + 'static,
+        Op: Send + 'static,
+    {
         BatchDriverBuilder {
             rt: self.rt,
             transport: self.transport,
@@ -266,7 +265,7 @@ where
             hasher,
             order: self.order,
             requeue: self.requeue,
-            types: PhantomData,
+            start: BatchDriver::start,
         }
     }
 
@@ -277,14 +276,7 @@ where
     ///
     /// If the runtime's [`spawn`](Runtime::spawn) panics, as for [`BatchDriver::new`].
     pub fn build(self) -> BatchDriver<R, T, Shard, Op, S> {
-        BatchDriver::start(
-            self.rt,
-            self.transport,
-            self.cfg,
-            self.hasher,
-            self.order,
-            self.requeue,
-        )
+        (self.start)(self)
     }
 }
 
@@ -427,82 +419,54 @@ type SendFuture<T, Shard, Op> = Pin<
 >;
 
 /// One batch in the transport: its credit's guard, its size, its future.
-struct Flight<R, T, Shard, Op, S>
-where
-    R: Runtime,
-    T: Transport<Shard, Op>,
-    Shard: Hash + Eq + Clone + Send + 'static,
-    Op: Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
-    guard: SendGuard<R, T, Shard, Op, S>,
+struct Flight<P: Parts> {
+    guard: SendGuard<P>,
     ops: usize,
-    future: SendFuture<T, Shard, Op>,
+    future: SendFuture<P::T, P::Shard, P::Op>,
     /// The copy kept for a resend (requeue on).
-    kept: Option<Kept<Shard, Op>>,
+    kept: Option<Kept<P::Shard, P::Op>>,
 }
 
 /// A shard's lane task: owns the lane entry from its start until it removes it.
-struct LaneRun<R, T, Shard, Op, S>
-where
-    R: Runtime,
-    T: Transport<Shard, Op>,
-    Shard: Hash + Eq + Clone + Send + 'static,
-    Op: Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
-    driver: BatchDriver<R, T, Shard, Op, S>,
+pub(super) struct LaneRun<P: Parts> {
+    driver: DriverOf<P>,
     shard: ShardId,
     /// The shard's batches in the transport, in dispatch order.
-    flights: VecDeque<Flight<R, T, Shard, Op, S>>,
+    flights: VecDeque<Flight<P>>,
     /// Batches just taken from the lane, to send (kept for its allocation).
-    taken: VecDeque<Outgoing<Shard, Op>>,
+    taken: VecDeque<Outgoing<P::Shard, P::Op>>,
     /// The task removed its lane entry and ended: nothing is left for `Drop`.
     ended: bool,
 }
 
-impl<R, T, Shard, Op, S> BatchDriver<R, T, Shard, Op, S>
-where
-    R: Runtime,
-    T: Transport<Shard, Op>,
-    Shard: Hash + Eq + Clone + Send + 'static,
-    Op: Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
+impl<R, T: Transport<Shard, Op>, Shard, Op, S> BatchDriver<R, T, Shard, Op, S> {
     /// How this driver hands each shard's batches to the transport.
     pub fn send_order(&self) -> SendOrder {
         lock(&self.shared.state).lanes.order()
     }
+}
 
-    /// After unlock: wakes the lanes given more batches, and starts the new ones. A `spawn`
-    /// that panics is caught: it dropped the lane task, whose `Drop` released the lane's
-    /// batches.
-    pub(super) fn carry_lanes(&self, work: &mut LaneWork) {
+impl<P: Parts> LaneRun<P> {
+    /// After unlock: wakes the lanes given more batches, and starts the new ones on `driver`'s
+    /// runtime. A `spawn` that panics is caught: it dropped the lane task, whose `Drop`
+    /// released the lane's batches.
+    pub(super) fn carry(driver: &DriverOf<P>, work: &mut LaneWork) {
         for waker in work.wake.drain(..) {
             wake_one(waker);
         }
         for shard in work.start.drain(..) {
-            let lane = LaneRun {
-                driver: self.clone(),
+            let lane = LaneRun::<P> {
+                driver: driver.clone(),
                 shard,
                 flights: VecDeque::new(),
                 taken: VecDeque::new(),
                 ended: false,
             };
             let task = lane.run();
-            let _refused = unwind::call(|| self.shared.rt.spawn(task));
+            let _refused = unwind::call(|| driver.shared.rt.spawn(task));
         }
     }
-}
 
-impl<R, T, Shard, Op, S> LaneRun<R, T, Shard, Op, S>
-where
-    R: Runtime,
-    T: Transport<Shard, Op>,
-    Shard: Hash + Eq + Clone + Send + 'static,
-    Op: Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
     async fn run(mut self) {
         core::future::poll_fn(|cx| self.poll_lane(cx)).await;
     }
@@ -584,14 +548,7 @@ where
     }
 }
 
-impl<R, T, Shard, Op, S> Drop for LaneRun<R, T, Shard, Op, S>
-where
-    R: Runtime,
-    T: Transport<Shard, Op>,
-    Shard: Hash + Eq + Clone + Send + 'static,
-    Op: Send + 'static,
-    S: BuildHasher + Clone + Send + 'static,
-{
+impl<P: Parts> Drop for LaneRun<P> {
     /// Dropped unfinished (the runtime shut down, or refused the task): every batch it held is
     /// released by its guard, then every batch still in its lane, until the lane is empty and
     /// removed.
@@ -606,12 +563,12 @@ where
         }
         let driver = self.driver.clone();
         let unsent = self.taken.drain(..);
-        let mut release = |batch: Outgoing<Shard, Op>| {
+        let mut release = |batch: Outgoing<P::Shard, P::Op>| {
             let Outgoing {
                 key, credit, ops, ..
             } = batch;
             drop((key, ops));
-            drop(SendGuard {
+            drop(SendGuard::<P> {
                 driver: driver.clone(),
                 credit: Some(credit),
             });
