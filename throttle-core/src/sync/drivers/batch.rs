@@ -780,15 +780,6 @@ type DriverOf<P> = BatchDriver<
     <P as Parts>::S,
 >;
 
-/// The shared state of the driver whose parts are `P`.
-type SharedOf<P> = DriverShared<
-    <P as Parts>::R,
-    <P as Parts>::T,
-    <P as Parts>::Shard,
-    <P as Parts>::Op,
-    <P as Parts>::S,
->;
-
 /// What a dropped [`Submit`] asks of its driver.
 trait Withdraw: Send + Sync {
     /// Withdraws the operation in slot `slot` if its batch has not left.
@@ -797,7 +788,9 @@ trait Withdraw: Send + Sync {
 
 /// The driver's [`Withdraw`]: a second handle on its shared state.
 struct Withdrawer<P: Parts> {
-    shared: Arc<SharedOf<P>>,
+    // The driver's state alone, not a driver: the driver holds its withdrawer.
+    #[allow(clippy::type_complexity)]
+    shared: Arc<DriverShared<P::R, P::T, P::Shard, P::Op, P::S>>,
 }
 
 impl<P: Parts> Withdraw for Withdrawer<P> {
