@@ -644,6 +644,32 @@ mod tests {
 
     fn is_send<T: Send>(_: &T) {}
 
+    /// Where a [`waiter`]'s future records how its wait ended: the state and the time.
+    type Ended = std::sync::Arc<StdMutex<Option<(GateState, Instant)>>>;
+
+    /// A task waiting (on `rt`'s clock) until `bucket` opens, which records how its wait ended;
+    /// the caller spawns it.
+    fn waiter(
+        gate: &Gate,
+        rt: &TestRuntime,
+        bucket: u32,
+    ) -> (impl Future<Output = ()> + Send + use<>, Ended) {
+        let ended = Ended::default();
+        let (gate, rt, out) = (gate.clone(), rt.clone(), std::sync::Arc::clone(&ended));
+        let fut = async move {
+            let state = gate.wait_until_open(&rt, &bucket).await;
+            if let Ok(mut r) = out.lock() {
+                *r = Some((state, rt.now()));
+            }
+        };
+        (fut, ended)
+    }
+
+    fn default_gate() -> Gate {
+        Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
+            .expect("the default config is valid")
+    }
+
     #[test]
     fn lower_pressure_wakes_the_sleeper_early_and_it_opens_at_the_new_deadline() {
         let mut ex = Executor::default();
@@ -657,18 +683,9 @@ mod tests {
             gate.handle_kv_signal(t0, &7, Signal::Full),
             Duration::from_millis(5000)
         );
-        let result = std::sync::Arc::new(StdMutex::new(None));
-        {
-            let (gate, rt2, result) = (gate.clone(), rt.clone(), std::sync::Arc::clone(&result));
-            let fut = async move {
-                let state = gate.wait_until_open(&rt2, &7).await;
-                if let Ok(mut r) = result.lock() {
-                    *r = Some((state, rt2.now()));
-                }
-            };
-            is_send(&fut);
-            rt.spawn(fut);
-        }
+        let (fut, result) = waiter(&gate, &rt, 7);
+        is_send(&fut);
+        rt.spawn(fut);
         assert_eq!(ex.run_until_stalled(), 1);
         assert_eq!(rt.clock.next_deadline(), Some(Instant::from_millis(5000)));
         // Half pressure: 5000 ms x 0.5^3 = 625 ms; latest-wins shortens it and emits a Wake.
@@ -696,21 +713,12 @@ mod tests {
     fn forget_and_retain_reach_the_gate_and_release_a_waiter_on_a_dropped_bucket() {
         let mut ex = Executor::default();
         let rt = TestRuntime::new();
-        let gate = Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
-            .expect("the default config is valid");
+        let gate = default_gate();
         gate.handle_kv_signal(Instant::ZERO, &3, Signal::Full);
         gate.handle_kv_signal(Instant::ZERO, &4, Signal::Full);
         gate.handle_kv_signal(Instant::ZERO, &5, Signal::Full);
-        let result = std::sync::Arc::new(StdMutex::new(None));
-        {
-            let (gate, rt2, result) = (gate.clone(), rt.clone(), std::sync::Arc::clone(&result));
-            ex.spawn(async move {
-                let state = gate.wait_until_open(&rt2, &3).await;
-                if let Ok(mut r) = result.lock() {
-                    *r = Some((state, rt2.now()));
-                }
-            });
-        }
+        let (fut, result) = waiter(&gate, &rt, 3);
+        ex.spawn(fut);
         assert_eq!(ex.run_until_stalled(), 1);
         // The table of bucket 3 was dropped: the waiter wakes now, not at 3 s.
         assert!(gate.forget(&3));
@@ -752,8 +760,7 @@ mod tests {
 
     #[test]
     fn a_longer_install_does_not_wake_sleepers() {
-        let gate = Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
-            .expect("the default config is valid");
+        let gate = default_gate();
         let epoch = gate.signal().epoch();
         gate.handle_kv_signal(Instant::ZERO, &1, Signal::Pressure(500_000));
         gate.handle_kv_signal(Instant::ZERO, &1, Signal::Full);
@@ -767,25 +774,16 @@ mod tests {
     fn unknown_leader_ends_the_wait_so_the_caller_refreshes() {
         let mut ex = Executor::default();
         let rt = TestRuntime::new();
-        let gate = Gate::with_hasher(WriteGateConfig::default(), TestHasher::default())
-            .expect("the default config is valid");
+        let gate = default_gate();
         gate.handle_kv_signal(Instant::ZERO, &3, Signal::Full);
-        let result = std::sync::Arc::new(StdMutex::new(None));
-        {
-            let (gate, rt2, result) = (gate.clone(), rt.clone(), std::sync::Arc::clone(&result));
-            ex.spawn(async move {
-                let state = gate.wait_until_open(&rt2, &3).await;
-                if let Ok(mut r) = result.lock() {
-                    *r = Some(state);
-                }
-            });
-        }
+        let (fut, result) = waiter(&gate, &rt, 3);
+        ex.spawn(fut);
         assert_eq!(ex.run_until_stalled(), 1);
         gate.handle_leader(Instant::ZERO, &3, false); // drops the KV throttle: a Wake
         assert_eq!(ex.run_until_stalled(), 0);
         assert_eq!(
             result.lock().ok().and_then(|r| *r),
-            Some(GateState::UnknownLeader)
+            Some((GateState::UnknownLeader, Instant::ZERO))
         );
     }
 
