@@ -4,6 +4,7 @@ use core::task::Poll;
 
 use loom::thread;
 
+use super::support::{in_line, ready_at_once, served_now_or_after_one_wake, woken_once_and_served};
 use super::{Hand, boxed, join};
 use crate::pending_bytes::PendingBytesConfig;
 use crate::sync::test_support::{CountingWaker, poll_once};
@@ -20,6 +21,13 @@ fn held(h: &PendingBytes, n: u64) -> crate::sync::BytesPermit {
     }
 }
 
+/// A limit of 10 bytes, all held: an acquire of them waits.
+fn full() -> (PendingBytes, crate::sync::BytesPermit) {
+    let h = bytes(10);
+    let first = held(&h, 10);
+    (h, first)
+}
+
 /// The end state once every permit is gone: no byte used or granted, nobody in line, no
 /// grant released twice, and `closed()` ready if the handle was closed.
 fn assert_settled(h: &PendingBytes) {
@@ -27,9 +35,8 @@ fn assert_settled(h: &PendingBytes) {
     assert_eq!(h.waiting(), 0, "a ticket was left in line");
     assert_eq!(h.refused_releases(), 0, "a grant was released twice");
     if h.is_closed() {
-        let mut closed = Hand::new(boxed(h.closed()));
         assert!(
-            closed.poll().is_ready(),
+            ready_at_once(h.closed()),
             "closed() pending with nothing granted"
         );
     }
@@ -40,24 +47,15 @@ fn assert_settled(h: &PendingBytes) {
 #[test]
 fn bytes_waiter_cancelled_racing_its_admission_passes_the_bytes_on() {
     super::model(|| {
-        let h = bytes(10);
-        let first = held(&h, 10);
-        let (wa, _) = CountingWaker::new();
-        let (wb, b_wakes) = CountingWaker::new();
-        let mut a = h.acquire(10);
-        let mut b = h.acquire(10);
-        assert!(poll_once(&mut a, &wa).is_pending());
-        assert!(poll_once(&mut b, &wb).is_pending());
+        let (h, first) = full();
+        let [a, mut b] = in_line(|| h.acquire(10));
 
         let t1 = thread::spawn(move || drop(first));
-        let t2 = thread::spawn(move || drop(a));
+        let t2 = thread::spawn(move || drop(a.fut));
         join(t1);
         join(t2);
 
-        assert_eq!(b_wakes.wakes(), 1, "b woken exactly once");
-        let Poll::Ready(Ok(pb)) = poll_once(&mut b, &wb) else {
-            panic!("the bytes did not reach b");
-        };
+        let pb = woken_once_and_served(&mut b, "b", "bytes");
         assert_eq!(h.used(), 10);
         drop(pb);
         assert_settled(&h);
@@ -71,8 +69,7 @@ fn bytes_waiter_cancelled_racing_its_admission_passes_the_bytes_on() {
 #[test]
 fn bytes_close_racing_an_admission_takes_the_grant_back() {
     super::model(|| {
-        let h = bytes(10);
-        let first = held(&h, 10);
+        let (h, first) = full();
         let mut a = Hand::new(h.acquire(10));
         assert!(a.poll().is_pending());
         let mut closed = Hand::new(boxed({
@@ -120,8 +117,7 @@ fn bytes_close_racing_an_admission_takes_the_grant_back() {
 #[test]
 fn bytes_close_racing_an_unobserved_grant_gives_every_byte_back() {
     super::model(|| {
-        let h = bytes(10);
-        let first = held(&h, 10);
+        let (h, first) = full();
         let mut a = Hand::new(h.acquire(5));
         let mut b = Hand::new(h.acquire(5));
         assert!(a.poll().is_pending() && b.poll().is_pending());
@@ -152,26 +148,16 @@ fn bytes_close_racing_an_unobserved_grant_gives_every_byte_back() {
 #[test]
 fn bytes_two_cancellations_racing_one_release_admit_the_third_waiter() {
     super::model(|| {
-        let h = bytes(10);
-        let first = held(&h, 10);
-        let (wa, _) = CountingWaker::new();
-        let (wb, _) = CountingWaker::new();
-        let (wc, c_wakes) = CountingWaker::new();
-        let (mut a, mut b, mut c) = (h.acquire(10), h.acquire(10), h.acquire(10));
-        assert!(poll_once(&mut a, &wa).is_pending());
-        assert!(poll_once(&mut b, &wb).is_pending());
-        assert!(poll_once(&mut c, &wc).is_pending());
+        let (h, first) = full();
+        let [a, b, mut c] = in_line(|| h.acquire(10));
 
-        let t1 = thread::spawn(move || drop(a));
-        let t2 = thread::spawn(move || drop(b));
+        let t1 = thread::spawn(move || drop(a.fut));
+        let t2 = thread::spawn(move || drop(b.fut));
         drop(first);
         join(t1);
         join(t2);
 
-        assert_eq!(c_wakes.wakes(), 1, "c woken exactly once");
-        let Poll::Ready(Ok(pc)) = poll_once(&mut c, &wc) else {
-            panic!("the bytes did not reach c");
-        };
+        let pc = woken_once_and_served(&mut c, "c", "bytes");
         assert_eq!(h.used(), 10);
         drop(pc);
         assert_settled(&h);
@@ -183,32 +169,22 @@ fn bytes_two_cancellations_racing_one_release_admit_the_third_waiter() {
 #[test]
 fn bytes_waker_replaced_racing_an_admission_wakes_the_new_waker() {
     super::model(|| {
-        let h = bytes(10);
-        let first = held(&h, 10);
-        let (old, _) = CountingWaker::new();
+        let (h, first) = full();
         let (new, new_wakes) = CountingWaker::new();
-        let mut a = h.acquire(10);
-        assert!(poll_once(&mut a, &old).is_pending());
+        // First polled with its own waker (the old one).
+        let [mut a] = in_line(|| h.acquire(10));
 
         let t1 = thread::spawn(move || drop(first));
-        let moved = poll_once(&mut a, &new);
+        let moved = poll_once(&mut a.fut, &new);
         join(t1);
 
-        let pa = match moved {
-            Poll::Ready(Ok(pa)) => pa,
-            Poll::Ready(Err(e)) => panic!("{e}"),
-            Poll::Pending => {
-                assert_eq!(
-                    new_wakes.wakes(),
-                    1,
-                    "lost wake-up: only the old waker was woken"
-                );
-                match poll_once(&mut a, &new) {
-                    Poll::Ready(Ok(pa)) => pa,
-                    _ => panic!("woken but not admitted"),
-                }
-            }
-        };
+        let pa = served_now_or_after_one_wake(
+            moved,
+            &mut a.fut,
+            (&new, &new_wakes),
+            "lost wake-up: only the old waker was woken",
+            "woken but not admitted",
+        );
         assert_eq!(h.used(), 10);
         drop(pa);
         assert_settled(&h);

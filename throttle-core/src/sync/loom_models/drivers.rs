@@ -8,45 +8,53 @@ use core::task::Poll;
 use std::sync::Arc as StdArc;
 
 use loom::thread;
+use loom::thread::JoinHandle;
 
+use super::support::{
+    Batch, Sends, delivered_once_closed, echoing, ends_at_once, left_on_shard_1, reads_with_window,
+    ready_at_once, resolved, settle_all, spawned_one, woken_and_ready,
+};
 use super::{Hand, boxed, join, settle};
 use crate::batcher::BatcherConfig;
 use crate::conn_key::{ConnConfig, ConnKey};
-use crate::dispatch_window::WindowConfig;
 use crate::failover::{AdminWriteGateway, CallConfig, ErrorKind, Unlimited};
 use crate::sync::loom::atomic::{AtomicUsize, Ordering};
 use crate::sync::test_support::{Task, TestRuntime};
 use crate::sync::{
-    BatchDriver, BatchOutcome, ConnPool, Connector, FailoverExecutor, OpError, PoolError, Transport,
+    BatchDriver, BatchOutcome, ConnPool, Connector, FailoverExecutor, OpError, PoolError, Submit,
+    Transport,
 };
 use crate::test_hasher::TestHasher;
 
-/// The one task spawned since the last look.
-fn spawned_one(rt: &TestRuntime) -> Task {
-    let mut tasks = rt.take_spawned();
-    assert_eq!(tasks.len(), 1, "expected one spawned task");
-    match tasks.pop() {
-        Some(t) => t,
-        None => panic!("no task spawned"),
-    }
+/// A submitter of the batch models, polled by hand.
+type Submitted = Hand<Submit<u32, &'static str>>;
+
+/// The driver task, polled (it waits for work), then `10` submitted on shard 1 and polled,
+/// and the driver task polled again, which dispatched it: the driver task, the submitter, and
+/// the send task of the batch `[10]`, in the transport, not yet polled.
+fn in_transport<T>(rt: &TestRuntime, driver: &Batch<T>) -> (Hand<Task>, Submitted, Task)
+where
+    T: Transport<u32, u32, Output = u32, Error = &'static str>,
+{
+    let mut task = Hand::new(spawned_one(rt));
+    assert!(task.poll().is_pending(), "the driver task waits for work");
+    let mut first = Hand::new(driver.submit(1, 10));
+    assert!(first.poll().is_pending());
+    assert!(task.poll().is_pending());
+    (task, first, spawned_one(rt))
 }
 
-/// Answers every batch at once, each operation with its own value.
-struct Echo;
-
-impl Transport<u32, u32> for Echo {
-    type Output = u32;
-    type Error = &'static str;
-    fn send(
-        &self,
-        _shard: &u32,
-        ops: Vec<u32>,
-    ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
-        core::future::ready(Ok(ops.into_iter().map(Ok).collect()))
-    }
+/// A thread that closes the driver: with `drain` (`drains`, the draining close) or `close`.
+fn close_or_drain<T: Transport<u32, u32>>(driver: &Batch<T>, drains: bool) -> JoinHandle<()> {
+    let d2 = driver.clone();
+    thread::spawn(move || {
+        if drains {
+            drop(d2.drain()); // it drains at the call
+        } else {
+            d2.close();
+        }
+    })
 }
-
-type Driver = BatchDriver<TestRuntime, Echo, u32, u32, TestHasher>;
 
 /// A batch's end (`finish`, in its send task on one thread) races `close` (on another) while
 /// the next operation is parked behind the full window and `closed()` is polled. The batch
@@ -84,16 +92,14 @@ fn batch_closed_resolves_only_after_the_last_batch_delivers() {
 fn batch_finish_racing_close(parked: bool, fresh: bool, drains: bool) {
     super::model(move || {
         let rt = TestRuntime::new();
-        let cfg = BatcherConfig::reads()
-            .with_window(WindowConfig::default().with_max_in_flight(1))
-            .unwrap();
-        let driver = Driver::with_hasher(rt.clone(), Echo, cfg, TestHasher::default());
-        let mut task = Hand::new(spawned_one(&rt));
-        assert!(task.poll().is_pending(), "the driver task waits for work");
-        let mut first = Hand::new(driver.submit(1, 10));
-        assert!(first.poll().is_pending());
-        assert!(task.poll().is_pending());
-        let send = spawned_one(&rt); // the batch [10], in the transport
+        let echo = Sends::new(echoing);
+        let driver = BatchDriver::with_hasher(
+            rt.clone(),
+            echo,
+            reads_with_window(1),
+            TestHasher::default(),
+        );
+        let (mut task, mut first, send) = in_transport(&rt, &driver);
         let mut second = parked.then(|| Hand::new(driver.submit(1, 20)));
         if let Some(second) = &mut second {
             assert!(second.poll().is_pending());
@@ -104,43 +110,26 @@ fn batch_finish_racing_close(parked: bool, fresh: bool, drains: bool) {
         let mut closed = Hand::new(boxed(driver.closed()));
         assert!(closed.poll().is_pending());
 
-        let t1 = thread::spawn(move || {
-            let mut send = Hand::new(send);
-            assert!(send.poll().is_ready(), "the send task ends at once");
-        });
-        let d2 = driver.clone();
-        let t2 = thread::spawn(move || {
-            if drains {
-                drop(d2.drain()); // it drains at the call
-            } else {
-                d2.close();
-            }
-        });
+        let t1 = thread::spawn(move || ends_at_once(send, "the send task ends at once"));
+        let t2 = close_or_drain(&driver, drains);
         let early = closed.poll();
-        let fresh_ready = fresh && Hand::new(boxed(driver.closed())).poll().is_ready();
+        let fresh_ready = fresh && ready_at_once(driver.closed());
         // Once `closed()` resolves, the batch that was in the transport has ended and
         // delivered its result.
-        let mut delivered = None;
-        if early.is_ready() || fresh_ready {
-            assert!(
-                driver.is_closed() && driver.in_flight(&1) == 0,
-                "closed() resolved with a batch in the transport"
-            );
-            let r = first.poll();
-            assert!(
-                r.is_ready(),
-                "closed() resolved before the last batch delivered"
-            );
-            delivered = Some(r);
-        }
+        let delivered = delivered_once_closed(
+            early.is_ready() || fresh_ready,
+            || driver.is_closed() && driver.in_flight(&1) == 0,
+            "closed() resolved with a batch in the transport",
+            &mut first,
+            "closed() resolved before the last batch delivered",
+        );
         join(t1);
         join(t2);
 
         // The driver task (woken by the close) and a second send task, if the end came
         // first and sent the parked batch.
         let mut tasks = alloc::vec![task];
-        settle(&rt, &mut tasks);
-        assert!(tasks.is_empty(), "a driver or send task was left pending");
+        settle_all(&rt, &mut tasks, "a driver or send task was left pending");
 
         assert!(first.wakes() >= 1, "the submitter was left unwoken");
         let result = delivered.unwrap_or_else(|| first.poll());
@@ -161,37 +150,18 @@ fn batch_finish_racing_close(parked: bool, fresh: bool, drains: bool) {
             );
         }
         if early.is_pending() {
-            assert!(closed.wakes() >= 1, "lost wake-up: closed() never woken");
-            assert!(
-                closed.poll().is_ready(),
-                "closed() pending after the last batch"
-            );
+            woken_and_ready(&mut closed, "closed() pending after the last batch");
         }
-        assert_eq!(
-            (driver.in_flight(&1), driver.open_ops(&1), driver.queued()),
-            (0, 0, 0)
-        );
+        assert_eq!(left_on_shard_1(&driver), (0, 0, 0));
         let mut late = Hand::new(driver.submit(1, 30));
         assert!(matches!(late.poll(), Poll::Ready(Err(OpError::Closed))));
     });
 }
 
-/// Tears every batch: its send fails at once with an error `torn` classes as a torn stream.
-struct Tear;
-
-impl Transport<u32, u32> for Tear {
-    type Output = u32;
-    type Error = &'static str;
-    fn send(
-        &self,
-        _shard: &u32,
-        _ops: Vec<u32>,
-    ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
-        core::future::ready(Err("torn"))
-    }
-    fn torn(&self, _error: &&'static str) -> bool {
-        true
-    }
+/// Tears every batch: its send fails at once with an error the transport
+/// ([`Sends::tearing`]) classes as a torn stream.
+fn tear(_ops: Vec<u32>) -> core::future::Ready<BatchOutcome<u32, &'static str>> {
+    core::future::ready(Err("torn"))
 }
 
 /// A torn batch's end (its send task, on one thread: the requeue at the head of the shard and
@@ -206,38 +176,22 @@ fn batch_torn_end_racing_close_or_drain_resolves_the_requeued_operation_once() {
     for drains in [false, true] {
         super::model(move || {
             let rt = TestRuntime::new();
-            let cfg = BatcherConfig::reads()
-                .with_window(WindowConfig::default().with_max_in_flight(1))
-                .unwrap();
+            let cfg = reads_with_window(1);
             let reconnect = crate::backoff::BackoffConfig::builder()
                 .initial(core::time::Duration::from_millis(10))
                 .jitter(crate::backoff::Jitter::None)
                 .max_attempts(Some(1))
                 .build()
                 .unwrap();
-            let driver = BatchDriver::builder(rt.clone(), Tear, cfg)
+            let driver = BatchDriver::builder(rt.clone(), Sends::tearing(tear), cfg)
                 .with_hasher(TestHasher::default())
                 .with_requeue(reconnect)
                 .build();
-            let mut task = Hand::new(spawned_one(&rt));
-            assert!(task.poll().is_pending(), "the driver task waits for work");
-            let mut op = Hand::new(driver.submit(1, 10));
-            assert!(op.poll().is_pending());
-            assert!(task.poll().is_pending());
-            let send = spawned_one(&rt); // the batch [10], about to tear
+            // The batch [10], about to tear.
+            let (task, mut op, send) = in_transport(&rt, &driver);
 
-            let t1 = thread::spawn(move || {
-                let mut send = Hand::new(send);
-                assert!(send.poll().is_ready(), "the send task ends at once");
-            });
-            let d2 = driver.clone();
-            let t2 = thread::spawn(move || {
-                if drains {
-                    drop(d2.drain());
-                } else {
-                    d2.close();
-                }
-            });
+            let t1 = thread::spawn(move || ends_at_once(send, "the send task ends at once"));
+            let t2 = close_or_drain(&driver, drains);
             join(t1);
             join(t2);
 
@@ -245,8 +199,7 @@ fn batch_torn_end_racing_close_or_drain_resolves_the_requeued_operation_once() {
             settle(&rt, &mut tasks);
             // The pause ends: a requeued batch is resent (and tears again).
             rt.clock.advance(core::time::Duration::from_millis(10));
-            settle(&rt, &mut tasks);
-            assert!(tasks.is_empty(), "a driver or send task was left pending");
+            settle_all(&rt, &mut tasks, "a driver or send task was left pending");
 
             assert!(op.wakes() >= 1, "the submitter was left unwoken");
             match op.poll() {
@@ -257,14 +210,10 @@ fn batch_torn_end_racing_close_or_drain_resolves_the_requeued_operation_once() {
                     other.is_ready()
                 ),
             }
-            assert_eq!(
-                (driver.in_flight(&1), driver.open_ops(&1), driver.queued()),
-                (0, 0, 0)
-            );
+            assert_eq!(left_on_shard_1(&driver), (0, 0, 0));
             assert_eq!(driver.slots_in_use(), 0, "a slot left behind");
-            let mut closed = Hand::new(boxed(driver.closed()));
             assert!(
-                closed.poll().is_ready(),
+                ready_at_once(driver.closed()),
                 "closed() pending with nothing live"
             );
         });
@@ -339,15 +288,12 @@ fn pool_connect_racing_close(fresh: bool) {
         let mut closed = Hand::new(boxed(pool.closed()));
         assert!(closed.poll().is_pending());
 
-        let t1 = thread::spawn(move || {
-            let mut connect = Hand::new(connect);
-            assert!(connect.poll().is_ready(), "the connect task ends at once");
-        });
+        let t1 = thread::spawn(move || ends_at_once(connect, "the connect task ends at once"));
         let p2 = pool.clone();
         let t2 = thread::spawn(move || p2.close());
         let early = lease.poll();
         let early_closed = closed.poll();
-        let fresh_ready = fresh && Hand::new(boxed(pool.closed())).poll().is_ready();
+        let fresh_ready = fresh && ready_at_once(pool.closed());
         if early_closed.is_ready() || fresh_ready {
             assert_eq!(
                 live.load(Ordering::SeqCst),
@@ -358,24 +304,22 @@ fn pool_connect_racing_close(fresh: bool) {
         join(t1);
         join(t2);
 
-        let outcome = match early {
-            Poll::Pending => {
-                assert!(lease.wakes() >= 1, "the leaser was left unwoken");
-                lease.poll()
-            }
-            ready => ready,
-        };
+        let outcome = resolved(
+            early,
+            &mut lease,
+            "the leaser was left unwoken",
+            "the leaser stayed pending",
+        );
         match outcome {
-            Poll::Ready(Ok(l)) => {
+            Ok(l) => {
                 assert!(
                     early_closed.is_pending(),
                     "closed() resolved with a lease out"
                 );
                 drop(l);
             }
-            Poll::Ready(Err(PoolError::Closed)) => {}
-            Poll::Ready(Err(e)) => panic!("unexpected lease error: {e}"),
-            Poll::Pending => panic!("the leaser stayed pending"),
+            Err(PoolError::Closed) => {}
+            Err(e) => panic!("unexpected lease error: {e}"),
         }
         assert_eq!(
             live.load(Ordering::SeqCst),
@@ -383,11 +327,7 @@ fn pool_connect_racing_close(fresh: bool) {
             "a connection outlived the close"
         );
         if early_closed.is_pending() {
-            assert!(closed.wakes() >= 1, "lost wake-up: closed() never woken");
-            assert!(
-                closed.poll().is_ready(),
-                "closed() pending with nothing running"
-            );
+            woken_and_ready(&mut closed, "closed() pending with nothing running");
         }
         assert!(
             rt.take_spawned().is_empty(),
@@ -403,9 +343,9 @@ fn pool_connect_racing_close(fresh: bool) {
 fn batch_submit_racing_the_driver_task_sleep_loses_no_operation() {
     super::model(|| {
         let rt = TestRuntime::new();
-        let driver = Driver::with_hasher(
+        let driver = BatchDriver::with_hasher(
             rt.clone(),
-            Echo,
+            Sends::new(echoing),
             BatcherConfig::reads(),
             TestHasher::default(),
         );
@@ -429,27 +369,20 @@ fn batch_submit_racing_the_driver_task_sleep_loses_no_operation() {
             "the operation was not answered"
         );
         driver.close();
-        settle(&rt, &mut tasks);
-        assert!(tasks.is_empty(), "the driver task outlived the close");
-        assert!(Hand::new(boxed(driver.closed())).poll().is_ready());
+        settle_all(&rt, &mut tasks, "the driver task outlived the close");
+        assert!(ready_at_once(driver.closed()));
     });
 }
 
-/// Answers every batch at once, each operation with its own value, and counts the operations
-/// it was sent.
-struct Counting(StdArc<AtomicUsize>);
-
-impl Transport<u32, u32> for Counting {
-    type Output = u32;
-    type Error = &'static str;
-    fn send(
-        &self,
-        _shard: &u32,
-        ops: Vec<u32>,
-    ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
-        self.0.fetch_add(ops.len(), Ordering::SeqCst);
-        core::future::ready(Ok(ops.into_iter().map(Ok).collect()))
-    }
+/// Answers every batch at once, each operation with its own value, and counts in `sent` the
+/// operations it was sent.
+fn counting(
+    sent: StdArc<AtomicUsize>,
+) -> Sends<impl Fn(Vec<u32>) -> core::future::Ready<BatchOutcome<u32, &'static str>>> {
+    Sends::new(move |ops: Vec<u32>| {
+        sent.fetch_add(ops.len(), Ordering::SeqCst);
+        echoing(ops)
+    })
 }
 
 /// A dropped `Submit` (issue 13: it withdraws its operation) racing the moment its batch
@@ -463,11 +396,9 @@ fn batch_dropped_submit_racing_its_batch_leaving_is_withdrawn_or_sent_once() {
     for parked in [true, false] {
         super::model(move || {
             let rt = TestRuntime::new();
-            let cfg = BatcherConfig::reads()
-                .with_window(WindowConfig::default().with_max_in_flight(1))
-                .unwrap();
+            let cfg = reads_with_window(1);
             let sent = StdArc::new(AtomicUsize::new(0));
-            let transport = Counting(StdArc::clone(&sent));
+            let transport = counting(StdArc::clone(&sent));
             let driver =
                 BatchDriver::with_hasher(rt.clone(), transport, cfg, TestHasher::default());
             let mut task = Hand::new(spawned_one(&rt));
@@ -484,8 +415,7 @@ fn batch_dropped_submit_racing_its_batch_leaving_is_withdrawn_or_sent_once() {
                 }
                 assert_eq!(driver.open_ops(&1), 1, "20 is parked");
                 thread::spawn(move || {
-                    let mut send = Hand::new(send);
-                    assert!(send.poll().is_ready(), "the send task ends at once");
+                    ends_at_once(send, "the send task ends at once");
                     None
                 })
             } else {
@@ -505,22 +435,16 @@ fn batch_dropped_submit_racing_its_batch_leaving_is_withdrawn_or_sent_once() {
             join(t2);
             let mut tasks: Vec<Hand<Task>> = rt.take_spawned().into_iter().map(Hand::new).collect();
             let left = !tasks.is_empty();
-            settle(&rt, &mut tasks);
-            assert!(tasks.is_empty(), "a send task was left pending");
+            settle_all(&rt, &mut tasks, "a send task was left pending");
             let seen = sent.load(Ordering::SeqCst);
             assert_eq!(seen, 1 + usize::from(left), "20 sent iff its batch left");
             assert!(matches!(first.poll(), Poll::Ready(Ok(10))));
-            assert_eq!(
-                (driver.in_flight(&1), driver.open_ops(&1), driver.queued()),
-                (0, 0, 0),
-                "nothing stranded"
-            );
+            assert_eq!(left_on_shard_1(&driver), (0, 0, 0), "nothing stranded");
             assert_eq!(driver.slots_in_use(), 0, "a slot left behind");
             driver.close();
             let mut tasks: Vec<Hand<Task>> = task.into_iter().collect();
-            settle(&rt, &mut tasks);
-            assert!(tasks.is_empty(), "the driver task outlived the close");
-            assert!(Hand::new(boxed(driver.closed())).poll().is_ready());
+            settle_all(&rt, &mut tasks, "the driver task outlived the close");
+            assert!(ready_at_once(driver.closed()));
         });
     }
 }
@@ -559,10 +483,7 @@ fn pool_second_leaser_racing_the_connect_end_gets_the_connection() {
         );
         let connect = spawned_one(&rt);
 
-        let t1 = thread::spawn(move || {
-            let mut connect = Hand::new(connect);
-            assert!(connect.poll().is_ready(), "the connect task ends at once");
-        });
+        let t1 = thread::spawn(move || ends_at_once(connect, "the connect task ends at once"));
         let mut second = Hand::new(boxed(pool.lease(&key)));
         let early = second.poll();
         join(t1);
@@ -592,7 +513,7 @@ fn pool_second_leaser_racing_the_connect_end_gets_the_connection() {
             0,
             "a connection outlived the close"
         );
-        assert!(Hand::new(boxed(pool.closed())).poll().is_ready());
+        assert!(ready_at_once(pool.closed()));
     });
 }
 

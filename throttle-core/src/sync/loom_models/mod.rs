@@ -16,6 +16,7 @@ mod bytes;
 mod drivers;
 mod ordered;
 mod signal;
+mod support;
 mod window;
 mod writer;
 

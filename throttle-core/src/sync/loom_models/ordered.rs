@@ -11,16 +11,18 @@ use std::sync::{Arc as StdArc, Mutex as StdMutex};
 
 use loom::thread;
 
-use super::{Hand, boxed, join, settle};
-use crate::batcher::BatcherConfig;
-use crate::dispatch_window::WindowConfig;
+use super::support::{Sends, echo, left_on_shard_1, reads_with_window, ready_at_once, settle_all};
+use super::{Hand, join, settle};
 use crate::sync::loom::{Arc, Mutex, lock};
 use crate::sync::oneshot::{self, Sender};
 use crate::sync::test_support::{Task, TestRuntime};
-use crate::sync::{BatchDriver, BatchOutcome, OpError, SendOrder, Transport};
+use crate::sync::{BatchDriver, BatchOutcome, OpError, SendOrder};
 use crate::test_hasher::TestHasher;
 
 type Reply = Sender<BatchOutcome<u32, &'static str>>;
+
+/// The batches held in the transport, each with the reply that answers it.
+type Held = StdArc<StdMutex<Vec<(Vec<u32>, Reply)>>>;
 
 /// Records each batch as `send` is called, under a loom lock (so loom may switch threads
 /// between a lane taking a batch and sending it); answers it at once (`hold: false`) or when
@@ -29,7 +31,7 @@ type Reply = Sender<BatchOutcome<u32, &'static str>>;
 struct Stream {
     hold: bool,
     sent: Arc<Mutex<Vec<Vec<u32>>>>,
-    replies: StdArc<StdMutex<Vec<(Vec<u32>, Reply)>>>,
+    replies: Held,
 }
 
 impl Stream {
@@ -52,19 +54,15 @@ impl Stream {
             Err(_) => Vec::new(),
         };
         for (ops, reply) in held {
-            reply.send(Ok(ops.into_iter().map(Ok).collect()));
+            reply.send(echo(ops));
         }
     }
-}
 
-impl Transport<u32, u32> for Stream {
-    type Output = u32;
-    type Error = &'static str;
+    /// The transport's `send` (see [`Sends`]).
     fn send(
         &self,
-        _shard: &u32,
         ops: Vec<u32>,
-    ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
+    ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + use<> {
         lock(&self.sent).push(ops.clone());
         let rx = self.hold.then(|| {
             let (tx, rx) = oneshot::channel();
@@ -76,13 +74,11 @@ impl Transport<u32, u32> for Stream {
         async move {
             match rx {
                 Some(rx) => rx.await.unwrap_or(Err("dropped")),
-                None => Ok(ops.into_iter().map(Ok).collect()),
+                None => echo(ops),
             }
         }
     }
 }
-
-type Driver = BatchDriver<TestRuntime, Stream, u32, u32, TestHasher>;
 
 /// The tasks spawned since the last look, as hand-polled futures.
 fn spawned(rt: &TestRuntime) -> Vec<Hand<Task>> {
@@ -113,10 +109,9 @@ fn lane_racing_dispatch_and_close(hold: bool) {
     super::model(move || {
         let rt = TestRuntime::new();
         let stream = Stream::new(hold);
-        let cfg = BatcherConfig::reads()
-            .with_window(WindowConfig::default().with_max_in_flight(2))
-            .expect("a window above 0 is valid");
-        let driver: Driver = BatchDriver::builder(rt.clone(), stream.clone(), cfg)
+        let transport = stream.clone();
+        let transport = Sends::new(move |ops| transport.send(ops));
+        let driver = BatchDriver::builder(rt.clone(), transport, reads_with_window(2))
             .with_send_order(SendOrder::PerShard)
             .with_hasher(TestHasher::default())
             .build();
@@ -176,20 +171,15 @@ fn lane_racing_dispatch_and_close(hold: bool) {
             "a dispatched batch sits in its lane unsent (lost wake-up), or a credit is stranded"
         );
         stream.answer_all();
-        settle(&rt, &mut tasks);
-        assert!(tasks.is_empty(), "a driver or lane task was left pending");
+        settle_all(&rt, &mut tasks, "a driver or lane task was left pending");
         assert!(matches!(first.poll(), Poll::Ready(Ok(10))));
         let late = second.poll();
         match (&late, sent.len()) {
             (Poll::Ready(Ok(20)), 2) | (Poll::Ready(Err(OpError::Closed)), 1) => {}
             _ => panic!("20 lost or answered wrongly: {late:?} after {sent:?}"),
         }
-        assert_eq!(
-            (driver.in_flight(&1), driver.open_ops(&1), driver.queued()),
-            (0, 0, 0),
-            "nothing stranded"
-        );
+        assert_eq!(left_on_shard_1(&driver), (0, 0, 0), "nothing stranded");
         assert_eq!(driver.slots_in_use(), 0, "a slot left behind");
-        assert!(Hand::new(boxed(driver.closed())).poll().is_ready());
+        assert!(ready_at_once(driver.closed()));
     });
 }

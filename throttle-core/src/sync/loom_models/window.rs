@@ -5,6 +5,7 @@ use core::task::Poll;
 
 use loom::thread;
 
+use super::support::{in_line, ready_at_once, served_now_or_after_one_wake, woken_once_and_served};
 use super::{Hand, boxed, join};
 use crate::dispatch_window::WindowConfig;
 use crate::sync::test_support::TestRuntime;
@@ -34,6 +35,13 @@ where
     }
 }
 
+/// A window of capacity 1 whose one credit, on shard 0, is held: an acquire of shard 0 waits.
+fn full() -> (Handle, OwnedPermit<u32, TestHasher>) {
+    let h = window::<TestHasher>(1);
+    let p = permit(&h, 0);
+    (h, p)
+}
+
 /// The end state every window model reaches once its permits are gone: no credit live, the
 /// shard's credits all available again, none released twice, never more than the capacity
 /// in flight, and `closed()` ready if the handle was closed.
@@ -56,9 +64,8 @@ fn assert_settled<S: BuildHasher>(h: &Handle<S>, shards: &[u32]) {
         assert_eq!(h.waiting(shard), 0, "shard {shard} still has a line");
     }
     if h.is_closed() {
-        let mut closed = Hand::new(boxed(h.closed()));
         assert!(
-            closed.poll().is_ready(),
+            ready_at_once(h.closed()),
             "closed() pending with nothing live"
         );
     }
@@ -72,21 +79,19 @@ fn permit_complete_drop_and_close_release_every_credit_once() {
     super::model(|| {
         let h = window::<TestHasher>(2);
         let (p1, p2) = (permit(&h, 0), permit(&h, 0));
-        let (waker, wakes) = CountingWaker::new();
-        let mut waiter = h.acquire_owned(0);
-        assert!(poll_once(&mut waiter, &waker).is_pending());
+        let [mut waiter] = in_line(|| h.acquire_owned(0));
 
         let t1 = thread::spawn(move || {
             let _ = p1.complete();
         });
         let t2 = thread::spawn(move || drop(p2));
-        let early = poll_once(&mut waiter, &waker);
+        let early = waiter.poll();
         h.close();
         join(t1);
         join(t2);
 
         let outcome = match early {
-            Poll::Pending => poll_once(&mut waiter, &waker),
+            Poll::Pending => waiter.poll(),
             ready => ready,
         };
         match outcome {
@@ -94,7 +99,7 @@ fn permit_complete_drop_and_close_release_every_credit_once() {
             Poll::Ready(Err(Closed)) => {}
             Poll::Pending => panic!("waiter left pending after close"),
         }
-        assert!(wakes.wakes() >= 1, "the waiter was woken");
+        assert!(waiter.wakes() >= 1, "the waiter was woken");
         assert_settled(&h, &[0]);
     });
 }
@@ -104,26 +109,17 @@ fn permit_complete_drop_and_close_release_every_credit_once() {
 #[test]
 fn cancelled_waiter_racing_the_handoff_passes_the_credit_on() {
     super::model(|| {
-        let h = window::<TestHasher>(1);
-        let p = permit(&h, 0);
-        let (wa, _) = CountingWaker::new();
-        let (wb, b_wakes) = CountingWaker::new();
-        let mut a = h.acquire_owned(0);
-        let mut b = h.acquire_owned(0);
-        assert!(poll_once(&mut a, &wa).is_pending());
-        assert!(poll_once(&mut b, &wb).is_pending());
+        let (h, p) = full();
+        let [a, mut b] = in_line(|| h.acquire_owned(0));
 
         let t1 = thread::spawn(move || {
             let _ = p.complete();
         });
-        let t2 = thread::spawn(move || drop(a));
+        let t2 = thread::spawn(move || drop(a.fut));
         join(t1);
         join(t2);
 
-        assert_eq!(b_wakes.wakes(), 1, "b woken exactly once");
-        let Poll::Ready(Ok(pb)) = poll_once(&mut b, &wb) else {
-            panic!("the credit did not reach b");
-        };
+        let pb = woken_once_and_served(&mut b, "b", "credit");
         assert_eq!(h.in_flight(&0), 1);
         assert_eq!(h.stats().peak_in_flight, 1, "the credit was duplicated");
         assert_eq!(pb.complete(), Released::Freed);
@@ -136,8 +132,7 @@ fn cancelled_waiter_racing_the_handoff_passes_the_credit_on() {
 #[test]
 fn release_racing_a_first_poll_loses_no_wakeup() {
     super::model(|| {
-        let h = window::<TestHasher>(1);
-        let p = permit(&h, 0);
+        let (h, p) = full();
         let t1 = thread::spawn(move || {
             let _ = p.complete();
         });
@@ -145,17 +140,13 @@ fn release_racing_a_first_poll_loses_no_wakeup() {
         let mut w = h.acquire_owned(0);
         let first = poll_once(&mut w, &waker);
         join(t1);
-        let permit = match first {
-            Poll::Ready(Ok(p)) => p,
-            Poll::Ready(Err(e)) => panic!("{e}"),
-            Poll::Pending => {
-                assert_eq!(wakes.wakes(), 1, "lost wake-up");
-                match poll_once(&mut w, &waker) {
-                    Poll::Ready(Ok(p)) => p,
-                    _ => panic!("woken but no credit"),
-                }
-            }
-        };
+        let permit = served_now_or_after_one_wake(
+            first,
+            &mut w,
+            (&waker, &wakes),
+            "lost wake-up",
+            "woken but no credit",
+        );
         drop(permit);
         assert_settled(&h, &[0]);
     });
@@ -166,11 +157,8 @@ fn release_racing_a_first_poll_loses_no_wakeup() {
 #[test]
 fn release_racing_a_newcomer_serves_the_older_waiter_first() {
     super::model(|| {
-        let h = window::<TestHasher>(1);
-        let p = permit(&h, 0);
-        let (wa, a_wakes) = CountingWaker::new();
-        let mut a = h.acquire_owned(0);
-        assert!(poll_once(&mut a, &wa).is_pending());
+        let (h, p) = full();
+        let [mut a] = in_line(|| h.acquire_owned(0));
         let t1 = thread::spawn(move || {
             let _ = p.complete();
         });
@@ -180,8 +168,8 @@ fn release_racing_a_newcomer_serves_the_older_waiter_first() {
         join(t1);
 
         assert!(b_first.is_pending(), "the newcomer barged past the waiter");
-        assert_eq!(a_wakes.wakes(), 1, "the older waiter was not woken");
-        let Poll::Ready(Ok(pa)) = poll_once(&mut a, &wa) else {
+        assert_eq!(a.wakes(), 1, "the older waiter was not woken");
+        let Poll::Ready(Ok(pa)) = a.poll() else {
             panic!("the older waiter was not served");
         };
         assert!(poll_once(&mut b, &wb).is_pending());
@@ -199,8 +187,7 @@ fn release_racing_a_newcomer_serves_the_older_waiter_first() {
 #[test]
 fn window_closed_resolves_after_close_and_the_last_release_and_not_before() {
     super::model(|| {
-        let h = window::<TestHasher>(1);
-        let p = permit(&h, 0);
+        let (h, p) = full();
         let (waker, wakes) = CountingWaker::new();
         let mut closed = boxed({
             let h = h.clone();
@@ -243,25 +230,19 @@ fn window_closed_resolves_after_close_and_the_last_release_and_not_before() {
 #[test]
 fn window_close_racing_a_cancelled_wait_releases_its_credit_once() {
     super::model(|| {
-        let h = window::<TestHasher>(1);
-        let p = permit(&h, 0);
-        let (wa, _) = CountingWaker::new();
-        let (wb, b_wakes) = CountingWaker::new();
-        let mut a = h.acquire_owned(0);
-        let mut b = h.acquire_owned(0);
-        assert!(poll_once(&mut a, &wa).is_pending());
-        assert!(poll_once(&mut b, &wb).is_pending());
+        let (h, p) = full();
+        let [a, mut b] = in_line(|| h.acquire_owned(0));
 
         let h1 = h.clone();
         let t1 = thread::spawn(move || h1.close());
-        let t2 = thread::spawn(move || drop(a));
+        let t2 = thread::spawn(move || drop(a.fut));
         let _ = p.complete();
         join(t1);
         join(t2);
 
-        assert!(b_wakes.wakes() >= 1, "b left unwoken");
+        assert!(b.wakes() >= 1, "b left unwoken");
         assert!(
-            matches!(poll_once(&mut b, &wb), Poll::Ready(Err(Closed))),
+            matches!(b.poll(), Poll::Ready(Err(Closed))),
             "b must resolve to Closed: nothing is handed out after close"
         );
         assert_settled(&h, &[0]);
@@ -276,8 +257,7 @@ fn window_close_racing_a_cancelled_wait_releases_its_credit_once() {
 fn try_acquire_racing_a_release_never_barges_nor_exceeds_the_capacity() {
     for queued in [true, false] {
         super::model(move || {
-            let h = window::<TestHasher>(1);
-            let p = permit(&h, 0);
+            let (h, p) = full();
             let mut a = Hand::new(h.acquire_owned(0));
             if queued {
                 assert!(a.poll().is_pending());
@@ -322,26 +302,16 @@ fn try_acquire_racing_a_release_never_barges_nor_exceeds_the_capacity() {
 #[test]
 fn two_cancellations_racing_one_release_hand_the_credit_to_the_third_waiter() {
     super::model(|| {
-        let h = window::<TestHasher>(1);
-        let p = permit(&h, 0);
-        let (wa, _) = CountingWaker::new();
-        let (wb, _) = CountingWaker::new();
-        let (wc, c_wakes) = CountingWaker::new();
-        let (mut a, mut b, mut c) = (h.acquire_owned(0), h.acquire_owned(0), h.acquire_owned(0));
-        assert!(poll_once(&mut a, &wa).is_pending());
-        assert!(poll_once(&mut b, &wb).is_pending());
-        assert!(poll_once(&mut c, &wc).is_pending());
+        let (h, p) = full();
+        let [a, b, mut c] = in_line(|| h.acquire_owned(0));
 
-        let t1 = thread::spawn(move || drop(a));
-        let t2 = thread::spawn(move || drop(b));
+        let t1 = thread::spawn(move || drop(a.fut));
+        let t2 = thread::spawn(move || drop(b.fut));
         let _ = p.complete();
         join(t1);
         join(t2);
 
-        assert_eq!(c_wakes.wakes(), 1, "c woken exactly once");
-        let Poll::Ready(Ok(pc)) = poll_once(&mut c, &wc) else {
-            panic!("the credit did not reach c");
-        };
+        let pc = woken_once_and_served(&mut c, "c", "credit");
         assert_eq!((h.in_flight(&0), h.live_credits()), (1, 1));
         drop(pc);
         assert_settled(&h, &[0]);
@@ -353,32 +323,22 @@ fn two_cancellations_racing_one_release_hand_the_credit_to_the_third_waiter() {
 #[test]
 fn waker_replaced_racing_a_handoff_wakes_the_new_waker() {
     super::model(|| {
-        let h = window::<TestHasher>(1);
-        let p = permit(&h, 0);
-        let (old, _) = CountingWaker::new();
+        let (h, p) = full();
         let (new, new_wakes) = CountingWaker::new();
-        let mut a = h.acquire_owned(0);
-        assert!(poll_once(&mut a, &old).is_pending());
+        // First polled with its own waker (the old one).
+        let [mut a] = in_line(|| h.acquire_owned(0));
 
         let t1 = thread::spawn(move || p.complete());
-        let moved = poll_once(&mut a, &new);
+        let moved = poll_once(&mut a.fut, &new);
         assert_eq!(join(t1), Released::HandedOn);
 
-        let pa = match moved {
-            Poll::Ready(Ok(pa)) => pa,
-            Poll::Ready(Err(e)) => panic!("{e}"),
-            Poll::Pending => {
-                assert_eq!(
-                    new_wakes.wakes(),
-                    1,
-                    "lost wake-up: only the old waker was woken"
-                );
-                match poll_once(&mut a, &new) {
-                    Poll::Ready(Ok(pa)) => pa,
-                    _ => panic!("woken but no credit"),
-                }
-            }
-        };
+        let pa = served_now_or_after_one_wake(
+            moved,
+            &mut a.fut,
+            (&new, &new_wakes),
+            "lost wake-up: only the old waker was woken",
+            "woken but no credit",
+        );
         drop(pa);
         assert_settled(&h, &[0]);
     });
@@ -466,8 +426,8 @@ fn two_shards_under_one_lock_each_serve_their_own_waiter() {
 fn a_timed_out_acquire_racing_the_handoff_loses_no_credit() {
     for close in [false, true] {
         super::model(move || {
-            let (rt, h) = (TestRuntime::new(), window::<TestHasher>(1));
-            let p = permit(&h, 0);
+            let rt = TestRuntime::new();
+            let (h, p) = full();
             let deadline = crate::time::Instant::from_millis(10);
             let mut waiter = boxed(h.acquire_owned(0).deadline(&rt, deadline));
             let (waker, _) = CountingWaker::new();

@@ -9,24 +9,18 @@ use core::task::Poll;
 
 use loom::thread;
 
-use super::{Hand, boxed, join, settle};
+use super::support::{
+    delivered_once_closed, ends_at_once, ready_at_once, resolved, settle_all, spawned_one,
+    woken_and_ready,
+};
+use super::{Hand, boxed, join};
 use crate::Signal;
 use crate::paced_writer::{FailCause, PacedWriterConfig, WriteOutcome};
 use crate::sync::test_support::{Task, TestRuntime};
-use crate::sync::{SendBatch, WriteDriver, WriteError};
+use crate::sync::{Append, SendBatch, WriteDriver, WriteError};
 use crate::test_hasher::TestHasher;
 
 type Driver = WriteDriver<TestRuntime, u32, u16, u32, u8, TestHasher>;
-
-/// The one task spawned since the last look.
-fn spawned_one(rt: &TestRuntime) -> Task {
-    let mut tasks = rt.take_spawned();
-    assert_eq!(tasks.len(), 1, "expected one spawned task");
-    match tasks.pop() {
-        Some(t) => t,
-        None => panic!("no task spawned"),
-    }
-}
 
 /// A driver whose server acks every batch at once (status 0).
 fn acking_driver(rt: &TestRuntime) -> Driver {
@@ -51,6 +45,21 @@ fn acking_driver(rt: &TestRuntime) -> Driver {
     }
 }
 
+/// The writer models' start: an [`acking_driver`] whose sender task, polled, waits for input,
+/// node 9 leading bucket 1, and a first record (10) appended there, not yet polled.
+fn started() -> (TestRuntime, Driver, Hand<Task>, Hand<Append>) {
+    let rt = TestRuntime::new();
+    let driver = acking_driver(&rt);
+    let mut sender = Hand::new(spawned_one(&rt));
+    assert!(
+        sender.poll().is_pending(),
+        "the sender task waits for input"
+    );
+    driver.set_leader(1, Some(9));
+    let first = Hand::new(driver.append(1, 10, 4));
+    (rt, driver, sender, first)
+}
+
 /// The answer of the batch in flight (its send task polled on one thread) races `close` (on
 /// another) while a second record is appended and `closed()` is polled on the main thread.
 /// Every record's future resolves exactly once: the sent one `Ok`, the racing one `Ok` (never:
@@ -73,15 +82,7 @@ fn writer_send_task_dropped_racing_close_strands_no_record() {
 /// The write driver model; `abandon`: drop the send task instead of polling it.
 fn writer_end_racing_close(abandon: bool) {
     super::model(move || {
-        let rt = TestRuntime::new();
-        let driver = acking_driver(&rt);
-        let mut sender = Hand::new(spawned_one(&rt));
-        assert!(
-            sender.poll().is_pending(),
-            "the sender task waits for input"
-        );
-        driver.set_leader(1, Some(9));
-        let mut first = Hand::new(driver.append(1, 10, 4));
+        let (rt, driver, mut sender, mut first) = started();
         assert!(first.poll().is_pending());
         assert!(
             sender.poll().is_pending(),
@@ -96,8 +97,7 @@ fn writer_end_racing_close(abandon: bool) {
             if abandon {
                 drop(send);
             } else {
-                let mut send = Hand::new(send);
-                assert!(send.poll().is_ready(), "the send task ends at once");
+                ends_at_once(send, "the send task ends at once");
             }
         });
         let d2 = driver.clone();
@@ -105,30 +105,24 @@ fn writer_end_racing_close(abandon: bool) {
         let mut second = Hand::new(driver.append(1, 20, 4));
         let second_early = second.poll();
         let early = closed.poll();
-        let fresh_ready = Hand::new(boxed(driver.closed())).poll().is_ready();
-        let mut delivered = None;
-        if early.is_ready() || fresh_ready {
-            assert!(
-                driver.is_closed() && driver.in_flight() == 0,
-                "closed() resolved with a batch in flight"
-            );
-            let r = first.poll();
-            assert!(
-                r.is_ready(),
-                "closed() resolved before the in-flight batch delivered"
-            );
-            delivered = Some(r);
-        }
+        let fresh_ready = ready_at_once(driver.closed());
+        let delivered = delivered_once_closed(
+            early.is_ready() || fresh_ready,
+            || driver.is_closed() && driver.in_flight() == 0,
+            "closed() resolved with a batch in flight",
+            &mut first,
+            "closed() resolved before the in-flight batch delivered",
+        );
         join(t1);
         join(t2);
 
         // The sender task, woken by the close and by the answer, ends; nothing else is spawned
         // (the racing record is never sent after the close).
         let mut tasks = alloc::vec![sender];
-        settle(&rt, &mut tasks);
-        assert!(
-            tasks.is_empty(),
-            "the sender task or a send task was left pending"
+        settle_all(
+            &rt,
+            &mut tasks,
+            "the sender task or a send task was left pending",
         );
 
         assert!(
@@ -146,27 +140,19 @@ fn writer_end_racing_close(abandon: bool) {
             Poll::Ready(expected),
             "the sent record's result lost"
         );
-        let second_result = match second_early {
-            Poll::Ready(r) => r,
-            Poll::Pending => {
-                assert!(second.wakes() >= 1, "the racing record was left unwoken");
-                match second.poll() {
-                    Poll::Ready(r) => r,
-                    Poll::Pending => panic!("the racing record was stranded"),
-                }
-            }
-        };
+        let second_result = resolved(
+            second_early,
+            &mut second,
+            "the racing record was left unwoken",
+            "the racing record was stranded",
+        );
         assert_eq!(
             second_result,
             Err(WriteError::Failed(FailCause::Closed)),
             "the racing record was sent after the close, or lost"
         );
         if early.is_pending() {
-            assert!(closed.wakes() >= 1, "lost wake-up: closed() never woken");
-            assert!(
-                closed.poll().is_ready(),
-                "closed() pending after the last batch"
-            );
+            woken_and_ready(&mut closed, "closed() pending after the last batch");
         }
         assert_eq!((driver.pending_batches(), driver.in_flight()), (0, 0));
         let mut late = Hand::new(driver.append(1, 30, 4));
@@ -186,15 +172,7 @@ fn writer_end_racing_close(abandon: bool) {
 #[test]
 fn writer_drain_racing_close_and_an_append_sends_or_fails_the_record_once() {
     super::model(|| {
-        let rt = TestRuntime::new();
-        let driver = acking_driver(&rt);
-        let mut sender = Hand::new(spawned_one(&rt));
-        assert!(
-            sender.poll().is_pending(),
-            "the sender task waits for input"
-        );
-        driver.set_leader(1, Some(9));
-        let mut first = Hand::new(driver.append(1, 10, 4));
+        let (rt, driver, mut sender, mut first) = started();
         assert!(sender.poll().is_pending());
         let mut send = Hand::new(spawned_one(&rt));
         assert!(send.poll().is_ready(), "the first send ends at once");
@@ -215,7 +193,7 @@ fn writer_drain_racing_close_and_an_append_sends_or_fails_the_record_once() {
             Poll::Pending => None,
         };
         let early = closed.poll().is_ready();
-        let fresh = Hand::new(boxed(driver.closed())).poll().is_ready();
+        let fresh = ready_at_once(driver.closed());
         if (early || fresh) && second_result.is_none() {
             match second.poll() {
                 Poll::Ready(r) => second_result = Some(r),
@@ -226,31 +204,23 @@ fn writer_drain_racing_close_and_an_append_sends_or_fails_the_record_once() {
         join(t2);
 
         let mut tasks: Vec<_> = sender.into_iter().collect();
-        settle(&rt, &mut tasks);
-        assert!(
-            tasks.is_empty(),
-            "the sender task or a send task was left pending"
+        settle_all(
+            &rt,
+            &mut tasks,
+            "the sender task or a send task was left pending",
         );
-        let result = match second_result {
-            Some(r) => r,
-            None => {
-                assert!(second.wakes() >= 1, "the racing record was left unwoken");
-                match second.poll() {
-                    Poll::Ready(r) => r,
-                    Poll::Pending => panic!("the racing record was stranded"),
-                }
-            }
-        };
+        let result = resolved(
+            second_result.map_or(Poll::Pending, Poll::Ready),
+            &mut second,
+            "the racing record was left unwoken",
+            "the racing record was stranded",
+        );
         assert!(
             matches!(result, Ok(()) | Err(WriteError::Failed(FailCause::Closed))),
             "the racing record: {result:?}"
         );
         if !early {
-            assert!(closed.wakes() >= 1, "lost wake-up: closed() never woken");
-            assert!(
-                closed.poll().is_ready(),
-                "closed() pending after the last batch"
-            );
+            woken_and_ready(&mut closed, "closed() pending after the last batch");
         }
         assert_eq!((driver.pending_batches(), driver.in_flight()), (0, 0));
     });
