@@ -138,25 +138,11 @@ pub(crate) fn trapped<T>(n: usize, run: impl FnOnce() -> T) -> Result<T, Point> 
 /// the `n`-th user call, and hands the fixture to `check` with where `op` panicked (`None`
 /// for the one run that completes, the last). Returns the points `op` reaches, in call order.
 pub(crate) fn sweep<F>(
-    mut setup: impl FnMut() -> F,
+    setup: impl FnMut() -> F,
     mut op: impl FnMut(&mut F),
-    mut check: impl FnMut(&mut F, Option<Point>),
+    check: impl FnMut(&mut F, Option<Point>),
 ) -> Vec<Point> {
-    let mut points = Vec::new();
-    for n in 0.. {
-        let mut fixture = setup();
-        let outcome = trapped(n, || op(&mut fixture));
-        check(&mut fixture, outcome.err());
-        match outcome {
-            Ok(()) => break,
-            Err(point) => points.push(point),
-        }
-        assert!(
-            n < 64,
-            "an operation that keeps calling user code: {points:?}"
-        );
-    }
-    points
+    sweep_runs(setup, |n, fixture| trapped(n, || op(fixture)).err(), check)
 }
 
 /// [`sweep`] for the drivers, which catch their user code's panics themselves (the operation
@@ -165,24 +151,39 @@ pub(crate) fn sweep<F>(
 /// (`None` for the one run that completes without reaching it, the last). Returns the points
 /// `op` reaches, in call order.
 pub(crate) fn sweep_caught<F>(
-    mut setup: impl FnMut() -> F,
+    setup: impl FnMut() -> F,
     mut op: impl FnMut(&mut F),
+    check: impl FnMut(&mut F, Option<Point>),
+) -> Vec<Point> {
+    sweep_runs(
+        setup,
+        |n, fixture| {
+            arm(n);
+            let outcome = catch_unwind(AssertUnwindSafe(|| op(fixture)));
+            let sprung = disarm();
+            if let Err(payload) = outcome {
+                if !is_cue(&*payload) {
+                    resume_unwind(payload);
+                }
+                panic!("{sprung:?} at user call {n} panicked through the driver");
+            }
+            sprung
+        },
+        check,
+    )
+}
+
+/// The loop both sweeps share: run `n = 0, 1, …` on a fresh fixture, where `run` returns the
+/// point the trap sprang at (`None`: the run completed, the last), then `check` it.
+fn sweep_runs<F>(
+    mut setup: impl FnMut() -> F,
+    mut run: impl FnMut(usize, &mut F) -> Option<Point>,
     mut check: impl FnMut(&mut F, Option<Point>),
 ) -> Vec<Point> {
     let mut points = Vec::new();
     for n in 0.. {
         let mut fixture = setup();
-        arm(n);
-        let outcome = catch_unwind(AssertUnwindSafe(|| op(&mut fixture)));
-        let sprung = disarm();
-        if let Err(payload) = outcome {
-            if !is_cue(&*payload) {
-                resume_unwind(payload);
-            }
-            panic!(
-                "{sprung:?} at user call {n} panicked through the driver (calls before: {points:?})"
-            );
-        }
+        let sprung = run(n, &mut fixture);
         check(&mut fixture, sprung);
         match sprung {
             None => break,
@@ -194,6 +195,23 @@ pub(crate) fn sweep_caught<F>(
         );
     }
     points
+}
+
+/// A `closed()` future listened to: polled once with its own counting waker (it must be
+/// pending), then `close` runs, and must return normally even when a waker it wakes panics.
+/// Returns the future, its waker and its wake count, for the test to poll it again.
+pub(crate) fn close_while_listened<F: core::future::Future>(
+    closed: F,
+    close: impl FnOnce(),
+) -> (core::pin::Pin<alloc::boxed::Box<F>>, Waker, WakeCount) {
+    let (waker, wakes) = CountingWaker::new();
+    let mut closed = alloc::boxed::Box::pin(closed);
+    assert!(super::test_support::poll_once(&mut closed, &waker).is_pending());
+    assert!(
+        catch_unwind(AssertUnwindSafe(close)).is_ok(),
+        "close returns normally"
+    );
+    (closed, waker, wakes)
 }
 
 /// A waker that counts its wakes and then panics in every one of them.

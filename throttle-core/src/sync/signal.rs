@@ -188,20 +188,24 @@ where
         let Some(at) = next(rt.now()) else {
             return;
         };
-        let mut sleep = core::pin::pin!(rt.sleep_until(at));
-        let mut changed = signal.changed(epoch);
-        core::future::poll_fn(|cx| {
-            // Poll both, so both hold this task's waker.
-            let timer = sleep.as_mut().poll(cx).is_ready();
-            let moved = Pin::new(&mut changed).poll(cx).is_ready();
-            if timer || moved {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await;
+        sleep_or_changed(rt, at, &mut signal.changed(epoch)).await;
     }
+}
+
+/// Sleeps until `at` on `rt`'s clock or until `changed` resolves, whichever comes first.
+pub(crate) async fn sleep_or_changed<R: Runtime>(rt: &R, at: Instant, changed: &mut Changed) {
+    let mut sleep = core::pin::pin!(rt.sleep_until(at));
+    core::future::poll_fn(|cx| {
+        // Poll both, so both hold this task's waker.
+        let timer = sleep.as_mut().poll(cx).is_ready();
+        let moved = Pin::new(&mut *changed).poll(cx).is_ready();
+        if timer || moved {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
 }
 
 /// Waits until `done()` holds, asking it again only after `signal` is notified: the wait of

@@ -254,3 +254,128 @@ impl super::Runtime for RefusingRuntime {
         }
     }
 }
+
+/// A test connector: connects at once (or fails for port 0), counting connects and the
+/// connections alive (a [`FakeConn`] not yet dropped). The next connect panics if `hostile`
+/// says so: [`CONNECT_PANICS`] in `connect()` itself, [`FUTURE_PANICS`] in its future, or
+/// never ends ([`NEVER`]). Its counters are the loom shim's atomics, so under loom a thread
+/// switch may fall just before a connection's drop.
+#[derive(Default)]
+pub(crate) struct FakeConnector {
+    pub(crate) connects: StdArc<AtomicUsize>,
+    pub(crate) live: StdArc<AtomicUsize>,
+    pub(crate) hostile: StdArc<AtomicUsize>,
+}
+
+/// [`FakeConnector::hostile`]: the next `connect()` panics.
+pub(crate) const CONNECT_PANICS: usize = 1;
+/// [`FakeConnector::hostile`]: the next connect's future panics.
+pub(crate) const FUTURE_PANICS: usize = 2;
+/// [`FakeConnector::hostile`]: the next connect's future never ends.
+pub(crate) const NEVER: usize = 3;
+
+/// A [`FakeConnector`]'s connection: counted alive until dropped.
+pub(crate) struct FakeConn(StdArc<AtomicUsize>);
+
+impl Drop for FakeConn {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl super::Connector<u32> for FakeConnector {
+    type Conn = FakeConn;
+    type Error = &'static str;
+    fn connect(
+        &self,
+        _host: &u32,
+        port: u16,
+        _attempt: crate::conn_key::ConnectAttempt,
+    ) -> impl Future<Output = Result<FakeConn, &'static str>> + Send + 'static {
+        self.connects.fetch_add(1, Ordering::SeqCst);
+        let live = StdArc::clone(&self.live);
+        let hostile = self.hostile.swap(0, Ordering::SeqCst);
+        assert_ne!(hostile, CONNECT_PANICS, "connect() panics");
+        async move {
+            assert_ne!(hostile, FUTURE_PANICS, "the connect future panics");
+            if hostile == NEVER {
+                core::future::pending::<()>().await;
+            }
+            if port == 0 {
+                return Err("refused");
+            }
+            live.fetch_add(1, Ordering::SeqCst);
+            Ok(FakeConn(live))
+        }
+    }
+}
+
+/// A transport whose `send` is a closure of the batch's operations (the shard is not
+/// looked at); `torn`: every batch error means a torn stream.
+pub(crate) struct Sends<F> {
+    send: F,
+    torn: bool,
+}
+
+impl<F> Sends<F> {
+    pub(crate) fn new(send: F) -> Self {
+        Sends { send, torn: false }
+    }
+
+    #[cfg_attr(not(loom), allow(dead_code))] // the loom models' torn streams
+    pub(crate) fn tearing(send: F) -> Self {
+        Sends { send, torn: true }
+    }
+}
+
+impl<F, R, K> super::Transport<K, u32> for Sends<F>
+where
+    F: Fn(Vec<u32>) -> R + Send + Sync + 'static,
+    R: Future<Output = super::BatchOutcome<u32, &'static str>> + Send + 'static,
+{
+    type Output = u32;
+    type Error = &'static str;
+    fn send(
+        &self,
+        _shard: &K,
+        ops: Vec<u32>,
+    ) -> impl Future<Output = super::BatchOutcome<u32, &'static str>> + Send + 'static {
+        (self.send)(ops)
+    }
+    fn torn(&self, _error: &&'static str) -> bool {
+        self.torn
+    }
+}
+
+/// A failover call through `fx` whose first attempt fails with `NotLeader` (so the call
+/// refreshes, or joins the refresh in progress) and whose retry succeeds with the attempt
+/// number.
+pub(crate) fn failing_once(
+    fx: &super::FailoverExecutor<
+        TestRuntime,
+        crate::failover::AdminWriteGateway,
+        crate::failover::Unlimited,
+    >,
+) -> impl Future<Output = Result<u32, super::CallError<crate::failover::ErrorKind>>> + Send + 'static
+{
+    use crate::failover::ErrorKind;
+    let fx = fx.clone();
+    async move {
+        let mut tries = 0;
+        fx.call(
+            move || {
+                let n = tries;
+                tries += 1;
+                async move {
+                    if n == 0 {
+                        Err(ErrorKind::NotLeader)
+                    } else {
+                        Ok(n)
+                    }
+                }
+            },
+            || async { true },
+        )
+        .await
+    }
+}

@@ -540,7 +540,7 @@ mod tests {
     use super::*;
     use crate::failover::{AdminWriteGateway, ErrorKind, GrpcThrottle, Unlimited};
     use crate::sync::WakeSignal;
-    use crate::sync::test_support::{Executor, TestRuntime};
+    use crate::sync::test_support::{Executor, TestRuntime, failing_once};
     use std::sync::Mutex as StdMutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -681,24 +681,9 @@ mod tests {
         assert!(refresher.as_mut().poll(&mut cx).is_pending());
         assert!(fx.is_refreshing());
         let done = Arc::new(StdMutex::new(None));
-        let (d, f) = (Arc::clone(&done), fx.clone());
+        let (d, call) = (Arc::clone(&done), failing_once(&fx));
         exec.spawn(async move {
-            let tries = AtomicUsize::new(0);
-            let r = f
-                .call(
-                    || {
-                        let n = tries.fetch_add(1, Ordering::SeqCst);
-                        async move {
-                            if n == 0 {
-                                Err(ErrorKind::NotLeader)
-                            } else {
-                                Ok(n)
-                            }
-                        }
-                    },
-                    || async { true },
-                )
-                .await;
+            let r = call.await;
             *d.lock().unwrap() = Some(r);
         });
         assert_eq!(

@@ -766,56 +766,13 @@ impl<R, C: Connector<H>, U, H, S> fmt::Debug for Lease<R, C, U, H, S> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::sync::test_support::{Executor, TestRuntime};
+    use crate::sync::test_support::{
+        CONNECT_PANICS, Executor, FUTURE_PANICS, FakeConnector as Fake, NEVER, TestRuntime,
+    };
     use core::time::Duration;
     use std::hash::RandomState;
     use std::sync::Mutex as StdMutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// Connects at once (or fails for port 0); counts live connections through `Drop`. The
-    /// next connect panics if `hostile` says so: [`CONNECT_PANICS`] in `connect()` itself,
-    /// [`FUTURE_PANICS`] in its future.
-    struct Fake {
-        connects: Arc<AtomicUsize>,
-        live: Arc<AtomicUsize>,
-        hostile: Arc<AtomicUsize>,
-    }
-    const CONNECT_PANICS: usize = 1;
-    const FUTURE_PANICS: usize = 2;
-    /// The next connect's future never ends.
-    const NEVER: usize = 3;
-    struct FakeConn(Arc<AtomicUsize>);
-    impl Drop for FakeConn {
-        fn drop(&mut self) {
-            self.0.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-    impl Connector<u32> for Fake {
-        type Conn = FakeConn;
-        type Error = &'static str;
-        fn connect(
-            &self,
-            _host: &u32,
-            port: u16,
-            _attempt: ConnectAttempt,
-        ) -> impl Future<Output = Result<FakeConn, &'static str>> + Send + 'static {
-            self.connects.fetch_add(1, Ordering::SeqCst);
-            let live = Arc::clone(&self.live);
-            let hostile = self.hostile.swap(0, Ordering::SeqCst);
-            assert_ne!(hostile, CONNECT_PANICS, "connect() panics");
-            async move {
-                assert_ne!(hostile, FUTURE_PANICS, "the connect future panics");
-                if hostile == NEVER {
-                    core::future::pending::<()>().await;
-                }
-                if port == 0 {
-                    return Err("refused");
-                }
-                live.fetch_add(1, Ordering::SeqCst);
-                Ok(FakeConn(live))
-            }
-        }
-    }
 
     type Pool<U = u32> = ConnPool<TestRuntime, Fake, U, u32, RandomState>;
 
@@ -833,13 +790,9 @@ mod tests {
     {
         let mut rt = TestRuntime::new();
         rt.spawner = Some(exec.spawner());
-        let (connects, live) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let hostile = Arc::new(AtomicUsize::new(0));
-        let fake = Fake {
-            connects: Arc::clone(&connects),
-            live: Arc::clone(&live),
-            hostile: Arc::clone(&hostile),
-        };
+        let fake = Fake::default();
+        let (connects, live) = (Arc::clone(&fake.connects), Arc::clone(&fake.live));
+        let hostile = Arc::clone(&fake.hostile);
         let cfg = ConnConfig::default().with_max_idle(Duration::from_secs(10));
         let pool = ConnPool::new(rt.clone(), fake, cfg).unwrap();
         (pool, rt, connects, live, hostile)

@@ -29,7 +29,7 @@ use core::task::{Context, Poll};
 use super::classify::WriteClassifier;
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Receiver, Sender};
-use super::signal::{WakeSignal, wait_for};
+use super::signal::{WakeSignal, sleep_or_changed, wait_for};
 use super::unwind;
 use super::{Panicked, Runtime, client_rng, next_client_id};
 use crate::error::ConfigError;
@@ -483,19 +483,7 @@ where
             }
             let mut changed = self.shared.input.changed(epoch);
             match deadline {
-                Some(at) => {
-                    let mut sleep = core::pin::pin!(self.shared.rt.sleep_until(at));
-                    core::future::poll_fn(|cx| {
-                        let timer = sleep.as_mut().poll(cx).is_ready();
-                        let moved = Pin::new(&mut changed).poll(cx).is_ready();
-                        if timer || moved {
-                            Poll::Ready(())
-                        } else {
-                            Poll::Pending
-                        }
-                    })
-                    .await;
-                }
+                Some(at) => sleep_or_changed(&self.shared.rt, at, &mut changed).await,
                 None => changed.await,
             }
         }

@@ -3,7 +3,6 @@
 //! taken from the [`TestRuntime`]'s queue and polled on the thread each model gives them.
 
 use alloc::vec::Vec;
-use core::future::Future;
 use core::task::Poll;
 use std::sync::Arc as StdArc;
 
@@ -11,7 +10,7 @@ use loom::thread;
 use loom::thread::JoinHandle;
 
 use super::support::{
-    Batch, Sends, delivered_once_closed, echoing, ends_at_once, left_on_shard_1, reads_with_window,
+    Batch, delivered_once_closed, echoing, ends_at_once, left_on_shard_1, reads_with_window,
     ready_at_once, resolved, settle_all, spawned_one, woken_and_ready,
 };
 use super::{Hand, boxed, join, settle};
@@ -19,10 +18,9 @@ use crate::batcher::BatcherConfig;
 use crate::conn_key::{ConnConfig, ConnKey};
 use crate::failover::{AdminWriteGateway, CallConfig, ErrorKind, Unlimited};
 use crate::sync::loom::atomic::{AtomicUsize, Ordering};
-use crate::sync::test_support::{Task, TestRuntime};
+use crate::sync::test_support::{FakeConnector, Sends, Task, TestRuntime, failing_once};
 use crate::sync::{
-    BatchDriver, BatchOutcome, ConnPool, Connector, FailoverExecutor, OpError, PoolError, Submit,
-    Transport,
+    BatchDriver, BatchOutcome, ConnPool, FailoverExecutor, OpError, PoolError, Submit, Transport,
 };
 use crate::test_hasher::TestHasher;
 
@@ -220,38 +218,8 @@ fn batch_torn_end_racing_close_or_drain_resolves_the_requeued_operation_once() {
     }
 }
 
-/// Connects at once; counts the connections alive (a `FakeConn` not yet dropped). The count
-/// is a loom atomic, so loom may switch threads just before a connection's drop.
-struct Fake {
-    live: StdArc<AtomicUsize>,
-}
-
-struct FakeConn(StdArc<AtomicUsize>);
-
-impl Drop for FakeConn {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl Connector<u32> for Fake {
-    type Conn = FakeConn;
-    type Error = &'static str;
-    fn connect(
-        &self,
-        _host: &u32,
-        _port: u16,
-        _attempt: crate::conn_key::ConnectAttempt,
-    ) -> impl Future<Output = Result<FakeConn, &'static str>> + Send + 'static {
-        let live = StdArc::clone(&self.live);
-        async move {
-            live.fetch_add(1, Ordering::SeqCst);
-            Ok(FakeConn(live))
-        }
-    }
-}
-
-type Pool = ConnPool<TestRuntime, Fake, u32, u32, TestHasher>;
+/// The leaser models' pool type: over [`FakeConnector`], whose connects succeed at once.
+type Pool = ConnPool<TestRuntime, FakeConnector, u32, u32, TestHasher>;
 
 /// A connect's end (its task on one thread) races the pool's `close` (on another) while the
 /// leaser that opened it, and `closed()`, are polled on the main thread. The leaser is woken
@@ -451,10 +419,8 @@ fn batch_dropped_submit_racing_its_batch_leaving_is_withdrawn_or_sent_once() {
 
 /// The pool of the leaser models, with a fake connector and its count of live connections.
 fn fake_pool(rt: &TestRuntime) -> (Pool, StdArc<AtomicUsize>) {
-    let live = StdArc::new(AtomicUsize::new(0));
-    let fake = Fake {
-        live: StdArc::clone(&live),
-    };
+    let fake = FakeConnector::default();
+    let live = StdArc::clone(&fake.live);
     match Pool::with_hasher(
         rt.clone(),
         fake,
@@ -568,32 +534,6 @@ fn pool_idle_deadline_racing_the_timer_loop_rearms_it() {
 }
 
 type Fx = FailoverExecutor<TestRuntime, AdminWriteGateway, Unlimited>;
-
-/// A call whose first send fails with `NotLeader` (so it asks for a refresh) and whose retry
-/// succeeds with the attempt number.
-fn failing_once(
-    fx: &Fx,
-) -> impl Future<Output = Result<u32, crate::sync::CallError<ErrorKind>>> + Send + 'static {
-    let fx = fx.clone();
-    async move {
-        let mut tries = 0;
-        fx.call(
-            move || {
-                let n = tries;
-                tries += 1;
-                async move {
-                    if n == 0 {
-                        Err(ErrorKind::NotLeader)
-                    } else {
-                        Ok(n)
-                    }
-                }
-            },
-            || async { true },
-        )
-        .await
-    }
-}
 
 /// The refresher's call is dropped mid-refresh (its guard ends the refresh as failed) on one
 /// thread while two other calls that need a refresh poll on the main thread and on a second

@@ -11,10 +11,11 @@ use std::sync::{Arc as StdArc, Mutex as StdMutex};
 
 use loom::thread;
 
-use super::support::{Sends, echo, left_on_shard_1, reads_with_window, ready_at_once, settle_all};
+use super::support::{echo, left_on_shard_1, reads_with_window, ready_at_once, settle_all};
 use super::{Hand, join, settle};
 use crate::sync::loom::{Arc, Mutex, lock};
 use crate::sync::oneshot::{self, Sender};
+use crate::sync::test_support::Sends;
 use crate::sync::test_support::{Task, TestRuntime};
 use crate::sync::{BatchDriver, BatchOutcome, OpError, SendOrder};
 use crate::test_hasher::TestHasher;

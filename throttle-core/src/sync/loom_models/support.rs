@@ -171,42 +171,6 @@ pub(super) fn settle_all(rt: &TestRuntime, tasks: &mut Vec<Hand<Task>>, msg: &st
     assert!(tasks.is_empty(), "{msg}");
 }
 
-/// A transport whose `send` is a closure of the batch's operations (the shard is not
-/// looked at); `torn`: every batch error means a torn stream.
-pub(super) struct Sends<F> {
-    send: F,
-    torn: bool,
-}
-
-impl<F> Sends<F> {
-    pub(super) fn new(send: F) -> Self {
-        Sends { send, torn: false }
-    }
-
-    pub(super) fn tearing(send: F) -> Self {
-        Sends { send, torn: true }
-    }
-}
-
-impl<F, R> Transport<u32, u32> for Sends<F>
-where
-    F: Fn(Vec<u32>) -> R + Send + Sync + 'static,
-    R: Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static,
-{
-    type Output = u32;
-    type Error = &'static str;
-    fn send(
-        &self,
-        _shard: &u32,
-        ops: Vec<u32>,
-    ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
-        (self.send)(ops)
-    }
-    fn torn(&self, _error: &&'static str) -> bool {
-        self.torn
-    }
-}
-
 /// The answer of a server that executes every operation of a batch: each its own value.
 pub(super) fn echo(ops: Vec<u32>) -> BatchOutcome<u32, &'static str> {
     Ok(ops.into_iter().map(Ok).collect())

@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::*;
-use crate::sync::panic_support::PanickingWaker;
+use crate::sync::panic_support::{PanickingWaker, close_while_listened};
 use crate::sync::test_support::{CountingWaker, WakeCount, poll_once};
 
 struct Waiter {
@@ -97,13 +97,7 @@ fn close_wakes_every_waiter_and_the_closed_listener_even_if_a_waker_panics() {
             Waiter::new(&h, 4, waker)
         })
         .collect();
-    let (w, closed_wakes) = CountingWaker::new();
-    let mut closed = Box::pin(h.closed());
-    assert!(poll_once(&mut closed, &w).is_pending());
-    assert!(
-        catch_unwind(AssertUnwindSafe(|| h.close())).is_ok(),
-        "close returns normally"
-    );
+    let (mut closed, w, closed_wakes) = close_while_listened(h.closed(), || h.close());
     for w in &mut waiters {
         assert_eq!(w.wakes.wakes(), 1, "every waiter woken");
         assert!(matches!(w.poll(), Poll::Ready(Err(Closed))));

@@ -3,14 +3,15 @@
 //! panic. After every panic the handle must still serve: no credit or waiter slot stranded,
 //! `in_flight + available == capacity` per shard, and the line's FIFO order intact.
 
-use alloc::boxed::Box;
 use alloc::collections::VecDeque;
 use alloc::vec;
 use alloc::vec::Vec;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::*;
-use crate::sync::panic_support::{PanickingWaker, Point, TrapKey, arm, disarm, sweep, trapped};
+use crate::sync::panic_support::{
+    PanickingWaker, Point, TrapKey, arm, close_while_listened, disarm, sweep, trapped,
+};
 use crate::sync::test_support::{CountingWaker, WakeCount, poll_once};
 use crate::test_hasher::TestHasher;
 
@@ -170,6 +171,26 @@ fn serve_to_the_end(f: &mut Fixture) {
     assert_eq!(again.is_ok(), !h.is_closed(), "a later caller is served");
 }
 
+/// Re-polls waiter `i` with a waker that panics when woken; it stays in line. Returns that
+/// waker's wake count.
+fn repoll_with_a_panicking_waker(f: &mut Fixture, i: usize) -> WakeCount {
+    let (bad, bad_wakes) = PanickingWaker::new();
+    assert!(poll_once(&mut f.line[i].fut, &bad).is_pending());
+    bad_wakes
+}
+
+/// The head of the line was handed the credit: checks the invariants, lets it take the
+/// credit and hold it, then serves the rest to the end.
+fn head_takes_its_credit_then_serve(f: &mut Fixture) {
+    check_invariants(f);
+    let Poll::Ready(Ok(p)) = f.line[0].poll() else {
+        panic!("{} was handed the credit", f.line[0].name);
+    };
+    f.line.remove(0);
+    f.holder = Some(p);
+    serve_to_the_end(f);
+}
+
 /// Panics at every user call of `op` on a fresh fixture, then checks the invariants and
 /// serves the line to the end; returns the points `op` reaches.
 fn sweep_window(op: impl FnMut(&mut Fixture)) -> Vec<Point> {
@@ -297,9 +318,8 @@ fn a_key_whose_hash_panics_cannot_break_the_line_when_its_head_or_tail_leaves() 
 #[test]
 fn a_panicking_waker_is_still_handed_its_credit_and_the_releaser_carries_on() {
     let mut f = fixture();
-    let (bad, bad_wakes) = PanickingWaker::new();
     // `a` re-registers with a waker that panics.
-    assert!(poll_once(&mut f.line[0].fut, &bad).is_pending());
+    let bad_wakes = repoll_with_a_panicking_waker(&mut f, 0);
     let released = catch_unwind(AssertUnwindSafe(|| f.holder.take().map(Permit::complete)));
     assert_eq!(
         released.ok().flatten(),
@@ -308,31 +328,18 @@ fn a_panicking_waker_is_still_handed_its_credit_and_the_releaser_carries_on() {
     );
     assert_eq!(bad_wakes.wakes(), 1);
     // `a` holds the credit: its next poll takes it, and the line goes on after it.
-    check_invariants(&f);
-    let Poll::Ready(Ok(p)) = f.line[0].poll() else {
-        panic!("a was handed the credit");
-    };
-    f.line.remove(0);
-    f.holder = Some(p);
-    serve_to_the_end(&mut f);
+    head_takes_its_credit_then_serve(&mut f);
 }
 
 #[test]
 fn close_wakes_every_waiter_and_the_closed_listener_even_if_a_waker_panics() {
     let mut f = fixture();
-    let (bad, bad_wakes) = PanickingWaker::new();
     // `b` re-registers with a waker that panics; `a` is handed the credit, which the close
     // takes back, so the close leaves nothing live and also wakes the `closed()` listener.
-    assert!(poll_once(&mut f.line[1].fut, &bad).is_pending());
+    let bad_wakes = repoll_with_a_panicking_waker(&mut f, 1);
     let h = f.h.clone();
     drop(f.holder.take());
-    let (w, closed_wakes) = CountingWaker::new();
-    let mut closed = Box::pin(h.closed());
-    assert!(poll_once(&mut closed, &w).is_pending());
-    assert!(
-        catch_unwind(AssertUnwindSafe(|| h.close())).is_ok(),
-        "close returns normally"
-    );
+    let (mut closed, w, closed_wakes) = close_while_listened(h.closed(), || h.close());
     assert_eq!(bad_wakes.wakes(), 1, "b's waker was woken, and panicked");
     assert_eq!(
         closed_wakes.wakes(),
@@ -348,8 +355,7 @@ fn close_wakes_every_waiter_and_the_closed_listener_even_if_a_waker_panics() {
 #[test]
 fn a_permit_dropped_by_an_unwinding_task_hands_on_even_to_a_panicking_waker() {
     let mut f = fixture();
-    let (bad, bad_wakes) = PanickingWaker::new();
-    assert!(poll_once(&mut f.line[0].fut, &bad).is_pending());
+    let bad_wakes = repoll_with_a_panicking_waker(&mut f, 0);
     let holder = f.holder.take();
     let task = catch_unwind(AssertUnwindSafe(move || {
         let _held = holder;
@@ -357,13 +363,7 @@ fn a_permit_dropped_by_an_unwinding_task_hands_on_even_to_a_panicking_waker() {
     }));
     assert!(task.is_err());
     assert_eq!(bad_wakes.wakes(), 1, "the unwind released the credit to a");
-    check_invariants(&f);
-    let Poll::Ready(Ok(p)) = f.line[0].poll() else {
-        panic!("a was handed the credit");
-    };
-    f.line.remove(0);
-    f.holder = Some(p);
-    serve_to_the_end(&mut f);
+    head_takes_its_credit_then_serve(&mut f);
 }
 
 /// The trap springs where the sweep says: a first poll that panics leaves its future

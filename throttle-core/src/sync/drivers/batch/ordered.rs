@@ -591,7 +591,7 @@ mod tests {
     use super::*;
     use crate::WindowConfig;
     use crate::sync::test_support::{
-        CountingWaker, Executor, RefusingRuntime, TestRuntime, poll_once,
+        CountingWaker, Executor, RefusingRuntime, Sends, TestRuntime, poll_once,
     };
     use crate::sync::{BatchOutcome, OpError};
     use crate::test_hasher::TestHasher;
@@ -599,21 +599,15 @@ mod tests {
     use std::sync::Arc as StdArc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Answers every batch at once; counts the batches it was sent.
-    #[derive(Clone, Default)]
-    struct Echo(StdArc<AtomicUsize>);
+    type Answered = core::future::Ready<BatchOutcome<u32, &'static str>>;
 
-    impl Transport<u8, u32> for Echo {
-        type Output = u32;
-        type Error = &'static str;
-        fn send(
-            &self,
-            _shard: &u8,
-            ops: Vec<u32>,
-        ) -> impl Future<Output = BatchOutcome<u32, &'static str>> + Send + 'static {
-            self.0.fetch_add(1, Ordering::SeqCst);
+    /// A transport answering every batch at once, counting in `sent` the batches it was sent.
+    fn echo(sent: &StdArc<AtomicUsize>) -> Sends<impl Fn(Vec<u32>) -> Answered + use<>> {
+        let count = StdArc::clone(sent);
+        Sends::new(move |ops: Vec<u32>| {
+            count.fetch_add(1, Ordering::SeqCst);
             core::future::ready(Ok(ops.into_iter().map(Ok).collect()))
-        }
+        })
     }
 
     #[test]
@@ -621,12 +615,12 @@ mod tests {
         let mut exec = Executor::default();
         let rt = RefusingRuntime::new(&mut exec);
         let spawns = StdArc::clone(&rt.spawns);
-        let echo = Echo::default();
+        let sent = StdArc::new(AtomicUsize::new(0));
         let cfg = BatcherConfig::reads()
             .with_max_requests_per_batch(NonZeroUsize::MIN)
             .with_window(WindowConfig::default().with_max_in_flight(2))
             .expect("a window above 0 is valid");
-        let driver = BatchDriver::builder(rt, echo.clone(), cfg)
+        let driver = BatchDriver::builder(rt, echo(&sent), cfg)
             .with_send_order(SendOrder::PerShard)
             .with_hasher(TestHasher::default())
             .build();
@@ -647,7 +641,7 @@ mod tests {
             "every credit back"
         );
         assert_eq!(
-            echo.0.load(Ordering::SeqCst),
+            sent.load(Ordering::SeqCst),
             0,
             "nothing sent from a destructor"
         );
@@ -666,8 +660,8 @@ mod tests {
         let mut exec = Executor::default();
         let mut rt = TestRuntime::new();
         rt.spawner = Some(exec.spawner());
-        let echo = Echo::default();
-        let driver = BatchDriver::builder(rt, echo.clone(), BatcherConfig::reads())
+        let sent = StdArc::new(AtomicUsize::new(0));
+        let driver = BatchDriver::builder(rt, echo(&sent), BatcherConfig::reads())
             .with_send_order(SendOrder::PerShard)
             .with_hasher(TestHasher::default())
             .build();
@@ -681,7 +675,7 @@ mod tests {
             );
             assert!(matches!(poll_once(&mut s, &w), Poll::Ready(Ok(v)) if v == op));
         }
-        assert_eq!(echo.0.load(Ordering::SeqCst), 2);
+        assert_eq!(sent.load(Ordering::SeqCst), 2);
         let st = lock(&driver.shared.state);
         let Lanes::PerShard(lanes) = &st.lanes else {
             panic!("built per shard");
