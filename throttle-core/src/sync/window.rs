@@ -712,7 +712,11 @@ where
 {
     #[inline]
     fn drop(&mut self) {
-        let _ = self.release();
+        // Checked here, inline: after `complete` the permit is spent, and its drop then costs
+        // no call.
+        if self.live {
+            let _ = self.release();
+        }
     }
 }
 
