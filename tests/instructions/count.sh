@@ -20,6 +20,8 @@ else
 fi
 for v in old new; do
   core=$([ $v = old ] && echo "$work/old-tree/throttle-core" || echo "$here/throttle-core")
+  # The core's package was `throttle-core` before issue 13 renamed it: import it by either name.
+  pkg=$(sed -n 's/^name = "\(.*\)"/\1/p' "$core/Cargo.toml" | head -1)
   mkdir -p "$work/$v/src"
   cp "$here/tests/instructions/harness.rs" "$work/$v/src/main.rs"
   cat > "$work/$v/Cargo.toml" <<TOML
@@ -29,7 +31,7 @@ version = "0.0.0"
 edition = "2021"
 publish = false
 [dependencies]
-throttle-sansio = { path = "$core", features = ["std"] }
+throttle-sansio = { package = "$pkg", path = "$core", features = ["std"] }
 [profile.release]
 debug = 1
 [workspace]
@@ -38,10 +40,11 @@ TOML
 done
 refs() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$@" 2>&1 | sed -n 's/.*refs: *//p' | tr -d ','; }
 declare -A row=([permit_idle]="permit through sync" [permit_busy]="permit through sync (busy shard)"
+  [permit_fx]="permit through sync (FxHash)" [permit_borrowed]="permit through sync (borrowed)"
   [window_idle]="window credit, uncontended" [window_busy]="window credit, uncontended (busy shard)"
   [backoff]="backoff with jitter")
 printf '| path | benchmark row | %s | this checkout | change |\n| --- | --- | --- | --- | --- |\n' "$old_rev"
-for mode in permit_idle permit_busy window_idle window_busy backoff; do
+for mode in permit_idle permit_busy permit_fx permit_borrowed window_idle window_busy backoff; do
   declare -A per
   for v in old new; do
     bin="$work/target-$v/release/count-$v"

@@ -3,34 +3,70 @@
 //! workspace (it must build against an older core too), so it uses only API both have.
 //!
 //! Modes: `permit_idle` / `permit_busy` (the sync handle's `try_acquire_owned` + complete, one
-//! idle shard / one shard with another permit held: "permit through sync"), `window_idle` /
+//! idle shard / one shard with another permit held: "permit through sync"), `permit_fx` (the
+//! same with the benchmark's FxHash-style hasher), `permit_borrowed` (`try_acquire` of a
+//! borrowed permit + complete), `window_idle` /
 //! `window_busy` (the core window's submit + complete: "window credit, uncontended"),
 //! `backoff` (a jittered Fluss sequence of 10 delays, restarted: "backoff with jitter").
 
 use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::hint::black_box;
 use throttle_sansio::rng::SplitMix64;
 use throttle_sansio::sync::WindowHandle;
 use throttle_sansio::{Backoff, BackoffConfig, DispatchWindow, WindowConfig};
+/// The benchmark's FxHash-style word hasher (`tests/benches/throttle.rs`).
+#[derive(Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+/// `try_acquire_owned` (or, `borrowed`, `try_acquire`) + complete of shard 7, `n` times.
+fn permits<S: BuildHasher + Clone + Sync + Send + 'static>(hasher: S, n: u64, busy: bool, borrowed: bool) {
+    let handle: WindowHandle<u32, S> =
+        WindowHandle::with_hasher(WindowConfig::default(), hasher).expect("valid");
+    let _held = if busy {
+        Some(handle.try_acquire(7).expect("credit"))
+    } else {
+        None
+    };
+    for _ in 0..n {
+        if borrowed {
+            let p = black_box(&handle).try_acquire(black_box(7)).expect("credit");
+            let _ = black_box(p.complete());
+        } else {
+            let p = black_box(&handle)
+                .try_acquire_owned(black_box(7))
+                .expect("credit");
+            let _ = black_box(p.complete());
+        }
+    }
+}
+
 fn main() {
     let n: u64 = std::env::args().nth(1).unwrap().parse().unwrap();
     let mode = std::env::args().nth(2).unwrap_or_default();
     match mode.as_str() {
         "permit_idle" | "permit_busy" => {
-            let handle: WindowHandle<u32> =
-                WindowHandle::new(WindowConfig::default()).expect("valid");
-            let _held = if mode == "permit_busy" {
-                Some(handle.try_acquire(7).expect("credit"))
-            } else {
-                None
-            };
-            for _ in 0..n {
-                let p = black_box(&handle)
-                    .try_acquire_owned(black_box(7))
-                    .expect("credit");
-                let _ = black_box(p.complete());
-            }
+            permits(RandomState::new(), n, mode == "permit_busy", false)
         }
+        "permit_fx" => permits(BuildHasherDefault::<FxHasher>::default(), n, false, false),
+        "permit_borrowed" => permits(RandomState::new(), n, false, true),
         "window_idle" | "window_busy" => {
             let mut w: DispatchWindow<u32, u64, RandomState> =
                 DispatchWindow::new(WindowConfig::default()).expect("valid");
