@@ -9,7 +9,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, RandomState};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -17,6 +17,8 @@ use std::time::Duration;
 
 #[path = "../support/cpu_time.rs"]
 mod cpu_time;
+#[path = "../support/fx_hasher.rs"]
+mod fx_hasher;
 #[path = "../support/workloads.rs"]
 mod workloads;
 
@@ -47,28 +49,7 @@ fn config() -> C {
         .without_plots()
 }
 
-/// FxHash's multiply-rotate word hasher (written here; the core ships no hasher). Used only to
-/// show what the keyed machines cost with a cheap hasher next to std's SipHash `RandomState`,
-/// which is what the adapters pass and what the target rows use.
-#[derive(Default, Clone, Copy)]
-struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
+use fx_hasher::FxHasher;
 
 type Fx = BuildHasherDefault<FxHasher>;
 

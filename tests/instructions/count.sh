@@ -24,6 +24,7 @@ for v in old new; do
   pkg=$(sed -n 's/^name = "\(.*\)"/\1/p' "$core/Cargo.toml" | head -1)
   mkdir -p "$work/$v/src"
   cp "$here/tests/instructions/harness.rs" "$work/$v/src/main.rs"
+  cp "$here/tests/support/fx_hasher.rs" "$work/$v/src/fx_hasher.rs"
   cat > "$work/$v/Cargo.toml" <<TOML
 [package]
 name = "count-$v"

@@ -10,31 +10,13 @@
 //! `backoff` (a jittered Fluss sequence of 10 delays, restarted: "backoff with jitter").
 
 use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::hint::black_box;
 use throttle_sansio::rng::SplitMix64;
 use throttle_sansio::sync::WindowHandle;
 use throttle_sansio::{Backoff, BackoffConfig, DispatchWindow, WindowConfig};
-/// The benchmark's FxHash-style word hasher (`tests/benches/throttle.rs`).
-#[derive(Default, Clone, Copy)]
-struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
+mod fx_hasher;
+use fx_hasher::FxHasher;
 
 /// `try_acquire_owned` (or, `borrowed`, `try_acquire`) + complete of shard 7, `n` times.
 fn permits<S: BuildHasher + Clone + Sync + Send + 'static>(hasher: S, n: u64, busy: bool, borrowed: bool) {
