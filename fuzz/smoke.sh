@@ -2,7 +2,7 @@
 # Fuzz smoke test: every cargo-fuzz target runs briefly from the checked-in corpus; any crash,
 # leak or timeout fails the script. Prints, per target, libFuzzer's final stats line.
 #
-#   fuzz/smoke.sh                      # every target, 15 s each
+#   fuzz/smoke.sh                      # every target, 15 s each (.ci/run: 8 s, within its 5 minutes)
 #   FUZZ_SMOKE_SECS=60 fuzz/smoke.sh backoff batcher
 #
 # New inputs go to a scratch directory, so the checked-in corpus is only read.

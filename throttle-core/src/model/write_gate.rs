@@ -7,8 +7,8 @@
 //! gate: jittered delays come from `BackoffConfig::delay_for` on a second, identically seeded
 //! generator (the backoff module, not the code under test), KV delays from `ThrottleCurve`.
 //!
-//! After every operation it compares: install results, `remaining`, `check` and `explain`
-//! for every bucket, `poll_timeout`, `len`, the `Wake` emitted (exactly when the reference
+//! After every operation it compares: install results, `remaining`, `check`, `explain` and
+//! `reasons` for every bucket, `poll_timeout`, `len`, the `Wake` emitted (exactly when the reference
 //! says that bucket's remaining time decreased, at its new opening instant), the gate's own
 //! internal invariants, and after `handle_timeout` that no gate survives its deadline.
 //!
@@ -351,6 +351,19 @@ impl Reference {
             }
         }
         best
+    }
+
+    /// Every pending reason of `b` with its deadline, in reason order (one record per
+    /// bucket and reason).
+    fn reasons(&self, now: u64, b: u8) -> Vec<(usize, u64)> {
+        let mut out: Vec<(usize, u64)> = self
+            .records
+            .iter()
+            .filter(|r| r.bucket == b && r.deadline > now)
+            .map(|r| (r.reason, r.deadline))
+            .collect();
+        out.sort_unstable();
+        out
     }
 
     fn poll_timeout(&self) -> Option<u64> {
@@ -891,6 +904,14 @@ fn compare(gate: &Gate, reference: &Reference, now: Instant) -> Result<(), alloc
         let want = reference.explain(t, b);
         if got != want {
             return Err(format!("explain(b{b}) = {got:?}, reference {want:?}"));
+        }
+        let got: Vec<(usize, u64)> = gate
+            .reasons(now, &key)
+            .map(|(r, at)| (r.index(), at.as_nanos()))
+            .collect();
+        let want = reference.reasons(t, b);
+        if got != want {
+            return Err(format!("reasons(b{b}) = {got:?}, reference {want:?}"));
         }
     }
     let got = gate.poll_timeout().map(Instant::as_nanos);

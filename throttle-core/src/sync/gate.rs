@@ -15,6 +15,7 @@
 //! draw from the handle's own per-client generator ([`client_rng`]). One macro declares
 //! every input once and generates both forms from it.
 
+use alloc::vec::Vec;
 use core::fmt;
 use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
@@ -497,6 +498,32 @@ gate_methods! {
     query fn explain(bucket: &K) -> Option<(Reason, Instant)>;
 }
 
+impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S, Unbound> {
+    /// [`WriteGate::reasons`] at the caller's `now`, collected under the lock: every pending
+    /// reason of `bucket` with its own deadline, in reason index order.
+    ///
+    /// # Panics
+    ///
+    /// Only if the bucket's `Hash` or `Eq`, or the hasher, panics; the gate is unchanged.
+    pub fn reasons(&self, now: Instant, bucket: &K) -> Vec<(Reason, Instant)> {
+        lock(&self.gate).reasons(now, bucket).collect()
+    }
+}
+
+impl<K: Hash + Eq + Clone, S: BuildHasher, R: Runtime> GateHandle<K, S, R> {
+    /// [`WriteGate::reasons`] at the runtime's `now`, collected under the lock: every pending
+    /// reason of `bucket` with its own deadline, in reason index order.
+    ///
+    /// # Panics
+    ///
+    /// Only if the runtime's `now`, the bucket's `Hash` or `Eq`, or the hasher panics; the
+    /// gate is unchanged.
+    pub fn reasons(&self, bucket: &K) -> Vec<(Reason, Instant)> {
+        let now = self.rt.now();
+        lock(&self.gate).reasons(now, bucket).collect()
+    }
+}
+
 impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
     /// The signal notified on every `GateAction::Wake`.
     pub fn signal(&self) -> &WakeSignal {
@@ -756,6 +783,31 @@ mod tests {
         ));
         gate.retain(|_| false);
         assert_eq!(gate.check(Instant::ZERO, &4), GateState::Open);
+    }
+
+    #[test]
+    fn reasons_reads_every_pending_reason_at_the_callers_or_the_runtimes_now() {
+        let gate = default_gate();
+        gate.handle_kv_signal(Instant::ZERO, &1, Signal::Full);
+        gate.handle_disk_write_locked(Instant::ZERO, &1, 1, &mut crate::rng::SplitMix64::new(7));
+        let listed = gate.reasons(Instant::ZERO, &1);
+        assert_eq!(
+            listed.iter().map(|&(r, _)| r).collect::<Vec<_>>(),
+            [Reason::DISK_WRITE_LOCKED, Reason::KV_BACKPRESSURE]
+        );
+        assert_eq!(
+            listed.iter().map(|&(_, at)| at).max(),
+            gate.explain(Instant::ZERO, &1).map(|(_, at)| at)
+        );
+        assert!(gate.reasons(Instant::ZERO, &2).is_empty());
+        let rt = TestRuntime::new();
+        let bound = gate.clone().bind(rt.clone());
+        assert_eq!(bound.reasons(&1), listed, "the runtime's clock reads 0 too");
+        rt.clock.advance_to(Instant::from_millis(3_600_000));
+        assert!(
+            bound.reasons(&1).is_empty(),
+            "an hour later nothing is pending"
+        );
     }
 
     #[test]

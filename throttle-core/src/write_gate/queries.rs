@@ -96,6 +96,34 @@ where
         self.dominant(slot_of(self.find(bucket)?), now)
     }
 
+    /// Every pending reason of `bucket` with its own deadline (when that reason alone would
+    /// let the bucket open), in reason index order: the built-in reasons, then the registered
+    /// ones. Empty when no deadline is pending (an open or untracked bucket). The bucket
+    /// opens at the latest of them, which [`explain`](Self::explain) names; like `explain`,
+    /// this ignores the leader and probe state. O(reasons), no allocation.
+    ///
+    /// # Panics
+    ///
+    /// Only if the bucket's `Hash` or `Eq`, or the hasher, panics; the gate is unchanged.
+    pub fn reasons(
+        &self,
+        now: Instant,
+        bucket: &K,
+    ) -> impl Iterator<Item = (Reason, Instant)> + '_ {
+        let now = self.clock.peek(now);
+        let i = self.find(bucket).map(slot_of);
+        let (builtin, extra): (&[Instant], &[Instant]) =
+            match i.and_then(|i| Some((i, self.slots.get(i)?))) {
+                Some((i, slot)) => (&slot.deadlines, self.extra_of(i)),
+                None => (&[], &[]),
+            };
+        // Reason indices are below `MAX_REASONS` (64), so they count in `u8` as `Reason` does.
+        (0u8..)
+            .zip(builtin.iter().chain(extra))
+            .filter(move |&(_, &d)| d > now)
+            .map(|(r, &d)| (config::reason_from_u8(r), d))
+    }
+
     /// Whether the gate holds `bucket`'s leader as known (the default for any bucket).
     ///
     /// # Panics

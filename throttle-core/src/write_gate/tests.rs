@@ -276,6 +276,37 @@ fn explain_names_the_dominant_reason_and_ties_go_to_the_lower_index() {
 }
 
 #[test]
+fn reasons_lists_every_pending_reason_with_its_own_deadline_in_index_order() {
+    let mut cfg = WriteGateConfig::default();
+    let Ok(quota) = cfg.register(ReasonSpec::new("quota", UpdateRule::LatestWins)) else {
+        panic!("registration refused");
+    };
+    let mut g = Gate::new(cfg).expect("a valid config");
+    assert_eq!(g.reasons(at(0), &1).count(), 0, "an untracked bucket");
+    install(&mut g, at(0), 1, quota, ms(900));
+    install(&mut g, at(0), 1, KV, ms(300));
+    install(&mut g, at(0), 1, DISK, ms(500));
+    install(&mut g, at(0), 2, RETRY, ms(50));
+    let listed: Vec<_> = g.reasons(at(0), &1).collect();
+    assert_eq!(
+        listed,
+        [(DISK, at(500)), (KV, at(300)), (quota, at(900))],
+        "built-in reasons by index, then the registered one; bucket 2's is not listed"
+    );
+    assert_eq!(
+        listed.iter().map(|&(_, at)| at).max(),
+        g.explain(at(0), &1).map(|(_, at)| at),
+        "the bucket opens at the latest of them"
+    );
+    assert_eq!(
+        g.reasons(at(300), &1).collect::<Vec<_>>(),
+        [(DISK, at(500)), (quota, at(900))],
+        "a deadline that has passed is not pending"
+    );
+    assert_eq!(g.reasons(at(900), &1).count(), 0, "all passed: open");
+}
+
+#[test]
 fn poll_timeout_is_the_earliest_opening_among_known_leader_buckets() {
     let mut g = gate();
     assert_eq!(g.poll_timeout(), None);
