@@ -209,7 +209,8 @@ fn decorrelated_jitter_draws_between_initial_and_three_times_previous() {
         .build()
         .unwrap();
     let mut rng = SplitMix64::new(5);
-    for _ in 0..200 {
+    // Under miri 20 sequences (the bound is checked on every draw): each draw is slow there.
+    for _ in 0..if cfg!(miri) { 20 } else { 200 } {
         let mut b = Backoff::new();
         let mut prev = 100;
         for _ in 0..30 {
@@ -232,6 +233,7 @@ fn spread(draws: &[u128], split: u128) -> (usize, u128, u128) {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // a distribution's shape, over 1,000s of draws: natively only
 fn decorrelated_first_delays_spread_evenly_up_to_three_times_initial() {
     // U[initial, 3·initial] from 1 s: about half the draws lie above 2 s, the extremes
     // approach 1 s and 3 s. A draw pinned to `initial` or capped at 2·prev fails this.
@@ -289,6 +291,7 @@ fn decorrelated_later_delays_reach_three_times_the_previous_one() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // a distribution's shape, over 1,000s of draws: natively only
 fn proportional_jitter_lands_on_both_sides_of_the_base_evenly() {
     // ±20 % around 1 s: a factor drawn only below (or only above) 1 fails this.
     let cfg = BackoffConfig::kafka_retry()
@@ -1102,6 +1105,7 @@ fn grpc_connection_waits_exactly_initial_backoff_first_and_draws_nothing() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // a distribution's shape, over 1,000s of draws: natively only
 fn grpc_connection_jitters_after_the_cap_so_capped_waits_spread_over_96_to_144_s() {
     // grpc/grpc doc/connection-backoff.md: `current_backoff = Min(current_backoff *
     // MULTIPLIER, MAX_BACKOFF)`, then `+ UniformRandom(-JITTER * current_backoff, JITTER *
