@@ -46,7 +46,7 @@ use crate::rng::Rng;
 use crate::slab::{Key, Slab};
 use crate::time::{Clock, Instant};
 use crate::write_gate::heap::{IndexedHeap, MAX_SLOTS};
-use crate::write_gate::{GateState, WriteGate};
+use crate::write_gate::{GateState, OutcomeFeed, WriteGate};
 
 pub use config::PacedWriterConfig;
 
@@ -604,39 +604,27 @@ where
         let retry = !self.closed && attempts < self.cfg.max_retries();
         // The gate runs on the writer's clock.
         let now = self.clock.peek(now);
-        // The gate's inputs (the bucket's `Hash`, `Eq`, `Clone`) before the writer changes.
+        // The gate's inputs (the bucket's `Hash`, `Eq`, `Clone`) before the writer changes:
+        // a success, and a rejection that is retried, feed the gate; a fatal error, or a
+        // rejection that ends the batch, does not.
         let end = match outcome {
-            WriteOutcome::Ok { pressure } => {
-                self.gate.handle_success(now, key);
-                if self.cfg.kv_pressure() {
-                    // Jittered if the gate's config asks for it (`with_kv_jitter`); with no
-                    // jitter configured this draws nothing.
-                    self.gate.handle_kv_signal_jittered(now, key, pressure, rng);
-                }
-                Some(None)
-            }
+            WriteOutcome::Ok { .. } => Some(None),
             WriteOutcome::Fatal => Some(Some(FailCause::Fatal)),
             rejected if !retry => Some(Some(if self.closed {
                 FailCause::Closed
             } else {
                 FailCause::RetriesExhausted { last: rejected }
             })),
-            WriteOutcome::DiskWriteLocked => {
-                if self.cfg.disk_backoff() {
-                    self.gate.handle_disk_write_locked(now, key, attempts, rng);
-                }
-                None
-            }
-            WriteOutcome::StorageBackpressure if self.cfg.kv_pressure() => {
-                self.gate
-                    .handle_kv_signal_jittered(now, key, Signal::Full, rng);
-                None
-            }
-            WriteOutcome::StorageBackpressure | WriteOutcome::Retriable => {
-                self.gate.handle_retriable_write(now, key, attempts, rng);
-                None
-            }
+            _ => None,
         };
+        if matches!(end, None | Some(None)) {
+            let feed = OutcomeFeed {
+                disk_backoff: self.cfg.disk_backoff(),
+                kv_pressure: self.cfg.kv_pressure(),
+            };
+            self.gate
+                .handle_write_outcome(now, key, outcome, attempts, feed, rng);
+        }
         self.discard_gate_actions();
         self.clock.observe(now);
         self.maintenance.touch();

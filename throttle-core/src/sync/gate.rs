@@ -26,9 +26,12 @@ use super::seed::{client_rng, next_client_id};
 use super::{Runtime, WakeSignal, wait_until};
 use crate::backpressure::Signal;
 use crate::error::ConfigError;
+use crate::paced_writer::WriteOutcome;
 use crate::rng::{Rng, SplitMix64};
 use crate::time::Instant;
-use crate::write_gate::{GateAction, GateError, GateState, Reason, WriteGate, WriteGateConfig};
+use crate::write_gate::{
+    GateAction, GateError, GateState, OutcomeFeed, Reason, WriteGate, WriteGateConfig,
+};
 
 /// The runtime slot of a handle that is not bound to a runtime: its inputs take `now` (and,
 /// where they draw, an RNG) from the caller, and its waits take the runtime as an argument.
@@ -486,6 +489,9 @@ gate_methods! {
     input fn handle_send(bucket: &K);
     /// A write to the bucket succeeded: probe mode ends for it.
     input fn handle_success(bucket: &K);
+    /// A write to the bucket was answered with `outcome`: the one mapping from answers to
+    /// gate inputs (the paced writer's and the tower layer's).
+    draws fn handle_write_outcome(bucket: &K, outcome: WriteOutcome, attempts: u32, feed: OutcomeFeed);
     /// The bucket's state: `Open`, `Closed { until, reason }`, `Probing` or `UnknownLeader`.
     query fn check(bucket: &K) -> GateState;
     /// The time until the bucket opens (zero if open).

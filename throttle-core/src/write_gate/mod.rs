@@ -23,6 +23,7 @@ use hashbrown::HashTable;
 
 use crate::backpressure::Signal;
 use crate::error::ConfigError;
+use crate::paced_writer::WriteOutcome;
 use crate::rng::Rng;
 use crate::time::{Clock, Instant, ceil_millis};
 
@@ -31,6 +32,32 @@ pub use config::{
     UpdateRule, WriteGateConfig,
 };
 use heap::IndexedHeap;
+
+/// Which answers of a write feed the gate in [`WriteGate::handle_write_outcome`]: the paced
+/// writer's [`with_disk_backoff`](crate::paced_writer::PacedWriterConfig::with_disk_backoff)
+/// and [`with_kv_pressure`](crate::paced_writer::PacedWriterConfig::with_kv_pressure).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OutcomeFeed {
+    /// A `DISK_WRITE_LOCKED` rejection backs the bucket off.
+    pub disk_backoff: bool,
+    /// Piggybacked pressure and storage-backpressure rejections feed the KV curve (off: a
+    /// storage-backpressure rejection is an ordinary retriable error, pressure is ignored).
+    pub kv_pressure: bool,
+}
+
+impl OutcomeFeed {
+    /// Every answer feeds the gate (the default).
+    pub const ALL: OutcomeFeed = OutcomeFeed {
+        disk_backoff: true,
+        kv_pressure: true,
+    };
+}
+
+impl Default for OutcomeFeed {
+    fn default() -> Self {
+        OutcomeFeed::ALL
+    }
+}
 pub use timer::{GateTimer, TimerChange};
 
 /// The floor of a disk-write-locked backoff: a disk rejection always holds the bucket for at
@@ -572,6 +599,82 @@ where
             }
         }
         self.settle(i, entry & LEADER_UNKNOWN != 0, now);
+    }
+
+    /// The server's answer to a write to `bucket`, as a [`WriteOutcome`], fed to the gate: the
+    /// one mapping from answers to gate inputs, shared by the paced writer and the tower
+    /// write-gate layer.
+    ///
+    /// - `Ok { pressure }`: [`Self::handle_success`], then, with `feed.kv_pressure`, the
+    ///   piggybacked pressure through [`Self::handle_kv_signal_jittered`].
+    /// - `DiskWriteLocked`: with `feed.disk_backoff`, [`Self::handle_disk_write_locked`] at
+    ///   `attempts`; without, nothing.
+    /// - `StorageBackpressure`: with `feed.kv_pressure`, the KV curve's `Full` (jittered as
+    ///   configured); without, an ordinary retriable error.
+    /// - `Retriable`: [`Self::handle_retriable_write`] at `attempts`.
+    /// - `Fatal`: nothing (the gate learns nothing from a non-retriable error).
+    ///
+    /// Draws from `rng` as the input it runs does.
+    ///
+    /// ```
+    /// use throttle_sansio::paced_writer::WriteOutcome;
+    /// use throttle_sansio::rng::SplitMix64;
+    /// use throttle_sansio::write_gate::{OutcomeFeed, Reason, WriteGate, WriteGateConfig};
+    /// use throttle_sansio::Instant;
+    /// # #[derive(Default, Clone)] struct H; impl core::hash::BuildHasher for H {
+    /// #   type Hasher = F; fn build_hasher(&self) -> F { F(0) } }
+    /// # struct F(u64); impl core::hash::Hasher for F { fn finish(&self) -> u64 { self.0 }
+    /// #   fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.rotate_left(5) ^ u64::from(*x) } } }
+    ///
+    /// let mut gate: WriteGate<u32, H> = WriteGate::new(WriteGateConfig::fluss_landed())?;
+    /// let mut rng = SplitMix64::new(1);
+    /// let t0 = Instant::from_millis(0);
+    /// gate.handle_write_outcome(t0, &7, WriteOutcome::DiskWriteLocked, 0, OutcomeFeed::ALL, &mut rng);
+    /// let wait = gate.remaining(t0, &7);
+    /// assert_eq!(gate.explain(t0, &7), Some((Reason::DISK_WRITE_LOCKED, t0 + wait)));
+    /// // Without the disk backoff, the same answer installs nothing.
+    /// let off = OutcomeFeed { disk_backoff: false, ..OutcomeFeed::ALL };
+    /// gate.handle_write_outcome(t0, &8, WriteOutcome::DiskWriteLocked, 0, off, &mut rng);
+    /// assert!(gate.remaining(t0, &8).is_zero());
+    /// # Ok::<(), throttle_sansio::ConfigError>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Only if user code panics: the bucket's `Hash`, `Eq` or `Clone`, the hasher, or the
+    /// `Rng`. The panic reaches the caller; the input that panicked did not happen (for `Ok`
+    /// with pressure, the success before it stays done), and the gate serves the next call.
+    pub fn handle_write_outcome<R: Rng + ?Sized>(
+        &mut self,
+        now: Instant,
+        bucket: &K,
+        outcome: WriteOutcome,
+        attempts: u32,
+        feed: OutcomeFeed,
+        rng: &mut R,
+    ) {
+        match outcome {
+            WriteOutcome::Ok { pressure } => {
+                self.handle_success(now, bucket);
+                if feed.kv_pressure {
+                    // Jittered if the config asks for it (`with_kv_jitter`); with no jitter
+                    // configured this draws nothing.
+                    self.handle_kv_signal_jittered(now, bucket, pressure, rng);
+                }
+            }
+            WriteOutcome::DiskWriteLocked if feed.disk_backoff => {
+                self.handle_disk_write_locked(now, bucket, attempts, rng);
+            }
+            WriteOutcome::StorageBackpressure if feed.kv_pressure => {
+                self.handle_kv_signal_jittered(now, bucket, Signal::Full, rng);
+            }
+            WriteOutcome::StorageBackpressure | WriteOutcome::Retriable => {
+                self.handle_retriable_write(now, bucket, attempts, rng);
+            }
+            WriteOutcome::DiskWriteLocked | WriteOutcome::Fatal => {
+                self.clock.observe(now);
+            }
+        }
     }
 
     /// A write to `bucket` succeeded: probe mode ends for the bucket (its allowance resets).
