@@ -66,6 +66,9 @@ mod pending;
 mod runtime;
 mod seed;
 mod signal;
+#[cfg(all(feature = "tower", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
 mod unwind;
 mod waiters;
 mod window;
