@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use throttle_sansio::Instant;
-use throttle_sansio::backoff::{BackoffConfig, Jitter};
+use throttle_sansio::backoff::BackoffConfig;
 use throttle_sansio::failover::{
     AdminWriteGateway, CallConfig, ErrorKind, SurfaceReason, Unlimited,
 };
@@ -24,12 +24,7 @@ fn executor(config: CallConfig) -> (TokioRuntime, Fx) {
 
 /// 100 ms before every retry, unjittered.
 fn fixed_100ms() -> BackoffConfig {
-    BackoffConfig::builder()
-        .initial(Duration::from_millis(100))
-        .max(Duration::from_millis(100))
-        .jitter(Jitter::None)
-        .build()
-        .unwrap()
+    BackoffConfig::constant(Duration::from_millis(100)).unwrap()
 }
 
 /// Lets the spawned tasks run until they all wait (paused time does not advance here).

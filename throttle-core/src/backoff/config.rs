@@ -9,6 +9,7 @@ use super::builder::{
 use super::jitter::Spread;
 use super::{Jitter, JitterOrder, MAX_RAMP_ATTEMPTS};
 use crate::divisor::Divisor;
+use crate::error::ConfigError;
 use crate::rng::Rng;
 
 /// How backoff delays grow, are jittered, floored, truncated and budgeted.
@@ -67,6 +68,29 @@ const fn ms(n: u64) -> u64 {
 pub(super) const TWENTY_PERCENT: Jitter = Jitter::Proportional { ppm: 200_000 };
 
 impl BackoffConfig {
+    /// The same `delay` before every retry, unjittered (backon's `ConstantBuilder`, tower's
+    /// fixed backoff): `initial = max = delay`, no jitter. Refuses a delay the builder
+    /// refuses (see [`BackoffConfigBuilder::initial`]).
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::backoff::BackoffConfig;
+    /// use throttle_sansio::rng::SplitMix64;
+    ///
+    /// let cfg = BackoffConfig::constant(Duration::from_millis(100))?;
+    /// let mut rng = SplitMix64::new(1);
+    /// assert_eq!(cfg.delay_for(0, &mut rng), Duration::from_millis(100));
+    /// assert_eq!(cfg.delay_for(7, &mut rng), Duration::from_millis(100));
+    /// # Ok::<(), throttle_sansio::ConfigError>(())
+    /// ```
+    pub fn constant(delay: Duration) -> Result<Self, ConfigError> {
+        BackoffConfig::builder()
+            .initial(delay)
+            .max(delay)
+            .jitter(Jitter::None)
+            .build()
+    }
+
     /// Fluss `DISK_WRITE_LOCKED`: 1 s → 10 s, ×2, ±20 %, floor 1 ms; validated as
     /// `1 ms ≤ initial ≤ max ≤ 2 147 483 647 ms`.
     pub fn fluss_disk_write_locked() -> Self {

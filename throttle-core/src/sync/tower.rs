@@ -1,5 +1,6 @@
 //! tower middleware over the handles (feature `tower`): a keyed concurrency limit over a
-//! [`WindowHandle`] and a write gate over a bound [`GateHandle`].
+//! [`WindowHandle`] and a write gate over a bound [`GateHandle`]; with feature `tower-retry`,
+//! a retry policy over a [`FailoverExecutor`](super::FailoverExecutor) (`FailoverPolicy`).
 //!
 //! Both are glue: every decision stays in the core machine the handle wraps (the dispatch
 //! window hands out and takes back credit, the write gate opens and closes buckets and maps a
@@ -19,7 +20,7 @@
 //!
 //! ```text
 //! ServiceBuilder::new()
-//!     .retry(policy)                  // outermost: each retry passes the gate again
+//!     .retry(FailoverPolicy::new(fx)) // outermost: each retry passes the gate again
 //!     .layer(WriteGateLayer::new(..)) // wait while the bucket is gated, feed every answer back
 //!     .layer(KeyedConcurrencyLayer::new(..)) // hold a shard credit only while on the wire
 //!     .service(transport)
@@ -45,6 +46,12 @@ use core::future::Future;
 use core::hash::{BuildHasher, Hash};
 use core::pin::Pin;
 use core::task::{Context, Poll};
+
+#[cfg(feature = "tower-retry")]
+mod retry;
+#[cfg(feature = "tower-retry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower-retry")))]
+pub use retry::{DeadlineOf, FailoverPolicy, NoDeadline, NoRefresh};
 
 use tower_layer::Layer;
 use tower_service::Service;

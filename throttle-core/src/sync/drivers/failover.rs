@@ -28,8 +28,8 @@ use super::unwind;
 use super::{Panicked, Runtime};
 use crate::error::ConfigError;
 use crate::failover::{
-    Call, CallAction, CallConfig, CoalesceAction, CoalescerConfig, ErrorClassifier, Generation,
-    RefreshCoalescer, RetryBudget, SurfaceReason,
+    Call, CallAction, CallConfig, CoalesceAction, CoalescerConfig, ErrorClass, ErrorClassifier,
+    Generation, RefreshCoalescer, RetryBudget, SurfaceReason,
 };
 use crate::rng::SplitMix64;
 use crate::time::Instant;
@@ -386,7 +386,7 @@ where
         Rf: FnMut() -> RfFut,
         RfFut: Future<Output = bool>,
     {
-        let mut call = Call::new(&self.shared.config).with_deadline(deadline);
+        let mut call = self.new_call(deadline);
         {
             let mut st = lock(&self.shared.state);
             if st.closed {
@@ -398,10 +398,7 @@ where
         let _in_flight = InFlight {
             shared: &self.shared,
         };
-        let mut action = {
-            let mut st = lock(&self.shared.state);
-            call.start(self.rt.now(), &mut st.budget)
-        };
+        let mut action = self.start_call(&mut call, self.rt.now());
         if let CallAction::Surface { .. } = action {
             return Err(CallError::Expired);
         }
@@ -423,26 +420,18 @@ where
             let attempt = Attempt::new(call.sends(), call.time_left(self.rt.now()));
             let error = match unwind::catch(async { op(attempt).await }).await? {
                 Ok(value) => {
-                    let mut st = lock(&self.shared.state);
-                    let _ = call.handle_success(self.rt.now(), &mut st.budget);
+                    let _ = self.succeed(&mut call, self.rt.now());
                     return Ok(value);
                 }
                 Err(error) => error,
             };
-            let class = unwind::call(|| self.shared.classifier.classify(&error))?;
-            action = {
-                let mut guard = lock(&self.shared.state);
-                let st = &mut *guard;
-                call.handle_error(self.rt.now(), class, &mut st.budget, &mut st.rng)
-            };
+            let class = self.classify(&error)?;
+            action = self.fail(&mut call, self.rt.now(), class);
             loop {
                 match action {
                     CallAction::Refresh => {
                         let ok = self.refreshed(&mut refresh).await?;
-                        let mut guard = lock(&self.shared.state);
-                        let st = &mut *guard;
-                        action =
-                            call.handle_refreshed(self.rt.now(), ok, &mut st.budget, &mut st.rng);
+                        action = self.refreshed_at(&mut call, self.rt.now(), ok);
                     }
                     CallAction::Send { .. } | CallAction::Retry { .. } => {
                         last = Some(error);
@@ -465,9 +454,53 @@ where
         }
     }
 
+    /// The runtime the executor reads `now` from and sleeps on.
+    #[cfg(feature = "tower-retry")]
+    pub(crate) fn runtime(&self) -> &R {
+        &self.rt
+    }
+
+    /// `call`'s start at `now`, with the shared budget.
+    pub(crate) fn start_call(&self, call: &mut Call, now: Instant) -> CallAction {
+        call.start(now, &mut lock(&self.shared.state).budget)
+    }
+
+    /// `call`'s success at `now`, told to the shared budget.
+    pub(crate) fn succeed(&self, call: &mut Call, now: Instant) -> CallAction {
+        call.handle_success(now, &mut lock(&self.shared.state).budget)
+    }
+
+    /// `call`'s error of class `class` at `now`: the call decides, with the shared budget and
+    /// jitter generator.
+    pub(crate) fn fail(&self, call: &mut Call, now: Instant, class: ErrorClass) -> CallAction {
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
+        call.handle_error(now, class, &mut st.budget, &mut st.rng)
+    }
+
+    /// The end of the refresh `call` asked for, at `now`: the call decides.
+    pub(crate) fn refreshed_at(&self, call: &mut Call, now: Instant, ok: bool) -> CallAction {
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
+        call.handle_refreshed(now, ok, &mut st.budget, &mut st.rng)
+    }
+
+    /// A new call under this executor's config, with `deadline`.
+    pub(crate) fn new_call(&self, deadline: Option<Instant>) -> Call {
+        Call::new(&self.shared.config).with_deadline(deadline)
+    }
+
+    /// The class of `error`, by the executor's classifier; its panic is `Err`.
+    pub(crate) fn classify<E>(&self, error: &E) -> Result<ErrorClass, Panicked>
+    where
+        K: ErrorClassifier<E>,
+    {
+        unwind::call(|| self.shared.classifier.classify(error))
+    }
+
     /// Runs or joins the coalesced refresh; returns whether it succeeded, or `Err` if this
     /// call ran it and `refresh` panicked (the refresh then ended as failed for its joiners).
-    async fn refreshed<Rf, RfFut>(&self, refresh: &mut Rf) -> Result<bool, Panicked>
+    pub(crate) async fn refreshed<Rf, RfFut>(&self, refresh: &mut Rf) -> Result<bool, Panicked>
     where
         Rf: FnMut() -> RfFut,
         RfFut: Future<Output = bool>,
