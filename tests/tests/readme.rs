@@ -6,6 +6,7 @@ const PRODUCER: &str = include_str!("../../runtime-tokio/examples/producer.rs");
 const READER: &str = include_str!("../../runtime-tokio/examples/reader.rs");
 const FLUSS_SENDER: &str = include_str!("../../runtime-tokio/examples/fluss_sender.rs");
 const OXIA_SHARD: &str = include_str!("../../runtime-tokio/examples/oxia_shard.rs");
+const TOWER_TCP: &str = include_str!("tower_tcp.rs");
 
 /// The first `rust,ignore` code block after `heading`.
 fn snippet(heading: &str) -> Vec<&'static str> {
@@ -68,4 +69,9 @@ fn the_readme_shard_object_is_the_oxia_shard_examples_code_in_order() {
         "### A per-shard object that owns a `SingleWindow`",
         OXIA_SHARD,
     );
+}
+
+#[test]
+fn the_readme_tower_stack_is_the_tcp_tests_code_in_order() {
+    assert_excerpt("### Example: the tower layers, stacked", TOWER_TCP);
 }
