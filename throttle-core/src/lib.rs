@@ -27,6 +27,7 @@ pub mod paced_writer;
 pub mod pending_bytes;
 pub mod rng;
 mod slab;
+pub mod snapshot;
 #[cfg(feature = "std")]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub mod sync;

@@ -914,6 +914,39 @@ fn compare(gate: &Gate, reference: &Reference, now: Instant) -> Result<(), alloc
             return Err(format!("reasons(b{b}) = {got:?}, reference {want:?}"));
         }
     }
+    // A paged walk of an unchanging gate lists each tracked bucket once, as the queries
+    // (compared with the reference above) see it.
+    let (mut listed, mut from) = (Vec::new(), None);
+    loop {
+        let page = gate.snapshot(now, from, 3);
+        for item in &page.items {
+            let reasons: Vec<_> = item
+                .reasons
+                .iter()
+                .map(|r| (r.reason, r.opens_at))
+                .collect();
+            if item.state != gate.check(now, &item.bucket)
+                || reasons != gate.reasons(now, &item.bucket).collect::<Vec<_>>()
+            {
+                return Err(format!("snapshot lists {item:?}, unlike check and reasons"));
+            }
+            listed.push(item.bucket.clone());
+        }
+        match page.next {
+            Some(next) => from = Some(next),
+            None => break,
+        }
+    }
+    let count = listed.len();
+    listed.sort_by_key(|k| k.id());
+    listed.dedup();
+    if count != gate.len() || listed.len() != count {
+        return Err(format!(
+            "snapshot listed {count} buckets ({} distinct) of {}",
+            listed.len(),
+            gate.len()
+        ));
+    }
     let got = gate.poll_timeout().map(Instant::as_nanos);
     let want = reference.poll_timeout();
     if got != want {

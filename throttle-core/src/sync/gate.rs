@@ -28,9 +28,11 @@ use crate::backpressure::Signal;
 use crate::error::ConfigError;
 use crate::paced_writer::WriteOutcome;
 use crate::rng::{Rng, SplitMix64};
+use crate::snapshot::{Cursor, Page};
 use crate::time::Instant;
 use crate::write_gate::{
-    GateAction, GateError, GateState, OutcomeFeed, Reason, WriteGate, WriteGateConfig,
+    BucketSnapshot, GateAction, GateError, GateState, OutcomeFeed, Reason, WriteGate,
+    WriteGateConfig,
 };
 
 /// The runtime slot of a handle that is not bound to a runtime: its inputs take `now` (and,
@@ -502,6 +504,9 @@ gate_methods! {
     /// The dominant pending reason and its deadline, or `None` when no deadline is pending
     /// (ignores the leader and probe state).
     query fn explain(bucket: &K) -> Option<(Reason, Instant)>;
+    /// One page of the tracked buckets, in plain terms, under one lock: pass each page's
+    /// `next` to the next call (see [`WriteGate::snapshot`]).
+    query fn snapshot(from: Option<Cursor>, max: usize) -> Page<BucketSnapshot<K>>;
 }
 
 impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S, Unbound> {

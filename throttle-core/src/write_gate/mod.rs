@@ -58,6 +58,7 @@ impl Default for OutcomeFeed {
         OutcomeFeed::ALL
     }
 }
+pub use queries::{BucketSnapshot, ReasonOpening};
 pub use timer::{GateTimer, TimerChange};
 
 /// The floor of a disk-write-locked backoff: a disk rejection always holds the bucket for at

@@ -2,6 +2,31 @@
 //! internal consistency check.
 
 use super::*;
+use crate::snapshot::{Cursor, Page};
+
+/// One reason holding a bucket closed, in a [`BucketSnapshot`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReasonOpening {
+    /// The reason.
+    pub reason: Reason,
+    /// Its name as registered ([`ReasonSpec::name`]).
+    pub name: &'static str,
+    /// When this reason alone would let the bucket open.
+    pub opens_at: Instant,
+}
+
+/// One tracked bucket in a [`WriteGate::snapshot`] page, in plain terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BucketSnapshot<K> {
+    /// The bucket.
+    pub bucket: K,
+    /// What [`WriteGate::check`] answers for it.
+    pub state: GateState,
+    /// Every pending reason with its opening, as [`WriteGate::reasons`] lists them.
+    pub reasons: Vec<ReasonOpening>,
+}
 
 impl<K, S> WriteGate<K, S>
 where
@@ -122,6 +147,75 @@ where
             .zip(builtin.iter().chain(extra))
             .filter(move |&(_, &d)| d > now)
             .map(|(r, &d)| (config::reason_from_u8(r), d))
+    }
+
+    /// One page of at most `max` tracked buckets (any with state: a deadline, an unknown
+    /// leader, probe state), each with its [`check`](Self::check) answer and every pending
+    /// reason with its name and opening time. Start with `from = None`, then pass each page's
+    /// `next` until it is `None`; see [`crate::snapshot`] for what a walk over a gate that
+    /// changes between pages guarantees (every bucket tracked throughout is listed at least
+    /// once). O(`max` · reasons); allocates the page.
+    ///
+    /// ```
+    /// use throttle_sansio::write_gate::{GateState, Reason, WriteGate, WriteGateConfig};
+    /// use throttle_sansio::{Instant, Signal};
+    /// # #[derive(Default, Clone)] struct H; impl core::hash::BuildHasher for H {
+    /// #   type Hasher = F; fn build_hasher(&self) -> F { F(0) } }
+    /// # struct F(u64); impl core::hash::Hasher for F { fn finish(&self) -> u64 { self.0 }
+    /// #   fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.rotate_left(5) ^ u64::from(*x) } } }
+    ///
+    /// let mut gate: WriteGate<u32, H> = WriteGate::new(WriteGateConfig::fluss_issue_3454())?;
+    /// let t0 = Instant::from_millis(0);
+    /// for bucket in 0..5 {
+    ///     gate.handle_kv_signal(t0, &bucket, Signal::Full);
+    /// }
+    /// let (mut listed, mut from) = (Vec::new(), None);
+    /// loop {
+    ///     let page = gate.snapshot(t0, from, 2); // two buckets per page
+    ///     for b in &page.items {
+    ///         assert!(matches!(b.state, GateState::Closed { .. }));
+    ///         assert_eq!(b.reasons[0].reason, Reason::KV_BACKPRESSURE);
+    ///         listed.push(b.bucket);
+    ///     }
+    ///     match page.next {
+    ///         Some(next) => from = Some(next),
+    ///         None => break,
+    ///     }
+    /// }
+    /// listed.sort();
+    /// assert_eq!(listed, [0, 1, 2, 3, 4]);
+    /// # Ok::<(), throttle_sansio::ConfigError>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Only if a bucket's `Hash`, `Eq` or `Clone`, or the hasher, panics; the gate is
+    /// unchanged.
+    pub fn snapshot(
+        &self,
+        now: Instant,
+        from: Option<Cursor>,
+        max: usize,
+    ) -> Page<BucketSnapshot<K>> {
+        let (range, next) = Page::<BucketSnapshot<K>>::walk(self.slots.len(), from, max);
+        let specs = self.cfg.reasons();
+        let items = self.slots[range]
+            .iter()
+            .rev()
+            .map(|slot| BucketSnapshot {
+                bucket: slot.key.clone(),
+                state: self.check(now, &slot.key),
+                reasons: self
+                    .reasons(now, &slot.key)
+                    .map(|(reason, opens_at)| ReasonOpening {
+                        reason,
+                        name: specs.get(reason.index()).map_or("", |s| s.name()),
+                        opens_at,
+                    })
+                    .collect(),
+            })
+            .collect();
+        Page { items, next }
     }
 
     /// Whether the gate holds `bucket`'s leader as known (the default for any bucket).
