@@ -124,6 +124,7 @@ async fn a_rejected_write_is_retried_after_its_gate_over_tcp() {
         },
         _ => WriteOutcome::DiskWriteLocked,
     };
+    let bucket_of = |w: &Write| w.bucket; // the gate's bucket is the window's shard
     let svc = ServiceBuilder::new()
         .retry(FailoverPolicy::new(fx))
         .map_result(|r: Result<Answer, BoxError>| match r? {
@@ -131,14 +132,8 @@ async fn a_rejected_write_is_retried_after_its_gate_over_tcp() {
             _ => Err(BoxError::from(DiskWriteLocked)),
         })
         .map_err(BoxError::from)
-        .layer(WriteGateLayer::new(
-            gate.clone(),
-            |w: &Write| w.bucket,
-            classify,
-        ))
-        .layer(KeyedConcurrencyLayer::new(window.clone(), |w: &Write| {
-            w.bucket
-        }))
+        .layer(WriteGateLayer::new(gate.clone(), bucket_of, classify))
+        .layer(KeyedConcurrencyLayer::new(window.clone(), bucket_of))
         .service(LineClient { addr });
 
     let calls: Vec<_> = [(1, 0), (2, 0), (2, 1)]
