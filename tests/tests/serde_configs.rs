@@ -693,6 +693,28 @@ fn an_out_of_range_value_is_refused_by_name() {
         m.insert("preset".into(), "fluss".into());
     });
     assert_names(&refusal::<BackoffConfig>(&json), "preset");
+    // A jitter: an unknown strategy, a strategy's parameter of a wrong type or unknown, a
+    // strategy without its parameter.
+    let jitters = [
+        (serde_json::json!("wobbly"), "jitter"),
+        (serde_json::json!({"wobbly": {"ppm": 1}}), "jitter"),
+        (serde_json::json!({"proportional": {"ppm": "x"}}), "ppm"),
+        (
+            serde_json::json!({"proportional": {"ppm": 1, "pmm": 1}}),
+            "pmm",
+        ),
+        (
+            serde_json::json!({"additive": {"range_ms": -1}}),
+            "range_ms",
+        ),
+        (serde_json::json!("per_delay"), "jitter"),
+    ];
+    for (jitter, name) in jitters {
+        let json = edited("backoff.default", |m| {
+            m.insert("jitter".into(), jitter);
+        });
+        assert_names(&refusal::<BackoffConfig>(&json), name);
+    }
 }
 
 #[test]

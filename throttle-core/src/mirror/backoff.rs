@@ -1,8 +1,15 @@
 //! [`BackoffConfig`]'s mirror.
 
+use core::cell::Cell;
+use core::fmt;
+use core::marker::PhantomData;
+
+use serde::de::{
+    self, DeserializeSeed, Deserializer, EnumAccess, Unexpected, VariantAccess, Visitor,
+};
 use serde::{Deserialize, Serialize};
 
-use super::leaf::{field, ms_in_ns, ser_enum, ser_pair, to_ms, to_ns, unit_enums};
+use super::leaf::{Leaf, field, ms_in_ns, ser_enum, ser_pair, to_ms, to_ns, unit_enums};
 use super::via_mirror;
 use crate::backoff::{BackoffConfig, BackoffConfigBuilder, Jitter, JitterOrder};
 use crate::error::ConfigError;
@@ -90,13 +97,8 @@ unit_enums! {
 /// [`Jitter`] as written: `"none"`, `"full"`, `"equal"`, `"decorrelated"`, or a one-key
 /// object for a strategy with a parameter: `{"proportional": {"ppm": 200000}}`,
 /// `{"additive": {"range_ms": 500}}`, `{"per_delay": {"ppm": 1000000}}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(
-    rename_all = "snake_case",
-    deny_unknown_fields,
-    expecting = "`jitter`: `none`, `full`, `equal`, `decorrelated`, or an object \
-                 `proportional`, `additive` or `per_delay`"
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum JitterMirror {
     /// [`Jitter::None`].
@@ -104,13 +106,11 @@ pub enum JitterMirror {
     /// [`Jitter::Proportional`].
     Proportional {
         /// Half-width of the factor's range, in ppm.
-        #[serde(deserialize_with = "field::ppm")]
         ppm: u32,
     },
     /// [`Jitter::Additive`].
     Additive {
         /// Width of the offset's range, in ms.
-        #[serde(deserialize_with = "field::range_ms")]
         range_ms: u64,
     },
     /// [`Jitter::Full`].
@@ -122,9 +122,160 @@ pub enum JitterMirror {
     /// [`Jitter::PerDelay`].
     PerDelay {
         /// Width of the factor's range above 1, in ppm.
-        #[serde(deserialize_with = "field::ppm")]
         ppm: u32,
     },
+}
+
+/// The parameter of [`JitterMirror::Proportional`] and [`JitterMirror::PerDelay`].
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "`jitter`'s parameters: an object {\"ppm\": n}"
+)]
+struct PpmBody {
+    #[serde(deserialize_with = "field::ppm")]
+    ppm: u32,
+}
+
+/// The parameter of [`JitterMirror::Additive`].
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "`jitter`'s parameters: an object {\"range_ms\": n}"
+)]
+struct RangeBody {
+    #[serde(deserialize_with = "field::range_ms")]
+    range_ms: u64,
+}
+
+/// The strategies by name, in the order of [`JitterMirror`].
+const STRATEGIES: &[&str] = &[
+    "none",
+    "proportional",
+    "additive",
+    "full",
+    "equal",
+    "decorrelated",
+    "per_delay",
+];
+
+/// Reads a jitter with the field's name in every error, an unknown strategy included (the
+/// derived reader names only the strategies).
+impl Leaf for JitterMirror {
+    fn read<'de, D: Deserializer<'de>>(d: D, name: &'static str) -> Result<Self, D::Error> {
+        d.deserialize_enum("JitterMirror", STRATEGIES, JitterVisitor(name))
+    }
+}
+
+struct JitterVisitor(&'static str);
+
+impl JitterVisitor {
+    fn expected(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}`, one of ", self.0)?;
+        for (i, strategy) in STRATEGIES.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "`{strategy}`")?;
+        }
+        Ok(())
+    }
+}
+
+impl JitterVisitor {
+    /// The parameters of `strategy`. An error from inside them names their own field; one
+    /// before them (the strategy written without parameters) is wrapped to name this field.
+    fn parameters<'de, A: EnumAccess<'de>, T: Deserialize<'de>>(
+        &self,
+        body: A::Variant,
+        strategy: &'static str,
+    ) -> Result<T, A::Error> {
+        let entered = Cell::new(false);
+        body.newtype_variant_seed(Entered(&entered, PhantomData))
+            .map_err(|e| match entered.get() {
+                true => e,
+                false => de::Error::custom(format_args!(
+                    "`{}`: `{strategy}` takes parameters ({e})",
+                    self.0
+                )),
+            })
+    }
+}
+
+/// Reads `T`, noting that the reading started.
+struct Entered<'a, T>(&'a Cell<bool>, PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> DeserializeSeed<'de> for Entered<'_, T> {
+    type Value = T;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
+        self.0.set(true);
+        T::deserialize(d)
+    }
+}
+
+impl<'de> Visitor<'de> for JitterVisitor {
+    type Value = JitterMirror;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.expected(f)
+    }
+
+    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<JitterMirror, A::Error> {
+        let (strategy, body) = data.variant_seed(StrategySeed(self.0))?;
+        Ok(match strategy {
+            0 => body.unit_variant().map(|()| JitterMirror::None)?,
+            1 => JitterMirror::Proportional {
+                ppm: self.parameters::<A, PpmBody>(body, "proportional")?.ppm,
+            },
+            2 => JitterMirror::Additive {
+                range_ms: self.parameters::<A, RangeBody>(body, "additive")?.range_ms,
+            },
+            3 => body.unit_variant().map(|()| JitterMirror::Full)?,
+            4 => body.unit_variant().map(|()| JitterMirror::Equal)?,
+            5 => body.unit_variant().map(|()| JitterMirror::Decorrelated)?,
+            _ => JitterMirror::PerDelay {
+                ppm: self.parameters::<A, PpmBody>(body, "per_delay")?.ppm,
+            },
+        })
+    }
+}
+
+/// A strategy's name, as its index in [`STRATEGIES`].
+struct StrategySeed(&'static str);
+
+impl<'de> DeserializeSeed<'de> for StrategySeed {
+    type Value = usize;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<usize, D::Error> {
+        d.deserialize_identifier(self)
+    }
+}
+
+impl Visitor<'_> for StrategySeed {
+    type Value = usize;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        JitterVisitor(self.0).expected(f)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<usize, E> {
+        STRATEGIES
+            .iter()
+            .position(|s| *s == v)
+            .ok_or_else(|| E::invalid_value(Unexpected::Str(v), &self))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<usize, E> {
+        usize::try_from(v)
+            .ok()
+            .filter(|i| *i < STRATEGIES.len())
+            .ok_or_else(|| E::invalid_value(Unexpected::Unsigned(v), &self))
+    }
+}
+
+impl<'de> Deserialize<'de> for JitterMirror {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::read(d, "jitter")
+    }
 }
 
 impl TryFrom<Jitter> for JitterMirror {
@@ -200,6 +351,7 @@ pub struct BackoffConfigMirror {
     #[serde(serialize_with = "ser_pair", deserialize_with = "field::multiplier")]
     pub multiplier: (u32, u32),
     /// [`BackoffConfigBuilder::jitter`].
+    #[serde(deserialize_with = "field::jitter")]
     pub jitter: JitterMirror,
     /// [`BackoffConfigBuilder::floor`], in ms.
     #[serde(deserialize_with = "field::floor_ms")]

@@ -41,7 +41,7 @@ pub(super) mod field {
     }
 
     fields! {
-        preset initial_ms max_ms multiplier jitter_order first_delay_unjittered floor_ms
+        preset initial_ms max_ms multiplier jitter jitter_order first_delay_unjittered floor_ms
         resolution_ns total_budget_ms max_attempts max_wait_ms ppm range_ms
         l0_trigger l0_slowdown_writes_trigger write_buffer_size max_write_buffers
         exponent max_throttle_ms kv_jitter_ppm probe_sends probe_ttl_ms
@@ -71,8 +71,10 @@ pub(super) trait Int: Sized {
     fn from_u64(v: u64) -> Option<Self>;
 }
 
+/// Each type is read with the hint of the type it serialises as (`u32` as `u32`, the others
+/// as `u64`), so formats with fixed-width integers read what they wrote.
 macro_rules! ints {
-    ($($t:ty => $min:expr, $max:expr, $from:expr;)*) => {$(
+    ($($t:ty => $hint:ident, $min:expr, $max:expr, $from:expr;)*) => {$(
         impl Int for $t {
             const RANGE: (u64, u64) = ($min, $max);
             fn from_u64(v: u64) -> Option<Self> {
@@ -81,18 +83,19 @@ macro_rules! ints {
         }
         impl Leaf for $t {
             fn read<'de, D: Deserializer<'de>>(d: D, name: &'static str) -> Result<Self, D::Error> {
-                d.deserialize_u64(IntVisitor::<$t>(name, PhantomData))
+                d.$hint(IntVisitor::<$t>(name, PhantomData))
             }
         }
     )*};
 }
 
 ints! {
-    u32 => 0, u32::MAX as u64, |v| u32::try_from(v).ok();
-    u64 => 0, u64::MAX, Some;
-    usize => 0, usize::MAX as u64, |v| usize::try_from(v).ok();
-    NonZeroU64 => 1, u64::MAX, NonZeroU64::new;
-    NonZeroUsize => 1, usize::MAX as u64, |v| usize::try_from(v).ok().and_then(NonZeroUsize::new);
+    u32 => deserialize_u32, 0, u32::MAX as u64, |v| u32::try_from(v).ok();
+    u64 => deserialize_u64, 0, u64::MAX, Some;
+    usize => deserialize_u64, 0, usize::MAX as u64, |v| usize::try_from(v).ok();
+    NonZeroU64 => deserialize_u64, 1, u64::MAX, NonZeroU64::new;
+    NonZeroUsize => deserialize_u64, 1, usize::MAX as u64,
+        |v| usize::try_from(v).ok().and_then(NonZeroUsize::new);
 }
 
 struct IntVisitor<T>(&'static str, PhantomData<T>);
