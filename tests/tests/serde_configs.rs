@@ -440,7 +440,8 @@ fn field_names_are_the_option_names() {
         keys(&value, &mut all);
     }
     // Every optional field too: a backoff with every limit, a batcher with a timeout, a
-    // pressure config with a flush budget, a gate with the hard-rejection reason.
+    // pressure config with a flush budget, a gate with the hard-rejection reason and probes,
+    // a call with both backoffs.
     let extras = [
         serde_json::to_value(full_backoff()),
         serde_json::to_value(BatcherConfig::reads().with_op_timeout(Duration::from_secs(30))),
@@ -450,10 +451,11 @@ fn field_names_are_the_option_names() {
                 .build()
                 .unwrap(),
         ),
+        serde_json::to_value(probed_gate()),
         serde_json::to_value(
-            WriteGateConfig::default()
-                .with_kv_hard_rejection_never_shorten()
-                .unwrap(),
+            CallConfig::fluss_admin()
+                .with_backoff(BackoffConfig::kafka_retry())
+                .with_throttling_backoff(BackoffConfig::kafka_retry()),
         ),
     ];
     for value in extras {
@@ -469,14 +471,21 @@ fn field_names_are_the_option_names() {
             "`{key}` is not an option name of docs/options.md"
         );
     }
-    for key in [
-        "total_budget_ms",
-        "max_attempts",
-        "max_wait_ms",
-        "op_timeout_ms",
-        "flush_budget",
-    ] {
-        assert!(all.contains(key), "`{key}` was not serialised");
+    // And the other way: every option of a serialised configuration has its field, so an
+    // option added to a configuration without one fails here. The gRPC service config is not
+    // serialised (it is read from gRPC's own JSON by `from_json`).
+    for option in options::ALL {
+        if option.config().starts_with("GrpcRetry") {
+            continue;
+        }
+        let name = option.name();
+        assert!(
+            [name.to_string(), format!("{name}_ms"), format!("{name}_ns")]
+                .iter()
+                .any(|key| all.contains(key)),
+            "{} `{name}` has no serialised field",
+            option.config()
+        );
     }
 }
 
@@ -499,15 +508,9 @@ fn full_backoff() -> BackoffConfig {
         .expect("valid")
 }
 
-#[test]
-fn configurations_off_their_presets_round_trip_too() {
-    round_trip::<BackoffConfig, BackoffConfigMirror>(full_backoff(), eq);
-    let grpc = BackoffConfig::grpc_connection()
-        .to_builder()
-        .jitter(throttle_sansio::Jitter::PerDelay { ppm: 1_000_000 })
-        .build()
-        .unwrap();
-    round_trip::<BackoffConfig, BackoffConfigMirror>(grpc, eq);
+/// A gate with every option off its default: KV jitter, the hard-rejection reason, probe
+/// settings.
+fn probed_gate() -> WriteGateConfig {
     let mut gate = WriteGateConfig::fluss_issue_3454()
         .with_kv_jitter(200_000)
         .with_kv_hard_rejection_never_shorten()
@@ -517,6 +520,19 @@ fn configurations_off_their_presets_round_trip_too() {
         .unwrap();
     let hard = gate.kv_hard_rejection().unwrap();
     gate.set_probe(hard, Some(1)).unwrap();
+    gate
+}
+
+#[test]
+fn configurations_off_their_presets_round_trip_too() {
+    round_trip::<BackoffConfig, BackoffConfigMirror>(full_backoff(), eq);
+    let grpc = BackoffConfig::grpc_connection()
+        .to_builder()
+        .jitter(throttle_sansio::Jitter::PerDelay { ppm: 1_000_000 })
+        .build()
+        .unwrap();
+    round_trip::<BackoffConfig, BackoffConfigMirror>(grpc, eq);
+    let gate = probed_gate();
     round_trip::<WriteGateConfig, WriteGateConfigMirror>(gate.clone(), debug_eq);
     let writer = PacedWriterConfig::default()
         .with_gate(gate)
