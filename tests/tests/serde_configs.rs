@@ -750,3 +750,58 @@ fn what_a_file_cannot_hold_is_refused_when_serialising() {
     let err = serde_json::to_string(&gate).unwrap_err().to_string();
     assert_names(&err, "reasons");
 }
+
+/// Every JSON pointer into `value` (its own `""` included).
+fn pointers(value: &serde_json::Value, at: String, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map {
+                pointers(value, format!("{at}/{key}"), out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, value) in items.iter().enumerate() {
+                pointers(value, format!("{at}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+    out.push(at);
+}
+
+/// No value in any place panics: every preset file with each of its values (objects and
+/// arrays too) replaced by each of a set of odd values is read to a config or an error.
+#[test]
+fn no_value_in_any_place_panics() {
+    let odd = [
+        serde_json::json!(null),
+        serde_json::json!(-1),
+        serde_json::json!(0),
+        serde_json::json!(u64::MAX),
+        serde_json::json!(1.5),
+        serde_json::json!("x"),
+        serde_json::json!(true),
+        serde_json::json!([]),
+        serde_json::json!([0, 0, 0]),
+        serde_json::json!({}),
+        serde_json::json!({"none": null}),
+    ];
+    let mut read = 0;
+    for preset in presets() {
+        let value: serde_json::Value = serde_json::from_str(&(preset.json)()).unwrap();
+        let mut at = Vec::new();
+        pointers(&value, String::new(), &mut at);
+        for pointer in &at {
+            for odd in &odd {
+                let mut edited = value.clone();
+                *edited.pointer_mut(pointer).expect("a pointer of the value") = odd.clone();
+                // Accepted or refused, never a panic; a refusal is a message.
+                if let Err(e) = (preset.check_file)(&edited.to_string()) {
+                    assert!(!e.is_empty());
+                }
+                read += 1;
+            }
+        }
+    }
+    assert!(read > 1_000, "{read} files read");
+}
