@@ -526,6 +526,14 @@ fn probed_gate() -> WriteGateConfig {
 #[test]
 fn configurations_off_their_presets_round_trip_too() {
     round_trip::<BackoffConfig, BackoffConfigMirror>(full_backoff(), eq);
+    // `BackoffConfig::constant` takes its delay, so it has no preset file: it is the general
+    // builder's, and reads back as such.
+    let constant = BackoffConfig::constant(Duration::from_millis(250)).unwrap();
+    assert_eq!(
+        BackoffConfigMirror::try_from(&constant).unwrap().preset,
+        throttle_sansio::mirror::BackoffPreset::Builder
+    );
+    round_trip::<BackoffConfig, BackoffConfigMirror>(constant, eq);
     let grpc = BackoffConfig::grpc_connection()
         .to_builder()
         .jitter(throttle_sansio::Jitter::PerDelay { ppm: 1_000_000 })
