@@ -22,6 +22,9 @@ pub mod error;
 pub mod failover;
 pub mod grpc_config;
 mod maintenance;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod mirror;
 pub mod options;
 pub mod paced_writer;
 pub mod pending_bytes;

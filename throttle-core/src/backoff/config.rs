@@ -180,6 +180,13 @@ impl BackoffConfig {
         }
     }
 
+    /// Whether `other` was built under the same option names and bounds (the same preset, or
+    /// both general): the preset a serialised config names.
+    #[cfg(feature = "serde")]
+    pub(crate) fn same_rules(&self, other: &BackoffConfig) -> bool {
+        self.rules == other.rules
+    }
+
     /// Delay for 0-based `attempt` as the first draw of a fresh sequence.
     ///
     /// A fresh sequence has no additive offset yet, so [`Jitter::Additive`] draws a new one;
