@@ -19,6 +19,7 @@ pub mod conn_key;
 pub mod dispatch_window;
 mod divisor;
 pub mod error;
+pub mod event;
 pub mod failover;
 pub mod grpc_config;
 mod maintenance;
@@ -63,7 +64,7 @@ pub use paced_writer::{PacedWriter, PacedWriterConfig, WriteOutcome, WriterActio
 pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;
 pub use time::Instant;
-pub use write_gate::{GateAction, GateState, Reason, WriteGate, WriteGateConfig};
+pub use write_gate::{GateAction, GateEvent, GateState, Reason, WriteGate, WriteGateConfig};
 
 /// The proptest settings of the crate's unit tests: `cases` normally, a handful under miri,
 /// and no failure files (the crate's tests must not write into the source tree).

@@ -37,7 +37,8 @@ use crate::rng::SplitMix64;
 use crate::test_hasher::TestHasher as Fnv;
 use crate::time::Instant;
 use crate::write_gate::{
-    GateAction, GateError, GateState, Reason, ReasonSpec, UpdateRule, WriteGate, WriteGateConfig,
+    GateAction, GateError, GateEvent, GateState, Reason, ReasonSpec, UpdateRule, WriteGate,
+    WriteGateConfig,
 };
 
 const BUCKETS: u8 = 5;
@@ -540,6 +541,8 @@ struct Step {
     what: alloc::string::String,
     expected_wake: Option<u64>,
     install_result: Option<(Duration, u64)>,
+    /// An install that reached the gate: bucket, reference reason index, attempt, clamped now.
+    installed: Option<(u8, usize, Option<u32>, u64)>,
 }
 
 impl Step {
@@ -548,6 +551,7 @@ impl Step {
             what,
             expected_wake: None,
             install_result: None,
+            installed: None,
         }
     }
 }
@@ -562,10 +566,15 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let disk = cfg.disk_write_locked().clone();
     let retriable = cfg.retriable_write().clone();
     let curve = *cfg.kv_curve();
-    let gate: Gate = match WriteGate::new(cfg) {
+    let mut gate: Gate = match WriteGate::new(cfg) {
         Ok(gate) => gate,
         Err(e) => return Err(format!("config refused: {e}")),
     };
+    // Events on in half the runs: the other half checks that none is ever recorded.
+    let events = seed & 1 == 1;
+    if events {
+        gate.set_event_capacity(64);
+    }
     let mut st = State {
         gate,
         reference: Reference {
@@ -623,8 +632,78 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         if let Some(extra) = st.gate.poll_action() {
             return Err(fail(format!("a second action {extra:?}")));
         }
+        check_events(&mut st, &done, wake, events).map_err(fail)?;
         st.gate.check_invariants().map_err(|e| fail(e.into()))?;
         compare(&st.gate, &st.reference, st.now).map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// The events of one step: with events on, an install that changed or stored something
+/// records exactly one `Installed` for its bucket and reason, whose openings are the
+/// reference's, and the `Wake` events end at the step's wake action; with events off, none.
+fn check_events(
+    st: &mut State,
+    done: &Step,
+    wake: Option<GateAction>,
+    on: bool,
+) -> Result<(), alloc::string::String> {
+    let got: Vec<GateEvent<Key>> = core::iter::from_fn(|| st.gate.poll_event()).collect();
+    if !on {
+        return match got.is_empty() {
+            true => Ok(()),
+            false => Err(format!("events while off: {got:?}")),
+        };
+    }
+    if st.gate.events_dropped() != 0 {
+        return Err("an event was dropped below the capacity".into());
+    }
+    let mut installs = 0;
+    let mut earliest: Option<Instant> = None;
+    for e in &got {
+        match e {
+            GateEvent::Installed {
+                bucket,
+                reason,
+                attempt,
+                reason_opens_at,
+                opens_at,
+                ..
+            } => {
+                installs += 1;
+                let Some((b, r, want_attempt, t)) = done.installed else {
+                    return Err(format!(
+                        "an install event for a step that installs nothing: {e:?}"
+                    ));
+                };
+                let own = st
+                    .reference
+                    .reasons(t, b)
+                    .into_iter()
+                    .find(|&(x, _)| x == r)
+                    .map(|(_, d)| Instant::from_nanos(d));
+                let remaining = done.install_result.map_or(0, |(_, want)| want);
+                if *bucket != Key::new(b)
+                    || reason.index() != r
+                    || *attempt != want_attempt
+                    || *reason_opens_at != own
+                    || *opens_at != Instant::from_nanos(t.saturating_add(remaining))
+                {
+                    return Err(format!(
+                        "event {e:?}, reference bucket {b} reason {r} attempt {want_attempt:?} own {own:?} opens {}",
+                        t.saturating_add(remaining)
+                    ));
+                }
+            }
+            GateEvent::Wake { at } => earliest = Some(earliest.map_or(*at, |w| w.min(*at))),
+        }
+    }
+    let stored = done.install_result.is_some_and(|(got, _)| !got.is_zero());
+    if installs > 1 || (stored && installs == 0) {
+        return Err(format!("{installs} install events: {got:?}"));
+    }
+    if earliest.map(|at| GateAction::Wake { at }) != wake {
+        return Err(format!("wake events {got:?}, wake action {wake:?}"));
     }
     Ok(())
 }
@@ -692,6 +771,7 @@ fn apply(
                 let d = disk
                     .delay_for(attempts, ref_rng)
                     .max(Duration::from_millis(1));
+                done.installed = Some((b, 0, Some(attempts), t));
                 reference.install(t, b, 0, d)
             };
             done.install_result = Some((got, want));
@@ -706,6 +786,7 @@ fn apply(
                 (0, None)
             } else {
                 let d = retriable.delay_for(attempts, ref_rng);
+                done.installed = Some((b, 2, Some(attempts), t));
                 reference.install(t, b, 2, d)
             };
             done.install_result = Some((got, want));
@@ -718,6 +799,7 @@ fn apply(
             done = Step::new(format!("kv_signal(b{b}, {s:?})"));
             let got = gate.handle_kv_signal(now_v, &key, s);
             let t = reference.observe(now_v);
+            done.installed = (!reference.shut).then_some((b, kv_index(*kv_hard, s), None, t));
             let (want, wake) = reference.install(t, b, kv_index(*kv_hard, s), curve.delay(s));
             done.install_result = Some((got, want));
             done.expected_wake = wake;
@@ -741,6 +823,7 @@ fn apply(
                 let hi = u64::try_from(ns + spread).unwrap_or(u64::MAX);
                 Duration::from_nanos(crate::rng::between_inclusive(ref_rng, lo, hi))
             };
+            done.installed = (!reference.shut).then_some((b, kv_index(*kv_hard, s), None, t));
             let (want, wake) = reference.install(t, b, kv_index(*kv_hard, s), d);
             done.install_result = Some((got, want));
             done.expected_wake = wake;
@@ -756,6 +839,7 @@ fn apply(
             if let Some(&reason) = handles.get(r).filter(|_| r != FOREIGN) {
                 let got = gate.handle_throttle(now_v, &key, reason, d);
                 let t = reference.observe(now_v);
+                done.installed = (!reference.shut).then_some((b, r, None, t));
                 let (want, wake) = reference.install(t, b, r, d);
                 let got = got.map_err(|e| format!("step {step}: {}: {e}", done.what))?;
                 done.install_result = Some((got, want));

@@ -23,6 +23,7 @@ use hashbrown::HashTable;
 
 use crate::backpressure::Signal;
 use crate::error::ConfigError;
+use crate::event::EventQueue;
 use crate::paced_writer::WriteOutcome;
 use crate::rng::Rng;
 use crate::time::{Clock, Instant, ceil_millis};
@@ -103,6 +104,37 @@ pub enum GateAction {
     /// opened outright). Undrained wakes coalesce into one carrying the earliest `at`.
     Wake {
         /// When the bucket whose wait shrank now opens.
+        at: Instant,
+    },
+}
+
+/// An observation of the gate, drained with [`WriteGate::poll_event`] once turned on with
+/// [`WriteGate::set_event_capacity`] (off by default: see [`crate::event`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GateEvent<K> {
+    /// An install reached `bucket`'s `reason` (a rejection's backoff, a KV signal, a custom
+    /// throttle), after the reason's update rule.
+    Installed {
+        /// The bucket.
+        bucket: K,
+        /// The reason installed on.
+        reason: Reason,
+        /// The delay this install asked for (after jitter and the disk floor).
+        delay: Duration,
+        /// The attempt the install was for: the `attempts` of a disk or retriable rejection,
+        /// `None` for a signal or a custom throttle.
+        attempt: Option<u32>,
+        /// That reason's own opening after the install (a never-shorten reason keeps a later
+        /// one); `None` when it holds nothing (a `Clear`, a zero delay, or a leader-scoped
+        /// reason ignored while the leader is unknown).
+        reason_opens_at: Option<Instant>,
+        /// The bucket's opening over all its reasons (`now` when open).
+        opens_at: Instant,
+    },
+    /// The gate emitted [`GateAction::Wake`]: some bucket now opens earlier, at `at`.
+    Wake {
+        /// The bucket's new opening.
         at: Instant,
     },
 }
@@ -305,6 +337,8 @@ pub struct WriteGate<K, S> {
     clock: Clock,
     wake: Option<Instant>,
     closed: bool,
+    /// Observations, off until [`Self::set_event_capacity`].
+    events: EventQueue<GateEvent<K>>,
 }
 
 impl<K, S> WriteGate<K, S>
@@ -329,6 +363,7 @@ where
             clock: Clock::default(),
             wake: None,
             closed: false,
+            events: EventQueue::new(),
         })
     }
 
@@ -377,7 +412,13 @@ where
             .disk_write_locked
             .delay_for(attempts, rng)
             .max(DISK_WRITE_LOCKED_FLOOR);
-        self.install(now, bucket, Reason::DISK_WRITE_LOCKED.index(), delay)
+        self.install(
+            now,
+            bucket,
+            Reason::DISK_WRITE_LOCKED.index(),
+            delay,
+            Some(attempts),
+        )
     }
 
     /// A write to `bucket` failed with another retriable error: like
@@ -401,7 +442,13 @@ where
             return Duration::ZERO;
         }
         let delay = self.cfg.retriable_write.delay_for(attempts, rng);
-        self.install(now, bucket, Reason::RETRIABLE_WRITE.index(), delay)
+        self.install(
+            now,
+            bucket,
+            Reason::RETRIABLE_WRITE.index(),
+            delay,
+            Some(attempts),
+        )
     }
 
     /// The leader of `bucket` reported KV backpressure `signal`: the throttle becomes
@@ -422,7 +469,7 @@ where
     pub fn handle_kv_signal(&mut self, now: Instant, bucket: &K, signal: Signal) -> Duration {
         let delay = self.cfg.kv_curve.delay(signal);
         let r = self.kv_reason(signal);
-        self.install(now, bucket, r, delay)
+        self.install(now, bucket, r, delay, None)
     }
 
     /// [`Self::handle_kv_signal`] with the configured KV jitter
@@ -479,7 +526,7 @@ where
             ))
         };
         let r = self.kv_reason(signal);
-        self.install(now, bucket, r, delay)
+        self.install(now, bucket, r, delay, None)
     }
 
     /// The reason a KV `signal` installs on: the hard-rejection reason for `Full` when it is
@@ -511,7 +558,7 @@ where
         if reason.index() >= self.cfg.reasons().len() {
             return Err(GateError::UnknownReason(reason));
         }
-        Ok(self.install(now, bucket, reason.index(), delay))
+        Ok(self.install(now, bucket, reason.index(), delay, None))
     }
 
     /// The leader of `bucket` became unknown (`known == false`) or known again.
@@ -728,6 +775,23 @@ where
         self.wake.take().map(|at| GateAction::Wake { at })
     }
 
+    /// The oldest undrained observation, if events are on ([`Self::set_event_capacity`]).
+    /// Drain after [`Self::poll_action`].
+    pub fn poll_event(&mut self) -> Option<GateEvent<K>> {
+        self.events.pop()
+    }
+
+    /// Record up to `capacity` undrained events (0, the default, turns them off: no input
+    /// then builds one). Past the capacity the oldest is dropped and counted.
+    pub fn set_event_capacity(&mut self, capacity: usize) {
+        self.events.set_capacity(capacity);
+    }
+
+    /// Events lost to a full queue (or discarded by turning events off) so far.
+    pub fn events_dropped(&self) -> u64 {
+        self.events.dropped()
+    }
+
     /// The earliest opening among gated buckets whose leader is known, where a probing
     /// bucket's opening is its probe lapse ([`ReasonSpec::probe_ttl`] after its gates
     /// opened): sleep until then and call [`Self::handle_timeout`]. May be in the past (a gate expired but not yet evicted).
@@ -935,23 +999,33 @@ where
 
     fn push_wake(&mut self, at: Instant) {
         self.wake = Some(self.wake.map_or(at, |w| w.min(at)));
+        self.events.emit(|| GateEvent::Wake { at });
     }
 
     /// The one install path every reason shares: clamp time, apply the reason's rule, arm
     /// probes, wake if the bucket's remaining time fell, and settle the heap.
-    fn install(&mut self, now: Instant, bucket: &K, r: usize, delay: Duration) -> Duration {
+    fn install(
+        &mut self,
+        now: Instant,
+        bucket: &K,
+        r: usize,
+        delay: Duration,
+        attempt: Option<u32>,
+    ) -> Duration {
         let spec = self.cfg.reasons().get(r).copied();
         let t = self.clock.peek(now);
         let candidate = t + delay;
         let pending = candidate > t;
         // User code first (the key's `Hash`, `Eq`, and `Clone` for a new bucket), so that a
         // panic in it leaves the gate as it was.
-        let (hash, found, fresh) = if self.closed || spec.is_none() {
-            (0, None, None)
+        // With events on, the event's copy of the key is made here too.
+        let (hash, found, fresh, noted) = if self.closed || spec.is_none() {
+            (0, None, None, None)
         } else {
             let (hash, found) = self.lookup(bucket);
             let fresh = (found.is_none() && pending).then(|| bucket.clone());
-            (hash, found, fresh)
+            let noted = self.events.is_on().then(|| bucket.clone());
+            (hash, found, fresh, noted)
         };
         let now = self.clock.observe(now);
         let Some(spec) = spec.filter(|_| !self.closed) else {
@@ -997,11 +1071,39 @@ where
             }
         }
         let after = self.slot_remaining(i, now);
+        if let Some(bucket) = noted {
+            self.note_install(bucket, i, r, delay, attempt, now + after);
+        }
         if after < before {
             self.push_wake(now + after);
         }
         self.settle(i, unknown, now);
         after
+    }
+
+    /// Record the [`GateEvent::Installed`] of an install on slot `i`'s reason `r` (events on).
+    #[cold]
+    fn note_install(
+        &mut self,
+        bucket: K,
+        i: usize,
+        r: usize,
+        delay: Duration,
+        attempt: Option<u32>,
+        opens_at: Instant,
+    ) {
+        let own = self.deadlines(i).nth(r).filter(|&d| d != Instant::ZERO);
+        let Some(reason) = reason_at(r) else {
+            return;
+        };
+        self.events.emit(|| GateEvent::Installed {
+            bucket,
+            reason,
+            delay,
+            attempt,
+            reason_opens_at: own,
+            opens_at,
+        });
     }
 
     /// Restore slot `i`'s invariants after a change at `now` (after [`Self::clean`]): note

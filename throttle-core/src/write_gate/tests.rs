@@ -1539,3 +1539,133 @@ mod snapshots {
         assert_eq!(cfg.kv_jitter_ppm(), 0);
     }
 }
+
+#[test]
+fn events_are_off_by_default_and_record_installs_and_wakes_once_on() {
+    let mut g = gate();
+    let mut rng = SplitMix64::new(5);
+    g.handle_disk_write_locked(at(0), &1, 0, &mut rng);
+    assert_eq!(g.poll_event(), None, "off by default");
+
+    g.set_event_capacity(16);
+    // A custom throttle: the reason's own opening and the bucket's are the same.
+    install(&mut g, at(10), 2, RETRY, ms(500));
+    assert_eq!(
+        g.poll_event(),
+        Some(GateEvent::Installed {
+            bucket: 2,
+            reason: RETRY,
+            delay: ms(500),
+            attempt: None,
+            reason_opens_at: Some(at(510)),
+            opens_at: at(510),
+        })
+    );
+    // A disk rejection carries its attempt; a KV signal under it has its own, earlier opening.
+    let wait = g.handle_disk_write_locked(at(10), &2, 3, &mut rng);
+    let Some(GateEvent::Installed {
+        reason: DISK,
+        attempt: Some(3),
+        delay,
+        reason_opens_at: Some(own),
+        opens_at,
+        ..
+    }) = g.poll_event()
+    else {
+        panic!("a disk install event");
+    };
+    assert_eq!((own, opens_at), (at(10) + delay, at(10) + wait));
+    g.handle_kv_signal(at(10), &2, Signal::Pressure(100_000));
+    let Some(GateEvent::Installed {
+        reason: KV,
+        reason_opens_at: Some(kv),
+        opens_at: all,
+        ..
+    }) = g.poll_event()
+    else {
+        panic!("a kv install event");
+    };
+    assert!(kv < all && all == at(10) + wait);
+    // Clearing the KV reason: no own opening. Lifting the retry throttle wakes.
+    g.handle_kv_signal(at(20), &2, Signal::Clear);
+    assert!(matches!(
+        g.poll_event(),
+        Some(GateEvent::Installed {
+            reason: KV,
+            reason_opens_at: None,
+            ..
+        })
+    ));
+    assert_eq!(g.poll_event(), None);
+    // KV is latest-wins: a zero delay lifts it, and the bucket wakes.
+    let lifted = install(&mut g, at(30), 3, KV, ms(100));
+    assert_eq!(lifted, ms(100));
+    g.handle_throttle(at(40), &3, KV, Duration::ZERO).ok();
+    assert!(matches!(
+        g.poll_event(),
+        Some(GateEvent::Installed { bucket: 3, .. })
+    ));
+    assert!(matches!(
+        g.poll_event(),
+        Some(GateEvent::Installed { bucket: 3, reason_opens_at: None, opens_at, .. }) if opens_at == at(40)
+    ));
+    assert_eq!(g.poll_event(), Some(GateEvent::Wake { at: at(40) }));
+    assert_eq!(g.poll_action(), Some(GateAction::Wake { at: at(40) }));
+    assert_eq!(g.poll_event(), None);
+    assert_eq!(g.events_dropped(), 0);
+}
+
+#[test]
+fn a_full_event_queue_keeps_the_newest_and_counts_the_rest() {
+    let mut g = gate();
+    g.set_event_capacity(2);
+    for b in 0..5 {
+        install(&mut g, at(0), b, RETRY, ms(10));
+    }
+    assert_eq!(g.events_dropped(), 3);
+    let buckets: Vec<u32> = core::iter::from_fn(|| g.poll_event())
+        .map(|e| match e {
+            GateEvent::Installed { bucket, .. } => bucket,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(buckets, [3, 4]);
+}
+
+#[test]
+fn a_panicking_clone_for_an_event_leaves_the_gate_as_it_was() {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    #[derive(Debug)]
+    struct Bomb(u32, Rc<Cell<bool>>);
+    impl core::hash::Hash for Bomb {
+        fn hash<H: core::hash::Hasher>(&self, h: &mut H) {
+            self.0.hash(h);
+        }
+    }
+    impl PartialEq for Bomb {
+        fn eq(&self, o: &Self) -> bool {
+            self.0 == o.0
+        }
+    }
+    impl Eq for Bomb {}
+    impl Clone for Bomb {
+        fn clone(&self) -> Self {
+            assert!(!self.1.get(), "clone bomb");
+            Bomb(self.0, Rc::clone(&self.1))
+        }
+    }
+    let mut g: WriteGate<Bomb, RandomState> = WriteGate::new(WriteGateConfig::default()).unwrap();
+    g.set_event_capacity(8);
+    let armed = Rc::new(Cell::new(false));
+    let key = Bomb(1, Rc::clone(&armed));
+    g.handle_throttle(at(0), &key, RETRY, ms(100)).unwrap();
+    assert!(g.poll_event().is_some());
+    armed.set(true);
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        g.handle_throttle(at(1), &key, RETRY, ms(900))
+    }));
+    assert!(r.is_err());
+    assert!(g.check_invariants().is_ok());
+    assert_eq!(g.remaining(at(1), &key), ms(99), "the input did not happen");
+    assert_eq!(g.poll_event(), None);
+}
