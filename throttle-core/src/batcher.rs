@@ -38,9 +38,10 @@ use hashbrown::HashTable;
 use smallvec::SmallVec;
 
 use crate::dispatch_window::{
-    CreditId, Dispatch, DispatchWindow, Place, Submitted, Ticket, WindowConfig,
+    CreditId, Dispatch, DispatchWindow, Place, Submitted, Ticket, WindowConfig, WindowEvent,
 };
 use crate::error::{ConfigError, ReleaseError};
+use crate::event::EventQueue;
 use crate::maintenance::{Maintenance, Peak};
 use crate::slab::{Key, Slab};
 use crate::time::{Clock, Instant};
@@ -180,6 +181,33 @@ pub enum BatchAction<Shard, H, P = (), E = ()> {
         handle: H,
         /// Why it failed (with the batch's error for a failed batch).
         reason: FailReason<E>,
+    },
+}
+
+/// An observation of the batcher, drained with [`Batcher::poll_event`] once turned on with
+/// [`Batcher::set_event_capacity`] (off by default: see [`crate::event`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BatchEvent<Shard> {
+    /// A batch left for `shard` under `credit`: one per [`BatchAction::Send`], recorded as
+    /// [`Batcher::poll_action`] returns it, in the order of the `Send`s.
+    Dispatched {
+        /// The shard.
+        shard: Shard,
+        /// The batch's credit.
+        credit: CreditId,
+        /// Its operations.
+        ops: usize,
+        /// Its bytes (the sum of its operations' sizes).
+        bytes: u64,
+    },
+    /// The credit of a batch that ended (a response, a failure) or was requeued was released.
+    Released {
+        /// The credit released.
+        credit: CreditId,
+        /// Its shard's batches in flight after the release, counting one sent at once under
+        /// the freed credit (then a `Dispatched` follows).
+        in_flight: u32,
     },
 }
 
@@ -542,6 +570,11 @@ pub struct Batcher<Shard, H, S, P = (), E = ()> {
     peak_batch_len: Peak,
     peak_open: Peak,
     peak_actions: Peak,
+    /// Observations, off until [`Self::set_event_capacity`]. The window's own events are on
+    /// exactly when these are, and are turned into these as each input ends.
+    events: EventQueue<BatchEvent<Shard>>,
+    /// A `Dispatched` is being recorded for the head `Send` (set while its key is copied).
+    noting: bool,
 }
 
 impl<Shard, H, S, P, E> Batcher<Shard, H, S, P, E>
@@ -589,6 +622,8 @@ where
             peak_batch_len: Peak::default(),
             peak_open: Peak::default(),
             peak_actions: Peak::default(),
+            events: EventQueue::new(),
+            noting: false,
         }
     }
 
@@ -829,12 +864,41 @@ where
     /// returning credit sends it: an open batch cannot be stranded by a forgotten `flush`.
     /// Call `flush` yourself, as before, when your input queue is empty; to batch several
     /// operations for a shard with credit, add them all before draining.
+    ///
+    /// With events on ([`Self::set_event_capacity`]) a `Send` is recorded as
+    /// [`BatchEvent::Dispatched`] here, with a copy of its shard key: a panicking `Clone` then
+    /// reaches the caller with the `Send` still queued, and the next call returns it (without
+    /// its event, counted in [`Self::events_dropped`]).
     pub fn poll_action(&mut self) -> Option<BatchAction<Shard, H, P, E>> {
         if self.actions.is_empty() && self.open_count > 0 {
             let now = self.clock.peek(Instant::ZERO);
             self.flush(now);
         }
+        if self.events.is_on() {
+            self.note_send();
+        }
         self.actions.pop_front()
+    }
+
+    /// The oldest undrained observation, if events are on ([`Self::set_event_capacity`]).
+    pub fn poll_event(&mut self) -> Option<BatchEvent<Shard>> {
+        self.events.pop()
+    }
+
+    /// Record up to `capacity` undrained events (0, the default, turns them off: no input
+    /// builds one, or copies a key for one). See [`crate::event`].
+    pub fn set_event_capacity(&mut self, capacity: usize) {
+        self.events.set_capacity(capacity);
+        self.noting = false;
+        // The window's events are drained into these after every input that makes one, so
+        // its queue holds at most one input's worth: unbounded there, bounded here.
+        self.window
+            .set_event_capacity(if capacity == 0 { 0 } else { usize::MAX });
+    }
+
+    /// Events lost to a full queue (or discarded by turning events off) so far.
+    pub fn events_dropped(&self) -> u64 {
+        self.events.dropped()
     }
 
     /// The batch in flight under `credit`: its handles in position order (its payloads left
@@ -889,7 +953,7 @@ where
     /// Hands a full batch to the shard's (pinned) window entry at `place`.
     fn submit_full(&mut self, place: Place, shard: Shard, batch: Batch<H, P>) {
         let id = batch.id;
-        match self.window.submit_at(place, shard, batch) {
+        match self.window.submit_at(place, shard, None, batch) {
             Ok(Submitted::Sent(d)) => self.record(d),
             Ok(Submitted::Queued(ticket)) => self.locate(id, Held::Queued(ticket)),
             Err(e) => {
@@ -926,6 +990,7 @@ where
                 payloads,
             });
         }
+        self.pump_events();
     }
 
     fn take_sent(&mut self, credit: CreditId) -> Option<InFlight<H, P>> {
@@ -941,7 +1006,55 @@ where
         if let Some(d) = next {
             self.record(d);
         }
+        self.pump_events();
         self.close_if_window_closed();
+    }
+
+    /// Turns the window's `Released` events into the batcher's (its `Dispatched` ones are
+    /// dropped: the batcher records each dispatch from its `Send`, see `poll_action`). Runs
+    /// no user code.
+    #[inline]
+    fn pump_events(&mut self) {
+        if self.events.is_on() {
+            self.pump_events_cold();
+        }
+    }
+
+    #[cold]
+    fn pump_events_cold(&mut self) {
+        while let Some(e) = self.window.poll_event() {
+            if let WindowEvent::Released { credit, in_flight } = e {
+                self.events
+                    .emit(|| BatchEvent::Released { credit, in_flight });
+            }
+        }
+    }
+
+    /// With events on, records the `Dispatched` of the `Send` at the head of the actions,
+    /// before it leaves: the event's copy of the shard key (user `Clone`) is made while the
+    /// action is still queued, so a panicking `Clone` loses nothing; that `Send` then goes
+    /// out without its event (counted in `events_dropped`).
+    #[cold]
+    fn note_send(&mut self) {
+        let Some(BatchAction::Send { shard, credit, .. }) = self.actions.front() else {
+            return;
+        };
+        let credit = *credit;
+        if core::mem::replace(&mut self.noting, true) {
+            // The copy for this `Send` panicked on an earlier poll.
+            self.noting = false;
+            self.events.note_dropped();
+            return;
+        }
+        let shard = shard.clone();
+        self.noting = false;
+        let (ops, bytes) = self.batch(credit).map_or((0, 0), |b| (b.len(), b.bytes()));
+        self.events.emit(|| BatchEvent::Dispatched {
+            shard,
+            credit,
+            ops,
+            bytes,
+        });
     }
 
     /// Once the window can issue no credit id, nothing held back could ever be sent: fail

@@ -27,6 +27,7 @@ use core::num::NonZeroUsize;
 use hashbrown::HashTable;
 
 use crate::error::{ConfigError, ReleaseError};
+use crate::event::EventQueue;
 pub use crate::maintenance::MAINTENANCE_INTERVAL;
 use crate::maintenance::Peak;
 use crate::slab::Key;
@@ -162,6 +163,58 @@ pub struct Dispatch<Shard, B> {
     pub credit: CreditId,
     /// The batch itself.
     pub batch: B,
+}
+
+/// An observation of a window, drained with [`DispatchWindow::poll_event`] (or
+/// [`SingleWindow::poll_event`], whose shard is `()`) once turned on with
+/// `set_event_capacity` (off by default: see [`crate::event`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WindowEvent<Shard> {
+    /// A batch left for `shard` under `credit` (one event per [`Dispatch`] returned, whatever
+    /// call returned it: a submit, a release handing the credit on, a resume).
+    Dispatched {
+        /// The shard (the window's copy of its key, made before the input changed anything).
+        shard: Shard,
+        /// The batch's credit.
+        credit: CreditId,
+    },
+    /// `credit` was released (once; a refused release records nothing).
+    Released {
+        /// The credit released.
+        credit: CreditId,
+        /// Its shard's credits in flight after the release, counting one handed on at once
+        /// to a held-back batch (then a `Dispatched` follows).
+        in_flight: u32,
+    },
+}
+
+/// A copy of `key` for the event of a dispatch, made (only with events on) before the input
+/// changes anything, so a panicking `Clone` leaves the window as it was.
+#[inline]
+fn noted<Shard: Clone>(events: &EventQueue<WindowEvent<Shard>>, key: &Shard) -> Option<Shard> {
+    if events.is_on() {
+        noted_cold(key)
+    } else {
+        None
+    }
+}
+
+#[cold]
+fn noted_cold<Shard: Clone>(key: &Shard) -> Option<Shard> {
+    Some(key.clone())
+}
+
+/// Records the dispatch of `credit` to the shard copied by [`noted`] (nothing when off).
+#[inline]
+fn note_sent<Shard>(
+    events: &mut EventQueue<WindowEvent<Shard>>,
+    noted: Option<Shard>,
+    credit: CreditId,
+) {
+    if let Some(shard) = noted {
+        events.emit(|| WindowEvent::Dispatched { shard, credit });
+    }
 }
 
 /// A batch the window refused; the batch is handed back.
@@ -334,6 +387,8 @@ pub struct DispatchWindow<Shard, B, S> {
     /// update the books beside it with a single lookup. The rules of each shard's window live
     /// there (`shard.rs`), shared with [`SingleWindow`].
     books: Books<B, Place>,
+    /// Observations, off until [`Self::set_event_capacity`].
+    events: EventQueue<WindowEvent<Shard>>,
 }
 
 /// The entry at `place`, found without running user code.
@@ -394,6 +449,7 @@ where
             next_entry: 0,
             peak_shards: Peak::default(),
             books: Books::new(),
+            events: EventQueue::new(),
         }
     }
 
@@ -468,14 +524,16 @@ where
             return self.open_shard(shard, hash, batch).map(Some);
         };
         let place = Place { hash, entry: e.id };
-        Ok(self
-            .books
-            .park_or_send(&mut e.w, place, cap, batch)?
-            .map(|(credit, batch)| Dispatch {
+        let noted = noted(&self.events, &shard);
+        let sent = self.books.park_or_send(&mut e.w, place, cap, batch)?;
+        Ok(sent.map(|(credit, batch)| {
+            note_sent(&mut self.events, noted, credit);
+            Dispatch {
                 shard,
                 credit,
                 batch,
-            }))
+            }
+        }))
     }
 
     /// A full batch for `shard`, whose hash by this window's hasher is `hash`; the outcome is
@@ -498,12 +556,16 @@ where
             return self.open_shard(shard, hash, batch).map(sent);
         };
         let place = Place { hash, entry: e.id };
+        let noted = noted(&self.events, &shard);
         match self.books.enter(&mut e.w, place, batch, cap)? {
-            Entered::Credit(credit, batch) => Ok(sent(Dispatch {
-                shard,
-                credit,
-                batch,
-            })),
+            Entered::Credit(credit, batch) => {
+                note_sent(&mut self.events, noted, credit);
+                Ok(sent(Dispatch {
+                    shard,
+                    credit,
+                    batch,
+                }))
+            }
             Entered::Queued(ticket) => Ok(queued(ticket)),
         }
     }
@@ -519,12 +581,16 @@ where
     ) -> Result<Dispatch<Shard, B>, SubmitError<B>> {
         // Cloning the key is user code: it runs before anything changes.
         let key = shard.clone();
+        let noted = noted(&self.events, &shard);
         match self.open_entry(key, hash) {
-            Ok(credit) => Ok(Dispatch {
-                shard,
-                credit,
-                batch,
-            }),
+            Ok(credit) => {
+                note_sent(&mut self.events, noted, credit);
+                Ok(Dispatch {
+                    shard,
+                    credit,
+                    batch,
+                })
+            }
             Err(Exhausted) => Err(SubmitError::Exhausted(batch)),
         }
     }
@@ -645,11 +711,12 @@ where
     }
 
     /// [`Self::enqueue`] of a full batch to the shard at `place` (`shard` is the key returned
-    /// in the dispatch).
+    /// in the dispatch; `noted`, the event's copy, from [`Self::note_key`]). Runs no user code.
     pub(crate) fn submit_at(
         &mut self,
         place: Place,
         shard: Shard,
+        noted: Option<Shard>,
         batch: B,
     ) -> Result<Submitted<Shard, B>, SubmitError<B>> {
         let cap = self.cfg.cap();
@@ -659,11 +726,14 @@ where
             return Err(SubmitError::Closed(batch));
         };
         match self.books.enter(&mut e.w, place, batch, cap)? {
-            Entered::Credit(credit, batch) => Ok(Submitted::Sent(Dispatch {
-                shard,
-                credit,
-                batch,
-            })),
+            Entered::Credit(credit, batch) => {
+                note_sent(&mut self.events, noted, credit);
+                Ok(Submitted::Sent(Dispatch {
+                    shard,
+                    credit,
+                    batch,
+                }))
+            }
             Entered::Queued(ticket) => Ok(Submitted::Queued(ticket)),
         }
     }
@@ -685,11 +755,12 @@ where
     }
 
     /// [`Self::submit_or_park`] to the shard at `place` (`shard` is the key returned in the
-    /// dispatch).
+    /// dispatch; `noted`, the event's copy, from [`Self::note_key`]). Runs no user code.
     pub(crate) fn submit_or_park_at(
         &mut self,
         place: Place,
         shard: Shard,
+        noted: Option<Shard>,
         batch: B,
     ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
         let cap = self.cfg.cap();
@@ -698,14 +769,15 @@ where
             debug_assert!(false, "a pinned shard has no entry");
             return Err(SubmitError::Closed(batch));
         };
-        Ok(self
-            .books
-            .park_or_send(&mut e.w, place, cap, batch)?
-            .map(|(credit, batch)| Dispatch {
+        let sent = self.books.park_or_send(&mut e.w, place, cap, batch)?;
+        Ok(sent.map(|(credit, batch)| {
+            note_sent(&mut self.events, noted, credit);
+            Dispatch {
                 shard,
                 credit,
                 batch,
-            }))
+            }
+        }))
     }
 
     /// Whether the entry at `place` is in the map and pinned.
@@ -763,13 +835,21 @@ where
         };
         // The key is cloned for the next dispatch before anything changes (user code).
         let shard = self.books.hands_on(&e.w).then(|| e.key.clone());
+        let noted = shard.as_ref().and_then(|k| noted(&self.events, k));
         let _ = self.books.credits.remove(credit.0);
-        Ok(match (self.books.hand_on(&mut e.w, place), shard) {
-            (Some((credit, batch)), Some(shard)) => Some(Dispatch {
-                shard,
-                credit,
-                batch,
-            }),
+        let next = self.books.hand_on(&mut e.w, place);
+        let in_flight = e.w.in_flight;
+        self.events
+            .emit(|| WindowEvent::Released { credit, in_flight });
+        Ok(match (next, shard) {
+            (Some((credit, batch)), Some(shard)) => {
+                note_sent(&mut self.events, noted, credit);
+                Some(Dispatch {
+                    shard,
+                    credit,
+                    batch,
+                })
+            }
             // A batch is handed on only when one was held back, and then the key was cloned.
             _ => None,
         })
@@ -790,7 +870,11 @@ where
             debug_assert!(false, "a live credit's shard has no window");
             return Ok(None);
         };
-        Ok(self.books.hand_on(&mut e.w, place))
+        let next = self.books.hand_on(&mut e.w, place);
+        let in_flight = e.w.in_flight;
+        self.events
+            .emit(|| WindowEvent::Released { credit, in_flight });
+        Ok(next)
     }
 
     /// Before inserting a new shard: if the map is full (the insert would grow it) and at
@@ -839,6 +923,29 @@ where
     /// nothing to give back (no input since a run that followed a quiet period).
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.books.maintenance.deadline()
+    }
+
+    /// The oldest undrained observation, if events are on ([`Self::set_event_capacity`]).
+    pub fn poll_event(&mut self) -> Option<WindowEvent<Shard>> {
+        self.events.pop()
+    }
+
+    /// Record up to `capacity` undrained events (0, the default, turns them off: no input
+    /// builds one, or copies a key for one). See [`crate::event`].
+    pub fn set_event_capacity(&mut self, capacity: usize) {
+        self.events.set_capacity(capacity);
+    }
+
+    /// Events lost to a full queue (or discarded by turning events off) so far.
+    pub fn events_dropped(&self) -> u64 {
+        self.events.dropped()
+    }
+
+    /// A copy of `key` for a dispatch event, if events are on (user `Clone`: call it before
+    /// anything changes, then pass it to the input that may dispatch).
+    #[cfg(feature = "model")]
+    pub(crate) fn note_key(&self, key: &Shard) -> Option<Shard> {
+        noted(&self.events, key)
     }
 
     /// `shard`'s window, if it has an entry.

@@ -72,6 +72,12 @@ impl<E> EventQueue<E> {
         self.capacity
     }
 
+    /// Counts an event the machine could not record (its user code panicked while it was
+    /// being built), as if a full queue had dropped it.
+    pub fn note_dropped(&mut self) {
+        self.dropped = self.dropped.saturating_add(1);
+    }
+
     /// Whether events are recorded.
     #[inline]
     pub fn is_on(&self) -> bool {

@@ -49,7 +49,7 @@ pub mod model;
 pub use backoff::{Backoff, BackoffConfig, Jitter, JitterOrder};
 pub use backpressure::{Decision, PressureConfig, ServerPressure, Signal, ThrottleCurve};
 pub use batcher::{
-    Batch, BatchAction, BatchKind, Batcher, BatcherConfig, FailReason, OpId, Oversized,
+    Batch, BatchAction, BatchEvent, BatchKind, Batcher, BatcherConfig, FailReason, OpId, Oversized,
     RefuseReason, Refused, RequeueError, Withdrawal,
 };
 pub use conn_key::{
@@ -57,6 +57,7 @@ pub use conn_key::{
 };
 pub use dispatch_window::{
     CreditId, Dispatch, DispatchWindow, SingleWindow, SubmitError, Submitted, WindowConfig,
+    WindowEvent,
 };
 pub use error::{ConfigError, Exhausted, ReleaseError};
 pub use failover::{Call, CallAction, CallConfig, ErrorClass, RefreshCoalescer, RetryBudget};

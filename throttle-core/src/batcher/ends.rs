@@ -25,7 +25,7 @@ where
             if let Some(batch) = open.batch {
                 self.open_count = self.open_count.saturating_sub(1);
                 let id = batch.id;
-                match self.window.submit_or_park_at(place, open.key, batch) {
+                match self.window.submit_or_park_at(place, open.key, None, batch) {
                     Ok(Some(d)) => self.record(d),
                     Ok(None) => self.locate(id, Held::Parked(place)),
                     Err(e) => {

@@ -243,7 +243,7 @@ where
             let i = self.timers.partition_point(|&(a, _)| a <= at);
             self.timers.insert(i, (at, op));
         }
-        let (back, next) = match self.window.requeue(credit, key, batch) {
+        let (back, next) = match self.window.requeue(credit, key, None, batch) {
             Ok(done) => done,
             // Unreachable: the credit was live above and nothing ran since.
             Err(e) => return Err(RequeueError::Credit(e)),

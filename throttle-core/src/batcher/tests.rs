@@ -1491,3 +1491,115 @@ mod op_timeout {
         );
     }
 }
+
+#[test]
+fn batch_events_name_each_sent_batch_with_its_size_and_each_release() {
+    let mut b = reads(1);
+    op(&mut b, 1, 1, 10);
+    b.flush(T0);
+    let first = take_sends(&mut b);
+    assert_eq!(b.poll_event(), None, "off by default");
+    b.set_event_capacity(8);
+    op(&mut b, 1, 2, 20);
+    op(&mut b, 1, 3, 5);
+    b.flush(T0);
+    assert!(
+        take_sends(&mut b).is_empty(),
+        "parked behind the one in flight"
+    );
+    assert_eq!(b.handle_response(T0, first[0].1, [0]), Ok(()));
+    let second = take_sends(&mut b);
+    assert_eq!(second.len(), 1);
+    assert_eq!(b.requeue(T0, second[0].1), Ok(()));
+    let third = take_sends(&mut b);
+    assert_eq!(third[0].2, [2, 3], "resent at once: not paused");
+    let events: Vec<_> = core::iter::from_fn(|| b.poll_event()).collect();
+    assert_eq!(
+        events,
+        [
+            BatchEvent::Released {
+                credit: first[0].1,
+                in_flight: 1
+            },
+            BatchEvent::Dispatched {
+                shard: 1,
+                credit: second[0].1,
+                ops: 2,
+                bytes: 25
+            },
+            BatchEvent::Released {
+                credit: second[0].1,
+                in_flight: 1
+            },
+            BatchEvent::Dispatched {
+                shard: 1,
+                credit: third[0].1,
+                ops: 2,
+                bytes: 25
+            },
+        ]
+    );
+    b.set_event_capacity(0);
+    assert_eq!(b.handle_response(T0, third[0].1, [0, 1]), Ok(()));
+    assert_eq!(b.poll_event(), None, "off again");
+}
+
+#[test]
+fn a_resume_reports_every_batch_it_sends_in_send_order() {
+    let mut b = batcher(
+        BatcherConfig::reads()
+            .with_max_requests_per_batch(nz(1))
+            .with_window(WindowConfig::default().with_max_in_flight(3))
+            .unwrap(),
+    );
+    b.set_event_capacity(8);
+    b.pause(7);
+    for h in 1..=3 {
+        op(&mut b, 7, h, u64::from(h));
+    }
+    b.flush(T0);
+    assert!(take_sends(&mut b).is_empty(), "paused");
+    b.resume(T0, 7);
+    let sent = take_sends(&mut b);
+    assert_eq!(sent.len(), 3);
+    let events: Vec<_> = core::iter::from_fn(|| b.poll_event()).collect();
+    let want: Vec<_> = sent
+        .iter()
+        .map(|(shard, credit, ops)| BatchEvent::Dispatched {
+            shard: *shard,
+            credit: *credit,
+            ops: 1,
+            bytes: u64::from(ops[0]),
+        })
+        .collect();
+    assert_eq!(events, want);
+}
+
+#[cfg(feature = "std")]
+#[test]
+fn a_panicking_clone_of_a_send_s_key_for_its_event_loses_only_the_event() {
+    use crate::test_key::{Call, PanicKey, panics};
+    let mut b: Batcher<PanicKey, u32, TestHasher> = Batcher::new(BatcherConfig::reads());
+    b.set_event_capacity(4);
+    assert!(b.handle_op(T0, PanicKey(5), 1, 3).is_ok());
+    b.flush(T0);
+    // The copy for the event is the only clone `poll_action` makes.
+    assert!(panics(5, Call::Clone, 0, || {
+        let _ = b.poll_action();
+    }));
+    let Some(BatchAction::Send { shard, credit, .. }) = b.poll_action() else {
+        panic!("the Send is still queued after the panic");
+    };
+    assert_eq!(shard.0, 5);
+    assert_eq!(b.poll_event(), None, "its event was lost");
+    assert_eq!(b.events_dropped(), 1);
+    assert_eq!(b.handle_response(T0, credit, [0]), Ok(()));
+    assert!(matches!(
+        b.poll_action(),
+        Some(BatchAction::Deliver { handle: 1, .. })
+    ));
+    assert!(matches!(
+        b.poll_event(),
+        Some(BatchEvent::Released { credit: c, in_flight: 0 }) if c == credit
+    ));
+}

@@ -102,9 +102,17 @@ where
         let n = self.books.resumable(&e.w, cap);
         let mut keys: Vec<Shard> = (0..n).map(|_| e.key.clone()).collect();
         keys.reverse();
+        let mut notes: Vec<Shard> = if self.events.is_on() {
+            (0..n).map(|_| e.key.clone()).collect()
+        } else {
+            Vec::new()
+        };
+        notes.reverse();
         out.reserve(n);
         self.books.observe(now);
+        let events = &mut self.events;
         self.books.resume(&mut e.w, place, cap, n, |credit, batch| {
+            super::note_sent(events, notes.pop(), credit);
             if let Some(shard) = keys.pop() {
                 out.push(Dispatch {
                     shard,
@@ -149,12 +157,13 @@ where
     /// batch handed back when the window is closed or can issue no ticket (the credit is
     /// released all the same). `Err` for an unknown or released credit: nothing changes, and
     /// the batch is dropped (the batcher reads its batch under a live credit only). Runs no
-    /// user code.
+    /// user code: `noted` is the event's copy of the key, from [`Self::note_key`].
     #[allow(clippy::type_complexity)]
     pub(crate) fn requeue(
         &mut self,
         credit: CreditId,
         shard: Shard,
+        noted: Option<Shard>,
         batch: B,
     ) -> Result<(Result<Ticket, SubmitError<B>>, Option<Dispatch<Shard, B>>), ReleaseError> {
         let place = self.books.credits.remove(credit.0)?;
@@ -165,10 +174,16 @@ where
         let (back, next) = self
             .books
             .requeue(&mut e.w, place, batch, credit.0.generation);
-        let next = next.map(|(credit, batch)| Dispatch {
-            shard,
-            credit,
-            batch,
+        let in_flight = e.w.in_flight;
+        self.events
+            .emit(|| WindowEvent::Released { credit, in_flight });
+        let next = next.map(|(credit, batch)| {
+            super::note_sent(&mut self.events, noted, credit);
+            Dispatch {
+                shard,
+                credit,
+                batch,
+            }
         });
         Ok((back, next))
     }

@@ -4,8 +4,9 @@ use alloc::vec::Vec;
 use core::num::NonZeroUsize;
 
 use super::shard::{Books, Entered, Mode, ShardWindow};
-use super::{CreditId, Dispatch, SubmitError, Submitted, Ticket, WindowConfig};
+use super::{CreditId, Dispatch, SubmitError, Submitted, Ticket, WindowConfig, WindowEvent};
 use crate::error::{ConfigError, ReleaseError};
+use crate::event::EventQueue;
 use crate::time::Instant;
 
 /// The dispatch window of one shard: at most `max_in_flight` batches outstanding, with
@@ -62,6 +63,8 @@ pub struct SingleWindow<B> {
     cap: u32,
     w: ShardWindow<B>,
     books: Books<B, ()>,
+    /// Observations, off until [`Self::set_event_capacity`].
+    events: EventQueue<WindowEvent<()>>,
 }
 
 impl<B> Default for SingleWindow<B> {
@@ -89,6 +92,7 @@ impl<B> SingleWindow<B> {
             cap: cfg.cap(),
             w: ShardWindow::with_in_flight(0),
             books: Books::new(),
+            events: EventQueue::new(),
         }
     }
 
@@ -105,7 +109,7 @@ impl<B> SingleWindow<B> {
     /// behind the older held-back batches (FIFO). `Ok(None)` means queued.
     pub fn submit(&mut self, batch: B) -> Result<Option<Dispatch<(), B>>, SubmitError<B>> {
         Ok(match self.enter(batch)? {
-            Entered::Credit(credit, batch) => Some(sent(credit, batch)),
+            Entered::Credit(credit, batch) => Some(self.sent(credit, batch)),
             Entered::Queued(_) => None,
         })
     }
@@ -114,7 +118,7 @@ impl<B> SingleWindow<B> {
     /// can be withdrawn with [`cancel`](Self::cancel).
     pub fn enqueue(&mut self, batch: B) -> Result<Submitted<(), B>, SubmitError<B>> {
         Ok(match self.enter(batch)? {
-            Entered::Credit(credit, batch) => Submitted::Sent(sent(credit, batch)),
+            Entered::Credit(credit, batch) => Submitted::Sent(self.sent(credit, batch)),
             Entered::Queued(ticket) => Submitted::Queued(ticket),
         })
     }
@@ -128,7 +132,7 @@ impl<B> SingleWindow<B> {
     /// parked. A second parked batch is refused with [`SubmitError::AlreadyParked`].
     pub fn submit_or_park(&mut self, batch: B) -> Result<Option<Dispatch<(), B>>, SubmitError<B>> {
         let got = self.books.park_or_send(&mut self.w, (), self.cap, batch)?;
-        Ok(got.map(|(credit, batch)| sent(credit, batch)))
+        Ok(got.map(|(credit, batch)| self.sent(credit, batch)))
     }
 
     /// Takes the parked batch back (to add operations to it), if there is one.
@@ -158,7 +162,10 @@ impl<B> SingleWindow<B> {
     pub fn complete(&mut self, credit: CreditId) -> Result<Option<Dispatch<(), B>>, ReleaseError> {
         self.books.credits.remove(credit.0)?;
         let next = self.books.hand_on(&mut self.w, ());
-        Ok(next.map(|(credit, batch)| sent(credit, batch)))
+        let in_flight = self.w.in_flight;
+        self.events
+            .emit(|| WindowEvent::Released { credit, in_flight });
+        Ok(next.map(|(credit, batch)| self.sent(credit, batch)))
     }
 
     /// Pauses the shard: until [`resume`](Self::resume) no credit is granted and a release
@@ -188,8 +195,10 @@ impl<B> SingleWindow<B> {
         let n = self.books.resumable(&self.w, self.cap);
         let mut out = Vec::with_capacity(n);
         self.books.observe(now);
+        let events = &mut self.events;
         self.books
             .resume(&mut self.w, (), self.cap, n, |credit, batch| {
+                events.emit(|| WindowEvent::Dispatched { shard: (), credit });
                 out.push(sent(credit, batch));
             });
         out
@@ -325,6 +334,32 @@ impl<B> SingleWindow<B> {
     #[cfg(any(test, feature = "model"))]
     pub(crate) fn skip_generations_to(&mut self, next_generation: u64) {
         self.books.credits.skip_generations_to(next_generation);
+    }
+}
+
+impl<B> SingleWindow<B> {
+    /// The oldest undrained observation, if events are on ([`Self::set_event_capacity`]).
+    pub fn poll_event(&mut self) -> Option<WindowEvent<()>> {
+        self.events.pop()
+    }
+
+    /// Record up to `capacity` undrained events (0, the default, turns them off). See
+    /// [`crate::event`].
+    pub fn set_event_capacity(&mut self, capacity: usize) {
+        self.events.set_capacity(capacity);
+    }
+
+    /// Events lost to a full queue (or discarded by turning events off) so far.
+    pub fn events_dropped(&self) -> u64 {
+        self.events.dropped()
+    }
+
+    /// The dispatch of `batch` under `credit`, recorded as an event (when on).
+    #[inline]
+    fn sent(&mut self, credit: CreditId, batch: B) -> Dispatch<(), B> {
+        self.events
+            .emit(|| WindowEvent::Dispatched { shard: (), credit });
+        sent(credit, batch)
     }
 }
 

@@ -792,3 +792,79 @@ fn single_window_pause_and_resume_follow_the_same_rules() {
     assert_eq!(out, ["b", "open"]);
     assert!(!w.is_paused());
 }
+
+#[test]
+fn window_events_are_off_by_default_and_record_each_dispatch_and_release_once_on() {
+    let mut w = window(1);
+    let a = sent(w.submit(1, "a"));
+    assert_eq!(w.poll_event(), None, "off by default");
+    assert!(w.complete(a.credit).is_ok());
+    assert_eq!(w.poll_event(), None);
+
+    w.set_event_capacity(16);
+    let b = sent(w.submit(1, "b"));
+    assert_eq!(w.submit(1, "c"), Ok(None), "queued");
+    let c = w
+        .complete(b.credit)
+        .unwrap()
+        .expect("the queued batch leaves");
+    assert!(w.complete(b.credit).is_err(), "a second release is refused");
+    w.pause(2);
+    assert_eq!(w.submit(2, "d"), Ok(None), "paused: queued");
+    let d = w.resume(T0, &2);
+    assert_eq!(d.len(), 1);
+    let events: Vec<_> = core::iter::from_fn(|| w.poll_event()).collect();
+    assert_eq!(
+        events,
+        [
+            WindowEvent::Dispatched {
+                shard: 1,
+                credit: b.credit
+            },
+            WindowEvent::Released {
+                credit: b.credit,
+                in_flight: 1
+            },
+            WindowEvent::Dispatched {
+                shard: 1,
+                credit: c.credit
+            },
+            WindowEvent::Dispatched {
+                shard: 2,
+                credit: d[0].credit
+            },
+        ],
+        "a refused release records nothing"
+    );
+    assert_eq!(w.events_dropped(), 0);
+}
+
+#[test]
+fn single_window_events_match_the_dispatches_and_a_full_queue_keeps_the_newest() {
+    let mut w: SingleWindow<&str> = SingleWindow::limited(NonZeroUsize::MIN);
+    w.set_event_capacity(2);
+    let a = w.submit("a").unwrap().expect("sent");
+    assert_eq!(w.submit_or_park("open"), Ok(None), "parked");
+    let next = w
+        .complete(a.credit)
+        .unwrap()
+        .expect("the parked batch leaves");
+    assert_eq!(
+        (w.poll_event(), w.poll_event(), w.poll_event()),
+        (
+            Some(WindowEvent::Released {
+                credit: a.credit,
+                in_flight: 1
+            }),
+            Some(WindowEvent::Dispatched {
+                shard: (),
+                credit: next.credit
+            }),
+            None
+        )
+    );
+    assert_eq!(w.events_dropped(), 1, "the first Dispatched was evicted");
+    w.set_event_capacity(0);
+    assert!(w.complete(next.credit).is_ok());
+    assert_eq!(w.poll_event(), None, "off again");
+}

@@ -72,8 +72,8 @@ use core::num::{NonZeroU64, NonZeroUsize};
 use core::time::Duration;
 
 use crate::batcher::{
-    BatchAction, Batcher, BatcherConfig, FailReason, OpId, Oversized, RefuseReason, RequeueError,
-    Withdrawal,
+    BatchAction, BatchEvent, Batcher, BatcherConfig, FailReason, OpId, Oversized, RefuseReason,
+    RequeueError, Withdrawal,
 };
 use crate::dispatch_window::{CreditId, WindowConfig};
 use crate::error::ReleaseError;
@@ -188,6 +188,9 @@ struct Reference {
     paused: Vec<u8>,
     /// What the last close failed, in the order it must have (see `close`).
     close_order: Vec<u32>,
+    /// Events on (inputs ending in an odd byte), and the releases their events covered.
+    events: bool,
+    released_seen: usize,
 }
 
 impl Reference {
@@ -540,7 +543,12 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         reject_oversized: false,
         paused: Vec::new(),
         close_order: Vec::new(),
+        events: data.last().is_some_and(|b| b & 1 == 1),
+        released_seen: 0,
     };
+    if r.events {
+        m.set_event_capacity(usize::MAX);
+    }
     let mut st = State {
         m,
         r,
@@ -574,6 +582,9 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                 st.r.timeout = timeout;
                 st.m = Machine::new(cfg);
                 st.m.set_shrink_floor(0);
+                if st.r.events {
+                    st.m.set_event_capacity(usize::MAX);
+                }
             }
             continue;
         }

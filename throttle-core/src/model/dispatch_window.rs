@@ -57,6 +57,7 @@ use super::user::{self, Arm, Key};
 use super::{Cursor, Divergence};
 use crate::dispatch_window::{
     CreditId, Dispatch, DispatchWindow, SingleWindow, SubmitError, Submitted, Ticket, WindowConfig,
+    WindowEvent,
 };
 use crate::error::{ConfigError, ReleaseError};
 use crate::test_hasher::TestHasher;
@@ -134,6 +135,8 @@ pub(crate) trait Subject: Debug + Sized {
     fn is_closed(&self) -> bool;
     fn is_draining(&self) -> bool;
     fn is_drained(&self) -> bool;
+    fn set_event_capacity(&mut self, n: usize);
+    fn poll_event(&mut self) -> Option<WindowEvent<Key>>;
 }
 
 impl Subject for Window {
@@ -190,7 +193,10 @@ impl Subject for Window {
         Window::is_paused(self, shard)
     }
     fn requeue(&mut self, credit: CreditId, shard: Key, batch: u32) -> Option<Requeued> {
-        Some(Window::requeue(self, credit, shard, batch))
+        {
+            let noted = self.note_key(&shard);
+            Some(Window::requeue(self, credit, shard, noted, batch))
+        }
     }
     fn handle_timeout(&mut self, now: Instant) {
         Window::handle_timeout(self, now);
@@ -239,6 +245,12 @@ impl Subject for Window {
     }
     fn is_drained(&self) -> bool {
         Window::is_drained(self)
+    }
+    fn set_event_capacity(&mut self, n: usize) {
+        Window::set_event_capacity(self, n);
+    }
+    fn poll_event(&mut self) -> Option<WindowEvent<Key>> {
+        Window::poll_event(self)
     }
 }
 
@@ -367,6 +379,20 @@ impl Subject for SingleWindow<u32> {
     }
     fn is_drained(&self) -> bool {
         SingleWindow::is_drained(self)
+    }
+    fn set_event_capacity(&mut self, n: usize) {
+        SingleWindow::set_event_capacity(self, n);
+    }
+    fn poll_event(&mut self) -> Option<WindowEvent<Key>> {
+        Some(match SingleWindow::poll_event(self)? {
+            WindowEvent::Dispatched { credit, .. } => WindowEvent::Dispatched {
+                shard: Key::new(0),
+                credit,
+            },
+            WindowEvent::Released { credit, in_flight } => {
+                WindowEvent::Released { credit, in_flight }
+            }
+        })
     }
 }
 
@@ -642,6 +668,14 @@ fn run<W: Subject>(data: &[u8]) -> Result<Vec<(u8, u32)>, Divergence> {
     // Without the production floor of 16, the few shards of a short run reach the shrinking
     // paths of maintenance.
     w.set_shrink_floor(0);
+    // Events on for inputs ending in an odd byte: every dispatch and release is then checked
+    // against the reference's credits after each operation, and a run with them off must
+    // behave the same (the reference does not know about them).
+    let events = data.last().is_some_and(|b| b & 1 == 1);
+    if events {
+        w.set_event_capacity(usize::MAX);
+    }
+    let mut seen = Seen::default();
     let r = Reference {
         cap,
         closed: false,
@@ -689,6 +723,8 @@ fn run<W: Subject>(data: &[u8]) -> Result<Vec<(u8, u32)>, Divergence> {
             apply(op, &mut c, &mut st, step)?;
         }
         compare(&st.w, &st.r).map_err(|e| format!("step {step}: {e}"))?;
+        check_events(&mut st.w, &st.r, &mut seen, events)
+            .map_err(|e| format!("step {step}: {e}"))?;
     }
     let State {
         mut w, mut r, now, ..
@@ -702,6 +738,7 @@ fn run<W: Subject>(data: &[u8]) -> Result<Vec<(u8, u32)>, Divergence> {
             while let Some(credit) = r.credits.iter().find(|x| x.live).map(|x| x.id) {
                 complete(&mut w, &mut r, credit)?;
                 compare(&w, &r)?;
+                check_events(&mut w, &r, &mut seen, events)?;
             }
             if r.paused.is_empty() {
                 break;
@@ -709,6 +746,7 @@ fn run<W: Subject>(data: &[u8]) -> Result<Vec<(u8, u32)>, Divergence> {
             for shard in r.paused.clone() {
                 resume(&mut w, &mut r, now, shard)?;
                 compare(&w, &r)?;
+                check_events(&mut w, &r, &mut seen, events)?;
             }
         }
         let stuck = r.requeued.len() + r.queued.len() + r.parked.len();
@@ -724,6 +762,7 @@ fn run<W: Subject>(data: &[u8]) -> Result<Vec<(u8, u32)>, Divergence> {
     close(&mut w, &mut r)?;
     for credit in r.live() {
         complete(&mut w, &mut r, credit.id)?;
+        check_events(&mut w, &r, &mut seen, events)?;
     }
     compare(&w, &r)?;
     // With nothing live, two runs give everything back and maintenance goes quiet.
@@ -747,6 +786,72 @@ fn run<W: Subject>(data: &[u8]) -> Result<Vec<(u8, u32)>, Divergence> {
         ));
     }
     Ok(r.credits.iter().map(|x| (x.shard, x.batch)).collect())
+}
+
+/// The events checked so far: dispatches (a prefix of the reference's credits, in order)
+/// and releases.
+#[derive(Default)]
+struct Seen {
+    dispatched: usize,
+    released: Vec<CreditId>,
+}
+
+/// Drains the window's events after an operation and checks them against the reference:
+/// one `Dispatched` per credit issued since, in issue order and naming its shard; one
+/// `Released` per credit released since, each once, with its shard's credits in flight
+/// after the operation (an operation releases at most one credit). With events off, none.
+fn check_events<W: Subject>(
+    w: &mut W,
+    r: &Reference,
+    seen: &mut Seen,
+    on: bool,
+) -> Result<(), Divergence> {
+    while let Some(e) = w.poll_event() {
+        if !on {
+            return Err(format!("event {e:?} with events off"));
+        }
+        match e {
+            WindowEvent::Dispatched { shard, credit } => {
+                let want = r.credits.get(seen.dispatched);
+                if want.is_none_or(|x| x.id != credit || x.shard != shard.id()) {
+                    return Err(format!(
+                        "event Dispatched({}, {credit:?}), want the credit issued #{}: {want:?}",
+                        shard.id(),
+                        seen.dispatched
+                    ));
+                }
+                seen.dispatched += 1;
+            }
+            WindowEvent::Released { credit, in_flight } => {
+                let Some(x) = r.credits.iter().find(|x| x.id == credit) else {
+                    return Err(format!("event Released({credit:?}) of no credit issued"));
+                };
+                if x.live || seen.released.contains(&credit) {
+                    return Err(format!(
+                        "event Released({credit:?}): live {} or released twice",
+                        x.live
+                    ));
+                }
+                let want = r.in_flight(x.shard);
+                if in_flight != want {
+                    return Err(format!(
+                        "event Released({credit:?}) with {in_flight} in flight, want {want}"
+                    ));
+                }
+                seen.released.push(credit);
+            }
+        }
+    }
+    let released = r.credits.iter().filter(|x| !x.live).count();
+    if on && (seen.dispatched != r.credits.len() || seen.released.len() != released) {
+        return Err(format!(
+            "events: {} dispatches and {} releases, want {} and {released}",
+            seen.dispatched,
+            seen.released.len(),
+            r.credits.len()
+        ));
+    }
+    Ok(())
 }
 
 /// What one run carries from operation to operation.

@@ -176,7 +176,56 @@ pub(super) fn settle(m: &mut Machine, r: &mut Reference, flushed: bool) -> Resul
             r.in_flight.push((*credit, shard, batch.clone()));
         }
     }
+    events(m, r, &sends)?;
     compare(m, r, flushed)
+}
+
+/// With events on: one `Dispatched` per `Send` of this operation, in the same order, naming
+/// the reference's shard, operation count and bytes; one `Released` per credit the reference
+/// released since, in order. With events off, none.
+fn events(
+    m: &mut Machine,
+    r: &mut Reference,
+    sends: &[(u8, CreditId, Vec<u32>)],
+) -> Result<(), Divergence> {
+    let mut dispatched = Vec::new();
+    let mut released = Vec::new();
+    while let Some(e) = m.poll_event() {
+        if !r.events {
+            return Err(format!("event {e:?} with events off"));
+        }
+        match e {
+            BatchEvent::Dispatched {
+                shard,
+                credit,
+                ops,
+                bytes,
+            } => dispatched.push((shard.id(), credit, ops, bytes)),
+            BatchEvent::Released { credit, .. } => released.push(credit),
+        }
+    }
+    if !r.events {
+        return Ok(());
+    }
+    let want: Vec<(u8, CreditId, usize, u64)> = sends
+        .iter()
+        .map(|(shard, credit, _)| {
+            let batch = r.in_flight.iter().find(|x| x.0 == *credit);
+            let (ops, bytes) = batch.map_or((0, 0), |x| (x.2.ops.len(), x.2.bytes));
+            (*shard, *credit, ops, bytes)
+        })
+        .collect();
+    if dispatched != want {
+        return Err(format!("Dispatched events {dispatched:?}, want {want:?}"));
+    }
+    let want_released = r.released.get(r.released_seen..).unwrap_or_default();
+    if released != want_released {
+        return Err(format!(
+            "Released events {released:?}, want {want_released:?}"
+        ));
+    }
+    r.released_seen = r.released.len();
+    Ok(())
 }
 
 /// A batch no input would ever send, now that the actions are drained: one still open in the
