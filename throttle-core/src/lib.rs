@@ -60,7 +60,10 @@ pub use dispatch_window::{
     WindowEvent,
 };
 pub use error::{ConfigError, Exhausted, ReleaseError};
-pub use failover::{Call, CallAction, CallConfig, ErrorClass, RefreshCoalescer, RetryBudget};
+pub use failover::{
+    Call, CallAction, CallConfig, CallEvent, ErrorClass, RefreshCoalescer, RefreshEvent,
+    RetryBudget,
+};
 pub use paced_writer::{PacedWriter, PacedWriterConfig, WriteOutcome, WriterAction};
 pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;

@@ -7,6 +7,7 @@ use super::budget::RetryBudget;
 use super::classify::{ErrorCause, ErrorClass, RetrySafety};
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::error::ConfigError;
+use crate::event::EventQueue;
 use crate::rng::Rng;
 use crate::time::Instant;
 
@@ -179,6 +180,32 @@ pub enum CallAction {
     None,
 }
 
+/// An observation of a call, drained with [`Call::poll_event`] once turned on with
+/// [`Call::set_event_capacity`] (off by default: see [`crate::event`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallEvent {
+    /// The call asked for a metadata refresh ([`CallAction::Refresh`]) after an error.
+    RefreshRequested {
+        /// The cause of the error that asked for it.
+        cause: ErrorCause,
+    },
+    /// The call handed out a [`CallAction::Retry`].
+    RetryDecided {
+        /// The retry's number in this call: 1 for the first retry.
+        attempt: u32,
+        /// The wait before it (zero without a backoff).
+        delay: Duration,
+        /// The cause of the error it retries, which picked the backoff.
+        cause: ErrorCause,
+    },
+    /// The call handed out a [`CallAction::Surface`]: the error goes back to the user.
+    ErrorSurfaced {
+        /// Why it was not retried.
+        reason: SurfaceReason,
+    },
+}
+
 /// Where a call stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -283,6 +310,8 @@ pub struct Call {
     due: bool,
     sends: u64,
     refreshes: u64,
+    /// Observations, off until [`Self::set_event_capacity`].
+    events: EventQueue<CallEvent>,
 }
 
 impl Call {
@@ -301,6 +330,7 @@ impl Call {
             due: false,
             sends: 0,
             refreshes: 0,
+            events: EventQueue::new(),
         }
     }
 
@@ -398,6 +428,8 @@ impl Call {
             self.pending = class.retry;
             self.pending_cause = class.cause;
             self.refreshes = self.refreshes.saturating_add(1);
+            self.events
+                .emit(|| CallEvent::RefreshRequested { cause: class.cause });
             return CallAction::Refresh;
         }
         self.decide(now, class.retry, class.cause, budget, rng)
@@ -465,6 +497,12 @@ impl Call {
         self.sends = self.sends.saturating_add(1);
         self.state = CallState::AwaitingResult;
         self.due = true;
+        let attempt = self.retries;
+        self.events.emit(|| CallEvent::RetryDecided {
+            attempt,
+            delay: after,
+            cause,
+        });
         CallAction::Retry {
             after,
             time_left: self.time_left(at),
@@ -492,7 +530,25 @@ impl Call {
 
     fn surface(&mut self, reason: SurfaceReason) -> CallAction {
         self.state = CallState::Surfaced(reason);
+        self.events.emit(|| CallEvent::ErrorSurfaced { reason });
         CallAction::Surface { reason }
+    }
+
+    /// The oldest undrained observation, if events are on ([`Self::set_event_capacity`]).
+    /// Drain after acting on the input's [`CallAction`].
+    pub fn poll_event(&mut self) -> Option<CallEvent> {
+        self.events.pop()
+    }
+
+    /// Record up to `capacity` undrained events (0, the default, turns them off: no input
+    /// then builds one). Past the capacity the oldest is dropped and counted.
+    pub fn set_event_capacity(&mut self, capacity: usize) {
+        self.events.set_capacity(capacity);
+    }
+
+    /// Events lost to a full queue (or discarded by turning events off) so far.
+    pub fn events_dropped(&self) -> u64 {
+        self.events.dropped()
     }
 
     /// Where the call stands.
@@ -749,6 +805,100 @@ mod tests {
             }
         );
         assert_eq!((call.sends(), call.retries(), call.refreshes()), (4, 3, 0));
+    }
+
+    #[test]
+    fn events_are_off_by_default_then_name_each_decision_within_the_bound() {
+        let cfg = CallConfig::default().with_max_auto_retries(2).with_backoff(
+            BackoffConfig::builder()
+                .initial(Duration::from_millis(10))
+                .jitter(crate::backoff::Jitter::None)
+                .build()
+                .expect("valid"),
+        );
+        let (b, r) = (&mut Unlimited, &mut SplitMix64::new(1));
+        let throttled = ErrorClass::REFRESH_AND_RETRY.with_cause(ErrorCause::Throttling);
+
+        // Off: the same inputs record nothing.
+        let mut off = Call::new(&cfg);
+        let _ = off.start(T, b);
+        let _ = off.handle_error(T, throttled, b, r);
+        let _ = off.handle_refreshed(T, true, b, r);
+        assert_eq!((off.poll_event(), off.events_dropped()), (None, 0));
+
+        let mut call = Call::new(&cfg);
+        call.set_event_capacity(8);
+        let _ = call.start(T, b);
+        assert_eq!(call.poll_event(), None, "a send is an action, not an event");
+        assert_eq!(call.handle_error(T, throttled, b, r), CallAction::Refresh);
+        let first = call.handle_refreshed(T, false, b, r);
+        let second = call.handle_error(T, ErrorClass::RETRY, b, r);
+        let end = call.handle_error(T, ErrorClass::RETRY, b, r);
+        assert!(matches!(first, CallAction::Retry { .. }), "{first:?}");
+        assert!(matches!(second, CallAction::Retry { .. }), "{second:?}");
+        // Late inputs after the end record nothing.
+        assert_eq!(call.handle_success(T, b), CallAction::None);
+        let got: Vec<_> = core::iter::from_fn(|| call.poll_event()).collect();
+        assert_eq!(
+            got,
+            [
+                CallEvent::RefreshRequested {
+                    cause: ErrorCause::Throttling
+                },
+                CallEvent::RetryDecided {
+                    attempt: 1,
+                    delay: Duration::from_millis(10),
+                    cause: ErrorCause::Throttling
+                },
+                CallEvent::RetryDecided {
+                    attempt: 2,
+                    delay: Duration::from_millis(20),
+                    cause: ErrorCause::Transient
+                },
+                CallEvent::ErrorSurfaced {
+                    reason: SurfaceReason::RetriesExhausted
+                },
+            ]
+        );
+        assert_eq!(
+            end,
+            CallAction::Surface {
+                reason: SurfaceReason::RetriesExhausted
+            }
+        );
+
+        // A deadline already passed at start surfaces without sending: one event. With a
+        // capacity of 1, a second event would evict it; here it is the only one.
+        let mut late = Call::new(&cfg).with_deadline(Some(T));
+        late.set_event_capacity(1);
+        let _ = late.start(T, b);
+        assert_eq!(
+            late.poll_event(),
+            Some(CallEvent::ErrorSurfaced {
+                reason: SurfaceReason::DeadlineExceeded
+            })
+        );
+
+        // The bound: capacity 1 keeps the newest event and counts the evicted one.
+        let mut small = Call::new(&cfg);
+        small.set_event_capacity(1);
+        let _ = small.start(T, b);
+        let _ = small.handle_error(T, ErrorClass::REFRESH_THEN_SURFACE, b, r);
+        let _ = small.handle_refreshed(T, true, b, r);
+        assert_eq!(
+            (
+                small.poll_event(),
+                small.poll_event(),
+                small.events_dropped()
+            ),
+            (
+                Some(CallEvent::ErrorSurfaced {
+                    reason: SurfaceReason::ClassifiedNever
+                }),
+                None,
+                1
+            )
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@ use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
 use crate::error::ConfigError;
+use crate::event::EventQueue;
 
 /// The number of one refresh, handed out in increasing order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -105,6 +106,40 @@ pub struct Release<W> {
     pub ok: bool,
 }
 
+/// An observation of a [`RefreshCoalescer`], drained with [`RefreshCoalescer::poll_event`]
+/// once turned on with [`RefreshCoalescer::set_event_capacity`] (off by default: see
+/// [`crate::event`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RefreshEvent {
+    /// A call started a refresh ([`CoalesceAction::Start`]).
+    Started {
+        /// The refresh.
+        generation: Generation,
+    },
+    /// A call joined the running refresh ([`CoalesceAction::Join`]).
+    Joined {
+        /// The refresh.
+        generation: Generation,
+        /// The calls now waiting for it, this one included.
+        waiters: usize,
+    },
+    /// A refresh ended ([`RefreshCoalescer::handle_refreshed`]) and released its waiters.
+    Completed {
+        /// The refresh.
+        generation: Generation,
+        /// Whether it succeeded.
+        ok: bool,
+        /// The calls it released.
+        released: usize,
+    },
+    /// A call was handed back ([`CoalesceAction::Full`]): `max_waiters` calls were held.
+    Refused {
+        /// The calls held then.
+        held: usize,
+    },
+}
+
 /// Misuse of [`RefreshCoalescer::handle_refreshed`]; nothing changes when it is returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -171,6 +206,8 @@ pub struct RefreshCoalescer<W> {
     in_flight: Option<Generation>,
     waiting: Vec<W>,
     released: VecDeque<Release<W>>,
+    /// Observations, off until [`Self::set_event_capacity`].
+    events: EventQueue<RefreshEvent>,
 }
 
 impl<W> RefreshCoalescer<W> {
@@ -187,23 +224,34 @@ impl<W> RefreshCoalescer<W> {
             in_flight: None,
             waiting: Vec::new(),
             released: VecDeque::new(),
+            events: EventQueue::new(),
         }
     }
 
     /// Input: a call needs a refresh. Returns whether to start one or wait for the running one.
     pub fn handle_refresh_needed(&mut self, waiter: W) -> CoalesceAction<W> {
-        if self.held() >= self.max_waiters {
+        let held = self.held();
+        if held >= self.max_waiters {
+            self.events.emit(|| RefreshEvent::Refused { held });
             return CoalesceAction::Full(waiter);
         }
         self.waiting.push(waiter);
         match self.in_flight {
-            Some(g) => CoalesceAction::Join(g),
+            Some(generation) => {
+                let waiters = self.waiting.len();
+                self.events.emit(|| RefreshEvent::Joined {
+                    generation,
+                    waiters,
+                });
+                CoalesceAction::Join(generation)
+            }
             None => {
-                let g = Generation(self.next);
+                let generation = Generation(self.next);
                 // 2^64 refreshes never happen; wrapping keeps the arithmetic defined anyway.
                 self.next = self.next.wrapping_add(1);
-                self.in_flight = Some(g);
-                CoalesceAction::Start(g)
+                self.in_flight = Some(generation);
+                self.events.emit(|| RefreshEvent::Started { generation });
+                CoalesceAction::Start(generation)
             }
         }
     }
@@ -230,12 +278,34 @@ impl<W> RefreshCoalescer<W> {
                 generation,
                 ok,
             }));
+        self.events.emit(|| RefreshEvent::Completed {
+            generation,
+            ok,
+            released: n,
+        });
         Ok(n)
     }
 
     /// Poller: the next released waiter, oldest first; `None` when all are drained.
     pub fn poll_action(&mut self) -> Option<Release<W>> {
         self.released.pop_front()
+    }
+
+    /// The oldest undrained observation, if events are on ([`Self::set_event_capacity`]).
+    /// Drain after [`Self::poll_action`].
+    pub fn poll_event(&mut self) -> Option<RefreshEvent> {
+        self.events.pop()
+    }
+
+    /// Record up to `capacity` undrained events (0, the default, turns them off: no input
+    /// then builds one). Past the capacity the oldest is dropped and counted.
+    pub fn set_event_capacity(&mut self, capacity: usize) {
+        self.events.set_capacity(capacity);
+    }
+
+    /// Events lost to a full queue (or discarded by turning events off) so far.
+    pub fn events_dropped(&self) -> u64 {
+        self.events.dropped()
     }
 
     /// The refresh running now, if any.
@@ -258,6 +328,62 @@ impl<W> Default for RefreshCoalescer<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_are_off_by_default_then_record_each_step_within_the_bound() {
+        let mut c =
+            RefreshCoalescer::new(CoalescerConfig::default().with_max_waiters(2)).expect("valid");
+        let _ = c.handle_refresh_needed(1u32);
+        assert_eq!((c.poll_event(), c.events_dropped()), (None, 0));
+        let _ = c.handle_refreshed(Generation(0), true);
+        while c.poll_action().is_some() {}
+
+        c.set_event_capacity(8);
+        let g = Generation(1);
+        assert_eq!(c.handle_refresh_needed(1), CoalesceAction::Start(g));
+        assert_eq!(c.handle_refresh_needed(2), CoalesceAction::Join(g));
+        assert_eq!(c.handle_refresh_needed(3), CoalesceAction::Full(3));
+        assert_eq!(c.handle_refreshed(g, false), Ok(2));
+        // Misuse records nothing.
+        assert!(c.handle_refreshed(g, false).is_err());
+        let got: Vec<_> = core::iter::from_fn(|| c.poll_event()).collect();
+        assert_eq!(
+            got,
+            [
+                RefreshEvent::Started { generation: g },
+                RefreshEvent::Joined {
+                    generation: g,
+                    waiters: 2
+                },
+                RefreshEvent::Refused { held: 2 },
+                RefreshEvent::Completed {
+                    generation: g,
+                    ok: false,
+                    released: 2
+                },
+            ]
+        );
+        // Released but unpolled waiters still count as held.
+        assert_eq!(c.handle_refresh_needed(4), CoalesceAction::Full(4));
+        assert_eq!(c.poll_event(), Some(RefreshEvent::Refused { held: 2 }));
+
+        // The bound: the oldest event goes first, and is counted.
+        while c.poll_action().is_some() {}
+        c.set_event_capacity(1);
+        let _ = c.handle_refresh_needed(5);
+        let _ = c.handle_refresh_needed(6);
+        assert_eq!(
+            (c.poll_event(), c.poll_event(), c.events_dropped()),
+            (
+                Some(RefreshEvent::Joined {
+                    generation: Generation(2),
+                    waiters: 2
+                }),
+                None,
+                1
+            )
+        );
+    }
 
     #[test]
     fn first_need_starts_and_later_ones_join_the_same_generation() {

@@ -62,13 +62,14 @@ pub use budget::{
     AwsRetryQuota, AwsRetryQuotaConfig, FinagleBudget, FinagleBudgetConfig, GrpcThrottle,
     GrpcThrottleConfig, RetryBudget, Unlimited,
 };
-pub use call::{Call, CallAction, CallConfig, CallState, SurfaceReason};
+pub use call::{Call, CallAction, CallConfig, CallEvent, CallState, SurfaceReason};
 pub use classify::{
     AdminWriteGateway, ErrorCause, ErrorClass, ErrorClassifier, ErrorKind, HasErrorKind,
     ReadOnlyGateway, RetrySafety,
 };
 pub use coalescer::{
-    CoalesceAction, CoalescerConfig, Generation, GenerationError, RefreshCoalescer, Release,
+    CoalesceAction, CoalescerConfig, Generation, GenerationError, RefreshCoalescer, RefreshEvent,
+    Release,
 };
 
 #[cfg(test)]

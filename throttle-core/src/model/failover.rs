@@ -14,10 +14,10 @@ use core::time::Duration;
 use super::{Cursor, Divergence};
 use crate::backoff::{BackoffConfig, Jitter};
 use crate::failover::{
-    AwsRetryQuota, AwsRetryQuotaConfig, Call, CallAction, CallConfig, CoalesceAction,
+    AwsRetryQuota, AwsRetryQuotaConfig, Call, CallAction, CallConfig, CallEvent, CoalesceAction,
     CoalescerConfig, ErrorCause, ErrorClass, FinagleBudget, FinagleBudgetConfig, Generation,
-    GenerationError, GrpcThrottle, GrpcThrottleConfig, RefreshCoalescer, RetryBudget, RetrySafety,
-    SurfaceReason,
+    GenerationError, GrpcThrottle, GrpcThrottleConfig, RefreshCoalescer, RefreshEvent, RetryBudget,
+    RetrySafety, SurfaceReason,
 };
 use crate::rng::SplitMix64;
 use crate::time::Instant;
@@ -121,10 +121,38 @@ impl RefCoalescer {
         }
     }
 
+    /// Waiters accepted for generation `g`.
+    fn waiters_of(&self, g: u64) -> usize {
+        self.joins.iter().filter(|(_, jg)| *jg == g).count()
+    }
+
     fn poll(&mut self) -> Option<(u64, u64, bool)> {
         let next = self.releases.get(self.polled).copied()?;
         self.polled += 1;
         Some(next)
+    }
+}
+
+/// Drains the coalescer's events after one operation: with events on, exactly `want` (an
+/// operation records at most one); with them off, none.
+fn check_refresh_events<W>(
+    real: &mut RefreshCoalescer<W>,
+    want: Option<RefreshEvent>,
+    on: bool,
+    step: usize,
+) -> Result<(), Divergence> {
+    let want = if on { want } else { None };
+    let got = real.poll_event();
+    if got != want {
+        return Err(format!("step {step}: event {got:?}, expected {want:?}"));
+    }
+    match real.poll_event() {
+        Some(extra) => Err(format!("step {step}: extra event {extra:?}")),
+        None if real.events_dropped() != 0 => Err(format!(
+            "step {step}: {} events dropped with an unbounded queue",
+            real.events_dropped()
+        )),
+        None => Ok(()),
     }
 }
 
@@ -174,6 +202,10 @@ pub fn check_coalescer(data: &[u8]) -> Result<(), Divergence> {
         return Err(format!("max_waiters {max_waiters} refused"));
     };
     let mut model = RefCoalescer::new(max_waiters);
+    let events = data.last().is_some_and(|b| b & 1 == 1);
+    if events {
+        real.set_event_capacity(usize::MAX);
+    }
     let mut released: Vec<u32> = Vec::new();
     let mut joined: Vec<bool> = Vec::new();
     let mut step = 0usize;
@@ -209,11 +241,23 @@ pub fn check_coalescer(data: &[u8]) -> Result<(), Divergence> {
         match op {
             0 => {
                 let serial = joined.len() as u64;
+                let held = model.held();
                 let got = real.handle_refresh_needed(serial);
                 let want = model.need(serial);
                 if !need_matches(&got, want) {
                     return Err(format!("step {step}: need {got:?}, expected {want:?}"));
                 }
+                let event = match want {
+                    NeedAnswer::Start(g) => RefreshEvent::Started {
+                        generation: Generation::from_raw(g),
+                    },
+                    NeedAnswer::Join(g) => RefreshEvent::Joined {
+                        generation: Generation::from_raw(g),
+                        waiters: model.waiters_of(g),
+                    },
+                    NeedAnswer::Full => RefreshEvent::Refused { held },
+                };
+                check_refresh_events(&mut real, Some(event), events, step)?;
                 if let CoalesceAction::Full(w) = got {
                     if w != serial {
                         return Err(format!("step {step}: Full handed back {w}, not {serial}"));
@@ -238,9 +282,16 @@ pub fn check_coalescer(data: &[u8]) -> Result<(), Divergence> {
                         "step {step}: a refused completion changed the coalescer"
                     ));
                 }
+                let event = want.ok().map(|released| RefreshEvent::Completed {
+                    generation: Generation::from_raw(g),
+                    ok,
+                    released,
+                });
+                check_refresh_events(&mut real, event, events, step)?;
             }
             _ => {
                 poll(&mut real, &mut model, &mut released, step)?;
+                check_refresh_events(&mut real, None, events, step)?;
             }
         }
         if real.held() != model.held() {
@@ -271,6 +322,12 @@ pub fn check_coalescer(data: &[u8]) -> Result<(), Divergence> {
         if got != want {
             return Err(format!("final complete({g}) {got:?}, expected {want:?}"));
         }
+        let event = want.ok().map(|released| RefreshEvent::Completed {
+            generation: Generation::from_raw(g),
+            ok: true,
+            released,
+        });
+        check_refresh_events(&mut real, event, events, step)?;
     }
     while poll(&mut real, &mut model, &mut released, step)? {}
     check_released_once(&released, &joined)
@@ -455,6 +512,8 @@ struct Calls {
     coal_ref: RefCoalescer,
     rng: SplitMix64,
     serial: u64,
+    /// Whether the calls record events (the input's last byte is odd).
+    events: bool,
     joined: Vec<bool>,
     released: Vec<u32>,
     /// Per call: whether the error behind its current refresh was classified `Never`.
@@ -656,8 +715,39 @@ impl Calls {
                 call.is_terminal()
             ));
         }
+        // One event per Refresh, Retry and Surface: the reference's cause and retry count.
+        let event = match (want, got) {
+            _ if !self.events => None,
+            (Want::Refresh, _) => Some(CallEvent::RefreshRequested { cause: self.cause }),
+            (Want::Retry, CallAction::Retry { after, .. }) => Some(CallEvent::RetryDecided {
+                attempt: u32::try_from(r.retries()).unwrap_or(u32::MAX),
+                delay: after,
+                cause: self.cause,
+            }),
+            (Want::Surface(reason), _) => Some(CallEvent::ErrorSurfaced { reason }),
+            _ => None,
+        };
+        self.check_call_events(i, event)?;
         if got == CallAction::Refresh {
             self.join_coalescer(i)?;
+        }
+        Ok(())
+    }
+
+    /// Drains call `i`'s events after one input: exactly `want` (an input records at most
+    /// one), and none while events are off.
+    fn check_call_events(&mut self, i: usize, want: Option<CallEvent>) -> Result<(), Divergence> {
+        let Some(call) = self.calls.get_mut(i) else {
+            return Ok(());
+        };
+        let got = call.poll_event();
+        let extra = call.poll_event();
+        if got != want || extra.is_some() || call.events_dropped() != 0 {
+            return Err(format!(
+                "step {}: call {i} events {got:?} then {extra:?} ({} dropped), expected {want:?}",
+                self.step,
+                call.events_dropped()
+            ));
         }
         Ok(())
     }
@@ -770,13 +860,23 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
     let Ok(coal) = RefreshCoalescer::new(coal_cfg) else {
         return Err(format!("max_waiters {max_waiters} refused"));
     };
+    let events = data.last().is_some_and(|b| b & 1 == 1);
+    let calls = (0..n)
+        .map(|_| {
+            let mut call = Call::new(&cfg);
+            if events {
+                call.set_event_capacity(usize::MAX);
+            }
+            call
+        })
+        .collect();
     let mut s = Calls {
         deadlines: (0..n).map(|_| None).collect(),
         due: (0..n).map(|_| false).collect(),
         max_retries,
         backoff,
         now: Instant::ZERO,
-        calls: (0..n).map(|_| Call::new(&cfg)).collect(),
+        calls,
         refs: (0..n).map(|_| RefCall::default()).collect(),
         budget: ScriptedBudget::default(),
         budget_want: Vec::new(),
@@ -785,6 +885,7 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
         coal_ref: RefCoalescer::new(max_waiters),
         rng: SplitMix64::new(c.u64()),
         serial: 0,
+        events,
         joined: Vec::new(),
         released: Vec::new(),
         machine_last_never: (0..n).map(|_| false).collect(),
@@ -939,6 +1040,7 @@ pub fn check_call(data: &[u8]) -> Result<(), Divergence> {
                         ));
                     }
                     s.due[i] = false;
+                    s.check_call_events(i, None)?;
                 } else {
                     let want = if pending {
                         Want::Surface(SurfaceReason::DeadlineExceeded)
