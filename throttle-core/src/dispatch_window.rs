@@ -877,6 +877,38 @@ where
         Ok(next)
     }
 
+    /// For the `sync` handle, whose credits leave through [`Self::release`]'s hand-on and the
+    /// hinted entry points rather than as batches: whether events are on.
+    #[cfg(feature = "std")]
+    #[inline]
+    pub(crate) fn events_on(&self) -> bool {
+        self.events.is_on()
+    }
+
+    /// For the `sync` handle: records the [`WindowEvent::Dispatched`] of the live `credit`
+    /// just issued (to a newcomer or, by a release, to a waiter). Clones the shard's key, the
+    /// only user code here, and changes nothing else: the handle calls it after the credit is
+    /// out, under `catch_unwind`, and counts the event lost
+    /// ([`Self::note_event_lost`]) if the clone panics.
+    #[cfg(feature = "std")]
+    pub(crate) fn note_dispatched(&mut self, credit: CreditId) {
+        let Some(place) = self.books.credits.get(credit.0) else {
+            return;
+        };
+        let Some(e) = self.shards.find(place.hash, |e| e.id == place.entry) else {
+            return;
+        };
+        let shard = e.key.clone();
+        self.events
+            .emit(|| WindowEvent::Dispatched { shard, credit });
+    }
+
+    /// For the `sync` handle: an event its user code kept from being recorded.
+    #[cfg(feature = "std")]
+    pub(crate) fn note_event_lost(&mut self) {
+        self.events.note_dropped();
+    }
+
     /// Before inserting a new shard: if the map is full (the insert would grow it) and at
     /// least half of its entries are idle, evicts the idle ones instead of growing. Each scan
     /// frees at least half the entries, so it runs at most once per that many inserts

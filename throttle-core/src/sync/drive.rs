@@ -8,6 +8,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
+use super::events::{EventTap, Observed, lock_observed};
 use super::loom::{Mutex, lock};
 use super::{Runtime, WakeSignal, wait_until};
 use crate::time::Instant;
@@ -27,8 +28,9 @@ pub(crate) trait Timed {
 
 /// Runs `input` on the locked `state`, hands each action the machine then emits to
 /// `on_action` (still under the lock: it may only collect, e.g. set a flag or take out what is
-/// to be dropped after unlock), and, once the lock is dropped, notifies `timer` if the input
-/// moved the machine's `poll_timeout` earlier. Do not block in `input` or `on_action`.
+/// to be dropped after unlock), and, once the lock is dropped, hands the machine's events to
+/// `tap`'s sink and notifies `timer` if the input moved the machine's `poll_timeout` earlier.
+/// Do not block in `input` or `on_action`.
 ///
 /// `input` may run user code (a key's `Hash`, the closure of `GateHandle::update`). If it
 /// panics, whatever it did to the machine before the panic is still followed through: the
@@ -36,14 +38,15 @@ pub(crate) trait Timed {
 /// does the panic resume, out of `drive`, to the caller that supplied `input`. Otherwise a
 /// `Wake` emitted before the panic would wait for the next input, and a deadline moved earlier
 /// would never re-arm the timer (the next input compares against the moved one).
-pub(crate) fn drive<M: Timed, T>(
+pub(crate) fn drive<M: Timed + Observed, T>(
     state: &Mutex<M>,
+    tap: &EventTap<M::Event>,
     timer: &WakeSignal,
     input: impl FnOnce(&mut M) -> T,
     mut on_action: impl FnMut(&mut M, M::Action),
 ) -> T {
     let (out, earlier) = {
-        let mut st = lock(state);
+        let mut st = lock_observed(state, tap);
         let before = st.poll_timeout();
         let out = catch_unwind(AssertUnwindSafe(|| input(&mut st)));
         while let Some(action) = st.poll_action() {

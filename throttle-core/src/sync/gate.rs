@@ -21,6 +21,7 @@ use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
 use super::drive::{Timed, drive, drive_timeouts};
+use super::events::{EVENT_CAPACITY, EventSink, EventTap, Observed};
 use super::loom::{Arc, Mutex, lock};
 use super::seed::{client_rng, next_client_id};
 use super::{Runtime, WakeSignal, wait_until};
@@ -31,7 +32,7 @@ use crate::rng::{Rng, SplitMix64};
 use crate::snapshot::{Cursor, Page};
 use crate::time::Instant;
 use crate::write_gate::{
-    BucketSnapshot, GateAction, GateError, GateState, OutcomeFeed, Reason, WriteGate,
+    BucketSnapshot, GateAction, GateError, GateEvent, GateState, OutcomeFeed, Reason, WriteGate,
     WriteGateConfig,
 };
 
@@ -167,6 +168,8 @@ pub struct GateHandle<K, S = std::hash::RandomState, R = Unbound> {
     signal: WakeSignal,
     /// Notified when an input moves `poll_timeout` earlier: the timeout driver re-arms.
     timer: WakeSignal,
+    /// The gate's event sink, shared by every clone and bind of the gate.
+    tap: Arc<EventTap<GateEvent<K>>>,
     /// The runtime a bound handle reads `now` from and sleeps on ([`Unbound`]: none).
     rt: R,
 }
@@ -178,6 +181,7 @@ impl<K, S, R: Clone> Clone for GateHandle<K, S, R> {
             rng: Arc::clone(&self.rng),
             signal: self.signal.clone(),
             timer: self.timer.clone(),
+            tap: Arc::clone(&self.tap),
             rt: self.rt.clone(),
         }
     }
@@ -342,6 +346,7 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S, Unbound> {
             rng: Arc::new(Mutex::new(SplitMix64::new(0))),
             signal: WakeSignal::new(),
             timer: WakeSignal::new(),
+            tap: Arc::new(EventTap::default()),
             rt: Unbound,
         }
     }
@@ -392,6 +397,7 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S, Unbound> {
             rng: Arc::new(Mutex::new(rng)),
             signal: self.signal,
             timer: self.timer,
+            tap: self.tap,
             rt,
         }
     }
@@ -558,15 +564,71 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
         self.drive_gate(input)
     }
 
+    /// Sends the gate's observation events ([`GateEvent`]: every install, with its reason,
+    /// delay, attempt and the reason's own opening, and every early wake) to `sink`, for
+    /// every clone and bind of this gate, replacing any sink set before, and turns the gate's
+    /// events on (they are off until then, and cost nothing).
+    ///
+    /// Each input drains its events under the lock and calls `sink` once per event after the
+    /// lock is dropped, in order, on the caller's thread (the timer loop's, for its passes).
+    /// A sink that panics loses that event ([`event_sink_panics`](Self::event_sink_panics));
+    /// the input returns normally. The gate keeps at most 4096 undrained events per input,
+    /// far more than one input records; past that the oldest are lost and counted in
+    /// [`events_dropped`](Self::events_dropped).
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use throttle_sansio::sync::GateHandle;
+    /// use throttle_sansio::{GateEvent, Instant, Reason, Signal, WriteGateConfig};
+    ///
+    /// let gate: GateHandle<u32> = GateHandle::new(WriteGateConfig::default()).unwrap();
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let log = Arc::clone(&seen);
+    /// gate.set_event_sink(move |e: &GateEvent<u32>| log.lock().unwrap().push(e.clone()));
+    /// let wait = gate.handle_kv_signal(Instant::ZERO, &7, Signal::Full);
+    /// let seen = seen.lock().unwrap();
+    /// assert!(matches!(
+    ///     seen[..],
+    ///     [GateEvent::Installed { bucket: 7, reason: Reason::KV_BACKPRESSURE, delay, .. }]
+    ///         if delay == wait
+    /// ));
+    /// ```
+    pub fn set_event_sink(&self, sink: impl EventSink<GateEvent<K>> + 'static) {
+        self.tap.set(Some(std::sync::Arc::new(sink)));
+        self.update(|g| g.set_event_capacity(EVENT_CAPACITY));
+    }
+
+    /// Removes the event sink and turns the gate's events off again.
+    pub fn clear_event_sink(&self) {
+        self.update(|g| g.set_event_capacity(0));
+        self.tap.set(None);
+    }
+
+    /// Events the sink panicked on (each one lost; nothing else changed).
+    pub fn event_sink_panics(&self) -> u64 {
+        self.tap.panics()
+    }
+
+    /// Events the gate lost to its bound before the handle drained them.
+    pub fn events_dropped(&self) -> u64 {
+        lock(&self.gate).events_dropped()
+    }
+
     /// The one drive step behind every input of both forms.
     fn drive_gate<T>(&self, input: impl FnOnce(&mut WriteGate<K, S>) -> T) -> T {
         let mut wake = NotifyOnDrop {
             signal: &self.signal,
             due: false,
         };
-        drive(&self.gate, &self.timer, input, |_, action| match action {
-            GateAction::Wake { .. } => wake.due = true,
-        })
+        drive(
+            &self.gate,
+            &self.tap,
+            &self.timer,
+            input,
+            |_, action| match action {
+                GateAction::Wake { .. } => wake.due = true,
+            },
+        )
         // `wake` notifies here, after `drive` dropped the lock, or while a panic in `input`
         // unwinds out of `drive`.
     }
@@ -649,6 +711,14 @@ impl Drop for NotifyOnDrop<'_> {
     fn drop(&mut self) {
         // Never unwinds: the signal's lock is its own, and `wake_all` catches a waker's panic.
         self.signal.notify_if(self.due);
+    }
+}
+
+impl<K: Hash + Eq + Clone, S: BuildHasher> Observed for WriteGate<K, S> {
+    type Event = GateEvent<K>;
+
+    fn poll_event(&mut self) -> Option<GateEvent<K>> {
+        WriteGate::poll_event(self)
     }
 }
 

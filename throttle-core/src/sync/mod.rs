@@ -58,6 +58,7 @@
 
 mod classify;
 mod drive;
+mod events;
 mod gate;
 mod host;
 mod loom;
@@ -102,7 +103,8 @@ pub use batch::{
     Transport,
 };
 pub use classify::WriteClassifier;
-pub use failover::{CallError, FailoverExecutor, Surfaced};
+pub use events::EventSink;
+pub use failover::{CallError, FailoverEvent, FailoverExecutor, Surfaced};
 pub use gate::{GateHandle, Unbound};
 pub use host::bare_host;
 pub use pending::{AcquireBytes, BytesPermit, PendingBytes};

@@ -30,12 +30,13 @@ use core::time::Duration;
 
 use smallvec::SmallVec;
 
+use super::events::{EVENT_CAPACITY, EventSink, EventTap, Observed, ObservedGuard, lock_observed};
 use super::loom::{Arc, Mutex, lock};
 use super::signal::{WakeSignal, wait_for};
 use super::waiters::{WaiterKey, Waiters, wake_all};
 use super::{Closed, Runtime};
 use crate::dispatch_window::{
-    CreditId, DispatchWindow, Entered, SubmitError, Take, Ticket, WindowConfig,
+    CreditId, DispatchWindow, Entered, SubmitError, Take, Ticket, WindowConfig, WindowEvent,
 };
 use crate::error::ConfigError;
 use crate::time::Instant;
@@ -152,6 +153,19 @@ enum Issue {
     Exhausted,
 }
 
+impl<Shard, S> Observed for WindowState<Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    type Event = WindowEvent<Shard>;
+
+    #[inline]
+    fn poll_event(&mut self) -> Option<WindowEvent<Shard>> {
+        self.window.poll_event()
+    }
+}
+
 impl<Shard, S> WindowState<Shard, S>
 where
     Shard: Hash + Eq + Clone,
@@ -164,11 +178,31 @@ where
         match self.window.try_take(shard, hash) {
             Take::Credit(credit) => {
                 self.saw_in_flight(credit);
+                self.note_issued(credit);
                 Issue::Credit(credit)
             }
             Take::NoCredit => Issue::NoCredit,
             Take::Closed => Issue::Closed,
             Take::Exhausted => Issue::Exhausted,
+        }
+    }
+
+    /// Records the [`WindowEvent::Dispatched`] of `credit`, just issued, while events are on.
+    /// The window clones the shard key for it after the credit is out, so the clone runs under
+    /// `catch_unwind`: a panicking `Clone` loses the event (counted as dropped) and nothing
+    /// else, and the lock is not poisoned.
+    #[inline]
+    fn note_issued(&mut self, credit: CreditId) {
+        if self.window.events_on() {
+            self.note_issued_cold(credit);
+        }
+    }
+
+    #[cold]
+    fn note_issued_cold(&mut self, credit: CreditId) {
+        let window = &mut self.window;
+        if super::unwind::call(|| window.note_dispatched(credit)).is_err() {
+            self.window.note_event_lost();
         }
     }
 
@@ -201,6 +235,7 @@ where
             }
             Ok(Entered::Credit(credit, _)) => {
                 self.saw_in_flight(credit);
+                self.note_issued(credit);
                 Err(Issue::Credit(credit))
             }
             Err(SubmitError::Exhausted(_)) => Err(Issue::Exhausted),
@@ -216,6 +251,7 @@ where
         match self.window.release(credit) {
             Ok(Some((fresh, key))) => {
                 self.waiters.resolve(key, Waiter::Granted(fresh), wakeups);
+                self.note_issued(fresh);
                 Ok(Released::HandedOn)
             }
             // Nobody waits in the common case, so the exhaustion check is skipped.
@@ -328,6 +364,9 @@ struct Shared<Shard, S> {
     /// Notified (after unlock) by every release that leaves the closed window with no live
     /// credit, and by `close` itself: [`WindowHandle::closed`] listens.
     drained: WakeSignal,
+    /// The window's event sink: every critical section that changes the window takes the lock
+    /// through [`Shared::lock`], which hands the window's events to it after unlock.
+    tap: EventTap<WindowEvent<Shard>>,
 }
 
 impl<Shard, S> Shared<Shard, S>
@@ -335,11 +374,18 @@ where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
+    /// The state's lock, for a critical section that may change the window: its events go to
+    /// the sink once the lock is dropped. Queries take the plain lock.
+    #[inline]
+    fn lock(&self) -> ObservedGuard<'_, WindowState<Shard, S>> {
+        lock_observed(&self.state, &self.tap)
+    }
+
     /// Fails every waiter and refuses later acquires; wakes the waiters after unlocking.
     fn close(&self) {
         let mut wakeups = Wakeups::new();
         let drained = {
-            let mut st = lock(&self.state);
+            let mut st = self.lock();
             st.close(&mut wakeups);
             st.is_drained()
         };
@@ -409,6 +455,7 @@ where
                     #[cfg(test)]
                     stats: Stats::default(),
                 }),
+                tap: EventTap::default(),
                 hasher,
                 drained: WakeSignal::new(),
             }),
@@ -524,7 +571,7 @@ where
         hold: impl FnOnce() -> Holder<'a, Shard, S>,
     ) -> Result<Permit<'a, Shard, S>, TryAcquireError> {
         let hash = self.shared.hasher.hash_one(&shard);
-        let issued = lock(&self.shared.state).try_issue(&shard, hash);
+        let issued = self.shared.lock().try_issue(&shard, hash);
         match issued {
             Issue::Credit(credit) => Ok(Permit::new(hold(), shard, credit)),
             Issue::NoCredit => Err(TryAcquireError::NoCredit),
@@ -600,6 +647,58 @@ where
     #[cfg(test)]
     pub(crate) fn live_credits(&self) -> usize {
         lock(&self.shared.state).window.live_credits()
+    }
+
+    /// Sends the window's observation events ([`WindowEvent`]: every credit issued, with its
+    /// shard, and every credit released, with the shard's count left in flight) to `sink`, for
+    /// every clone of this handle, replacing any sink set before, and turns the window's events
+    /// on (they are off until then, and cost nothing but one check per critical section).
+    ///
+    /// With events on, the window clones the shard key once per credit issued (before it
+    /// changes anything, so a panicking `Clone` still changes nothing). The sink is called as
+    /// [`GateHandle::set_event_sink`](super::GateHandle::set_event_sink) describes: after the
+    /// lock is dropped, once per event, in order, with a panic caught and counted
+    /// ([`event_sink_panics`](Self::event_sink_panics)).
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use throttle_sansio::sync::WindowHandle;
+    /// use throttle_sansio::{WindowConfig, WindowEvent};
+    ///
+    /// let window = WindowHandle::new(WindowConfig::default()).unwrap();
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let log = Arc::clone(&seen);
+    /// window.set_event_sink(move |e: &WindowEvent<&str>| log.lock().unwrap().push(e.clone()));
+    /// let permit = window.try_acquire("shard-a").unwrap();
+    /// drop(permit);
+    /// let seen = seen.lock().unwrap();
+    /// assert!(matches!(
+    ///     seen[..],
+    ///     [
+    ///         WindowEvent::Dispatched { shard: "shard-a", .. },
+    ///         WindowEvent::Released { in_flight: 0, .. },
+    ///     ]
+    /// ));
+    /// ```
+    pub fn set_event_sink(&self, sink: impl EventSink<WindowEvent<Shard>> + 'static) {
+        self.shared.tap.set(Some(std::sync::Arc::new(sink)));
+        self.shared.lock().window.set_event_capacity(EVENT_CAPACITY);
+    }
+
+    /// Removes the event sink and turns the window's events off again.
+    pub fn clear_event_sink(&self) {
+        self.shared.lock().window.set_event_capacity(0);
+        self.shared.tap.set(None);
+    }
+
+    /// Events the sink panicked on (each one lost; nothing else changed).
+    pub fn event_sink_panics(&self) -> u64 {
+        self.shared.tap.panics()
+    }
+
+    /// Events the window lost to its bound before the handle drained them.
+    pub fn events_dropped(&self) -> u64 {
+        lock(&self.shared.state).window.events_dropped()
     }
 }
 
@@ -682,7 +781,7 @@ where
         if !core::mem::replace(&mut self.live, false) {
             return Released::Freed;
         }
-        let mut st = lock(&self.shared.get().state);
+        let mut st = self.shared.get().lock();
         let mut wakeups = Wakeups::new();
         let released = st.release(self.credit, &mut wakeups);
         let drained = st.is_drained();
@@ -843,7 +942,7 @@ where
         let Some(shared) = self.shared.as_ref() else {
             return Err(AcquireError::Closed);
         };
-        let taken = lock(&shared.get().state).take_waiter(key);
+        let taken = shared.get().lock().take_waiter(key);
         match (taken, self.shared.take(), self.shard.take()) {
             (Some(Waiter::Granted(credit)), Some(shared), Some(shard)) => {
                 Ok(Permit::new(shared, shard, credit))
@@ -887,7 +986,7 @@ where
         let Some(shard) = this.shard.as_ref() else {
             return Poll::Pending; // resolved already
         };
-        let mut st = lock(&shared.get().state);
+        let mut st = shared.get().lock();
         // `Err(true)`: the window just ran out of ids; close the handle before resolving.
         let outcome = match this.state {
             AcquireState::Start => match st.try_issue(shard, this.hash) {
@@ -943,7 +1042,7 @@ impl<Shard: Hash + Eq + Clone, S: BuildHasher> Drop for Acquire<'_, Shard, S> {
         let mut exhausted = false;
         let mut drained = false;
         {
-            let mut st = lock(&shared.get().state);
+            let mut st = shared.get().lock();
             // Still in line: it leaves it (the window cancels its ticket). Cancelled after a
             // credit was handed to it: the credit goes back, to the next waiter if any. No
             // user code runs here: the window names the shard by its stored hash.

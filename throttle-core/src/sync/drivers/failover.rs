@@ -20,6 +20,7 @@
 use core::fmt;
 use core::future::Future;
 
+use super::events::{EVENT_CAPACITY, EventSink, EventTap, Observed, lock_observed};
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Sender};
 use super::retry::Attempt;
@@ -28,8 +29,8 @@ use super::unwind;
 use super::{Panicked, Runtime};
 use crate::error::ConfigError;
 use crate::failover::{
-    Call, CallAction, CallConfig, CoalesceAction, CoalescerConfig, ErrorClass, ErrorClassifier,
-    Generation, RefreshCoalescer, RetryBudget, SurfaceReason,
+    Call, CallAction, CallConfig, CallEvent, CoalesceAction, CoalescerConfig, ErrorClass,
+    ErrorClassifier, Generation, RefreshCoalescer, RefreshEvent, RetryBudget, SurfaceReason,
 };
 use crate::rng::SplitMix64;
 use crate::time::Instant;
@@ -117,8 +118,21 @@ impl<E> CallError<E> {
     }
 }
 
+/// An observation of a [`FailoverExecutor`], handed to its sink
+/// ([`FailoverExecutor::set_event_sink`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailoverEvent {
+    /// One call's decision: a refresh asked for, a retry decided, an error surfaced.
+    Call(CallEvent),
+    /// The shared refresh: started, joined, completed, or a call refused by a full coalescer.
+    Refresh(RefreshEvent),
+}
+
 struct FailoverState<B> {
     budget: B,
+    /// Whether a sink is set: new calls then record their events.
+    events: bool,
     rng: SplitMix64,
     coalescer: RefreshCoalescer<Sender<bool>>,
     refreshes_started: u64,
@@ -139,6 +153,28 @@ struct Shared<K, B> {
     state: Mutex<FailoverState<B>>,
     /// Notified when a closed executor's last call ends: [`FailoverExecutor::closed`].
     drained: WakeSignal,
+    /// The sink of the calls' and the coalescer's events.
+    tap: EventTap<FailoverEvent>,
+}
+
+impl<B> Observed for FailoverState<B> {
+    type Event = FailoverEvent;
+
+    fn poll_event(&mut self) -> Option<FailoverEvent> {
+        self.coalescer.poll_event().map(FailoverEvent::Refresh)
+    }
+}
+
+impl<K, B> Shared<K, B> {
+    /// Hands the events `call`'s last input recorded to the sink (none while events are off).
+    /// Call with no lock held.
+    fn deliver_call(&self, call: &mut Call) {
+        let mut events = alloc::vec::Vec::new();
+        while let Some(event) = call.poll_event() {
+            events.push(FailoverEvent::Call(event));
+        }
+        self.tap.deliver(events);
+    }
 }
 
 /// Runs requests with failover: classify each error ([`ErrorClassifier`]), refresh metadata
@@ -280,6 +316,7 @@ where
                 config,
                 state: Mutex::new(FailoverState {
                     budget,
+                    events: false,
                     rng: super::seed::client_rng(super::seed::next_client_id()),
                     coalescer: RefreshCoalescer::new(coalescer)?,
                     refreshes_started: 0,
@@ -287,8 +324,40 @@ where
                     in_flight: 0,
                 }),
                 drained: WakeSignal::new(),
+                tap: EventTap::default(),
             }),
         })
+    }
+
+    /// Sends the executor's observation events ([`FailoverEvent`]: each call's refresh
+    /// request, retry decision and surfaced error, and the shared refresh's start, joins, end
+    /// and refusals) to `sink`, for every clone, replacing any sink set before, and turns them
+    /// on for calls started from now on (events are off until then, and cost nothing).
+    ///
+    /// The sink is called as [`GateHandle::set_event_sink`](super::GateHandle::set_event_sink)
+    /// describes: outside the lock, once per event, in order, with a panic caught and counted
+    /// ([`event_sink_panics`](Self::event_sink_panics)).
+    pub fn set_event_sink(&self, sink: impl EventSink<FailoverEvent> + 'static) {
+        self.shared.tap.set(Some(std::sync::Arc::new(sink)));
+        let mut st = lock_observed(&self.shared.state, &self.shared.tap);
+        st.events = true;
+        st.coalescer.set_event_capacity(EVENT_CAPACITY);
+    }
+
+    /// Removes the event sink and turns events off (calls in flight stop recording too: their
+    /// events are dropped unseen).
+    pub fn clear_event_sink(&self) {
+        {
+            let mut st = lock(&self.shared.state);
+            st.events = false;
+            st.coalescer.set_event_capacity(0);
+        }
+        self.shared.tap.set(None);
+    }
+
+    /// Events the sink panicked on (each one lost; nothing else changed).
+    pub fn event_sink_panics(&self) -> u64 {
+        self.shared.tap.panics()
     }
 
     /// Restarts the backoff jitter from `seed` (tests; the default seed is random).
@@ -462,32 +531,49 @@ where
 
     /// `call`'s start at `now`, with the shared budget.
     pub(crate) fn start_call(&self, call: &mut Call, now: Instant) -> CallAction {
-        call.start(now, &mut lock(&self.shared.state).budget)
+        let action = call.start(now, &mut lock(&self.shared.state).budget);
+        self.shared.deliver_call(call);
+        action
     }
 
     /// `call`'s success at `now`, told to the shared budget.
     pub(crate) fn succeed(&self, call: &mut Call, now: Instant) -> CallAction {
-        call.handle_success(now, &mut lock(&self.shared.state).budget)
+        let action = call.handle_success(now, &mut lock(&self.shared.state).budget);
+        self.shared.deliver_call(call);
+        action
     }
 
     /// `call`'s error of class `class` at `now`: the call decides, with the shared budget and
     /// jitter generator.
     pub(crate) fn fail(&self, call: &mut Call, now: Instant, class: ErrorClass) -> CallAction {
-        let mut guard = lock(&self.shared.state);
-        let st = &mut *guard;
-        call.handle_error(now, class, &mut st.budget, &mut st.rng)
+        let action = {
+            let mut guard = lock(&self.shared.state);
+            let st = &mut *guard;
+            call.handle_error(now, class, &mut st.budget, &mut st.rng)
+        };
+        self.shared.deliver_call(call);
+        action
     }
 
     /// The end of the refresh `call` asked for, at `now`: the call decides.
     pub(crate) fn refreshed_at(&self, call: &mut Call, now: Instant, ok: bool) -> CallAction {
-        let mut guard = lock(&self.shared.state);
-        let st = &mut *guard;
-        call.handle_refreshed(now, ok, &mut st.budget, &mut st.rng)
+        let action = {
+            let mut guard = lock(&self.shared.state);
+            let st = &mut *guard;
+            call.handle_refreshed(now, ok, &mut st.budget, &mut st.rng)
+        };
+        self.shared.deliver_call(call);
+        action
     }
 
-    /// A new call under this executor's config, with `deadline`.
+    /// A new call under this executor's config, with `deadline`; it records events while a
+    /// sink is set.
     pub(crate) fn new_call(&self, deadline: Option<Instant>) -> Call {
-        Call::new(&self.shared.config).with_deadline(deadline)
+        let mut call = Call::new(&self.shared.config).with_deadline(deadline);
+        if lock(&self.shared.state).events {
+            call.set_event_capacity(EVENT_CAPACITY);
+        }
+        call
     }
 
     /// The class of `error`, by the executor's classifier; its panic is `Err`.
@@ -507,7 +593,7 @@ where
     {
         let (tx, rx) = oneshot::channel();
         let action = {
-            let mut st = lock(&self.shared.state);
+            let mut st = lock_observed(&self.shared.state, &self.shared.tap);
             let action = st.coalescer.handle_refresh_needed(tx);
             if let CoalesceAction::Start(_) = action {
                 st.refreshes_started = st.refreshes_started.saturating_add(1);
@@ -549,7 +635,7 @@ impl<K, B> RefreshGuard<'_, K, B> {
         };
         let mut released = alloc::vec::Vec::new();
         {
-            let mut st = lock(&self.shared.state);
+            let mut st = lock_observed(&self.shared.state, &self.shared.tap);
             if st.coalescer.handle_refreshed(generation, ok).is_ok() {
                 while let Some(r) = st.coalescer.poll_action() {
                     released.push((r.waiter, r.ok));
@@ -656,6 +742,121 @@ mod tests {
             "one send and one retry each"
         );
         assert_eq!(cluster.lookups.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn the_sink_sees_each_calls_decisions_and_the_one_shared_refresh_outside_the_lock() {
+        let mut exec = Executor::default();
+        let fx = admin_writes(&exec);
+        let seen = Arc::new(StdMutex::new(alloc::vec::Vec::new()));
+        let (log, probe) = (Arc::clone(&seen), fx.clone());
+        fx.set_event_sink(move |e: &FailoverEvent| {
+            // Reading the executor here would deadlock if the sink ran under its lock.
+            let _ = probe.in_flight();
+            log.lock().unwrap().push(*e);
+        });
+        let cluster = Arc::new(Cluster {
+            moved: Default::default(),
+            sends: AtomicUsize::new(0),
+            lookups: AtomicUsize::new(0),
+            lookup: WakeSignal::new(),
+        });
+        for id in 0..2 {
+            let (fx, c) = (fx.clone(), Arc::clone(&cluster));
+            exec.spawn(async move {
+                assert_eq!(fx.call(|| c.send(id), || c.refresh()).await, Ok(id));
+            });
+        }
+        exec.run_until_stalled();
+        cluster.lookup.notify();
+        exec.run_until_stalled();
+        let got = seen.lock().unwrap().clone();
+        let g = Generation::from_raw(0);
+        let count = |want: FailoverEvent| got.iter().filter(|e| **e == want).count();
+        let cause = crate::failover::ErrorCause::Transient;
+        assert_eq!(
+            count(FailoverEvent::Call(CallEvent::RefreshRequested { cause })),
+            2
+        );
+        assert_eq!(
+            count(FailoverEvent::Refresh(RefreshEvent::Started {
+                generation: g
+            })),
+            1
+        );
+        assert_eq!(
+            count(FailoverEvent::Refresh(RefreshEvent::Joined {
+                generation: g,
+                waiters: 2
+            })),
+            1
+        );
+        assert_eq!(
+            count(FailoverEvent::Refresh(RefreshEvent::Completed {
+                generation: g,
+                ok: true,
+                released: 2
+            })),
+            1
+        );
+        let retry = FailoverEvent::Call(CallEvent::RetryDecided {
+            attempt: 1,
+            delay: core::time::Duration::ZERO,
+            cause,
+        });
+        assert_eq!(count(retry), 2);
+        assert_eq!(got.len(), 7, "{got:?}");
+        // The refresh starts after the first call asked for it, and completes after both
+        // joined; each retry comes after the completion.
+        let at = |want: FailoverEvent| got.iter().position(|e| *e == want);
+        let completed = at(FailoverEvent::Refresh(RefreshEvent::Completed {
+            generation: g,
+            ok: true,
+            released: 2,
+        }));
+        assert!(at(retry) > completed, "{got:?}");
+
+        // Cleared: later calls record nothing, and a panicking sink never ran.
+        fx.clear_event_sink();
+        let c = Arc::clone(&cluster);
+        let f = fx.clone();
+        exec.spawn(async move {
+            assert_eq!(f.call(|| c.send(9), || c.refresh()).await, Ok(9));
+        });
+        exec.run_until_stalled();
+        assert_eq!(seen.lock().unwrap().len(), 7);
+        assert_eq!(fx.event_sink_panics(), 0);
+    }
+
+    #[test]
+    fn a_panicking_sink_loses_its_events_and_the_call_still_ends() {
+        let mut exec = Executor::default();
+        let fx = FailoverExecutor::new(
+            runtime(&exec),
+            |_: &&str| crate::failover::ErrorClass::SURFACE,
+            Unlimited,
+            CallConfig::default(),
+        )
+        .unwrap();
+        fx.set_event_sink(|_: &FailoverEvent| panic!("user sink"));
+        let out = Arc::new(StdMutex::new(None));
+        let (o, f) = (Arc::clone(&out), fx.clone());
+        exec.spawn(async move {
+            let r = f
+                .call(
+                    || core::future::ready(Err::<u8, _>("no")),
+                    || async { true },
+                )
+                .await;
+            *o.lock().unwrap() = Some(r.map_err(|e| e.surfaced().map(|s| s.reason)));
+        });
+        exec.run_until_stalled();
+        assert_eq!(
+            out.lock().unwrap().take(),
+            Some(Err(Some(SurfaceReason::ClassifiedNever)))
+        );
+        assert_eq!(fx.event_sink_panics(), 1, "one event: the surfaced error");
+        assert_eq!(fx.in_flight(), 0);
     }
 
     #[test]

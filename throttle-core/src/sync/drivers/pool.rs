@@ -22,6 +22,7 @@ use core::hash::{BuildHasher, Hash};
 use core::ops::Deref;
 
 use super::drive::{Timed, drive, drive_timeouts};
+use super::events::{EventTap, Observed};
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot;
 use super::oneshot::Sender;
@@ -150,6 +151,8 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
     connected: WakeSignal,
     /// Notified when an input moves the table's `poll_timeout` earlier: the timer loop re-arms.
     timer: WakeSignal,
+    /// The table's event sink.
+    tap: EventTap<core::convert::Infallible>,
     /// Notified when the closed pool's last lease or connect ends: [`ConnPool::closed`].
     drained: WakeSignal,
 }
@@ -287,6 +290,7 @@ where
                 }),
                 connected: WakeSignal::new(),
                 timer: WakeSignal::new(),
+                tap: EventTap::default(),
                 drained: WakeSignal::new(),
             }),
         })
@@ -489,16 +493,22 @@ where
         let mut closed = Vec::new();
         let mut counted = false;
         let input = |st: &mut PoolState<U, H, S, C::Conn>| input(st, self.rt.now());
-        let out = drive(&self.state, &self.timer, input, |st, action| match action {
-            ConnAction::Close(id) => {
-                if let Some(conn) = st.conns.remove(&id) {
-                    if !counted {
-                        counted = st.taking(true);
+        let out = drive(
+            &self.state,
+            &self.tap,
+            &self.timer,
+            input,
+            |st, action| match action {
+                ConnAction::Close(id) => {
+                    if let Some(conn) = st.conns.remove(&id) {
+                        if !counted {
+                            counted = st.taking(true);
+                        }
+                        closed.push(conn);
                     }
-                    closed.push(conn);
                 }
-            }
-        });
+            },
+        );
         self.drop_taken(closed, counted);
         out
     }
@@ -652,6 +662,14 @@ impl<R, C: Connector<H>, U, H, S> Drop for ConnectGuard<R, C, U, H, S> {
             ConnectEnd::Abandoned
         };
         self.end(ended);
+    }
+}
+
+impl<U, H, S, T> Observed for PoolState<U, H, S, T> {
+    type Event = core::convert::Infallible;
+
+    fn poll_event(&mut self) -> Option<Self::Event> {
+        None
     }
 }
 

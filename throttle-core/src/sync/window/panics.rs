@@ -384,3 +384,34 @@ fn a_first_poll_that_panicked_can_be_polled_again() {
     check_invariants(&f);
     serve_to_the_end(&mut f);
 }
+
+/// With a sink set, the window clones the shard key for each credit's `Dispatched` event after
+/// the credit is out, so the clone runs under `catch_unwind`: a `Clone` that panics there loses
+/// that one event (counted as dropped) and nothing else, the caller is not unwound, and the
+/// line is served to the end.
+#[test]
+fn with_events_on_a_clone_that_panics_for_an_event_loses_only_that_event() {
+    let sinked = || {
+        let f = fixture();
+        f.h.set_event_sink(|_: &WindowEvent<TrapKey>| ());
+        f
+    };
+    // A release hands its credit to `a`: the event's clone is the only user call.
+    let mut f = sinked();
+    arm(0);
+    drop(f.holder.take());
+    assert_eq!(disarm(), Some(C));
+    assert_eq!(f.h.events_dropped(), 1);
+    check_invariants(&f);
+    serve_to_the_end(&mut f);
+
+    // An idle entry's credit: the handle's hash and the lookup, then the event's clone.
+    let mut f = sinked();
+    arm(2);
+    f.permits
+        .push(f.h.try_acquire_owned(TrapKey(2)).expect("free"));
+    assert_eq!(disarm(), Some(C));
+    assert_eq!(f.h.events_dropped(), 1);
+    check_invariants(&f);
+    serve_to_the_end(&mut f);
+}

@@ -1,0 +1,304 @@
+//! Event sinks: where a handle sends the observation events its machine records.
+//!
+//! A handle with a sink ([`GateHandle::set_event_sink`](super::GateHandle::set_event_sink) and
+//! its siblings) turns its machine's events on. Every critical section that changes the
+//! machine ends the same way: drain the machine's events under the lock, drop the lock, then
+//! hand each event to the sink. The sink is user code, so it runs outside the lock and under
+//! `catch_unwind`: a sink that panics loses that one event (counted in
+//! [`sink_panics`](EventTap::panics)), and the input that caused it returns normally.
+//!
+//! With no sink, the machine's events stay off, and a critical section tests one integer.
+
+use alloc::vec::Vec;
+use core::ops::{Deref, DerefMut};
+
+use std::sync::Arc;
+
+use super::loom::{Mutex, MutexGuard, lock};
+use super::unwind;
+
+/// Receives a handle's observation events ([`crate::event`]): one call per event, in the order
+/// the machine recorded them, after the handle's lock is released, on the thread whose input
+/// (or timer) caused it.
+///
+/// Any `Fn(&E) + Send + Sync` closure is a sink. With the `tracing` feature,
+/// [`Tracing`](super::trace::Tracing) is one for every event type.
+///
+/// A sink must not block for long: the input that caused the event waits for it. It may call
+/// back into the handle (no lock is held). A panic in it is caught: the event is lost and
+/// counted, and nothing else changes.
+pub trait EventSink<E>: Send + Sync {
+    /// One event.
+    fn on_event(&self, event: &E);
+}
+
+impl<E, F: Fn(&E) + Send + Sync> EventSink<E> for F {
+    fn on_event(&self, event: &E) {
+        self(event);
+    }
+}
+
+/// How many undrained events a handle's machine keeps. The handle drains them after every
+/// input, so only one input's events are ever queued; an input that records more (a timer pass
+/// releasing thousands at once) loses the oldest, counted in the machine's `events_dropped`.
+pub(crate) const EVENT_CAPACITY: usize = 4096;
+
+/// A handle's sink slot, shared by its clones, and the panics its sink has raised.
+pub(crate) struct EventTap<E> {
+    slot: Mutex<Slot<E>>,
+}
+
+struct Slot<E> {
+    sink: Option<Arc<dyn EventSink<E>>>,
+    panics: u64,
+}
+
+impl<E> Default for EventTap<E> {
+    fn default() -> Self {
+        EventTap {
+            slot: Mutex::new(Slot {
+                sink: None,
+                panics: 0,
+            }),
+        }
+    }
+}
+
+impl<E> EventTap<E> {
+    /// Installs (or, with `None`, removes) the sink. The caller turns the machine's events on
+    /// or off to match.
+    pub(crate) fn set(&self, sink: Option<Arc<dyn EventSink<E>>>) {
+        lock(&self.slot).sink = sink;
+    }
+
+    /// Events the sink panicked on so far.
+    pub(crate) fn panics(&self) -> u64 {
+        lock(&self.slot).panics
+    }
+
+    /// Hands `events` to the sink, each under `catch_unwind`. Call with no lock held.
+    pub(crate) fn deliver(&self, events: Vec<E>) {
+        if events.is_empty() {
+            return;
+        }
+        let Some(sink) = lock(&self.slot).sink.clone() else {
+            return;
+        };
+        let mut panics = 0u64;
+        for event in &events {
+            if unwind::call(|| sink.on_event(event)).is_err() {
+                panics = panics.saturating_add(1);
+            }
+        }
+        if panics > 0 {
+            let mut slot = lock(&self.slot);
+            slot.panics = slot.panics.saturating_add(panics);
+        }
+    }
+}
+
+/// The state behind a handle's lock, as the tap sees it: where its machine's events come out.
+pub(crate) trait Observed {
+    /// The machine's event type.
+    type Event;
+
+    /// The oldest undrained event (always `None` while the machine's events are off).
+    fn poll_event(&mut self) -> Option<Self::Event>;
+}
+
+/// Drains `state`'s events into a list (empty, and no allocation, while events are off: the
+/// machine's queue is then empty, and one poll finds it so).
+pub(crate) fn drain<T: Observed + ?Sized>(state: &mut T) -> Vec<T::Event> {
+    let mut events = Vec::new();
+    while let Some(event) = state.poll_event() {
+        events.push(event);
+    }
+    events
+}
+
+/// A lock guard that, when dropped, drains the state's events, unlocks, and only then hands
+/// the events to the tap's sink: every critical section that changes an observed machine takes
+/// its lock through [`lock_observed`], so no path can forget the events, and none calls the
+/// sink under the lock. Dropped while a panic unwinds, it still delivers (the sink's own panic
+/// is caught).
+pub(crate) struct ObservedGuard<'a, T: Observed> {
+    guard: Option<MutexGuard<'a, T>>,
+    tap: &'a EventTap<T::Event>,
+}
+
+/// Locks `state` (recovering a poisoned lock, as [`lock`]) for a critical section whose
+/// events go to `tap` once it ends.
+pub(crate) fn lock_observed<'a, T: Observed>(
+    state: &'a Mutex<T>,
+    tap: &'a EventTap<T::Event>,
+) -> ObservedGuard<'a, T> {
+    ObservedGuard {
+        guard: Some(lock(state)),
+        tap,
+    }
+}
+
+impl<T: Observed> Deref for ObservedGuard<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        // The guard is taken only in `drop`.
+        self.guard.as_deref().unwrap_or_else(|| unreachable!())
+    }
+}
+
+impl<T: Observed> DerefMut for ObservedGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.guard.as_deref_mut().unwrap_or_else(|| unreachable!())
+    }
+}
+
+impl<T: Observed> Drop for ObservedGuard<'_, T> {
+    fn drop(&mut self) {
+        let Some(mut guard) = self.guard.take() else {
+            return;
+        };
+        let events = drain(&mut *guard);
+        drop(guard);
+        self.tap.deliver(events);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::sync::test_support::{CountingWaker, poll_once};
+    use crate::sync::{GateHandle, WindowHandle};
+    use crate::test_hasher::TestHasher;
+    use crate::time::Instant;
+    use crate::{GateEvent, Reason, Signal, WindowConfig, WindowEvent, WriteGateConfig};
+    use alloc::boxed::Box;
+    use std::sync::Mutex as StdMutex;
+
+    /// A sink that records what it sees, after reading the handle through `probe` (which
+    /// would deadlock if the sink ran under the handle's lock).
+    fn recorder<E: Clone + Send + 'static>(
+        probe: impl Fn() + Send + Sync + 'static,
+    ) -> (
+        std::sync::Arc<StdMutex<Vec<E>>>,
+        impl Fn(&E) + Send + Sync + 'static,
+    ) {
+        let seen = std::sync::Arc::new(StdMutex::new(Vec::new()));
+        let log = std::sync::Arc::clone(&seen);
+        (seen, move |e: &E| {
+            probe();
+            log.lock().unwrap().push(e.clone());
+        })
+    }
+
+    #[test]
+    fn a_gate_sink_sees_installs_and_wakes_in_order_outside_the_lock() {
+        let gate: GateHandle<u32, TestHasher> =
+            GateHandle::with_hasher(WriteGateConfig::default(), TestHasher::default()).unwrap();
+        // Off until a sink is set: nothing is recorded or dropped.
+        let _ = gate.handle_kv_signal(Instant::ZERO, &1, Signal::Full);
+        let probe = gate.clone();
+        let (seen, sink) = recorder(move || {
+            let _ = probe.check(Instant::ZERO, &1);
+        });
+        gate.set_event_sink(sink);
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "nothing recorded while off"
+        );
+        let t = Instant::from_millis(10);
+        let wait = gate.handle_kv_signal(t, &7, Signal::Full);
+        // The signal clears: the bucket opens at once, earlier than it was (a Wake).
+        let _ = gate.handle_kv_signal(t, &7, Signal::Clear);
+        let got = seen.lock().unwrap().clone();
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(
+            matches!(
+                got[0],
+                GateEvent::Installed { bucket: 7, reason: Reason::KV_BACKPRESSURE, delay, .. }
+                    if delay == wait
+            ),
+            "{got:?}"
+        );
+        assert!(
+            matches!(
+                got[1],
+                GateEvent::Installed {
+                    bucket: 7,
+                    reason_opens_at: None,
+                    ..
+                }
+            ),
+            "{got:?}"
+        );
+        assert!(matches!(got[2], GateEvent::Wake { .. }), "{got:?}");
+        assert_eq!((gate.events_dropped(), gate.event_sink_panics()), (0, 0));
+
+        // Cleared: the gate records nothing more.
+        gate.clear_event_sink();
+        let _ = gate.handle_kv_signal(t, &8, Signal::Full);
+        assert_eq!(seen.lock().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_panicking_sink_loses_each_event_and_the_input_returns() {
+        let gate: GateHandle<u32, TestHasher> =
+            GateHandle::with_hasher(WriteGateConfig::default(), TestHasher::default()).unwrap();
+        gate.set_event_sink(|_: &GateEvent<u32>| panic!("user sink"));
+        let wait = gate.handle_kv_signal(Instant::ZERO, &7, Signal::Full);
+        assert!(wait > core::time::Duration::ZERO);
+        let _ = gate.handle_kv_signal(Instant::ZERO, &8, Signal::Full);
+        assert_eq!(gate.event_sink_panics(), 2);
+        // The gate is unharmed and still serves.
+        assert!(matches!(
+            gate.check(Instant::ZERO, &7),
+            crate::GateState::Closed { .. }
+        ));
+    }
+
+    #[test]
+    fn a_window_sink_sees_issues_releases_and_the_hand_on_to_a_waiter() {
+        let window: WindowHandle<u32, TestHasher> = WindowHandle::with_hasher(
+            WindowConfig::default().with_max_in_flight(1),
+            TestHasher::default(),
+        )
+        .unwrap();
+        let probe = window.clone();
+        let (seen, sink) = recorder(move || {
+            let _ = probe.available(&5);
+        });
+        window.set_event_sink(sink);
+        let first = window.try_acquire(5).unwrap();
+        let (waker, _) = CountingWaker::new();
+        let mut second = Box::pin(window.acquire(5));
+        assert!(poll_once(&mut second, &waker).is_pending());
+        drop(first); // hands the credit on to `second`
+        let std::task::Poll::Ready(Ok(permit)) = poll_once(&mut second, &waker) else {
+            panic!("the waiter got the credit");
+        };
+        drop(permit);
+        let got = seen.lock().unwrap().clone();
+        let shape: Vec<_> = got
+            .iter()
+            .map(|e| match e {
+                WindowEvent::Dispatched { shard, .. } => ("dispatched", *shard),
+                WindowEvent::Released { in_flight, .. } => ("released", *in_flight),
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            // The first release hands its credit on: the shard still has one in flight.
+            [
+                ("dispatched", 5),
+                ("released", 1),
+                ("dispatched", 5),
+                ("released", 0)
+            ],
+            "{got:?}"
+        );
+        assert_eq!(
+            (window.events_dropped(), window.event_sink_panics()),
+            (0, 0)
+        );
+    }
+}
