@@ -124,6 +124,12 @@ impl WindowConfig {
 pub struct CreditId(Key);
 
 impl CreditId {
+    /// The credit's number: strictly increasing in issue order within its window, never
+    /// reused (for logs and metrics; the window names a credit by the whole id).
+    pub const fn seq(self) -> u64 {
+        self.0.generation
+    }
+
     /// The slab slot this credit occupies while it is live (dense, reused after release).
     #[inline]
     pub(crate) fn slot(self) -> usize {

@@ -70,6 +70,9 @@ mod signal;
 #[cfg(all(feature = "tower", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
+#[cfg(all(feature = "tracing", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+pub mod trace;
 mod unwind;
 mod waiters;
 mod window;
