@@ -23,7 +23,9 @@
 //!   [`handle_timeout`](ConnTable::handle_timeout).
 //! - **Pollers**: [`poll_action`](ConnTable::poll_action) (drain until `None` after every
 //!   input: each [`ConnAction::Close`] asks the transport to close that connection) and
-//!   [`poll_timeout`](ConnTable::poll_timeout) (call `handle_timeout` at or after it).
+//!   [`poll_timeout`](ConnTable::poll_timeout) (call `handle_timeout` at or after it);
+//!   [`poll_event`](ConnTable::poll_event) drains observations ([`ConnEvent`]) once
+//!   [`set_event_capacity`](ConnTable::set_event_capacity) turned them on.
 //! - **Queries** (`&self`): [`connection`](ConnTable::connection),
 //!   [`state`](ConnTable::state), [`in_flight`](ConnTable::in_flight), …
 //!
@@ -49,6 +51,7 @@ use smallvec::SmallVec;
 
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::error::ConfigError;
+use crate::event::EventQueue;
 use crate::rng::Rng;
 use crate::slab::IdSpace;
 use crate::time::{Clock, Instant};
@@ -144,6 +147,59 @@ pub enum ConnAction {
     /// Close this connection: it was idle for `max_idle`, or its uid was disconnected.
     /// The table has already forgotten it; do not report it back with `handle_closed`.
     Close(ConnId),
+}
+
+/// An observation of the table, drained with [`ConnTable::poll_event`] once turned on with
+/// [`ConnTable::set_event_capacity`] (off by default: see [`crate::event`]).
+///
+/// Events name connections by [`ConnId`] only (look the endpoint up with
+/// [`ConnTable::key`] while it is live): building one clones no key and runs no user code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnEvent {
+    /// [`ConnTable::handle_request`] answered [`Route::Open`] with this connection: a
+    /// connect attempt started.
+    Opened {
+        /// The connection opened.
+        conn: ConnId,
+    },
+    /// [`ConnTable::handle_connected`] accepted the connect of this connection (returned
+    /// `true`).
+    Connected {
+        /// The connection now connected.
+        conn: ConnId,
+    },
+    /// The table forgot this live connection, for `cause`. With [`CloseCause::Idle`],
+    /// [`CloseCause::ConnectTimedOut`] and [`CloseCause::Disconnected`] it also queued a
+    /// [`ConnAction::Close`] for it, and the events come in the order of those actions.
+    Closed {
+        /// The connection closed.
+        conn: ConnId,
+        /// Why the table forgot it.
+        cause: CloseCause,
+    },
+}
+
+/// Why the table forgot a live connection ([`ConnEvent::Closed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CloseCause {
+    /// [`ConnTable::handle_timeout`] closed a connected connection with nothing in flight
+    /// for `max_idle` (it queued a [`ConnAction::Close`]).
+    Idle,
+    /// [`ConnTable::disconnect`] closed it with the other connections of its uid (it queued
+    /// a [`ConnAction::Close`]).
+    Disconnected,
+    /// [`ConnTable::handle_connect_failed`] reported its connect failed; the endpoint backs
+    /// off.
+    ConnectFailed,
+    /// [`ConnTable::handle_timeout`] found it still connecting at its
+    /// [`ConnectAttempt::deadline`] (and its idle deadline): a failed connect, so the
+    /// endpoint backs off, and it queued a [`ConnAction::Close`].
+    ConnectTimedOut,
+    /// The transport reported it closed with [`ConnTable::handle_closed`] (which returned
+    /// `true`).
+    Reported,
 }
 
 /// The life stage of a live connection.
@@ -495,6 +551,8 @@ pub struct ConnTable<U, H, S> {
     /// bound to this table).
     ids: IdSpace,
     live: usize,
+    /// Observations, off until [`Self::set_event_capacity`].
+    events: EventQueue<ConnEvent>,
     /// Slots trimmed plus free-list entries visited by `shrink`, to pin its cost in tests.
     #[cfg(test)]
     maintenance_steps: u64,
@@ -550,6 +608,7 @@ where
             actions: VecDeque::new(),
             ids: IdSpace::new(),
             live: 0,
+            events: EventQueue::new(),
             #[cfg(test)]
             maintenance_steps: 0,
         })
@@ -683,6 +742,8 @@ where
         }
         self.live = self.live.saturating_add(1);
         self.set_deadline(slot, Some(idle_at.max(attempt.deadline())));
+        // Every key copy and the draw were made before anything changed: no user code is left.
+        self.events.emit(|| ConnEvent::Opened { conn: id });
         Route::Open(id, copy, attempt)
     }
 
@@ -740,6 +801,8 @@ where
         }
         self.live = self.live.saturating_add(1);
         self.set_deadline(slot, Some(idle_at.max(attempt.deadline())));
+        // Every key copy and the draw were made before anything changed: no user code is left.
+        self.events.emit(|| ConnEvent::Opened { conn: id });
         Route::Open(id, copy, attempt)
     }
 
@@ -768,6 +831,7 @@ where
             let at = now + self.cfg.max_idle;
             self.set_deadline(slot, Some(at));
         }
+        self.events.emit(|| ConnEvent::Connected { conn });
         true
     }
 
@@ -783,7 +847,12 @@ where
     pub fn handle_connect_failed(&mut self, now: Instant, conn: ConnId) -> Option<Instant> {
         let now = self.clock.observe(now);
         let slot = self.live_slot(conn)?;
-        self.fail_connect(slot, now).map(|(_, until)| until)
+        let (id, until) = self.fail_connect(slot, now)?;
+        self.events.emit(|| ConnEvent::Closed {
+            conn: id,
+            cause: CloseCause::ConnectFailed,
+        });
+        Some(until)
     }
 
     /// Ends the connecting connection at `slot` as a failed connect: commits the backoff its
@@ -850,10 +919,17 @@ where
     /// endpoint reconnects immediately (a drop or a server restart is not a failed connect).
     pub fn handle_closed(&mut self, now: Instant, conn: ConnId) -> bool {
         let now = self.clock.observe(now);
-        match self.live_slot(conn) {
-            Some(slot) => self.drop_conn(slot, now).is_some(),
-            None => false,
-        }
+        let Some(id) = self
+            .live_slot(conn)
+            .and_then(|slot| self.drop_conn(slot, now))
+        else {
+            return false;
+        };
+        self.events.emit(|| ConnEvent::Closed {
+            conn: id,
+            cause: CloseCause::Reported,
+        });
+        true
     }
 
     /// Closes every connection of server `uid`, at any address (e.g. the server left the
@@ -880,6 +956,10 @@ where
         for slot in slots {
             if let Some(id) = self.drop_conn(slot, now) {
                 self.actions.push_back(ConnAction::Close(id));
+                self.events.emit(|| ConnEvent::Closed {
+                    conn: id,
+                    cause: CloseCause::Disconnected,
+                });
                 closed += 1;
             }
         }
@@ -904,11 +984,19 @@ where
                     // precedes): a failed connect, backoff and all, and the transport drops it.
                     if let Some((id, _)) = self.fail_connect(slot, now) {
                         self.actions.push_back(ConnAction::Close(id));
+                        self.events.emit(|| ConnEvent::Closed {
+                            conn: id,
+                            cause: CloseCause::ConnectTimedOut,
+                        });
                     }
                 }
                 Some(Some(_)) => {
                     if let Some(id) = self.drop_conn(slot, now) {
                         self.actions.push_back(ConnAction::Close(id));
+                        self.events.emit(|| ConnEvent::Closed {
+                            conn: id,
+                            cause: CloseCause::Idle,
+                        });
                     }
                 }
                 Some(None) => self.free_entry(slot),
@@ -926,6 +1014,23 @@ where
     /// The next action for the transport; call until `None` after every input.
     pub fn poll_action(&mut self) -> Option<ConnAction> {
         self.actions.pop_front()
+    }
+
+    /// The oldest undrained observation, if events are on ([`Self::set_event_capacity`]).
+    /// Drain after [`Self::poll_action`].
+    pub fn poll_event(&mut self) -> Option<ConnEvent> {
+        self.events.pop()
+    }
+
+    /// Record up to `capacity` undrained events (0, the default, turns them off: no input
+    /// then builds one). Past the capacity the oldest is dropped and counted.
+    pub fn set_event_capacity(&mut self, capacity: usize) {
+        self.events.set_capacity(capacity);
+    }
+
+    /// Events lost to a full queue (or discarded by turning events off) so far.
+    pub fn events_dropped(&self) -> u64 {
+        self.events.dropped()
     }
 
     /// The earliest instant at which [`handle_timeout`](Self::handle_timeout) has work, in

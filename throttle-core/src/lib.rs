@@ -53,7 +53,8 @@ pub use batcher::{
     RefuseReason, Refused, RequeueError, Withdrawal,
 };
 pub use conn_key::{
-    BackoffFrom, ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, ConnectAttempt, Route,
+    BackoffFrom, CloseCause, ConnAction, ConnConfig, ConnEvent, ConnId, ConnKey, ConnTable,
+    ConnectAttempt, Route,
 };
 pub use dispatch_window::{
     CreditId, Dispatch, DispatchWindow, SingleWindow, SubmitError, Submitted, WindowConfig,

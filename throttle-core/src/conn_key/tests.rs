@@ -1319,3 +1319,196 @@ fn only_a_failed_connect_commits_the_drawn_backoff() {
         "the second backoff, from d's start"
     );
 }
+
+// ------------------------------------------------------------------ observation events
+
+mod events {
+    use super::*;
+    use crate::test_hasher::TestHasher;
+    use crate::test_key::{Call, PanicKey, panics};
+
+    fn events(t: &mut Table) -> Vec<ConnEvent> {
+        core::iter::from_fn(|| t.poll_event()).collect()
+    }
+
+    fn closed(conn: ConnId, cause: CloseCause) -> ConnEvent {
+        ConnEvent::Closed { conn, cause }
+    }
+
+    #[test]
+    fn events_are_off_by_default() {
+        let mut t = table();
+        let a = open(&mut t, ms(0), &key("cs-0", "h1"));
+        assert!(t.handle_connected(ms(0), a));
+        let b = open(&mut t, ms(0), &key("cs-1", "h1"));
+        assert!(t.handle_connect_failed(ms(0), b).is_some());
+        assert!(t.handle_closed(ms(1), a));
+        let c = open(&mut t, ms(2), &key("cs-2", "h1"));
+        assert_eq!(t.disconnect(ms(2), &"cs-2"), 1);
+        t.handle_timeout(Instant::MAX);
+        assert_eq!(drain(&mut t), [ConnAction::Close(c)]);
+        assert_eq!(t.poll_event(), None, "off by default");
+        assert_eq!(t.events_dropped(), 0);
+    }
+
+    /// Every cause, in the order the inputs produced them (and, for the closes that queue an
+    /// action, in the order of those actions); inputs that change nothing give nothing.
+    #[test]
+    fn each_input_reports_what_it_did_once_events_are_on() {
+        let mut t = table();
+        t.set_event_capacity(64);
+        let (ka, kb, kc) = (key("cs-0", "h1"), key("cs-1", "h1"), key("cs-2", "h1"));
+        // Opened, connected, later idle.
+        let a = open(&mut t, ms(0), &ka);
+        assert!(t.handle_connected(ms(0), a));
+        assert!(!t.handle_connected(ms(0), a), "already connected: no event");
+        assert_eq!(
+            t.handle_request(ms(0), &ka, &mut SplitMix64::new(0)),
+            Route::Use(a)
+        );
+        // A failed connect, a Wait, then a reopen under the endpoint's old entry.
+        let b = open(&mut t, ms(0), &kb);
+        assert!(t.handle_connect_failed(ms(0), b).is_some());
+        assert!(
+            t.handle_connect_failed(ms(0), b).is_none(),
+            "gone: no event"
+        );
+        assert!(matches!(
+            t.handle_request(ms(0), &kb, &mut SplitMix64::new(0)),
+            Route::Wait { .. }
+        ));
+        assert_eq!(
+            events(&mut t),
+            [
+                ConnEvent::Opened { conn: a },
+                ConnEvent::Connected { conn: a },
+                ConnEvent::Opened { conn: b },
+                closed(b, CloseCause::ConnectFailed),
+            ]
+        );
+        let b2 = open(&mut t, ms(5_000), &kb);
+        assert!(t.handle_connected(ms(5_000), b2));
+        // Reported by the transport; a late report of it, or of b, gives nothing.
+        assert!(t.handle_closed(ms(5_000), b2));
+        assert!(!t.handle_closed(ms(5_000), b2));
+        assert!(!t.handle_closed(ms(5_000), b));
+        // A connect that is still running at its deadline.
+        let c = open(&mut t, ms(5_000), &kc);
+        // Two endpoints of one uid, disconnected together.
+        let d = open(&mut t, ms(5_000), &key("cs-3", "h1"));
+        let e = open(&mut t, ms(5_000), &key("cs-3", "h2"));
+        assert_eq!(t.disconnect(ms(5_000), &"cs-3"), 2);
+        let actions = drain(&mut t);
+        assert_eq!(actions, [ConnAction::Close(d), ConnAction::Close(e)]);
+        assert_eq!(
+            t.disconnect(ms(5_000), &"cs-3"),
+            0,
+            "nothing left: no event"
+        );
+        assert_eq!(
+            events(&mut t),
+            [
+                ConnEvent::Opened { conn: b2 },
+                ConnEvent::Connected { conn: b2 },
+                closed(b2, CloseCause::Reported),
+                ConnEvent::Opened { conn: c },
+                ConnEvent::Opened { conn: d },
+                ConnEvent::Opened { conn: e },
+                closed(d, CloseCause::Disconnected),
+                closed(e, CloseCause::Disconnected),
+            ]
+        );
+        // a idles out at 600 s; c, opened at 5 s, is still connecting at its deadline.
+        t.handle_timeout(ms(0) + IDLE);
+        assert_eq!(drain(&mut t), [ConnAction::Close(a)]);
+        assert_eq!(events(&mut t), [closed(a, CloseCause::Idle)]);
+        t.handle_timeout(ms(5_000) + IDLE);
+        assert_eq!(drain(&mut t), [ConnAction::Close(c)]);
+        assert_eq!(events(&mut t), [closed(c, CloseCause::ConnectTimedOut)]);
+        assert_eq!(t.connect_failures(&kc), 1, "a timed-out connect backs off");
+        t.handle_timeout(Instant::MAX);
+        assert_eq!(t.poll_event(), None, "evicting a backoff is no event");
+        assert_eq!(t.events_dropped(), 0);
+    }
+
+    #[test]
+    fn a_full_event_queue_evicts_the_oldest_and_counts_it() {
+        let mut t = table();
+        t.set_event_capacity(2);
+        let a = open(&mut t, ms(0), &key("cs-0", "h1"));
+        assert!(t.handle_connected(ms(0), a));
+        assert!(t.handle_closed(ms(0), a));
+        assert_eq!(t.events_dropped(), 1);
+        assert_eq!(
+            events(&mut t),
+            [
+                ConnEvent::Connected { conn: a },
+                closed(a, CloseCause::Reported)
+            ]
+        );
+        assert_eq!(t.events_dropped(), 1);
+    }
+
+    type KeyTable = ConnTable<PanicKey, PanicKey, TestHasher>;
+
+    fn pkey(uid: u32, host: u32) -> ConnKey<PanicKey, PanicKey> {
+        ConnKey::new(PanicKey(uid), PanicKey(host), 9123)
+    }
+
+    /// Events are built after the key's code ran: a panicking `Hash` or `Clone` while
+    /// routing (a new endpoint, or one reopening after its backoff), or a panicking `Hash`
+    /// while disconnecting, leaves no event and counts none dropped.
+    #[test]
+    fn a_panicking_key_callback_leaves_no_event() {
+        let mut t: KeyTable = ConnTable::new(ConnConfig::default()).unwrap();
+        t.set_event_capacity(64);
+        let Route::Open(failed, ..) = t.handle_request(ms(0), &pkey(2, 2), &mut SplitMix64::new(0))
+        else {
+            panic!("a fresh endpoint opens");
+        };
+        assert!(t.handle_connect_failed(ms(0), failed).is_some());
+        let Route::Open(live, ..) = t.handle_request(ms(0), &pkey(3, 3), &mut SplitMix64::new(0))
+        else {
+            panic!("a fresh endpoint opens");
+        };
+        while t.poll_event().is_some() {}
+        let later = ms(60_000); // past the first connect backoff
+        for (k, call, skip) in [
+            (1, Call::Hash, 0),
+            (1, Call::Clone, 0),
+            (1, Call::Clone, 1),
+            (2, Call::Hash, 0),
+            (2, Call::Clone, 0),
+        ] {
+            assert!(
+                panics(k, call, skip, || {
+                    let _ = t.handle_request(later, &pkey(k, k), &mut SplitMix64::new(0));
+                }),
+                "route to {k}, {call:?} #{skip} fired"
+            );
+            assert_eq!(t.poll_event(), None, "route to {k}, {call:?} #{skip}");
+        }
+        assert!(panics(3, Call::Hash, 0, || {
+            let _ = t.disconnect(later, &PanicKey(3));
+        }));
+        assert_eq!(t.poll_event(), None, "disconnect");
+        assert_eq!(t.events_dropped(), 0);
+        // Unarmed, the same inputs report.
+        let Route::Open(reopened, ..) =
+            t.handle_request(later, &pkey(2, 2), &mut SplitMix64::new(0))
+        else {
+            panic!("the endpoint reopens");
+        };
+        assert_eq!(t.disconnect(later, &PanicKey(3)), 1);
+        assert_eq!(
+            core::iter::from_fn(|| t.poll_event()).collect::<Vec<_>>(),
+            [
+                ConnEvent::Opened { conn: reopened },
+                ConnEvent::Closed {
+                    conn: live,
+                    cause: CloseCause::Disconnected
+                },
+            ]
+        );
+    }
+}

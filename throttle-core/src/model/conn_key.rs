@@ -17,6 +17,13 @@
 //! `Eq` or `Clone` call (in that order) to panic and run another operation under `catch_unwind`
 //! (see [`super::user`]): if the armed call fired, the table must be exactly as before and the
 //! reference is rolled back.
+//!
+//! Events are on for inputs whose last byte is odd. After each operation its events are
+//! drained and must be exactly what the operation did by the reference: one `Opened` per
+//! `Route::Open`, one `Connected` per accepted connect, one `Closed` per connection forgotten
+//! with the reference's cause (`Idle` or `ConnectTimedOut` by whether it was still connecting,
+//! `Disconnected`, `ConnectFailed`, `Reported`), those that queued a `Close` in the order of
+//! the actions; nothing else, nothing dropped, and nothing at all with events off.
 
 use alloc::format;
 use alloc::vec::Vec;
@@ -28,8 +35,8 @@ use super::{Cursor, Divergence};
 use crate::backoff::Jitter;
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::conn_key::{
-    BackoffFrom, ConnAction, ConnConfig, ConnId, ConnKey, ConnState, ConnTable, ConnectAttempt,
-    Disconnected, FinishError, Route,
+    BackoffFrom, CloseCause, ConnAction, ConnConfig, ConnEvent, ConnId, ConnKey, ConnState,
+    ConnTable, ConnectAttempt, Disconnected, FinishError, Route,
 };
 use crate::rng::SplitMix64;
 use crate::test_hasher::TestHasher as Fnv;
@@ -302,7 +309,8 @@ impl Reference {
         ids
     }
 
-    fn timeout(&mut self, now: Instant) -> Vec<ConnId> {
+    /// The connections a timeout at `now` closes, each with its cause.
+    fn timeout(&mut self, now: Instant) -> Vec<(ConnId, CloseCause)> {
         let now = self.observe(now);
         let due: Vec<ConnId> = self
             .conns
@@ -310,6 +318,7 @@ impl Reference {
             .filter(|c| self.idle_deadline(c).is_some_and(|d| d <= now))
             .map(|c| c.id)
             .collect();
+        let mut closed = Vec::new();
         for id in &due {
             // A connect still running at its deadline failed: its backoff counts.
             let connecting = self
@@ -318,8 +327,10 @@ impl Reference {
                 .any(|c| c.open && c.id == *id && c.stage == Stage::Connecting);
             if connecting {
                 let _ = self.connect_failed(now, *id);
+                closed.push((*id, CloseCause::ConnectTimedOut));
             } else {
                 self.close(*id);
+                closed.push((*id, CloseCause::Idle));
             }
         }
         let forget: Vec<Key> = self
@@ -329,7 +340,7 @@ impl Reference {
             .map(|b| b.key)
             .collect();
         self.backoffs.retain(|b| !forget.contains(&b.key));
-        due
+        closed
     }
 }
 
@@ -409,6 +420,7 @@ fn decode_max_idle(c: &mut Cursor<'_>) -> Duration {
     }
 }
 
+/// The table's `Close` actions, in the order it queued them.
 fn drain(t: &mut Table) -> Vec<ConnId> {
     let mut out = Vec::new();
     while let Some(a) = t.poll_action() {
@@ -416,8 +428,77 @@ fn drain(t: &mut Table) -> Vec<ConnId> {
             ConnAction::Close(id) => out.push(id),
         }
     }
-    out.sort();
     out
+}
+
+/// What an operation must have done: the connections it closed with a `Close` action (in
+/// any order) and its events (in order, except that those of closes with an action follow
+/// the actions' order, which the reference does not model).
+#[derive(Default)]
+struct Expect {
+    closed: Vec<ConnId>,
+    events: Vec<ConnEvent>,
+}
+
+impl Expect {
+    fn event(event: ConnEvent) -> Self {
+        Expect {
+            closed: Vec::new(),
+            events: alloc::vec![event],
+        }
+    }
+
+    /// Closes with an action, each with its cause.
+    fn closes(closed: impl IntoIterator<Item = (ConnId, CloseCause)>) -> Self {
+        let mut e = Expect::default();
+        for (conn, cause) in closed {
+            e.closed.push(conn);
+            e.events.push(ConnEvent::Closed { conn, cause });
+        }
+        e
+    }
+}
+
+/// Whether a close of this cause queues a `Close` action.
+fn closes_with_action(cause: CloseCause) -> bool {
+    matches!(
+        cause,
+        CloseCause::Idle | CloseCause::ConnectTimedOut | CloseCause::Disconnected
+    )
+}
+
+/// Drains the table's events after an operation whose actions were `actions` (in queue
+/// order) and checks them against `want` (see [`Expect`]): with events off there must be
+/// none, and none is ever dropped (the capacity is unbounded when on).
+fn check_events(
+    table: &mut Table,
+    actions: &[ConnId],
+    mut want: Vec<ConnEvent>,
+    on: bool,
+) -> Result<(), Divergence> {
+    let got: Vec<ConnEvent> = core::iter::from_fn(|| table.poll_event()).collect();
+    if !on {
+        if !got.is_empty() {
+            return Err(format!("events {got:?} with events off"));
+        }
+        return Ok(());
+    }
+    if table.events_dropped() != 0 {
+        return Err(format!("{} events dropped", table.events_dropped()));
+    }
+    // A stable sort: only the closes with an action move, into the actions' order.
+    want.sort_by_key(|e| match *e {
+        ConnEvent::Closed { conn, cause } if closes_with_action(cause) => {
+            actions.iter().position(|a| *a == conn)
+        }
+        _ => None,
+    });
+    if got != want {
+        return Err(format!(
+            "events {got:?}, want {want:?} (actions {actions:?})"
+        ));
+    }
+    Ok(())
 }
 
 /// Decodes `data` into operations, drives the table and the reference, and reports the
@@ -426,7 +507,10 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     let mut c = Cursor::new(data);
     let max_idle = decode_max_idle(&mut c);
     let seed = c.u64();
-    let mut st = fresh(ConnConfig::default().with_max_idle(max_idle), seed)?;
+    // Events on for inputs ending in an odd byte (every event is then checked against the
+    // reference); with them off, none may appear.
+    let events = data.last().is_some_and(|b| b & 1 == 1);
+    let mut st = fresh(ConnConfig::default().with_max_idle(max_idle), seed, events)?;
     let mut step = 0usize;
 
     while !c.is_empty() {
@@ -438,7 +522,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
             // Wind the table down (every connection closed exactly once), then go on with a
             // fresh one under a decoded config.
             let (cfg, seed) = decode_config(&mut c);
-            let next = fresh(cfg, seed)?;
+            let next = fresh(cfg, seed, events)?;
             wind_down(core::mem::replace(&mut st, next), step)?;
             continue;
         } else if op >= OPS {
@@ -457,19 +541,22 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
                     user::unchanged(&before, &st.table, arm)
                         .map_err(|e| format!("step {step}: {e}"))?;
                     (st.r, st.rng, st.ids) = saved;
-                    Some((format!("{inner} with {arm:?} (panicked)"), Vec::new()))
+                    Some((
+                        format!("{inner} with {arm:?} (panicked)"),
+                        Expect::default(),
+                    ))
                 }
             }
         } else {
             apply(op, &mut c, &mut st, step)?
         };
-        let Some((what, expect_closed)) = done else {
+        let Some((what, expect)) = done else {
             continue;
         };
         st.table
             .check_invariants()
             .map_err(|e| format!("step {step} ({what}): {e}"))?;
-        compare(&mut st.table, &st.r, &st.ids, expect_closed, step, &what)?;
+        compare(&mut st, expect, step, &what)?;
     }
     wind_down(st, step)
 }
@@ -521,7 +608,7 @@ fn decode_config(c: &mut Cursor<'_>) -> (ConnConfig, u64) {
 }
 
 /// A fresh table and reference under `cfg`, both drawing from `seed`.
-fn fresh(cfg: ConnConfig, seed: u64) -> Result<State, Divergence> {
+fn fresh(cfg: ConnConfig, seed: u64, events: bool) -> Result<State, Divergence> {
     let r = Reference {
         now: Instant::ZERO,
         max_idle: cfg.max_idle(),
@@ -532,9 +619,13 @@ fn fresh(cfg: ConnConfig, seed: u64) -> Result<State, Divergence> {
         conns: Vec::new(),
         backoffs: Vec::new(),
     };
-    let table: Table = ConnTable::new(cfg).map_err(|e| format!("valid config refused: {e}"))?;
+    let mut table: Table = ConnTable::new(cfg).map_err(|e| format!("valid config refused: {e}"))?;
+    if events {
+        table.set_event_capacity(usize::MAX);
+    }
     Ok(State {
         table,
+        events,
         rng: SplitMix64::new(seed),
         r,
         ids: Vec::new(),
@@ -546,38 +637,26 @@ fn fresh(cfg: ConnConfig, seed: u64) -> Result<State, Divergence> {
 
 /// Closes everything: every connection ever opened must end closed exactly once, and the
 /// table must end empty.
-fn wind_down(st: State, step: usize) -> Result<(), Divergence> {
-    let State {
-        mut table,
-        mut r,
-        ids,
-        now,
-        ..
-    } = st;
-    let mut expect_closed = Vec::new();
+fn wind_down(mut st: State, step: usize) -> Result<(), Divergence> {
+    let now = st.now;
+    let mut expect = Expect::default();
     for uid in 0..UIDS {
-        table.disconnect(now, &user::Key::new(uid));
-        expect_closed.extend(r.disconnect(now, uid));
+        st.table.disconnect(now, &user::Key::new(uid));
+        let closed = st.r.disconnect(now, uid);
+        let e = Expect::closes(closed.into_iter().map(|id| (id, CloseCause::Disconnected)));
+        expect.closed.extend(e.closed);
+        expect.events.extend(e.events);
     }
-    expect_closed.sort();
+    compare(&mut st, expect, step + 1, "disconnect all")?;
+    st.table.handle_timeout(Instant::MAX);
+    let closed = st.r.timeout(Instant::MAX);
     compare(
-        &mut table,
-        &r,
-        &ids,
-        expect_closed,
-        step + 1,
-        "disconnect all",
-    )?;
-    table.handle_timeout(Instant::MAX);
-    let closed = r.timeout(Instant::MAX);
-    compare(
-        &mut table,
-        &r,
-        &ids,
-        closed,
+        &mut st,
+        Expect::closes(closed),
         step + 2,
         "timeout at the end of time",
     )?;
+    let State { table, r, .. } = st;
     if let Some(c) = r.conns.iter().find(|c| c.closes != 1) {
         return Err(format!("{:?} was closed {} times", c.id, c.closes));
     }
@@ -595,6 +674,8 @@ fn wind_down(st: State, step: usize) -> Result<(), Divergence> {
 /// What one run carries from operation to operation.
 struct State {
     table: Table,
+    /// Whether the table records events.
+    events: bool,
     rng: SplitMix64,
     r: Reference,
     ids: Vec<ConnId>,
@@ -609,7 +690,7 @@ fn apply(
     c: &mut Cursor<'_>,
     st: &mut State,
     step: usize,
-) -> Result<Option<(alloc::string::String, Vec<ConnId>)>, Divergence> {
+) -> Result<Option<(alloc::string::String, Expect)>, Divergence> {
     let State {
         table,
         rng,
@@ -617,8 +698,9 @@ fn apply(
         ids,
         now,
         current,
+        ..
     } = st;
-    let mut expect_closed: Vec<ConnId> = Vec::new();
+    let mut expect = Expect::default();
     let what = match op {
         0..=3 => {
             *now = step_time(c, *now);
@@ -643,6 +725,7 @@ fn apply(
                         ));
                     }
                     ids.push(*id);
+                    expect = Expect::event(ConnEvent::Opened { conn: *id });
                 }
                 (g, Some(w)) if route_to_ref(g) == w => {}
                 (g, w) => {
@@ -659,6 +742,9 @@ fn apply(
             if g != w {
                 return Err(format!("step {step}: connected({id:?}): {g} vs {w}"));
             }
+            if w {
+                expect = Expect::event(ConnEvent::Connected { conn: id });
+            }
             format!("connected {id:?}")
         }
         17 | 18 => {
@@ -669,6 +755,12 @@ fn apply(
                 return Err(format!(
                     "step {step}: connect_failed({id:?}): {g:?} vs {w:?}"
                 ));
+            }
+            if w.is_some() {
+                expect = Expect::event(ConnEvent::Closed {
+                    conn: id,
+                    cause: CloseCause::ConnectFailed,
+                });
             }
             format!("connect failed {id:?} -> {g:?}")
         }
@@ -693,6 +785,12 @@ fn apply(
             let (g, w) = (table.handle_closed(*now, id), r.closed(*now, id));
             if g != w {
                 return Err(format!("step {step}: closed({id:?}): {g} vs {w}"));
+            }
+            if w {
+                expect = Expect::event(ConnEvent::Closed {
+                    conn: id,
+                    cause: CloseCause::Reported,
+                });
             }
             format!("closed {id:?}")
         }
@@ -733,13 +831,14 @@ fn apply(
         28 => {
             let uid = c.below(UIDS + 1); // uid 3 is never routed
             let n = table.disconnect(*now, &user::Key::new(uid));
-            expect_closed = r.disconnect(*now, uid);
-            if n != expect_closed.len() {
+            let closed = r.disconnect(*now, uid);
+            if n != closed.len() {
                 return Err(format!(
                     "step {step}: disconnect({uid}) closed {n}, reference {}",
-                    expect_closed.len()
+                    closed.len()
                 ));
             }
+            expect = Expect::closes(closed.into_iter().map(|id| (id, CloseCause::Disconnected)));
             format!("disconnect {uid}")
         }
         29 => {
@@ -747,12 +846,12 @@ fn apply(
                 *now = at;
             }
             table.handle_timeout(*now);
-            expect_closed = r.timeout(*now);
+            expect = Expect::closes(r.timeout(*now));
             format!("timeout at poll_timeout {now:?}")
         }
         30 => {
             table.handle_timeout(*now);
-            expect_closed = r.timeout(*now);
+            expect = Expect::closes(r.timeout(*now));
             format!("timeout {now:?}")
         }
         _ => {
@@ -769,24 +868,31 @@ fn apply(
             format!("uid {uid} moves to {addr:?}")
         }
     };
-    Ok(Some((what, expect_closed)))
+    Ok(Some((what, expect)))
 }
 
-fn compare(
-    table: &mut Table,
-    r: &Reference,
-    ids: &[ConnId],
-    mut expect_closed: Vec<ConnId>,
-    step: usize,
-    what: &str,
-) -> Result<(), Divergence> {
-    let closed = drain(table);
+fn compare(st: &mut State, expect: Expect, step: usize, what: &str) -> Result<(), Divergence> {
+    let State {
+        table,
+        r,
+        ids,
+        events,
+        ..
+    } = st;
+    // Only the table changes here (its actions and events are drained).
+    let (table, r, ids) = (table, &*r, &ids[..]);
+    let actions = drain(table);
+    let mut closed = actions.clone();
+    closed.sort();
+    let mut expect_closed = expect.closed;
     expect_closed.sort();
     if closed != expect_closed {
         return Err(format!(
             "step {step} ({what}): closed {closed:?}, reference {expect_closed:?}"
         ));
     }
+    check_events(table, &actions, expect.events, *events)
+        .map_err(|e| format!("step {step} ({what}): {e}"))?;
     let (g, w) = (table.poll_timeout(), r.earliest());
     if g != w {
         return Err(format!(
