@@ -297,3 +297,46 @@ fn a_batch_dispatch_logs_its_size_at_debug() {
     });
     assert_eq!(seen[0].target, "throttle::window");
 }
+
+#[test]
+fn connections_log_opened_and_a_failed_connect_closes_at_warn() {
+    use throttle_sansio::conn_key::{CloseCause, ConnConfig, ConnEvent, ConnKey, ConnTable, Route};
+    let mut table: ConnTable<u32, u32, std::hash::RandomState> =
+        ConnTable::new(ConnConfig::default()).unwrap();
+    table.set_event_capacity(8);
+    let t = Instant::ZERO;
+    let Route::Open(conn, _, _) =
+        table.handle_request(t, &ConnKey::new(1, 2, 3), &mut SplitMix64::new(1))
+    else {
+        panic!("a new endpoint opens");
+    };
+    let _ = table.handle_connect_failed(t, conn);
+    let mut events: Vec<_> = std::iter::from_fn(|| table.poll_event()).collect();
+    events.push(ConnEvent::Closed {
+        conn,
+        cause: CloseCause::Idle,
+    });
+    let seen = recorded(|| events.iter().for_each(|e| Tracing.on_event(e)));
+    let id = conn.seq().to_string();
+    expect(
+        &seen[0],
+        "throttle::conn",
+        Level::DEBUG,
+        "connection opened",
+        &[("conn", &id)],
+    );
+    expect(
+        &seen[1],
+        "throttle::conn",
+        Level::WARN,
+        "connection closed",
+        &[("conn", &id), ("cause", "ConnectFailed")],
+    );
+    expect(
+        &seen[2],
+        "throttle::conn",
+        Level::DEBUG,
+        "connection closed",
+        &[("cause", "Idle")],
+    );
+}

@@ -22,9 +22,12 @@
 //! | `throttle::refresh` | refresh joined | TRACE | `generation`, `waiters` |
 //! | `throttle::refresh` | refresh completed | DEBUG (WARN when it failed) | `generation`, `ok`, `released` |
 //! | `throttle::refresh` | refresh refused | WARN | `held` |
+//! | `throttle::conn` | connection opened | DEBUG | `conn` |
+//! | `throttle::conn` | connection connected | DEBUG | `conn` |
+//! | `throttle::conn` | connection closed | DEBUG (WARN for a failed or timed-out connect) | `conn`, `cause` |
 //!
 //! The message of each event is the text of its "event" column. Credits are named by
-//! [`CreditId::seq`](crate::CreditId::seq). The mapping is tested against a recording
+//! [`CreditId::seq`](crate::CreditId::seq), connections by [`ConnId::seq`](crate::ConnId::seq). The mapping is tested against a recording
 //! subscriber (`tests/tracing_events.rs`).
 
 use core::fmt::Debug;
@@ -34,6 +37,7 @@ use tracing::{Level, event};
 use super::EventSink;
 use super::FailoverEvent;
 use crate::batcher::BatchEvent;
+use crate::conn_key::{CloseCause, ConnEvent};
 use crate::dispatch_window::WindowEvent;
 use crate::failover::{CallEvent, RefreshEvent};
 use crate::write_gate::GateEvent;
@@ -217,6 +221,42 @@ impl EventSink<FailoverEvent> for Tracing {
         match e {
             FailoverEvent::Call(e) => self.on_event(e),
             FailoverEvent::Refresh(e) => self.on_event(e),
+        }
+    }
+}
+
+impl EventSink<ConnEvent> for Tracing {
+    fn on_event(&self, e: &ConnEvent) {
+        match e {
+            ConnEvent::Opened { conn } => event!(
+                target: "throttle::conn",
+                Level::DEBUG,
+                conn = conn.seq(),
+                "connection opened"
+            ),
+            ConnEvent::Connected { conn } => event!(
+                target: "throttle::conn",
+                Level::DEBUG,
+                conn = conn.seq(),
+                "connection connected"
+            ),
+            ConnEvent::Closed {
+                conn,
+                cause: cause @ (CloseCause::ConnectFailed | CloseCause::ConnectTimedOut),
+            } => event!(
+                target: "throttle::conn",
+                Level::WARN,
+                conn = conn.seq(),
+                cause = ?cause,
+                "connection closed"
+            ),
+            ConnEvent::Closed { conn, cause } => event!(
+                target: "throttle::conn",
+                Level::DEBUG,
+                conn = conn.seq(),
+                cause = ?cause,
+                "connection closed"
+            ),
         }
     }
 }

@@ -22,14 +22,16 @@ use core::hash::{BuildHasher, Hash};
 use core::ops::Deref;
 
 use super::drive::{Timed, drive, drive_timeouts};
-use super::events::{EventTap, Observed};
+use super::events::{EVENT_CAPACITY, EventSink, EventTap, Observed};
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot;
 use super::oneshot::Sender;
 use super::signal::wait_for;
 use super::unwind;
 use super::{Panicked, Runtime, WakeSignal};
-use crate::conn_key::{ConnAction, ConnConfig, ConnId, ConnKey, ConnTable, ConnectAttempt, Route};
+use crate::conn_key::{
+    ConnAction, ConnConfig, ConnEvent, ConnId, ConnKey, ConnTable, ConnectAttempt, Route,
+};
 use crate::error::ConfigError;
 use crate::rng::SplitMix64;
 use crate::time::Instant;
@@ -152,7 +154,7 @@ struct PoolShared<R, C: Connector<H>, U, H, S> {
     /// Notified when an input moves the table's `poll_timeout` earlier: the timer loop re-arms.
     timer: WakeSignal,
     /// The table's event sink.
-    tap: EventTap<core::convert::Infallible>,
+    tap: EventTap<ConnEvent>,
     /// Notified when the closed pool's last lease or connect ends: [`ConnPool::closed`].
     drained: WakeSignal,
 }
@@ -422,6 +424,35 @@ where
         .await;
     }
 
+    /// Sends the table's observation events ([`ConnEvent`]: every connection opened,
+    /// connected and closed, with why it closed) to `sink`, for every clone, replacing any
+    /// sink set before, and turns them on (they are off until then, and cost nothing).
+    ///
+    /// The sink is called as [`GateHandle::set_event_sink`](super::GateHandle::set_event_sink)
+    /// describes: outside the lock, once per event, in order, with a panic caught and counted
+    /// ([`event_sink_panics`](Self::event_sink_panics)).
+    pub fn set_event_sink(&self, sink: impl EventSink<ConnEvent> + 'static) {
+        self.shared.tap.set(Some(std::sync::Arc::new(sink)));
+        self.shared
+            .update(|st, _| st.table.set_event_capacity(EVENT_CAPACITY));
+    }
+
+    /// Removes the event sink and turns the table's events off again.
+    pub fn clear_event_sink(&self) {
+        self.shared.update(|st, _| st.table.set_event_capacity(0));
+        self.shared.tap.set(None);
+    }
+
+    /// Events the sink panicked on (each one lost; nothing else changed).
+    pub fn event_sink_panics(&self) -> u64 {
+        self.shared.tap.panics()
+    }
+
+    /// Events the table lost to its bound before the pool drained them.
+    pub fn events_dropped(&self) -> u64 {
+        lock(&self.shared.state).table.events_dropped()
+    }
+
     /// Closes every connection of server `uid` (it left the cluster); returns how many.
     pub fn disconnect(&self, uid: &U) -> usize {
         self.shared.update(|st, now| st.table.disconnect(now, uid))
@@ -665,11 +696,16 @@ impl<R, C: Connector<H>, U, H, S> Drop for ConnectGuard<R, C, U, H, S> {
     }
 }
 
-impl<U, H, S, T> Observed for PoolState<U, H, S, T> {
-    type Event = core::convert::Infallible;
+impl<U, H, S, T> Observed for PoolState<U, H, S, T>
+where
+    U: Hash + Eq + Clone,
+    H: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    type Event = ConnEvent;
 
-    fn poll_event(&mut self) -> Option<Self::Event> {
-        None
+    fn poll_event(&mut self) -> Option<ConnEvent> {
+        self.table.poll_event()
     }
 }
 
@@ -814,6 +850,58 @@ mod tests {
         let cfg = ConnConfig::default().with_max_idle(Duration::from_secs(10));
         let pool = ConnPool::new(rt.clone(), fake, cfg).unwrap();
         (pool, rt, connects, live, hostile)
+    }
+
+    #[test]
+    fn the_sink_sees_each_connection_open_connect_and_close_with_its_cause() {
+        use crate::conn_key::CloseCause;
+        let mut exec = Executor::default();
+        let (pool, rt, _, _) = pool(&exec);
+        let seen = Arc::new(StdMutex::new(Vec::new()));
+        let (log, probe) = (Arc::clone(&seen), pool.clone());
+        pool.set_event_sink(move |e: &ConnEvent| {
+            // Reading the pool here would deadlock if the sink ran under its lock.
+            let _ = probe.len();
+            log.lock().unwrap().push(*e);
+        });
+        let (good, refused) = (ConnKey::new(0, 10_001, 9123), ConnKey::new(1, 10_002, 0));
+        let p = pool.clone();
+        exec.spawn(async move {
+            drop(p.lease(&good).await.unwrap());
+            assert!(matches!(
+                p.lease(&refused).await,
+                Err(PoolError::Connect(_))
+            ));
+        });
+        let p = pool.clone();
+        exec.spawn(async move { p.drive_timeouts().await });
+        exec.run_until_stalled();
+        rt.clock.advance(Duration::from_secs(10));
+        exec.run_until_stalled();
+        let got = seen.lock().unwrap().clone();
+        let shape: Vec<_> = got
+            .iter()
+            .map(|e| match e {
+                ConnEvent::Opened { conn } => ("opened", conn.seq(), None),
+                ConnEvent::Connected { conn } => ("connected", conn.seq(), None),
+                ConnEvent::Closed { conn, cause } => ("closed", conn.seq(), Some(*cause)),
+            })
+            .collect();
+        let (a, b) = (shape[0].1, shape[2].1);
+        assert_eq!(
+            shape,
+            [
+                ("opened", a, None),
+                ("connected", a, None),
+                ("opened", b, None),
+                ("closed", b, Some(CloseCause::ConnectFailed)),
+                ("closed", a, Some(CloseCause::Idle)),
+            ]
+        );
+        assert_eq!((pool.events_dropped(), pool.event_sink_panics()), (0, 0));
+        pool.clear_event_sink();
+        pool.disconnect(&0);
+        assert_eq!(seen.lock().unwrap().len(), 5, "cleared: nothing more");
     }
 
     #[test]
