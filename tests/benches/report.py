@@ -279,6 +279,14 @@ BATCHER_ROWS = [("1 shard", "batcher/1_shard", "batcher_1_shard_allocs_per_op"),
 
 SCALING = [1_000, 100_000, 1_000_000]
 
+# Observation events: (what, events off, events on and drained).
+EVENT_ROWS = [
+    ("gate install, 100 k gated buckets", "events/gate_install_off", "events/gate_install_on"),
+    ("core window submit + complete, idle shard", "events/window_off", "events/window_on"),
+    ("`WindowHandle::try_acquire` + complete (no sink / a counting sink)",
+     "events/handle_off", "events/handle_sink"),
+]
+
 
 def verdict(ours, peer, target):
     """(ratio text, target text, met/missed text) for one row."""
@@ -502,6 +510,24 @@ def main():
         w("see the allocation test's findings below. A spare pool that follows the peak number")
         w("of batches alive (trimmed in a maintenance call) would close it.")
         w("")
+
+    w("## Observation events")
+    w("")
+    w("Each machine's events are off by default (`docs/events.md`). Off, an input builds")
+    w("nothing and tests an integer where it could record an event; on, it builds its events")
+    w("(the window and the gate clone the key for each) and the loop drains them after the")
+    w("input. The handle row goes through the")
+    w("sync layer, where a sink is called after the lock is dropped. What \"off\" costs against a")
+    w("build with no events at all is counted in instructions, not timed: see")
+    w("`tests/instructions/counts.md`.")
+    w("")
+    w("| path | events off | events on, drained | on/off |")
+    w("| --- | --- | --- | --- |")
+    for what, off_path, on_path in EVENT_ROWS:
+        off, on = estimate(off_path), estimate(on_path)
+        ratio = "—" if off is None or on is None else f"{on / off:.2f}"
+        w(f"| {what} | {cell(fmt_ns(off), None)} | {cell(fmt_ns(on), None)} | {ratio} |")
+    w("")
 
     w("## Scaling of the earliest wake-up")
     w("")

@@ -29,6 +29,7 @@ use criterion::{
 use throttle_sansio::backoff::{Backoff, BackoffConfig};
 use throttle_sansio::backpressure::{PressureConfig, ServerPressure, Signal, ThrottleCurve};
 use throttle_sansio::batcher::{Batcher, BatcherConfig};
+use throttle_sansio::dispatch_window::WindowEvent;
 use throttle_sansio::dispatch_window::{DispatchWindow, WindowConfig};
 use throttle_sansio::rng::{Rng, SplitMix64};
 use throttle_sansio::sync::WindowHandle;
@@ -682,10 +683,76 @@ fn batcher(c: &mut C) {
     g.finish();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Observation events: off (the default) against on and drained, same machine, same inputs
+// ---------------------------------------------------------------------------------------------
+
+fn events(c: &mut C) {
+    let mut g = c.benchmark_group("events");
+
+    // A gate install among 100 k gated buckets (the `wake_scaling` install), events off, then
+    // on with every event drained after the input.
+    let keys = bucket_keys(100_000, 2);
+    let mut gate = gated(&keys, 3);
+    let mut installer = Installer::new(keys, 6);
+    g.bench_function("gate_install_off", |b| {
+        b.iter(|| black_box(installer.install(&mut gate)))
+    });
+    gate.set_event_capacity(1024);
+    g.bench_function("gate_install_on", |b| {
+        b.iter(|| {
+            let left = installer.install(&mut gate);
+            while let Some(e) = gate.poll_event() {
+                black_box(e);
+            }
+            black_box(left)
+        })
+    });
+    drop(gate);
+
+    // The core window's submit + complete on an idle shard (the `window_credit` row).
+    let mut w = window::<RandomState>();
+    g.bench_function("window_off", |b| {
+        b.iter(|| {
+            let d = w.submit(black_box(7), 1).expect("open").expect("credit");
+            black_box(w.complete(d.credit).expect("live"))
+        })
+    });
+    w.set_event_capacity(1024);
+    g.bench_function("window_on", |b| {
+        b.iter(|| {
+            let d = w.submit(black_box(7), 1).expect("open").expect("credit");
+            let done = w.complete(d.credit).expect("live");
+            while let Some(e) = w.poll_event() {
+                black_box(e);
+            }
+            black_box(done)
+        })
+    });
+
+    // The sync handle: `try_acquire` + complete, without a sink, then with a sink that only
+    // counts (the handle drains under the lock and calls it after unlock).
+    let handle: WindowHandle<u32> =
+        WindowHandle::new(WindowConfig::default()).expect("valid config");
+    g.bench_function("handle_off", |b| {
+        b.iter(|| black_box(handle.try_acquire(black_box(7)).expect("credit").complete()))
+    });
+    let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = Arc::clone(&seen);
+    handle.set_event_sink(move |_: &WindowEvent<u32>| {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    g.bench_function("handle_sink", |b| {
+        b.iter(|| black_box(handle.try_acquire(black_box(7)).expect("credit").complete()))
+    });
+    assert!(seen.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = config();
     targets = window_credit, permit_sync, permit_async, backoff_jitter, gate_check, wake_1m,
-        wake_scaling, pressure, batcher
+        wake_scaling, pressure, batcher, events
 }
 criterion_main!(benches);

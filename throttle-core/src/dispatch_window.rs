@@ -883,6 +883,13 @@ where
         Ok(next)
     }
 
+    /// For the `sync` handles' lock guard: whether an event is waiting (one length check).
+    #[cfg(feature = "std")]
+    #[inline]
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// For the `sync` handle, whose credits leave through [`Self::release`]'s hand-on and the
     /// hinted entry points rather than as batches: whether events are on.
     #[cfg(feature = "std")]

@@ -7,7 +7,8 @@
 //! `catch_unwind`: a sink that panics loses that one event (counted in
 //! [`sink_panics`](EventTap::panics)), and the input that caused it returns normally.
 //!
-//! With no sink, the machine's events stay off, and a critical section tests one integer.
+//! With no sink, the machine's events stay off, and a critical section only checks that its
+//! machine's event queue is empty before it unlocks.
 
 use alloc::vec::Vec;
 use core::ops::{Deref, DerefMut};
@@ -104,6 +105,10 @@ pub(crate) trait Observed {
 
     /// The oldest undrained event (always `None` while the machine's events are off).
     fn poll_event(&mut self) -> Option<Self::Event>;
+
+    /// Whether an event may be waiting: `false` only if none is. The guard's fast path, so it
+    /// must be one load and a compare (the machine's queue length).
+    fn has_events(&self) -> bool;
 }
 
 /// Drains `state`'s events into a list (empty, and no allocation, while events are off: the
@@ -154,7 +159,20 @@ impl<T: Observed> DerefMut for ObservedGuard<'_, T> {
 }
 
 impl<T: Observed> Drop for ObservedGuard<'_, T> {
+    #[inline]
     fn drop(&mut self) {
+        // Events off (or none recorded): unlock, and nothing else.
+        if self.guard.as_deref().is_some_and(Observed::has_events) {
+            self.deliver();
+        }
+    }
+}
+
+impl<T: Observed> ObservedGuard<'_, T> {
+    /// Drains the events, unlocks, and hands them to the sink.
+    #[cold]
+    #[inline(never)]
+    fn deliver(&mut self) {
         let Some(mut guard) = self.guard.take() else {
             return;
         };

@@ -720,6 +720,11 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> Observed for WriteGate<K, S> {
     fn poll_event(&mut self) -> Option<GateEvent<K>> {
         WriteGate::poll_event(self)
     }
+
+    #[inline]
+    fn has_events(&self) -> bool {
+        WriteGate::has_events(self)
+    }
 }
 
 impl<K, S> Timed for WriteGate<K, S>

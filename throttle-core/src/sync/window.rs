@@ -164,6 +164,11 @@ where
     fn poll_event(&mut self) -> Option<WindowEvent<Shard>> {
         self.window.poll_event()
     }
+
+    #[inline]
+    fn has_events(&self) -> bool {
+        self.window.has_events()
+    }
 }
 
 impl<Shard, S> WindowState<Shard, S>

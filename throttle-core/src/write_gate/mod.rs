@@ -781,6 +781,13 @@ where
         self.events.pop()
     }
 
+    /// For the `sync` handles' lock guard: whether an event is waiting (one length check).
+    #[cfg(feature = "std")]
+    #[inline]
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// Record up to `capacity` undrained events (0, the default, turns them off: no input
     /// then builds one). Past the capacity the oldest is dropped and counted.
     pub fn set_event_capacity(&mut self, capacity: usize) {

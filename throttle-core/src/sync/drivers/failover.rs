@@ -163,6 +163,10 @@ impl<B> Observed for FailoverState<B> {
     fn poll_event(&mut self) -> Option<FailoverEvent> {
         self.coalescer.poll_event().map(FailoverEvent::Refresh)
     }
+
+    fn has_events(&self) -> bool {
+        self.coalescer.has_events()
+    }
 }
 
 impl<K, B> Shared<K, B> {

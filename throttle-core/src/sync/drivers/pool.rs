@@ -707,6 +707,10 @@ where
     fn poll_event(&mut self) -> Option<ConnEvent> {
         self.table.poll_event()
     }
+
+    fn has_events(&self) -> bool {
+        self.table.has_events()
+    }
 }
 
 impl<U, H, S, T> Timed for PoolState<U, H, S, T>
