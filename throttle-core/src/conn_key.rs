@@ -54,6 +54,7 @@ use crate::error::ConfigError;
 use crate::event::EventQueue;
 use crate::rng::Rng;
 use crate::slab::IdSpace;
+use crate::snapshot::{Cursor, Page};
 use crate::time::{Clock, Instant};
 
 /// One server endpoint: the server's uid and the address it was announced at.
@@ -200,6 +201,26 @@ pub enum CloseCause {
     /// The transport reported it closed with [`ConnTable::handle_closed`] (which returned
     /// `true`).
     Reported,
+}
+
+/// One tracked endpoint in a [`ConnTable::snapshot`] page, in plain terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EndpointSnapshot<U, H> {
+    /// The endpoint.
+    pub key: ConnKey<U, H>,
+    /// Its live connection and that connection's stage, if it has one.
+    pub conn: Option<(ConnId, ConnState)>,
+    /// Requests in flight on that connection (0 without one).
+    pub in_flight: u64,
+    /// When that connection closes if nothing happens (the idle close, or for a connecting
+    /// one the later of it and the connect deadline); `None` while requests are in flight or
+    /// without a connection.
+    pub closes_at: Option<Instant>,
+    /// Until when routes to it wait, as of the snapshot's `now` (its connect backoff).
+    pub backoff_until: Option<Instant>,
+    /// Failed connects since its last successful one.
+    pub connect_failures: u32,
 }
 
 /// The life stage of a live connection.
@@ -1112,6 +1133,52 @@ where
             .1
             .and_then(|s| self.entry(s))
             .map_or(0, |e| e.backoff.attempt())
+    }
+
+    /// One page of at most `max` tracked endpoints (with a live connection, or in connect
+    /// backoff), each with its connection, requests in flight, closing time and backoff, as of
+    /// `now`. Start with `from = None`, then pass each page's `next` until it is `None`.
+    /// Endpoints keep their slot while tracked, so a walk over a table that changes between
+    /// pages lists every endpoint tracked throughout **exactly once** (see
+    /// [`crate::snapshot`]). O(`max` plus the free slots passed); allocates the page.
+    ///
+    /// # Panics
+    ///
+    /// Only if a key's `Clone` panics (each listed key is cloned); the table is unchanged.
+    pub fn snapshot(
+        &self,
+        now: Instant,
+        from: Option<Cursor>,
+        max: usize,
+    ) -> Page<EndpointSnapshot<U, H>> {
+        let now = self.clock.peek(now);
+        let max = max.max(1);
+        let mut at = from
+            .map_or(self.slots.len(), Cursor::at)
+            .min(self.slots.len());
+        let mut items = Vec::new();
+        while at > 0 && items.len() < max {
+            at -= 1;
+            let Some(Some(e)) = self.slots.get(at) else {
+                continue;
+            };
+            let conn = e.conn.as_ref();
+            items.push(EndpointSnapshot {
+                key: e.key.clone(),
+                conn: conn.map(|c| (c.id, c.state)),
+                in_flight: conn.map_or(0, |c| c.in_flight),
+                closes_at: conn
+                    .and(e.heap_pos)
+                    .and_then(|pos| self.timers.get(pos))
+                    .map(|&(at, _)| at),
+                backoff_until: (conn.is_none() && now < e.wait_until).then_some(e.wait_until),
+                connect_failures: e.backoff.attempt(),
+            });
+        }
+        Page {
+            items,
+            next: (at > 0).then(|| Cursor::position(at)),
+        }
     }
 
     /// Live connections (connecting or connected).

@@ -32,6 +32,7 @@ pub use crate::maintenance::MAINTENANCE_INTERVAL;
 use crate::maintenance::Peak;
 use crate::slab::Key;
 pub use crate::slab::{Exhausted, Ticket};
+use crate::snapshot::{Cursor, Page};
 use crate::time::Instant;
 
 pub(crate) use shard::Entered;
@@ -221,6 +222,24 @@ fn note_sent<Shard>(
     if let Some(shard) = noted {
         events.emit(|| WindowEvent::Dispatched { shard, credit });
     }
+}
+
+/// One tracked shard in a [`DispatchWindow::snapshot`] page, in plain terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardSnapshot<Shard> {
+    /// The shard.
+    pub shard: Shard,
+    /// Batches in flight (credits held; through `WindowHandle`, permits).
+    pub in_flight: u32,
+    /// Credits free: the capacity less `in_flight`.
+    pub available: u32,
+    /// Full batches waiting for credit (through `WindowHandle`, tasks waiting in `acquire`).
+    pub queued: usize,
+    /// Whether an open batch is parked for credit.
+    pub parked: bool,
+    /// Whether the shard is paused ([`DispatchWindow::pause`]).
+    pub paused: bool,
 }
 
 /// A batch the window refused; the batch is handed back.
@@ -1061,6 +1080,82 @@ where
     /// grow, evicts them.
     pub fn shard_count(&self) -> usize {
         self.books.active
+    }
+
+    /// One page of at most `max` tracked shards (an idle shard stays tracked until it is
+    /// evicted), each with its credits in flight and free, its queued batches and whether it
+    /// has a parked batch or is paused. Start with `from = None`, then pass each page's `next`
+    /// until it is `None`. The walk goes by each entry's stored hash, so a table that rehashes
+    /// between pages lists every shard tracked throughout **exactly once** (see
+    /// [`crate::snapshot`]). O(tracked shards · log `max`) per page; allocates the page.
+    ///
+    /// ```
+    /// use throttle_sansio::dispatch_window::{DispatchWindow, WindowConfig};
+    /// # #[derive(Default, Clone)] struct H; impl core::hash::BuildHasher for H {
+    /// #   type Hasher = F; fn build_hasher(&self) -> F { F(0) } }
+    /// # struct F(u64); impl core::hash::Hasher for F { fn finish(&self) -> u64 { self.0 }
+    /// #   fn write(&mut self, b: &[u8]) { for x in b { self.0 = self.0.rotate_left(5) ^ u64::from(*x) } } }
+    ///
+    /// let mut w: DispatchWindow<u32, &str, H> =
+    ///     DispatchWindow::new(WindowConfig::default().with_max_in_flight(1))?;
+    /// for shard in 0..5 {
+    ///     let _ = w.submit(shard, "first");
+    /// }
+    /// let _ = w.submit(3, "waits");
+    /// let (mut seen, mut from) = (Vec::new(), None);
+    /// loop {
+    ///     let page = w.snapshot(from, 2);
+    ///     seen.extend(page.items.iter().map(|s| (s.shard, s.in_flight, s.queued)));
+    ///     match page.next {
+    ///         Some(next) => from = Some(next),
+    ///         None => break,
+    ///     }
+    /// }
+    /// seen.sort();
+    /// assert_eq!(seen, [(0, 1, 0), (1, 1, 0), (2, 1, 0), (3, 1, 1), (4, 1, 0)]);
+    /// # Ok::<(), throttle_sansio::ConfigError>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Only if a shard's `Clone` panics (each listed key is cloned); the window is unchanged.
+    pub fn snapshot(&self, from: Option<Cursor>, max: usize) -> Page<ShardSnapshot<Shard>> {
+        let max = max.max(1);
+        let after = from.map(Cursor::order);
+        // The `max` smallest (hash, id) after the cursor: a max-heap drops the largest past
+        // `max`, and a drop means the walk has more.
+        let mut best = alloc::collections::BinaryHeap::with_capacity(max.min(self.shards.len()));
+        let mut more = false;
+        for e in &self.shards {
+            let place = (e.hash, e.id);
+            if after.is_some_and(|a| place <= a) {
+                continue;
+            }
+            best.push(place);
+            if best.len() > max {
+                best.pop();
+                more = true;
+            }
+        }
+        let places = best.into_sorted_vec();
+        let next = places
+            .last()
+            .filter(|_| more)
+            .map(|&(hash, id)| Cursor::after(hash, id));
+        let cap = self.cfg.cap();
+        let items = places
+            .iter()
+            .filter_map(|&(hash, id)| self.shards.find(hash, |e| e.id == id))
+            .map(|e| ShardSnapshot {
+                shard: e.key.clone(),
+                in_flight: e.w.in_flight,
+                available: cap.saturating_sub(e.w.in_flight),
+                queued: e.w.queued,
+                parked: e.w.parked.is_some(),
+                paused: e.w.paused,
+            })
+            .collect();
+        Page { items, next }
     }
 
     /// Entries in the shard map: the active shards plus idle ones not yet evicted.

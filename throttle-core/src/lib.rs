@@ -54,11 +54,11 @@ pub use batcher::{
 };
 pub use conn_key::{
     BackoffFrom, CloseCause, ConnAction, ConnConfig, ConnEvent, ConnId, ConnKey, ConnTable,
-    ConnectAttempt, Route,
+    ConnectAttempt, EndpointSnapshot, Route,
 };
 pub use dispatch_window::{
-    CreditId, Dispatch, DispatchWindow, SingleWindow, SubmitError, Submitted, WindowConfig,
-    WindowEvent,
+    CreditId, Dispatch, DispatchWindow, ShardSnapshot, SingleWindow, SubmitError, Submitted,
+    WindowConfig, WindowEvent,
 };
 pub use error::{ConfigError, Exhausted, ReleaseError};
 pub use failover::{

@@ -1512,3 +1512,54 @@ mod events {
         );
     }
 }
+
+// ------------------------------------------------------------------- paged snapshot (issue 16)
+
+#[test]
+fn a_walk_over_a_changing_table_lists_every_steady_endpoint_exactly_once_with_its_state() {
+    let mut t: ConnTable<u32, u32, RandomState> =
+        ConnTable::new(ConnConfig::default().with_max_idle(Duration::from_secs(10))).unwrap();
+    let mut rng = SplitMix64::new(3);
+    let now = Instant::from_millis(1);
+    let mut conns = Vec::new();
+    for i in 0..60u32 {
+        let Route::Open(id, _, _) = t.handle_request(now, &ConnKey::new(i, i, 1), &mut rng) else {
+            panic!("a new endpoint opens");
+        };
+        conns.push(id);
+    }
+    // Endpoint 0 connected with a request in flight; endpoint 1 failed its connect.
+    assert!(t.handle_connected(now, conns[0]));
+    t.handle_send(now, conns[0]).unwrap();
+    let until = t.handle_connect_failed(now, conns[1]).unwrap();
+    let (mut seen, mut from, mut page_no) = (Vec::new(), None, 0u32);
+    loop {
+        let page = t.snapshot(now, from, 4);
+        assert!(page.items.len() <= 4);
+        seen.extend(page.items);
+        let Some(next) = page.next else { break };
+        from = Some(next);
+        // Between pages: new endpoints take freed slots, and the last ones close.
+        page_no += 1;
+        let _ = t.handle_closed(now, conns[60 - page_no as usize]);
+        let _ = t.handle_request(now, &ConnKey::new(500 + page_no, 0, 1), &mut rng);
+    }
+    for i in 0..40u32 {
+        let n = seen.iter().filter(|e| e.key.uid == i).count();
+        assert_eq!(n, 1, "endpoint {i} listed {n} times");
+    }
+    let of = |uid: u32| seen.iter().find(|e| e.key.uid == uid).expect("listed");
+    let busy = of(0);
+    assert_eq!(
+        (busy.conn, busy.in_flight, busy.closes_at),
+        (Some((conns[0], ConnState::Connected)), 1, None)
+    );
+    let failed = of(1);
+    assert_eq!(
+        (failed.conn, failed.backoff_until, failed.connect_failures),
+        (None, (until > now).then_some(until), 1)
+    );
+    let idle = of(2);
+    assert_eq!(idle.conn, Some((conns[2], ConnState::Connecting)));
+    assert_eq!(idle.closes_at, t.idle_deadline(conns[2]));
+}

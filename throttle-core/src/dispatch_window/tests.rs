@@ -868,3 +868,90 @@ fn single_window_events_match_the_dispatches_and_a_full_queue_keeps_the_newest()
     assert!(w.complete(next.credit).is_ok());
     assert_eq!(w.poll_event(), None, "off again");
 }
+
+// ------------------------------------------------------------------- paged snapshot (issue 16)
+
+/// Walks the window's snapshot with pages of `max`, running `between` after each page.
+fn walk_window(
+    w: &mut Window,
+    max: usize,
+    mut between: impl FnMut(&mut Window, usize),
+) -> alloc::vec::Vec<ShardSnapshot<u32>> {
+    let (mut seen, mut from, mut pages) = (alloc::vec::Vec::new(), None, 0);
+    loop {
+        let page = w.snapshot(from, max);
+        assert!(page.items.len() <= max.max(1));
+        seen.extend(page.items);
+        pages += 1;
+        match page.next {
+            Some(next) => from = Some(next),
+            None => return seen,
+        }
+        between(w, pages);
+    }
+}
+
+#[test]
+fn a_snapshot_lists_each_shard_once_with_its_counts() {
+    let mut w = window(2);
+    let a = w.submit(1, "a").unwrap().unwrap();
+    let _ = w.submit(1, "b").unwrap().unwrap();
+    assert!(w.submit(1, "queued").unwrap().is_none());
+    let _ = w.submit(2, "c").unwrap().unwrap();
+    w.pause(2);
+    let mut seen = walk_window(&mut w, 1, |_, _| {});
+    seen.sort_by_key(|s| s.shard);
+    let plain: alloc::vec::Vec<_> = seen
+        .iter()
+        .map(|s| {
+            (
+                s.shard,
+                s.in_flight,
+                s.available,
+                s.queued,
+                s.parked,
+                s.paused,
+            )
+        })
+        .collect();
+    assert_eq!(
+        plain,
+        [(1, 2, 0, 1, false, false), (2, 1, 1, 0, false, true)]
+    );
+    // An empty window: one empty page that ends the walk.
+    let empty = window(1).snapshot(None, 4);
+    assert_eq!((empty.items.len(), empty.next), (0, None));
+    let _ = a;
+}
+
+#[test]
+fn a_walk_over_a_window_that_rehashes_between_pages_lists_every_steady_shard_exactly_once() {
+    let mut w = window(1);
+    let mut credits = alloc::vec::Vec::new();
+    for shard in 0..100u32 {
+        credits.push(w.submit(shard, "x").unwrap().unwrap().credit);
+    }
+    // Between pages: grow the table well past its size (it rehashes) with new shards, and
+    // release the first shards' credits (they go idle, and may be evicted to make room).
+    let mut next_new = 1_000u32;
+    let seen = walk_window(&mut w, 7, |w, page| {
+        for _ in 0..40 {
+            let _ = w.submit(next_new, "new").unwrap();
+            next_new += 1;
+        }
+        if let Some(c) = credits.get(page) {
+            let _ = w.complete(*c);
+        }
+    });
+    // Shards 20..100 held their credit throughout: each is listed exactly once.
+    for shard in 20..100u32 {
+        let n = seen.iter().filter(|s| s.shard == shard).count();
+        assert_eq!(n, 1, "shard {shard} listed {n} times");
+    }
+    // Nothing is listed twice, new shards included.
+    let mut all: alloc::vec::Vec<_> = seen.iter().map(|s| s.shard).collect();
+    all.sort_unstable();
+    let len = all.len();
+    all.dedup();
+    assert_eq!(all.len(), len, "a shard listed twice");
+}

@@ -10,8 +10,9 @@
 //! With no sink, the machine's events stay off, and a critical section only checks that its
 //! machine's event queue is empty before it unlocks.
 
-use alloc::vec::Vec;
 use core::ops::{Deref, DerefMut};
+
+use smallvec::SmallVec;
 
 use std::sync::Arc;
 
@@ -23,7 +24,7 @@ use super::unwind;
 /// (or timer) caused it.
 ///
 /// Any `Fn(&E) + Send + Sync` closure is a sink. With the `tracing` feature,
-/// [`Tracing`](super::trace::Tracing) is one for every event type.
+/// `sync::trace::Tracing` is one for every event type.
 ///
 /// A sink must not block for long: the input that caused the event waits for it. It may call
 /// back into the handle (no lock is held). A panic in it is caught: the event is lost and
@@ -78,7 +79,7 @@ impl<E> EventTap<E> {
     }
 
     /// Hands `events` to the sink, each under `catch_unwind`. Call with no lock held.
-    pub(crate) fn deliver(&self, events: Vec<E>) {
+    pub(crate) fn deliver(&self, events: Drained<E>) {
         if events.is_empty() {
             return;
         }
@@ -98,6 +99,10 @@ impl<E> EventTap<E> {
     }
 }
 
+/// The events of one critical section: inline up to four (one input records one or two), so
+/// a handle with a sink allocates nothing per input in the common case.
+pub(crate) type Drained<E> = SmallVec<[E; 4]>;
+
 /// The state behind a handle's lock, as the tap sees it: where its machine's events come out.
 pub(crate) trait Observed {
     /// The machine's event type.
@@ -111,10 +116,9 @@ pub(crate) trait Observed {
     fn has_events(&self) -> bool;
 }
 
-/// Drains `state`'s events into a list (empty, and no allocation, while events are off: the
-/// machine's queue is then empty, and one poll finds it so).
-pub(crate) fn drain<T: Observed + ?Sized>(state: &mut T) -> Vec<T::Event> {
-    let mut events = Vec::new();
+/// Drains `state`'s events into a list.
+pub(crate) fn drain<T: Observed + ?Sized>(state: &mut T) -> Drained<T::Event> {
+    let mut events = Drained::new();
     while let Some(event) = state.poll_event() {
         events.push(event);
     }
@@ -184,13 +188,13 @@ impl<T: Observed> ObservedGuard<'_, T> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::*;
     use crate::sync::test_support::{CountingWaker, poll_once};
     use crate::sync::{GateHandle, WindowHandle};
     use crate::test_hasher::TestHasher;
     use crate::time::Instant;
     use crate::{GateEvent, Reason, Signal, WindowConfig, WindowEvent, WriteGateConfig};
     use alloc::boxed::Box;
+    use alloc::vec::Vec;
     use std::sync::Mutex as StdMutex;
 
     /// A sink that records what it sees, after reading the handle through `probe` (which

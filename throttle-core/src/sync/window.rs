@@ -36,9 +36,11 @@ use super::signal::{WakeSignal, wait_for};
 use super::waiters::{WaiterKey, Waiters, wake_all};
 use super::{Closed, Runtime};
 use crate::dispatch_window::{
-    CreditId, DispatchWindow, Entered, SubmitError, Take, Ticket, WindowConfig, WindowEvent,
+    CreditId, DispatchWindow, Entered, ShardSnapshot, SubmitError, Take, Ticket, WindowConfig,
+    WindowEvent,
 };
 use crate::error::ConfigError;
+use crate::snapshot::{Cursor, Page};
 use crate::time::Instant;
 
 /// Wakers collected under the lock, woken after it is dropped.
@@ -652,6 +654,33 @@ where
     #[cfg(test)]
     pub(crate) fn live_credits(&self) -> usize {
         lock(&self.shared.state).window.live_credits()
+    }
+
+    /// One page of at most `max` tracked shards, each with its permits held and free, its
+    /// tasks waiting in `acquire`, and whether it is paused ([`DispatchWindow::snapshot`]).
+    /// Start with `from = None`, then pass each page's `next` until it is `None`; the lock is
+    /// held for one page at a time, and every shard tracked throughout the walk is listed
+    /// exactly once.
+    ///
+    /// ```
+    /// use throttle_sansio::WindowConfig;
+    /// use throttle_sansio::sync::WindowHandle;
+    ///
+    /// let window = WindowHandle::new(WindowConfig::default()).unwrap();
+    /// let _a = window.try_acquire("a").unwrap();
+    /// let _b = window.try_acquire("b").unwrap();
+    /// let page = window.snapshot(None, 10);
+    /// let mut held: Vec<_> = page.items.iter().map(|s| (s.shard, s.in_flight)).collect();
+    /// held.sort();
+    /// assert_eq!((held, page.next), (vec![("a", 1), ("b", 1)], None));
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Only if a shard's `Clone` panics (each listed key is cloned, under the lock, which
+    /// changes nothing); the handle keeps serving.
+    pub fn snapshot(&self, from: Option<Cursor>, max: usize) -> Page<ShardSnapshot<Shard>> {
+        lock(&self.shared.state).window.snapshot(from, max)
     }
 
     /// Sends the window's observation events ([`WindowEvent`]: every credit issued, with its

@@ -173,7 +173,7 @@ impl<K, B> Shared<K, B> {
     /// Hands the events `call`'s last input recorded to the sink (none while events are off).
     /// Call with no lock held.
     fn deliver_call(&self, call: &mut Call) {
-        let mut events = alloc::vec::Vec::new();
+        let mut events = super::events::Drained::new();
         while let Some(event) = call.poll_event() {
             events.push(FailoverEvent::Call(event));
         }

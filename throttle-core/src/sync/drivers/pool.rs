@@ -30,10 +30,12 @@ use super::signal::wait_for;
 use super::unwind;
 use super::{Panicked, Runtime, WakeSignal};
 use crate::conn_key::{
-    ConnAction, ConnConfig, ConnEvent, ConnId, ConnKey, ConnTable, ConnectAttempt, Route,
+    ConnAction, ConnConfig, ConnEvent, ConnId, ConnKey, ConnTable, ConnectAttempt,
+    EndpointSnapshot, Route,
 };
 use crate::error::ConfigError;
 use crate::rng::SplitMix64;
+use crate::snapshot::{Cursor, Page};
 use crate::time::Instant;
 
 /// Opens a connection to `host:port`. The runtime adapters provide a TCP one; a client wraps
@@ -422,6 +424,21 @@ where
             shared.update(|st, now| st.table.handle_timeout(now));
         })
         .await;
+    }
+
+    /// One page of at most `max` tracked endpoints, each with its connection and stage,
+    /// requests in flight, closing time and connect backoff, on the runtime's clock
+    /// ([`ConnTable::snapshot`]). Start with `from = None`, then pass each page's `next` until
+    /// it is `None`; the lock is held for one page at a time, and every endpoint tracked
+    /// throughout the walk is listed exactly once.
+    ///
+    /// # Panics
+    ///
+    /// Only if the runtime's `now` or a key's `Clone` panics (under the lock, which changes
+    /// nothing); the pool keeps serving.
+    pub fn snapshot(&self, from: Option<Cursor>, max: usize) -> Page<EndpointSnapshot<U, H>> {
+        let now = self.shared.rt.now();
+        lock(&self.shared.state).table.snapshot(now, from, max)
     }
 
     /// Sends the table's observation events ([`ConnEvent`]: every connection opened,
@@ -903,6 +920,14 @@ mod tests {
             ]
         );
         assert_eq!((pool.events_dropped(), pool.event_sink_panics()), (0, 0));
+        // The snapshot: the idle endpoint is gone, the refused one is tracked in backoff.
+        let page = pool.snapshot(None, 8);
+        let listed: Vec<_> = page
+            .items
+            .iter()
+            .map(|e| (e.key.uid, e.conn, e.connect_failures))
+            .collect();
+        assert_eq!((listed, page.next), (alloc::vec![(1, None, 1)], None));
         pool.clear_event_sink();
         pool.disconnect(&0);
         assert_eq!(seen.lock().unwrap().len(), 5, "cleared: nothing more");
