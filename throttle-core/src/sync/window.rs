@@ -699,17 +699,17 @@ where
     /// use throttle_sansio::sync::WindowHandle;
     /// use throttle_sansio::{WindowConfig, WindowEvent};
     ///
-    /// let window = WindowHandle::new(WindowConfig::default()).unwrap();
+    /// let window: WindowHandle<u32> = WindowHandle::new(WindowConfig::default()).unwrap();
     /// let seen = Arc::new(Mutex::new(Vec::new()));
     /// let log = Arc::clone(&seen);
-    /// window.set_event_sink(move |e: &WindowEvent<&str>| log.lock().unwrap().push(e.clone()));
-    /// let permit = window.try_acquire("shard-a").unwrap();
+    /// window.set_event_sink(move |e: &WindowEvent<u32>| log.lock().unwrap().push(e.clone()));
+    /// let permit = window.try_acquire(7).unwrap();
     /// drop(permit);
     /// let seen = seen.lock().unwrap();
     /// assert!(matches!(
     ///     seen[..],
     ///     [
-    ///         WindowEvent::Dispatched { shard: "shard-a", .. },
+    ///         WindowEvent::Dispatched { shard: 7, .. },
     ///         WindowEvent::Released { in_flight: 0, .. },
     ///     ]
     /// ));

@@ -31,6 +31,7 @@ use core::time::Duration;
 
 use hashbrown::HashTable;
 
+use super::events::{Drained, EVENT_CAPACITY, EventSink, EventTap};
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Receiver, Sender};
 use super::signal::{WakeSignal, wait_for};
@@ -39,7 +40,7 @@ use super::waiters::wake_one;
 use super::{Closed, Panicked, Runtime, TimedOut};
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::batcher::{
-    BatchAction, Batcher, BatcherConfig, FailReason, OpId, RefuseReason, Withdrawal,
+    BatchAction, BatchEvent, Batcher, BatcherConfig, FailReason, OpId, RefuseReason, Withdrawal,
 };
 use crate::dispatch_window::CreditId;
 use crate::rng::SplitMix64;
@@ -430,6 +431,14 @@ impl<Shard: Hash + Eq + Clone, S: BuildHasher> Shards<Shard, S> {
 }
 
 impl<Shard, S> Shards<Shard, S> {
+    /// The key stored under `id`, if any (no user code).
+    fn key(&self, id: ShardId) -> Option<&Shard> {
+        self.entries
+            .get(id.0)
+            .and_then(Option::as_ref)
+            .map(|e| &e.key)
+    }
+
     /// An operation slot naming `id` was freed; the last one removes the entry (`true`: the
     /// id is free for another key). No user code (the key's `Drop` aside).
     fn release(&mut self, id: ShardId) -> bool {
@@ -483,6 +492,8 @@ struct DriverState<T: Transport<Shard, Op>, Shard, Op, S> {
     rng: SplitMix64,
     /// Requeue on: each dispatched batch remembers its operations' slots.
     keep_sent: bool,
+    /// Events lost because the shard key's `Clone` panicked as the driver copied it into one.
+    events_lost: u64,
 }
 
 struct DriverShared<R, T: Transport<Shard, Op>, Shard, Op, S> {
@@ -499,6 +510,8 @@ struct DriverShared<R, T: Transport<Shard, Op>, Shard, Op, S> {
     /// The config's batch limit in bytes: an operation above it is handed to the batcher in
     /// `submit` itself, so that a refusal of its size is immediate.
     size_limit: u64,
+    /// The batcher's event sink ([`BatchDriver::set_event_sink`]).
+    tap: EventTap<BatchEvent<Shard>>,
 }
 
 impl<T: Transport<Shard, Op>, Shard, Op, S> DriverState<T, Shard, Op, S>
@@ -551,6 +564,8 @@ struct Reconnecting {
 struct Effects<T: Transport<Shard, Op>, Shard, Op> {
     /// Each batch to send (concurrent mode).
     sends: Vec<Outgoing<Shard, Op>>,
+    /// The batcher's events, with the user's shard keys, for the sink.
+    events: Drained<BatchEvent<Shard>>,
     done: Vec<Done<T, Shard, Op>>,
     /// Lane tasks to start or wake ([`SendOrder::PerShard`]).
     lanes: ordered::LaneWork,
@@ -1019,8 +1034,10 @@ where
                 reconnecting: Vec::new(),
                 rng: super::client_rng(super::next_client_id()),
                 keep_sent,
+                events_lost: 0,
             }),
             drained: WakeSignal::new(),
+            tap: EventTap::default(),
         });
         let driver = BatchDriver {
             withdraw: erase(Withdrawer::<(R, T, Shard, Op, S)> {
@@ -1031,6 +1048,39 @@ where
         let task = driver.clone();
         driver.shared.rt.spawn(async move { task.run().await });
         driver
+    }
+
+    /// Sends the batcher's observation events ([`BatchEvent`]: every batch dispatched, with
+    /// its shard, credit, operations and bytes, and every batch credit released) to `sink`,
+    /// for every clone, replacing any sink set before, and turns them on (they are off until
+    /// then, and cost nothing). The sink is called as
+    /// [`GateHandle::set_event_sink`](super::GateHandle::set_event_sink) describes: outside
+    /// the lock, once per event, in order, with a panic caught and counted
+    /// ([`event_sink_panics`](Self::event_sink_panics)). The shard key is cloned for each
+    /// `Dispatched` under `catch_unwind`: a panicking `Clone` loses that event only.
+    pub fn set_event_sink(&self, sink: impl EventSink<BatchEvent<Shard>> + 'static) {
+        self.shared.tap.set(Some(std::sync::Arc::new(sink)));
+        lock(&self.shared.state)
+            .batcher
+            .set_event_capacity(EVENT_CAPACITY);
+    }
+
+    /// Removes the event sink and turns the batcher's events off again.
+    pub fn clear_event_sink(&self) {
+        lock(&self.shared.state).batcher.set_event_capacity(0);
+        self.shared.tap.set(None);
+    }
+
+    /// Events the sink panicked on (each one lost; nothing else changed).
+    pub fn event_sink_panics(&self) -> u64 {
+        self.shared.tap.panics()
+    }
+
+    /// Events lost before the sink saw them: to the batcher's bound, or to a shard key's
+    /// `Clone` that panicked as the driver copied it into one.
+    pub fn events_dropped(&self) -> u64 {
+        let st = lock(&self.shared.state);
+        st.batcher.events_dropped().saturating_add(st.events_lost)
     }
 
     /// Queues `op` for `shard`; the future resolves with its result (see the contract).
@@ -1322,6 +1372,9 @@ where
     fn apply(&self, mut effects: Effects<T, Shard, Op>) {
         let mut ended = 0;
         loop {
+            self.shared
+                .tap
+                .deliver(core::mem::take(&mut effects.events));
             for (tx, result) in effects.done.drain(..) {
                 tx.send(result);
             }
@@ -1598,6 +1651,7 @@ impl<T: Transport<Shard, Op>, Shard, Op> Effects<T, Shard, Op> {
     fn new() -> Self {
         Effects {
             sends: Vec::new(),
+            events: Drained::new(),
             done: Vec::new(),
             lanes: ordered::LaneWork::default(),
             driver: None,
@@ -1606,6 +1660,7 @@ impl<T: Transport<Shard, Op>, Shard, Op> Effects<T, Shard, Op> {
 
     fn extend(&mut self, more: Self) {
         self.sends.extend(more.sends);
+        self.events.extend(more.events);
         self.done.extend(more.done);
         self.lanes.extend(more.lanes);
         if more.driver.is_some() {
@@ -1906,6 +1961,49 @@ fn drain<T, Shard, Op, S>(
             }
         }
     }
+    note_events(st, effects);
+}
+
+/// Moves the batcher's events into `effects`, naming each batch's shard by the user's key
+/// (its interned copy is cloned; no event is built while events are off). The clone is user
+/// code after the batcher has changed, so it runs under `catch_unwind`: a `Clone` that panics
+/// loses that event (counted in [`BatchDriver::events_dropped`]) and nothing else.
+fn note_events<T, Shard, Op, S>(
+    st: &mut DriverState<T, Shard, Op, S>,
+    effects: &mut Effects<T, Shard, Op>,
+) where
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    while let Some(event) = st.batcher.poll_event() {
+        let event = match event {
+            BatchEvent::Dispatched {
+                shard,
+                credit,
+                ops,
+                bytes,
+            } => {
+                let key = st.shards.key(shard);
+                match key.map(|k| unwind::call(|| k.clone())) {
+                    Some(Ok(shard)) => BatchEvent::Dispatched {
+                        shard,
+                        credit,
+                        ops,
+                        bytes,
+                    },
+                    _ => {
+                        st.events_lost = st.events_lost.saturating_add(1);
+                        continue;
+                    }
+                }
+            }
+            BatchEvent::Released { credit, in_flight } => {
+                BatchEvent::Released { credit, in_flight }
+            }
+        };
+        effects.events.push(event);
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -2078,6 +2176,55 @@ mod tests {
         assert!(matches!(got[2], (12, Err(OpError::Op("nope")))));
         assert!(matches!(got[3], (13, Ok(113))));
         assert!(matches!(got[4], (14, Err(OpError::NoResponse))));
+    }
+
+    #[test]
+    fn the_sink_sees_each_batch_dispatched_with_its_size_and_each_credit_released() {
+        let (mut exec, driver, held, out) = setup(1);
+        let seen = Arc::new(StdMutex::new(Vec::new()));
+        let (log, probe) = (Arc::clone(&seen), driver.clone());
+        driver.set_event_sink(move |e: &BatchEvent<u8>| {
+            // Reading the driver here would deadlock if the sink ran under its lock.
+            let _ = probe.in_flight(&1);
+            log.lock().unwrap().push(e.clone());
+        });
+        submit_all(&mut exec, &driver, &out, &[10]);
+        for op in 11..15 {
+            submit(&exec, &driver, &out, op);
+        }
+        exec.run_until_stalled();
+        let (_, _, reply) = held.take().into_iter().next().unwrap();
+        reply.send(Ok(alloc::vec![Ok(100)]));
+        exec.run_until_stalled();
+        let (_, _, reply) = held.take().into_iter().next().unwrap();
+        reply.send(Ok(alloc::vec![Ok(111)]));
+        exec.run_until_stalled();
+        let shape: Vec<_> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| match e {
+                BatchEvent::Dispatched { shard, ops, .. } => ("dispatched", *shard, *ops),
+                BatchEvent::Released { in_flight, .. } => ("released", 0, *in_flight as usize),
+            })
+            .collect();
+        // The first release hands its credit to the parked batch at once (one in flight).
+        assert_eq!(
+            shape,
+            [
+                ("dispatched", 1, 1),
+                ("released", 0, 1),
+                ("dispatched", 1, 4),
+                ("released", 0, 0),
+            ]
+        );
+        assert_eq!(
+            (driver.events_dropped(), driver.event_sink_panics()),
+            (0, 0)
+        );
+        driver.clear_event_sink();
+        submit_all(&mut exec, &driver, &out, &[20]);
+        assert_eq!(seen.lock().unwrap().len(), 4, "cleared: nothing more");
     }
 
     #[test]
