@@ -928,23 +928,24 @@ fn a_snapshot_lists_each_shard_once_with_its_counts() {
 fn a_walk_over_a_window_that_rehashes_between_pages_lists_every_steady_shard_exactly_once() {
     let mut w = window(1);
     let mut credits = alloc::vec::Vec::new();
-    for shard in 0..100u32 {
+    for shard in 0..30u32 {
         credits.push(w.submit(shard, "x").unwrap().unwrap().credit);
     }
-    // Between pages: grow the table well past its size (it rehashes) with new shards, and
-    // release the first shards' credits (they go idle, and may be evicted to make room).
+    // Between the first pages: grow the table to several times its size (it rehashes) with
+    // new shards; after every page, release one of the first shards' credits (they go idle,
+    // and may be evicted to make room). Small enough for miri.
     let mut next_new = 1_000u32;
     let seen = walk_window(&mut w, 7, |w, page| {
-        for _ in 0..40 {
+        for _ in 0..if page <= 4 { 25 } else { 0 } {
             let _ = w.submit(next_new, "new").unwrap();
             next_new += 1;
         }
-        if let Some(c) = credits.get(page) {
+        if let Some(c) = credits.get(page).filter(|_| page < 10) {
             let _ = w.complete(*c);
         }
     });
-    // Shards 20..100 held their credit throughout: each is listed exactly once.
-    for shard in 20..100u32 {
+    // Shards 10..30 held their credit throughout: each is listed exactly once.
+    for shard in 10..30u32 {
         let n = seen.iter().filter(|s| s.shard == shard).count();
         assert_eq!(n, 1, "shard {shard} listed {n} times");
     }
