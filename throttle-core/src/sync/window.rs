@@ -688,8 +688,9 @@ where
     /// every clone of this handle, replacing any sink set before, and turns the window's events
     /// on (they are off until then, and cost nothing but one check per critical section).
     ///
-    /// With events on, the window clones the shard key once per credit issued (before it
-    /// changes anything, so a panicking `Clone` still changes nothing). The sink is called as
+    /// With events on, the window clones the shard key once per credit issued, after the
+    /// credit is out, under `catch_unwind`: a panicking `Clone` loses that event (counted in
+    /// [`events_dropped`](Self::events_dropped)) and nothing else. The sink is called as
     /// [`GateHandle::set_event_sink`](super::GateHandle::set_event_sink) describes: after the
     /// lock is dropped, once per event, in order, with a panic caught and counted
     /// ([`event_sink_panics`](Self::event_sink_panics)).
@@ -730,7 +731,8 @@ where
         self.shared.tap.panics()
     }
 
-    /// Events the window lost to its bound before the handle drained them.
+    /// Events the window lost before the sink saw them: to its bound, or to a shard key's
+    /// `Clone` that panicked as the handle copied it into one.
     pub fn events_dropped(&self) -> u64 {
         lock(&self.shared.state).window.events_dropped()
     }
