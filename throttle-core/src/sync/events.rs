@@ -9,6 +9,20 @@
 //!
 //! With no sink, the machine's events stay off, and a critical section only checks that its
 //! machine's event queue is empty before it unlocks.
+//!
+//! Where a critical section wakes someone after it unlocks (a waiter handed a credit, the
+//! timer loop re-armed, the callers of a finished refresh, a batch handed to the transport),
+//! the sink runs before those wakes. So an event is never delivered after one it caused: a
+//! credit handed to a waiter reaches the sink as `Dispatched` before that waiter can release
+//! it. Events of unrelated sections on different threads may reach the sink in either
+//! order. The cost: a slow sink delays those wakes, so a sink should only record, or hand
+//! the event to a channel.
+//!
+//! Setting and clearing a sink ([`EventTap::install`]) both run under the machine's lock,
+//! with the slot's lock taken inside it (the one lock order here: state, then slot), so
+//! whichever of two racing calls comes last wins both halves: the machine's events are on
+//! exactly while a sink is set. An event recorded before a `clear` and delivered after it
+//! finds no sink; it is counted ([`EventTap::unseen`]) in the handle's `events_dropped`.
 
 use core::ops::{Deref, DerefMut};
 
@@ -26,9 +40,10 @@ use super::unwind;
 /// Any `Fn(&E) + Send + Sync` closure is a sink. With the `tracing` feature,
 /// `sync::trace::Tracing` is one for every event type.
 ///
-/// A sink must not block for long: the input that caused the event waits for it. It may call
-/// back into the handle (no lock is held). A panic in it is caught: the event is lost and
-/// counted, and nothing else changes.
+/// A sink must not block for long: the input that caused the event waits for it, and so do
+/// the wakes that input causes (the sink runs before them, so an event is never delivered
+/// after one it caused). It may call back into the handle (no lock is held). A panic in it is
+/// caught: the event is lost and counted, and nothing else changes.
 pub trait EventSink<E>: Send + Sync {
     /// One event.
     fn on_event(&self, event: &E);
@@ -53,6 +68,9 @@ pub(crate) struct EventTap<E> {
 struct Slot<E> {
     sink: Option<Arc<dyn EventSink<E>>>,
     panics: u64,
+    /// Events that reached `deliver` with no sink set (a `clear` came between their
+    /// recording and their delivery).
+    unseen: u64,
 }
 
 impl<E> Default for EventTap<E> {
@@ -61,16 +79,30 @@ impl<E> Default for EventTap<E> {
             slot: Mutex::new(Slot {
                 sink: None,
                 panics: 0,
+                unseen: 0,
             }),
         }
     }
 }
 
 impl<E> EventTap<E> {
-    /// Installs (or, with `None`, removes) the sink. The caller turns the machine's events on
-    /// or off to match.
-    pub(crate) fn set(&self, sink: Option<Arc<dyn EventSink<E>>>) {
-        lock(&self.slot).sink = sink;
+    /// Installs (or, with `None`, removes) the sink, and calls `turn(state, on)` to turn the
+    /// machine's events on or off to match, both under `state`'s lock (then the slot's): two
+    /// racing installs cannot leave the events on with no sink, or off with one. `turn` must
+    /// run no user code.
+    pub(crate) fn install<T>(
+        &self,
+        state: &Mutex<T>,
+        sink: Option<Arc<dyn EventSink<E>>>,
+        turn: impl FnOnce(&mut T, bool),
+    ) {
+        let mut st = lock(state);
+        let on = sink.is_some();
+        let old = core::mem::replace(&mut lock(&self.slot).sink, sink);
+        turn(&mut st, on);
+        drop(st);
+        // The old sink's own drop (user code) runs with no lock held.
+        drop(old);
     }
 
     /// Events the sink panicked on so far.
@@ -78,13 +110,28 @@ impl<E> EventTap<E> {
         lock(&self.slot).panics
     }
 
-    /// Hands `events` to the sink, each under `catch_unwind`. Call with no lock held.
-    pub(crate) fn deliver(&self, events: Drained<E>) {
+    /// Events that found no sink when delivered: recorded before a `clear_event_sink`,
+    /// delivered after it.
+    pub(crate) fn unseen(&self) -> u64 {
+        lock(&self.slot).unseen
+    }
+
+    /// Hands `events` to the sink, each under `catch_unwind`. Call with no lock held. Returns
+    /// whether a sink was set (without one the events are counted as [`unseen`](Self::unseen)).
+    pub(crate) fn deliver(&self, events: Drained<E>) -> bool {
         if events.is_empty() {
-            return;
+            return true;
         }
-        let Some(sink) = lock(&self.slot).sink.clone() else {
-            return;
+        let sink = {
+            let mut slot = lock(&self.slot);
+            match slot.sink.clone() {
+                Some(sink) => sink,
+                None => {
+                    let n = u64::try_from(events.len()).unwrap_or(u64::MAX);
+                    slot.unseen = slot.unseen.saturating_add(n);
+                    return false;
+                }
+            }
         };
         let mut panics = 0u64;
         for event in &events {
@@ -96,6 +143,7 @@ impl<E> EventTap<E> {
             let mut slot = lock(&self.slot);
             slot.panics = slot.panics.saturating_add(panics);
         }
+        true
     }
 }
 

@@ -594,14 +594,18 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
     /// ));
     /// ```
     pub fn set_event_sink(&self, sink: impl EventSink<GateEvent<K>> + 'static) {
-        self.tap.set(Some(std::sync::Arc::new(sink)));
-        self.update(|g| g.set_event_capacity(EVENT_CAPACITY));
+        self.install_sink(Some(std::sync::Arc::new(sink)));
     }
 
     /// Removes the event sink and turns the gate's events off again.
     pub fn clear_event_sink(&self) {
-        self.update(|g| g.set_event_capacity(0));
-        self.tap.set(None);
+        self.install_sink(None);
+    }
+
+    fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<GateEvent<K>>>>) {
+        self.tap.install(&self.gate, sink, |g, on| {
+            g.set_event_capacity(if on { EVENT_CAPACITY } else { 0 });
+        });
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).
@@ -609,9 +613,11 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
         self.tap.panics()
     }
 
-    /// Events the gate lost to its bound before the handle drained them.
+    /// Events lost before a sink saw them: to the gate's bound before the handle drained
+    /// them, or delivered just after a [`clear_event_sink`](Self::clear_event_sink).
     pub fn events_dropped(&self) -> u64 {
-        lock(&self.gate).events_dropped()
+        let dropped = lock(&self.gate).events_dropped();
+        dropped.saturating_add(self.tap.unseen())
     }
 
     /// The one drive step behind every input of both forms.
@@ -629,8 +635,8 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
                 GateAction::Wake { .. } => wake.due = true,
             },
         )
-        // `wake` notifies here, after `drive` dropped the lock, or while a panic in `input`
-        // unwinds out of `drive`.
+        // `wake` notifies here, after `drive` dropped the lock and the sink saw the events,
+        // or while a panic in `input` unwinds out of `drive`.
     }
 
     /// The wait of both forms' `wait_until_open`, on `rt`'s clock.

@@ -716,14 +716,19 @@ where
     /// ));
     /// ```
     pub fn set_event_sink(&self, sink: impl EventSink<WindowEvent<Shard>> + 'static) {
-        self.shared.tap.set(Some(std::sync::Arc::new(sink)));
-        self.shared.lock().window.set_event_capacity(EVENT_CAPACITY);
+        self.install_sink(Some(std::sync::Arc::new(sink)));
     }
 
     /// Removes the event sink and turns the window's events off again.
     pub fn clear_event_sink(&self) {
-        self.shared.lock().window.set_event_capacity(0);
-        self.shared.tap.set(None);
+        self.install_sink(None);
+    }
+
+    fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<WindowEvent<Shard>>>>) {
+        self.shared.tap.install(&self.shared.state, sink, |st, on| {
+            st.window
+                .set_event_capacity(if on { EVENT_CAPACITY } else { 0 });
+        });
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).
@@ -731,10 +736,12 @@ where
         self.shared.tap.panics()
     }
 
-    /// Events the window lost before the sink saw them: to its bound, or to a shard key's
-    /// `Clone` that panicked as the handle copied it into one.
+    /// Events lost before a sink saw them: to the window's bound, to a shard key's `Clone`
+    /// that panicked as the handle copied it into one, or delivered just after a
+    /// [`clear_event_sink`](Self::clear_event_sink).
     pub fn events_dropped(&self) -> u64 {
-        lock(&self.shared.state).window.events_dropped()
+        let dropped = lock(&self.shared.state).window.events_dropped();
+        dropped.saturating_add(self.shared.tap.unseen())
     }
 }
 

@@ -1059,16 +1059,19 @@ where
     /// ([`event_sink_panics`](Self::event_sink_panics)). The shard key is cloned for each
     /// `Dispatched` under `catch_unwind`: a panicking `Clone` loses that event only.
     pub fn set_event_sink(&self, sink: impl EventSink<BatchEvent<Shard>> + 'static) {
-        self.shared.tap.set(Some(std::sync::Arc::new(sink)));
-        lock(&self.shared.state)
-            .batcher
-            .set_event_capacity(EVENT_CAPACITY);
+        self.install_sink(Some(std::sync::Arc::new(sink)));
     }
 
     /// Removes the event sink and turns the batcher's events off again.
     pub fn clear_event_sink(&self) {
-        lock(&self.shared.state).batcher.set_event_capacity(0);
-        self.shared.tap.set(None);
+        self.install_sink(None);
+    }
+
+    fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<BatchEvent<Shard>>>>) {
+        self.shared.tap.install(&self.shared.state, sink, |st, on| {
+            st.batcher
+                .set_event_capacity(if on { EVENT_CAPACITY } else { 0 });
+        });
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).
@@ -1076,11 +1079,15 @@ where
         self.shared.tap.panics()
     }
 
-    /// Events lost before the sink saw them: to the batcher's bound, or to a shard key's
-    /// `Clone` that panicked as the driver copied it into one.
+    /// Events lost before a sink saw them: to the batcher's bound, to a shard key's `Clone`
+    /// that panicked as the driver copied it into one, or delivered just after a
+    /// [`clear_event_sink`](Self::clear_event_sink).
     pub fn events_dropped(&self) -> u64 {
-        let st = lock(&self.shared.state);
-        st.batcher.events_dropped().saturating_add(st.events_lost)
+        let lost = {
+            let st = lock(&self.shared.state);
+            st.batcher.events_dropped().saturating_add(st.events_lost)
+        };
+        lost.saturating_add(self.shared.tap.unseen())
     }
 
     /// Queues `op` for `shard`; the future resolves with its result (see the contract).

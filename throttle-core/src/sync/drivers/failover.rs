@@ -177,7 +177,10 @@ impl<K, B> Shared<K, B> {
         while let Some(event) = call.poll_event() {
             events.push(FailoverEvent::Call(event));
         }
-        self.tap.deliver(events);
+        if !self.tap.deliver(events) {
+            // The sink was cleared while the call ran: it records nothing more.
+            call.set_event_capacity(0);
+        }
     }
 }
 
@@ -342,21 +345,32 @@ where
     /// describes: outside the lock, once per event, in order, with a panic caught and counted
     /// ([`event_sink_panics`](Self::event_sink_panics)).
     pub fn set_event_sink(&self, sink: impl EventSink<FailoverEvent> + 'static) {
-        self.shared.tap.set(Some(std::sync::Arc::new(sink)));
-        let mut st = lock_observed(&self.shared.state, &self.shared.tap);
-        st.events = true;
-        st.coalescer.set_event_capacity(EVENT_CAPACITY);
+        self.install_sink(Some(std::sync::Arc::new(sink)));
     }
 
-    /// Removes the event sink and turns events off (calls in flight stop recording too: their
-    /// events are dropped unseen).
+    /// Removes the event sink and turns events off. A call in flight stops recording at its
+    /// next input; the event that input recorded finds no sink and is counted in
+    /// [`events_dropped`](Self::events_dropped).
     pub fn clear_event_sink(&self) {
-        {
-            let mut st = lock(&self.shared.state);
-            st.events = false;
-            st.coalescer.set_event_capacity(0);
-        }
-        self.shared.tap.set(None);
+        self.install_sink(None);
+    }
+
+    fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<FailoverEvent>>>) {
+        self.shared.tap.install(&self.shared.state, sink, |st, on| {
+            st.events = on;
+            st.coalescer
+                .set_event_capacity(if on { EVENT_CAPACITY } else { 0 });
+        });
+    }
+
+    /// Events lost before a sink saw them: to the coalescer's bound before the executor
+    /// drained it, or recorded (by the coalescer or a call in flight) before a
+    /// [`clear_event_sink`](Self::clear_event_sink) and delivered after it. A call's own
+    /// queue never overflows: it records at most one event per input and is drained after
+    /// each.
+    pub fn events_dropped(&self) -> u64 {
+        let dropped = lock(&self.shared.state).coalescer.events_dropped();
+        dropped.saturating_add(self.shared.tap.unseen())
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).
@@ -861,6 +875,49 @@ mod tests {
         );
         assert_eq!(fx.event_sink_panics(), 1, "one event: the surfaced error");
         assert_eq!(fx.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_sink_cleared_while_a_call_runs_counts_that_calls_next_event_as_dropped() {
+        let mut exec = Executor::default();
+        let fx = FailoverExecutor::new(
+            runtime(&exec),
+            |_: &&str| crate::failover::ErrorClass::RETRY,
+            Unlimited,
+            CallConfig::default(),
+        )
+        .unwrap();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&seen);
+        fx.set_event_sink(move |_: &FailoverEvent| {
+            count.fetch_add(1, Ordering::SeqCst);
+        });
+        let sends = Arc::new(AtomicUsize::new(0));
+        let (s, f, inner) = (Arc::clone(&sends), fx.clone(), fx.clone());
+        exec.spawn(async move {
+            let r = f
+                .call(
+                    || {
+                        // The first send clears the sink; the call started with events on.
+                        let n = s.fetch_add(1, Ordering::SeqCst);
+                        if n == 0 {
+                            inner.clear_event_sink();
+                        }
+                        core::future::ready(Err::<usize, _>("busy"))
+                    },
+                    || async { true },
+                )
+                .await;
+            let reason = r.map_err(|e| e.surfaced().map(|s| s.reason));
+            assert_eq!(reason, Err(Some(SurfaceReason::RetriesExhausted)));
+        });
+        exec.run_until_stalled();
+        assert!(sends.load(Ordering::SeqCst) >= 2);
+        // The retry decision after the first send found no sink: counted, and the call
+        // stopped recording (the surfaced error is neither seen nor counted).
+        assert_eq!(seen.load(Ordering::SeqCst), 0);
+        assert_eq!(fx.events_dropped(), 1);
+        assert_eq!(fx.event_sink_panics(), 0);
     }
 
     #[test]

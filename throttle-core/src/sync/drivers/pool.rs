@@ -449,15 +449,19 @@ where
     /// describes: outside the lock, once per event, in order, with a panic caught and counted
     /// ([`event_sink_panics`](Self::event_sink_panics)).
     pub fn set_event_sink(&self, sink: impl EventSink<ConnEvent> + 'static) {
-        self.shared.tap.set(Some(std::sync::Arc::new(sink)));
-        self.shared
-            .update(|st, _| st.table.set_event_capacity(EVENT_CAPACITY));
+        self.install_sink(Some(std::sync::Arc::new(sink)));
     }
 
     /// Removes the event sink and turns the table's events off again.
     pub fn clear_event_sink(&self) {
-        self.shared.update(|st, _| st.table.set_event_capacity(0));
-        self.shared.tap.set(None);
+        self.install_sink(None);
+    }
+
+    fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<ConnEvent>>>) {
+        self.shared.tap.install(&self.shared.state, sink, |st, on| {
+            st.table
+                .set_event_capacity(if on { EVENT_CAPACITY } else { 0 });
+        });
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).
@@ -465,9 +469,11 @@ where
         self.shared.tap.panics()
     }
 
-    /// Events the table lost to its bound before the pool drained them.
+    /// Events lost before a sink saw them: to the table's bound before the pool drained them,
+    /// or delivered just after a [`clear_event_sink`](Self::clear_event_sink).
     pub fn events_dropped(&self) -> u64 {
-        lock(&self.shared.state).table.events_dropped()
+        let dropped = lock(&self.shared.state).table.events_dropped();
+        dropped.saturating_add(self.shared.tap.unseen())
     }
 
     /// Closes every connection of server `uid` (it left the cluster); returns how many.

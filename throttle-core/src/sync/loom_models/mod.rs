@@ -14,6 +14,7 @@
 
 mod bytes;
 mod drivers;
+mod events;
 mod ordered;
 mod signal;
 mod support;
