@@ -171,7 +171,8 @@ pub enum ConnEvent {
         conn: ConnId,
     },
     /// The table forgot this live connection, for `cause`. With [`CloseCause::Idle`],
-    /// [`CloseCause::ConnectTimedOut`] and [`CloseCause::Disconnected`] it also queued a
+    /// [`CloseCause::ConnectTimedOut`], [`CloseCause::Disconnected`] and
+    /// [`CloseCause::Shutdown`] it also queued a
     /// [`ConnAction::Close`] for it, and the events come in the order of those actions.
     Closed {
         /// The connection closed.
@@ -201,6 +202,9 @@ pub enum CloseCause {
     /// The transport reported it closed with [`ConnTable::handle_closed`] (which returned
     /// `true`).
     Reported,
+    /// [`ConnTable::close_all`] closed it with every other live connection (the client is
+    /// shutting down; it queued a [`ConnAction::Close`]).
+    Shutdown,
 }
 
 /// One tracked endpoint in a [`ConnTable::snapshot`] page, in plain terms.
@@ -973,18 +977,33 @@ where
         let Some(slots) = found else {
             return 0;
         };
-        let mut closed = 0;
-        for slot in slots {
-            if let Some(id) = self.drop_conn(slot, now) {
-                self.actions.push_back(ConnAction::Close(id));
-                self.events.emit(|| ConnEvent::Closed {
-                    conn: id,
-                    cause: CloseCause::Disconnected,
-                });
-                closed += 1;
-            }
-        }
-        closed
+        slots
+            .into_iter()
+            .filter(|&slot| self.close_slot(slot, now, CloseCause::Disconnected))
+            .count()
+    }
+
+    /// Closes every live connection, connecting or connected (the client shuts down): each
+    /// queues a [`ConnAction::Close`] and records [`CloseCause::Shutdown`], in slot order.
+    /// Returns how many. Endpoints keep their connect backoff, as after [`Self::disconnect`];
+    /// the table serves later inputs as before. Runs no user code, so it never panics.
+    pub fn close_all(&mut self, now: Instant) -> usize {
+        let now = self.clock.observe(now);
+        let slots = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+        (0..slots)
+            .filter(|&slot| self.close_slot(slot, now, CloseCause::Shutdown))
+            .count()
+    }
+
+    /// Closes the live connection in `slot`, if any, queuing its [`ConnAction::Close`] and
+    /// recording its close for `cause`; returns whether there was one.
+    fn close_slot(&mut self, slot: u32, now: Instant, cause: CloseCause) -> bool {
+        let Some(id) = self.drop_conn(slot, now) else {
+            return false;
+        };
+        self.actions.push_back(ConnAction::Close(id));
+        self.events.emit(|| ConnEvent::Closed { conn: id, cause });
+        true
     }
 
     /// Acts on every deadline at or before `now`: closes connections idle for `max_idle`

@@ -13,7 +13,7 @@
 //! reference. At the end every uid is disconnected and time jumps to the end: every
 //! connection ever opened must have been closed exactly once and the table must be empty.
 //!
-//! The table's uids and hosts are [`user::Key`]s. Operations 33, 34 and 35 each arm one `Hash`,
+//! The table's uids and hosts are [`user::Key`]s. Operations 34, 35 and 36 each arm one `Hash`,
 //! `Eq` or `Clone` call (in that order) to panic and run another operation under `catch_unwind`
 //! (see [`super::user`]): if the armed call fired, the table must be exactly as before and the
 //! reference is rolled back.
@@ -22,7 +22,8 @@
 //! drained and must be exactly what the operation did by the reference: one `Opened` per
 //! `Route::Open`, one `Connected` per accepted connect, one `Closed` per connection forgotten
 //! with the reference's cause (`Idle` or `ConnectTimedOut` by whether it was still connecting,
-//! `Disconnected`, `ConnectFailed`, `Reported`), those that queued a `Close` in the order of
+//! `Disconnected`, `ConnectFailed`, `Reported`, `Shutdown` for `close_all`), those that
+//! queued a `Close` in the order of
 //! the actions; nothing else, nothing dropped, and nothing at all with events off.
 
 use alloc::format;
@@ -48,7 +49,7 @@ type UserKey = ConnKey<user::Key, user::Key>;
 type Table = ConnTable<user::Key, user::Key, Fnv>;
 
 /// Operations before the panicking-callback ones (33 `Hash`, 34 `Eq`, 35 `Clone`).
-const OPS: u8 = 33;
+const OPS: u8 = 34;
 
 /// The table's form of a reference endpoint.
 fn to_table(k: &Key) -> UserKey {
@@ -309,6 +310,15 @@ impl Reference {
         ids
     }
 
+    fn close_all(&mut self, now: Instant) -> Vec<ConnId> {
+        let _ = self.observe(now);
+        let ids: Vec<ConnId> = self.conns.iter().filter(|c| c.open).map(|c| c.id).collect();
+        for id in &ids {
+            self.close(*id);
+        }
+        ids
+    }
+
     /// The connections a timeout at `now` closes, each with its cause.
     fn timeout(&mut self, now: Instant) -> Vec<(ConnId, CloseCause)> {
         let now = self.observe(now);
@@ -463,7 +473,10 @@ impl Expect {
 fn closes_with_action(cause: CloseCause) -> bool {
     matches!(
         cause,
-        CloseCause::Idle | CloseCause::ConnectTimedOut | CloseCause::Disconnected
+        CloseCause::Idle
+            | CloseCause::ConnectTimedOut
+            | CloseCause::Disconnected
+            | CloseCause::Shutdown
     )
 }
 
@@ -840,6 +853,19 @@ fn apply(
             }
             expect = Expect::closes(closed.into_iter().map(|id| (id, CloseCause::Disconnected)));
             format!("disconnect {uid}")
+        }
+        33 => {
+            // The client shuts down: every live connection closes, the table goes on.
+            let n = table.close_all(*now);
+            let closed = r.close_all(*now);
+            if n != closed.len() {
+                return Err(format!(
+                    "step {step}: close_all closed {n}, reference {}",
+                    closed.len()
+                ));
+            }
+            expect = Expect::closes(closed.into_iter().map(|id| (id, CloseCause::Shutdown)));
+            "close all".into()
         }
         29 => {
             if let Some(at) = table.poll_timeout() {

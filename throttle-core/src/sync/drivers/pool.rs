@@ -482,15 +482,20 @@ where
     }
 
     /// Refuses later leases and drops the pool's handles to every connection (leased ones stay
-    /// open until their leases end). Idempotent.
+    /// open until their leases end). The table forgets every live connection, connecting or
+    /// connected ([`ConnTable::close_all`]: a sink sees each as `ConnEvent::Closed` with
+    /// [`CloseCause::Shutdown`](crate::conn_key::CloseCause::Shutdown)), so [`len`](Self::len)
+    /// is 0 from here on. Idempotent.
     pub fn close(&self) {
-        let (conns, counted, drained) = {
-            let mut st = lock(&self.shared.state);
+        let (conns, counted, drained) = self.shared.update(|st, now| {
             st.closed = true;
+            // Every live connection closes, recorded as `Closed { cause: Shutdown }`; the
+            // pool's handles to them are taken here, so the `Close` actions find none.
+            let _ = st.table.close_all(now);
             let conns = core::mem::take(&mut st.conns);
             let counted = st.taking(!conns.is_empty());
             (conns, counted, st.is_drained())
-        };
+        });
         self.shared.connected.notify();
         self.shared.drained.notify_if(drained);
         self.shared.drop_taken(conns, counted);
@@ -937,6 +942,51 @@ mod tests {
         pool.clear_event_sink();
         pool.disconnect(&0);
         assert_eq!(seen.lock().unwrap().len(), 5, "cleared: nothing more");
+    }
+
+    #[test]
+    fn close_records_a_shutdown_close_for_each_live_connection_and_empties_the_table() {
+        use crate::conn_key::CloseCause;
+        let mut exec = Executor::default();
+        let (pool, _rt, _, live) = pool(&exec);
+        let (a, b) = (ConnKey::new(0, 10_001, 9123), ConnKey::new(1, 10_002, 9123));
+        let held = Arc::new(StdMutex::new(None));
+        let (p, h) = (pool.clone(), Arc::clone(&held));
+        exec.spawn(async move {
+            drop(p.lease(&a).await.unwrap());
+            *h.lock().unwrap() = Some(p.lease(&b).await.unwrap());
+        });
+        exec.run_until_stalled();
+        let (ida, idb) = (pool.connection(&a).unwrap(), pool.connection(&b).unwrap());
+        assert_eq!((pool.len(), live.load(Ordering::SeqCst)), (2, 2));
+        let seen = Arc::new(StdMutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        pool.set_event_sink(move |e: &ConnEvent| log.lock().unwrap().push(*e));
+        pool.close();
+        let mut got = seen.lock().unwrap().clone();
+        got.sort_by_key(|e| match e {
+            ConnEvent::Closed { conn, .. } => conn.seq(),
+            _ => u64::MAX,
+        });
+        let shutdown = |conn| ConnEvent::Closed {
+            conn,
+            cause: CloseCause::Shutdown,
+        };
+        let mut want = alloc::vec![shutdown(ida), shutdown(idb)];
+        want.sort_by_key(|e| match e {
+            ConnEvent::Closed { conn, .. } => conn.seq(),
+            _ => u64::MAX,
+        });
+        assert_eq!(got, want);
+        // The table forgot both; the leased connection stays open until its lease ends.
+        assert_eq!((pool.len(), pool.connection(&b)), (0, None));
+        assert_eq!(live.load(Ordering::SeqCst), 1);
+        drop(held.lock().unwrap().take());
+        assert_eq!(live.load(Ordering::SeqCst), 0);
+        // Idempotent: nothing more is recorded.
+        pool.close();
+        assert_eq!(seen.lock().unwrap().len(), 2);
+        assert_eq!(pool.events_dropped(), 0);
     }
 
     #[test]
