@@ -13,7 +13,7 @@
 //! reference. At the end every uid is disconnected and time jumps to the end: every
 //! connection ever opened must have been closed exactly once and the table must be empty.
 //!
-//! The table's uids and hosts are [`user::Key`]s. Operations 34, 35 and 36 each arm one `Hash`,
+//! The table's uids and hosts are [`user::Key`]s. Operations 33, 34 and 35 each arm one `Hash`,
 //! `Eq` or `Clone` call (in that order) to panic and run another operation under `catch_unwind`
 //! (see [`super::user`]): if the armed call fired, the table must be exactly as before and the
 //! reference is rolled back.
@@ -49,7 +49,7 @@ type UserKey = ConnKey<user::Key, user::Key>;
 type Table = ConnTable<user::Key, user::Key, Fnv>;
 
 /// Operations before the panicking-callback ones (33 `Hash`, 34 `Eq`, 35 `Clone`).
-const OPS: u8 = 34;
+const OPS: u8 = 33;
 
 /// The table's form of a reference endpoint.
 fn to_table(k: &Key) -> UserKey {
@@ -528,7 +528,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
 
     while !c.is_empty() {
         step += 1;
-        let Some(op) = c.select(REBUILD + 1) else {
+        let Some(op) = c.select(CLOSE_ALL + 1) else {
             continue;
         };
         let done = if op == REBUILD {
@@ -538,6 +538,8 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
             let next = fresh(cfg, seed, events)?;
             wind_down(core::mem::replace(&mut st, next), step)?;
             continue;
+        } else if op == CLOSE_ALL {
+            apply(op, &mut c, &mut st, step)?
         } else if op >= OPS {
             // A panicking key callback during another operation.
             let Some(arm) = Arm::decode(&mut c, op - OPS, UIDS.max(HOSTS)) else {
@@ -577,6 +579,10 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
 /// The selector value that replaces the table with a fresh one under a decoded config
 /// (after the panicking-callback values `OPS..OPS + Arm::OPS`).
 const REBUILD: u8 = OPS + Arm::OPS;
+
+/// [`ConnTable::close_all`] (the client shuts down); the value after [`REBUILD`], so stored
+/// inputs keep their meaning (`Cursor::select`).
+const CLOSE_ALL: u8 = REBUILD + 1;
 
 /// A config for [`REBUILD`], read in this order: `max_idle`, the rng seed, the backoff's
 /// measure (`0` from the attempt's start, `1` from the failure), the minimum connect timeout
@@ -854,7 +860,7 @@ fn apply(
             expect = Expect::closes(closed.into_iter().map(|id| (id, CloseCause::Disconnected)));
             format!("disconnect {uid}")
         }
-        33 => {
+        CLOSE_ALL => {
             // The client shuts down: every live connection closes, the table goes on.
             let n = table.close_all(*now);
             let closed = r.close_all(*now);
