@@ -46,7 +46,7 @@ use crate::rng::Rng;
 use crate::slab::{Key, Slab};
 use crate::time::{Clock, Instant};
 use crate::write_gate::heap::{IndexedHeap, MAX_SLOTS};
-use crate::write_gate::{GateState, OutcomeFeed, WriteGate};
+use crate::write_gate::{GateEvent, GateState, OutcomeFeed, WriteGate};
 
 pub use config::PacedWriterConfig;
 
@@ -817,6 +817,32 @@ where
     /// The write gate (for inspection: `check`, `remaining`, `explain`).
     pub fn gate(&self) -> &WriteGate<B, S> {
         &self.gate
+    }
+
+    /// The oldest undrained observation of the writer's gate ([`GateEvent`]: each gate the
+    /// responses installed, each `Wake`), if events are on ([`Self::set_event_capacity`]).
+    /// The writer records none of its own: its decisions are the gate's and the batches' it
+    /// hands out as actions.
+    pub fn poll_event(&mut self) -> Option<GateEvent<B>> {
+        self.gate.poll_event()
+    }
+
+    /// For the `sync` handles' lock guard: whether an event is waiting (one length check).
+    #[cfg(feature = "std")]
+    #[inline]
+    pub(crate) fn has_events(&self) -> bool {
+        self.gate.has_events()
+    }
+
+    /// Record up to `capacity` undrained gate events (0, the default, turns them off), as
+    /// [`WriteGate::set_event_capacity`].
+    pub fn set_event_capacity(&mut self, capacity: usize) {
+        self.gate.set_event_capacity(capacity);
+    }
+
+    /// Gate events lost to a full queue (or discarded by turning events off) so far.
+    pub fn events_dropped(&self) -> u64 {
+        self.gate.events_dropped()
     }
 
     // ----------------------------------------------------------------------------- helpers

@@ -529,3 +529,33 @@ fn kv_jitter_configured_on_the_gate_reaches_the_writers_kv_holds() {
         );
     }
 }
+
+#[test]
+fn with_events_on_the_writer_yields_its_gate_s_install_with_the_reason_and_attempt() {
+    let mut w = writer(PacedWriterConfig::default());
+    w.set_leader(T0, 7, Some(1));
+    w.append(T0, 7, 70, 100).unwrap();
+    // Off by default: a rejection records nothing.
+    let s = drain_sends(&mut w, T0);
+    let _ = respond(&mut w, T0, s[0].3, WriteOutcome::DiskWriteLocked);
+    assert_eq!((w.poll_event(), w.events_dropped()), (None, 0));
+    w.set_event_capacity(8);
+    assert!(drain_sends(&mut w, T0).is_empty(), "gated");
+    let wake = w.poll_timeout().expect("gated");
+    w.handle_timeout(wake);
+    let s = drain_sends(&mut w, wake);
+    let _ = respond(&mut w, wake, s[0].3, WriteOutcome::DiskWriteLocked);
+    assert!(drain_sends(&mut w, wake).is_empty(), "gated again");
+    let opens = w.poll_timeout().expect("gated again");
+    let got: Vec<_> = core::iter::from_fn(|| w.poll_event()).collect();
+    assert!(
+        matches!(
+            &got[..],
+            // The second rejection in a row: the disk backoff's attempt 1 (the first was 0).
+            [GateEvent::Installed { bucket: 7, reason: Reason::DISK_WRITE_LOCKED, attempt: Some(1), opens_at, .. }]
+                if *opens_at == opens
+        ),
+        "{got:?}"
+    );
+    assert_eq!(w.events_dropped(), 0);
+}

@@ -13,13 +13,15 @@ use core::marker::PhantomData;
 use core::pin::Pin;
 use core::time::Duration;
 
+use super::events::{EVENT_CAPACITY, EventSink};
 use super::loom::{Arc, Mutex, lock};
 use super::seed::{client_rng, next_client_id};
 use super::unwind;
 use super::{Panicked, Runtime, Surfaced};
 use crate::backoff::BackoffConfig;
 use crate::failover::{
-    Call, CallAction, CallConfig, ErrorCause, ErrorClass, RetryBudget, SurfaceReason, Unlimited,
+    Call, CallAction, CallConfig, CallEvent, ErrorCause, ErrorClass, RetryBudget, SurfaceReason,
+    Unlimited,
 };
 use crate::rng::SplitMix64;
 use crate::time::Instant;
@@ -271,7 +273,22 @@ where
         deadline: None,
         budget: None,
         seed: None,
+        events: None,
         _borrows: PhantomData,
+    }
+}
+
+/// The sink of a retry's [`CallEvent`]s ([`Retry::events`]).
+type CallSink = std::sync::Arc<dyn EventSink<CallEvent>>;
+
+/// Hands the events `call`'s last input recorded to `sink` (none while it has none), each
+/// under `catch_unwind`: a panicking sink loses that event, and the retry goes on.
+fn emit(call: &mut Call, sink: Option<&CallSink>) {
+    let Some(sink) = sink else {
+        return;
+    };
+    while let Some(event) = call.poll_event() {
+        let _ = unwind::call(|| sink.on_event(&event));
     }
 }
 
@@ -312,6 +329,7 @@ pub struct Retry<'a, R, Op, W, N, B> {
     deadline: Option<Instant>,
     budget: Option<SharedBudget<B>>,
     seed: Option<u64>,
+    events: Option<CallSink>,
     _borrows: PhantomData<&'a ()>,
 }
 
@@ -394,8 +412,60 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
             max_retries: self.max_retries,
             deadline: self.deadline,
             seed: self.seed,
+            events: self.events,
             _borrows: PhantomData,
         }
+    }
+
+    /// Sends the retry's decisions to `sink`, as the core [`Call`] records them
+    /// ([`CallEvent`]: each retry decided, with its attempt, delay and cause, and the error
+    /// surfaced, with why): one call per event, right after the decision, before `notify` and
+    /// the sleep. A panic in the sink is caught: that event is lost and the retry goes on (an
+    /// observer never changes the outcome). With the `tracing` feature, `sync::trace::Tracing`
+    /// is such a sink.
+    ///
+    /// ```
+    /// use core::future::Future;
+    /// use core::task::{Context, Poll, Waker};
+    /// use std::sync::{Arc, Mutex};
+    /// use throttle_sansio::failover::CallEvent;
+    /// use throttle_sansio::sync::{retry, ManualClock, Runtime};
+    /// use throttle_sansio::Instant;
+    ///
+    /// #[derive(Clone)]
+    /// struct Manual(ManualClock);
+    /// impl Runtime for Manual {
+    ///     fn now(&self) -> Instant { self.0.now() }
+    ///     fn sleep_until(&self, at: Instant) -> impl Future<Output = ()> + Send + 'static {
+    ///         self.0.sleep_until(at)
+    ///     }
+    ///     fn spawn<F: Future<Output = ()> + Send + 'static>(&self, _: F) {}
+    /// }
+    ///
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let log = Arc::clone(&seen);
+    /// let clock = ManualClock::new();
+    /// let fut = retry(Manual(clock.clone()), |_| async { Err::<(), _>("down") })
+    ///     .max_retries(1)
+    ///     .events(move |e: &CallEvent| log.lock().unwrap().push(*e))
+    ///     .run();
+    /// let mut fut = core::pin::pin!(fut);
+    /// let mut cx = Context::from_waker(Waker::noop());
+    /// let got = loop {
+    ///     match fut.as_mut().poll(&mut cx) {
+    ///         Poll::Ready(got) => break got,
+    ///         Poll::Pending => clock.advance_to(clock.next_deadline().unwrap()),
+    ///     }
+    /// };
+    /// assert!(got.is_err());
+    /// assert!(matches!(
+    ///     seen.lock().unwrap()[..],
+    ///     [CallEvent::RetryDecided { attempt: 1, .. }, CallEvent::ErrorSurfaced { .. }]
+    /// ));
+    /// ```
+    pub fn events(mut self, sink: impl EventSink<CallEvent> + 'static) -> Self {
+        self.events = Some(std::sync::Arc::new(sink));
+        self
     }
 
     /// Draws the backoff jitter from `seed` (tests; by default a per-client RNG from
@@ -426,8 +496,10 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
             deadline,
             budget,
             seed,
+            events,
             ..
         } = self;
+        let sink = events.as_ref();
         let mut config = CallConfig::default()
             .with_max_auto_retries(max_retries)
             .with_backoff(backoff);
@@ -435,6 +507,9 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
             config = config.with_throttling_backoff(throttling);
         }
         let mut call = Call::new(&config).with_deadline(deadline);
+        if sink.is_some() {
+            call.set_event_capacity(EVENT_CAPACITY);
+        }
         let mut rng = seed.map_or_else(|| client_rng(next_client_id()), SplitMix64::new);
         let mut own = Unlimited;
         // The budget's methods are user code too: a panic there is caught like the others.
@@ -445,6 +520,7 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
             })
         };
         let action = decide(&mut |b| call.start(rt.now(), b))?;
+        emit(&mut call, sink);
         if let CallAction::Surface { .. } = action {
             return Err(RetryError::Expired);
         }
@@ -454,6 +530,7 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
                 Ok(value) => {
                     // A budget that panics on the success does not take the value away.
                     let _ = decide(&mut |b| call.handle_success(rt.now(), b));
+                    emit(&mut call, sink);
                     return Ok(value);
                 }
                 Err(error) => error,
@@ -463,6 +540,7 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
                 None => ErrorClass::SURFACE,
             };
             let action = decide(&mut |b| call.handle_error(rt.now(), class, b, &mut rng))?;
+            emit(&mut call, sink);
             let after = match action {
                 CallAction::Retry { after, .. } => after,
                 CallAction::Surface { reason } => return Err(Surfaced::new(error, reason).into()),
@@ -475,7 +553,9 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
                 rt.sleep_until(rt.now() + after).await;
             }
             // A timer that woke at or after the deadline: the retry is not made.
-            if let CallAction::Surface { reason } = call.handle_retry_due(rt.now()) {
+            let due = call.handle_retry_due(rt.now());
+            emit(&mut call, sink);
+            if let CallAction::Surface { reason } = due {
                 return Err(Surfaced::new(error, reason).into());
             }
         }
@@ -498,5 +578,62 @@ where
 
     fn into_future(self) -> Self::IntoFuture {
         alloc::boxed::Box::pin(self.run())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::sync::test_support::TestRuntime;
+    use alloc::vec::Vec;
+    use core::task::{Context, Poll, Waker};
+    use std::sync::Mutex as StdMutex;
+
+    #[test]
+    fn a_panicking_event_sink_loses_its_event_and_the_retry_goes_on() {
+        let rt = TestRuntime::new();
+        let clock = rt.clock.clone();
+        let seen = std::sync::Arc::new(StdMutex::new(Vec::new()));
+        let log = std::sync::Arc::clone(&seen);
+        let fut = retry(rt, |a: Attempt| async move {
+            if a.number < 3 {
+                Err("busy")
+            } else {
+                Ok(a.number)
+            }
+        })
+        .seed(7)
+        .events(move |e: &CallEvent| {
+            let n = {
+                let mut log = log.lock().unwrap();
+                log.push(*e);
+                log.len()
+            };
+            // The first event is recorded, then the sink panics on it.
+            assert!(n > 1, "user sink");
+        })
+        .run();
+        let mut fut = core::pin::pin!(fut);
+        let mut cx = Context::from_waker(Waker::noop());
+        let got = loop {
+            match fut.as_mut().poll(&mut cx) {
+                Poll::Ready(got) => break got,
+                Poll::Pending => clock.advance_to(clock.next_deadline().unwrap()),
+            }
+        };
+        assert_eq!(
+            got.map_err(|_| ()),
+            Ok(3),
+            "the sink's panic changed nothing"
+        );
+        let seen = seen.lock().unwrap();
+        let attempts: Vec<u32> = seen
+            .iter()
+            .map(|e| match *e {
+                CallEvent::RetryDecided { attempt, .. } => attempt,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(attempts, [1, 2], "{seen:?}");
     }
 }

@@ -27,6 +27,7 @@ use core::pin::Pin;
 use core::task::{Context, Poll};
 
 use super::classify::WriteClassifier;
+use super::events::{EVENT_CAPACITY, EventSink, EventTap, Observed, ObservedGuard, lock_observed};
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Receiver, Sender};
 use super::signal::{WakeSignal, sleep_or_changed, wait_for};
@@ -38,6 +39,7 @@ use crate::paced_writer::{
 };
 use crate::rng::SplitMix64;
 use crate::time::Instant;
+use crate::write_gate::GateEvent;
 
 /// One batch as the send closure gets it: its bucket, copies of its records (in append order)
 /// and how often it was rejected before.
@@ -148,15 +150,47 @@ impl<B, N, R, S> State<B, N, R, S> {
     }
 }
 
+impl<B, N, R, S> Observed for State<B, N, R, S>
+where
+    B: Hash + Eq + Clone,
+    N: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    type Event = GateEvent<B>;
+
+    fn poll_event(&mut self) -> Option<GateEvent<B>> {
+        self.writer.poll_event()
+    }
+
+    fn has_events(&self) -> bool {
+        self.writer.has_events()
+    }
+}
+
 struct Shared<Rt, B, N, R, Resp, S> {
     rt: Rt,
     send: BoxedSend<B, N, R, Resp>,
     classifier: Box<dyn WriteClassifier<Resp>>,
     state: Mutex<State<B, N, R, S>>,
+    /// The sink of the writer's gate events.
+    tap: EventTap<GateEvent<B>>,
     /// Notified on every input: the sender task drains again.
     input: WakeSignal,
     /// Notified when the closed driver's last batch has ended: [`WriteDriver::closed`].
     drained: WakeSignal,
+}
+
+impl<Rt, B, N, R, Resp, S> Shared<Rt, B, N, R, Resp, S>
+where
+    B: Hash + Eq + Clone,
+    N: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    /// The lock of every critical section that feeds the writer: its gate's events reach the
+    /// sink once it is dropped. Queries take the plain lock.
+    fn lock(&self) -> ObservedGuard<'_, State<B, N, R, S>> {
+        lock_observed(&self.state, &self.tap)
+    }
 }
 
 /// One request to send: the node, the batches' ids, and the batches.
@@ -344,6 +378,7 @@ where
                 }),
                 input: WakeSignal::new(),
                 drained: WakeSignal::new(),
+                tap: EventTap::default(),
             }),
         };
         let task = driver.clone();
@@ -360,7 +395,7 @@ where
         let (tx, rx) = oneshot::channel();
         let now = self.shared.rt.now();
         let refused = {
-            let mut st = lock(&self.shared.state);
+            let mut st = self.shared.lock();
             let entry = Entry { record, tx };
             match unwind::call(|| st.writer.append(now, bucket, entry, bytes)) {
                 Ok(Ok(())) => None,
@@ -387,9 +422,7 @@ where
     /// and the writer is as it was before the call.
     pub fn set_leader(&self, bucket: B, leader: Option<N>) {
         let now = self.shared.rt.now();
-        lock(&self.shared.state)
-            .writer
-            .set_leader(now, bucket, leader);
+        self.shared.lock().writer.set_leader(now, bucket, leader);
         self.shared.input.notify();
     }
 
@@ -414,7 +447,7 @@ where
     /// yet sent likewise, and lets the batches in flight end on their answers. Idempotent.
     pub fn close(&self) {
         let done = {
-            let mut st = lock(&self.shared.state);
+            let mut st = self.shared.lock();
             st.writer.close();
             let mut effects = Effects::new();
             collect(&mut *st, &mut effects);
@@ -460,12 +493,48 @@ where
         lock(&self.shared.state).writer.in_flight()
     }
 
+    /// Sends the writer's gate events ([`GateEvent`]: each gate an answer installed, with
+    /// its reason, delay, attempt and opening, and each `Wake`) to `sink`, for every clone,
+    /// replacing any sink set before, and turns them on (they are off until then, and cost
+    /// nothing). The sink is called as
+    /// [`GateHandle::set_event_sink`](super::GateHandle::set_event_sink) describes: outside
+    /// the lock, once per event, in order, with a panic caught and counted
+    /// ([`event_sink_panics`](Self::event_sink_panics)), before the records that input ended
+    /// are handed out.
+    pub fn set_event_sink(&self, sink: impl EventSink<GateEvent<B>> + 'static) {
+        self.install_sink(Some(std::sync::Arc::new(sink)));
+    }
+
+    /// Removes the event sink and turns the writer's gate events off again.
+    pub fn clear_event_sink(&self) {
+        self.install_sink(None);
+    }
+
+    fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<GateEvent<B>>>>) {
+        self.shared.tap.install(&self.shared.state, sink, |st, on| {
+            st.writer
+                .set_event_capacity(if on { EVENT_CAPACITY } else { 0 });
+        });
+    }
+
+    /// Events the sink panicked on (each one lost; nothing else changed).
+    pub fn event_sink_panics(&self) -> u64 {
+        self.shared.tap.panics()
+    }
+
+    /// Events lost before a sink saw them: to the gate's bound before the driver drained
+    /// them, or delivered just after a [`clear_event_sink`](Self::clear_event_sink).
+    pub fn events_dropped(&self) -> u64 {
+        let dropped = lock(&self.shared.state).writer.events_dropped();
+        dropped.saturating_add(self.shared.tap.unseen())
+    }
+
     /// The sender task: drain, carry out, sleep until the writer's wake or the next input.
     async fn run(self) {
         loop {
             let epoch = self.shared.input.epoch();
             let (effects, deadline, stop) = {
-                let mut st = lock(&self.shared.state);
+                let mut st = self.shared.lock();
                 let now = self.shared.rt.now();
                 st.writer.handle_timeout(now);
                 st.writer.drain(now);
@@ -561,7 +630,7 @@ where
         };
         drop(answer);
         let done = {
-            let mut guard = lock(&self.shared.state);
+            let mut guard = self.shared.lock();
             let st = &mut *guard;
             let now = self.shared.rt.now();
             let mut done = Vec::new();
@@ -722,5 +791,92 @@ impl<Rt, B, N, R, Resp, S> Drop for SendGuard<Rt, B, N, R, Resp, S> {
         } else {
             Answer::Abandoned
         });
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::Signal;
+    use crate::sync::test_support::{Executor, TestRuntime};
+    use crate::test_hasher::TestHasher;
+    use crate::write_gate::Reason;
+    use std::sync::Mutex as StdMutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn the_sink_sees_the_gate_an_answer_installs_and_nothing_once_cleared() {
+        let mut exec = Executor::default();
+        let mut rt = TestRuntime::new();
+        rt.spawner = Some(exec.spawner());
+        let clock = rt.clock.clone();
+        // The first send is rejected by disk protection, the next written.
+        let sends = Arc::new(AtomicUsize::new(0));
+        let s = Arc::clone(&sends);
+        let driver = WriteDriver::with_hasher(
+            rt,
+            PacedWriterConfig::default(),
+            move |_node: u32, batches: Vec<SendBatch<u32, u32>>| {
+                let n = s.fetch_add(1, Ordering::SeqCst);
+                core::future::ready(alloc::vec![n == 0; batches.len()])
+            },
+            |locked: &bool| {
+                if *locked {
+                    WriteOutcome::DiskWriteLocked
+                } else {
+                    WriteOutcome::Ok {
+                        pressure: Signal::Clear,
+                    }
+                }
+            },
+            TestHasher::default(),
+        )
+        .unwrap();
+        let seen = Arc::new(StdMutex::new(Vec::new()));
+        let (log, probe) = (Arc::clone(&seen), driver.clone());
+        driver.set_event_sink(move |e: &GateEvent<u32>| {
+            // Reading the driver here would deadlock if the sink ran under its lock.
+            let _ = probe.pending_batches();
+            log.lock().unwrap().push(e.clone());
+        });
+        driver.set_leader(7, Some(1));
+        let done = Arc::new(StdMutex::new(None));
+        let (d, f) = (Arc::clone(&done), driver.append(7, 70, 100));
+        exec.spawn(async move { *d.lock().unwrap() = Some(f.await) });
+        exec.run_until_stalled();
+        let got = seen.lock().unwrap().clone();
+        assert!(
+            matches!(
+                &got[..],
+                [GateEvent::Installed {
+                    bucket: 7,
+                    reason: Reason::DISK_WRITE_LOCKED,
+                    attempt: Some(0),
+                    ..
+                }]
+            ),
+            "{got:?}"
+        );
+        assert!(done.lock().unwrap().is_none(), "parked behind the gate");
+        let GateEvent::Installed { opens_at, .. } = got[0] else {
+            unreachable!()
+        };
+        clock.advance_to(opens_at);
+        exec.run_until_stalled();
+        assert!(matches!(*done.lock().unwrap(), Some(Ok(_))));
+        assert_eq!(sends.load(Ordering::SeqCst), 2);
+        // The written answer piggybacks `Clear` on an open bucket: nothing installed.
+        assert_eq!(seen.lock().unwrap().len(), 1, "{:?}", seen.lock().unwrap());
+        assert_eq!(
+            (driver.events_dropped(), driver.event_sink_panics()),
+            (0, 0)
+        );
+        driver.clear_event_sink();
+        let (d, f) = (Arc::clone(&done), driver.append(7, 71, 100));
+        exec.spawn(async move { *d.lock().unwrap() = Some(f.await) });
+        sends.store(0, Ordering::SeqCst); // rejected again, with no sink
+        exec.run_until_stalled();
+        assert_eq!(seen.lock().unwrap().len(), 1, "cleared: nothing more");
+        assert_eq!(driver.events_dropped(), 0);
     }
 }
