@@ -596,7 +596,10 @@ where
         // `BatcherConfig::with_window` refuses a window of 0, the one invalid `WindowConfig`,
         // so the limit is never 0 here (and 1 would be the safe reading if it were).
         let limit = NonZeroUsize::new(cfg.window.max_in_flight()).unwrap_or(NonZeroUsize::MIN);
-        let window = DispatchWindow::limited(limit, hasher.clone());
+        let mut window = DispatchWindow::limited(limit, hasher.clone());
+        // The batcher records each dispatch itself (`poll_action`), so its window records only
+        // releases: no dispatch copies a key for an event the batcher would drop.
+        window.set_dispatch_events(false);
         Batcher {
             cfg,
             clock: Clock::default(),
@@ -1010,9 +1013,9 @@ where
         self.close_if_window_closed();
     }
 
-    /// Turns the window's `Released` events into the batcher's (its `Dispatched` ones are
-    /// dropped: the batcher records each dispatch from its `Send`, see `poll_action`). Runs
-    /// no user code.
+    /// Turns the window's `Released` events into the batcher's (the window records no
+    /// `Dispatched`: the batcher records each dispatch from its `Send`, see `poll_action`).
+    /// Runs no user code.
     #[inline]
     fn pump_events(&mut self) {
         if self.events.is_on() {

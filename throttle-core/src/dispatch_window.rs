@@ -196,11 +196,16 @@ pub enum WindowEvent<Shard> {
     },
 }
 
-/// A copy of `key` for the event of a dispatch, made (only with events on) before the input
+/// A copy of `key` for the event of a dispatch, made (only with events on and dispatches
+/// recorded: [`DispatchWindow::set_dispatch_events`]) before the input
 /// changes anything, so a panicking `Clone` leaves the window as it was.
 #[inline]
-fn noted<Shard: Clone>(events: &EventQueue<WindowEvent<Shard>>, key: &Shard) -> Option<Shard> {
-    if events.is_on() {
+fn noted<Shard: Clone>(
+    events: &EventQueue<WindowEvent<Shard>>,
+    dispatches: bool,
+    key: &Shard,
+) -> Option<Shard> {
+    if events.is_on() && dispatches {
         noted_cold(key)
     } else {
         None
@@ -414,6 +419,9 @@ pub struct DispatchWindow<Shard, B, S> {
     books: Books<B, Place>,
     /// Observations, off until [`Self::set_event_capacity`].
     events: EventQueue<WindowEvent<Shard>>,
+    /// Whether events on include `Dispatched` (always, except inside a batcher, which
+    /// records its own dispatches and takes only the window's releases).
+    dispatch_events: bool,
 }
 
 /// The entry at `place`, found without running user code.
@@ -475,6 +483,7 @@ where
             peak_shards: Peak::default(),
             books: Books::new(),
             events: EventQueue::new(),
+            dispatch_events: true,
         }
     }
 
@@ -549,7 +558,7 @@ where
             return self.open_shard(shard, hash, batch).map(Some);
         };
         let place = Place { hash, entry: e.id };
-        let noted = noted(&self.events, &shard);
+        let noted = noted(&self.events, self.dispatch_events, &shard);
         let sent = self.books.park_or_send(&mut e.w, place, cap, batch)?;
         Ok(sent.map(|(credit, batch)| {
             note_sent(&mut self.events, noted, credit);
@@ -581,7 +590,7 @@ where
             return self.open_shard(shard, hash, batch).map(sent);
         };
         let place = Place { hash, entry: e.id };
-        let noted = noted(&self.events, &shard);
+        let noted = noted(&self.events, self.dispatch_events, &shard);
         match self.books.enter(&mut e.w, place, batch, cap)? {
             Entered::Credit(credit, batch) => {
                 note_sent(&mut self.events, noted, credit);
@@ -606,7 +615,7 @@ where
     ) -> Result<Dispatch<Shard, B>, SubmitError<B>> {
         // Cloning the key is user code: it runs before anything changes.
         let key = shard.clone();
-        let noted = noted(&self.events, &shard);
+        let noted = noted(&self.events, self.dispatch_events, &shard);
         match self.open_entry(key, hash) {
             Ok(credit) => {
                 note_sent(&mut self.events, noted, credit);
@@ -860,7 +869,9 @@ where
         };
         // The key is cloned for the next dispatch before anything changes (user code).
         let shard = self.books.hands_on(&e.w).then(|| e.key.clone());
-        let noted = shard.as_ref().and_then(|k| noted(&self.events, k));
+        let noted = shard
+            .as_ref()
+            .and_then(|k| noted(&self.events, self.dispatch_events, k));
         let _ = self.books.credits.remove(credit.0);
         let next = self.books.hand_on(&mut e.w, place);
         let in_flight = e.w.in_flight;
@@ -1005,11 +1016,18 @@ where
         self.events.dropped()
     }
 
+    /// With `false`, events on record only `Released`: no dispatch copies a key for an
+    /// event. For the [`Batcher`](crate::batcher::Batcher), which records each dispatch
+    /// itself (with its operations and bytes) and would drop the window's.
+    pub(crate) fn set_dispatch_events(&mut self, on: bool) {
+        self.dispatch_events = on;
+    }
+
     /// A copy of `key` for a dispatch event, if events are on (user `Clone`: call it before
     /// anything changes, then pass it to the input that may dispatch).
     #[cfg(feature = "model")]
     pub(crate) fn note_key(&self, key: &Shard) -> Option<Shard> {
-        noted(&self.events, key)
+        noted(&self.events, self.dispatch_events, key)
     }
 
     /// `shard`'s window, if it has an entry.

@@ -56,11 +56,22 @@ impl PartialEq for PanicKey {
 
 impl Eq for PanicKey {}
 
+std::thread_local! {
+    /// Clones of any [`PanicKey`] made on this thread.
+    static CLONES: Cell<u64> = const { Cell::new(0) };
+}
+
 impl Clone for PanicKey {
     fn clone(&self) -> Self {
         hit(self.0, Call::Clone);
+        CLONES.with(|n| n.set(n.get() + 1));
         PanicKey(self.0)
     }
+}
+
+/// How many [`PanicKey`]s this thread has cloned so far.
+pub(crate) fn clones() -> u64 {
+    CLONES.with(Cell::get)
 }
 
 /// Arms the `skip + 1`-th `call` on key `id`, runs `f`, and disarms. Returns whether `f`

@@ -1577,6 +1577,55 @@ fn a_resume_reports_every_batch_it_sends_in_send_order() {
 
 #[cfg(feature = "std")]
 #[test]
+fn with_events_on_a_hand_on_copies_the_key_only_for_the_batcher_s_own_event() {
+    use crate::test_key::{PanicKey, clones};
+    // Clones made by the release that hands the credit to a queued batch, and by draining
+    // that batch's `Send`.
+    let hand_on = |events: bool| {
+        let mut b: Batcher<PanicKey, u32, TestHasher> = Batcher::new(
+            BatcherConfig::reads()
+                .with_max_requests_per_batch(nz(1))
+                .with_window(WindowConfig::default().with_max_in_flight(1))
+                .unwrap(),
+        );
+        if events {
+            b.set_event_capacity(8);
+        }
+        assert!(b.handle_op(T0, PanicKey(5), 1, 3).is_ok());
+        assert!(b.handle_op(T0, PanicKey(5), 2, 3).is_ok());
+        b.flush(T0);
+        let first = loop {
+            match b.poll_action() {
+                Some(BatchAction::Send { credit, .. }) => break credit,
+                Some(_) => {}
+                None => panic!("the first batch is sent"),
+            }
+        };
+        assert_eq!(b.poll_action(), None, "the second waits for the credit");
+        let before = clones();
+        assert_eq!(b.handle_response(T0, first, [0]), Ok(()));
+        let sent = core::iter::from_fn(|| b.poll_action())
+            .filter(|a| matches!(a, BatchAction::Send { .. }))
+            .count();
+        assert_eq!(sent, 1, "handed on");
+        let dispatched = core::iter::from_fn(|| b.poll_event())
+            .filter(|e| matches!(e, BatchEvent::Dispatched { .. }))
+            .count();
+        (clones() - before, dispatched)
+    };
+    let (off, none) = hand_on(false);
+    let (on, one) = hand_on(true);
+    assert_eq!(
+        (none, one),
+        (0, 2),
+        "both dispatches recorded with events on"
+    );
+    // Only the batcher's own event copies the key; the window records no dispatch of its own.
+    assert_eq!(on, off + 1, "off {off}, on {on}");
+}
+
+#[cfg(feature = "std")]
+#[test]
 fn a_panicking_clone_of_a_send_s_key_for_its_event_loses_only_the_event() {
     use crate::test_key::{Call, PanicKey, panics};
     let mut b: Batcher<PanicKey, u32, TestHasher> = Batcher::new(BatcherConfig::reads());
