@@ -7,6 +7,8 @@ const READER: &str = include_str!("../../runtime-tokio/examples/reader.rs");
 const FLUSS_SENDER: &str = include_str!("../../runtime-tokio/examples/fluss_sender.rs");
 const OXIA_SHARD: &str = include_str!("../../runtime-tokio/examples/oxia_shard.rs");
 const TOWER_TCP: &str = include_str!("tower_tcp.rs");
+const TRACING_EVENTS: &str = include_str!("tracing_events.rs");
+const SERDE_CONFIGS: &str = include_str!("serde_configs.rs");
 
 /// The first `rust,ignore` code block after `heading`.
 fn snippet(heading: &str) -> Vec<&'static str> {
@@ -74,4 +76,17 @@ fn the_readme_shard_object_is_the_oxia_shard_examples_code_in_order() {
 #[test]
 fn the_readme_tower_stack_is_the_tcp_tests_code_in_order() {
     assert_excerpt("### Example: the tower layers, stacked", TOWER_TCP);
+}
+
+#[test]
+fn the_readme_tracing_example_is_the_tracing_tests_code_in_order() {
+    assert_excerpt(
+        "### Example: `tracing` events from a handle",
+        TRACING_EVENTS,
+    );
+}
+
+#[test]
+fn the_readme_serde_example_is_the_serde_tests_code_in_order() {
+    assert_excerpt("### Example: a config file through `serde`", SERDE_CONFIGS);
 }

@@ -813,3 +813,17 @@ fn no_value_in_any_place_panics() {
     }
     assert!(read > 1_000, "{read} files read");
 }
+
+/// The README's `serde` example: a shipped preset file loads as its config, and a bad value is
+/// refused with the field's name.
+#[test]
+fn a_config_file_loads_and_a_bad_value_is_refused_by_name() {
+    let path = presets_dir().join("backoff.fluss_retriable_write.json");
+    let text = std::fs::read_to_string(path).expect("the preset file");
+    let cfg: BackoffConfig = serde_json::from_str(&text).expect("a preset file loads");
+    assert_eq!(cfg, BackoffConfig::fluss_retriable_write());
+    // One value of the wrong type: the error names the field.
+    let bad = text.replace("\"initial_ms\": 100,", "\"initial_ms\": 1.5,");
+    let err = serde_json::from_str::<BackoffConfig>(&bad).unwrap_err();
+    assert!(err.to_string().contains("`initial_ms`"), "{err}");
+}
