@@ -287,6 +287,14 @@ EVENT_ROWS = [
      "events/handle_off", "events/handle_sink"),
 ]
 
+# Two threads (issue 17): (shape label, bench parameter, issue target as ours/peer throughput
+# ratio or None for report-only). Throughput ratio = the faster baseline's time / ours.
+THREAD_SHAPES = [
+    ("each thread on 64 shards of its own", "own_64", 1.0),
+    ("both threads on one hot shard", "one_hot", 0.8),
+    ("both on shards drawn at random from 10,000", "random_10k", None),
+]
+
 
 def verdict(ours, peer, target):
     """(ratio text, target text, met/missed text) for one row."""
@@ -527,6 +535,34 @@ def main():
         off, on = estimate(off_path), estimate(on_path)
         ratio = "—" if off is None or on is None else f"{on / off:.2f}"
         w(f"| {what} | {cell(fmt_ns(off), None)} | {cell(fmt_ns(on), None)} | {ratio} |")
+    w("")
+
+    w("## Two threads: permits against keyed tokio semaphores")
+    w("")
+    w("Wall-clock time per operation while two threads run at once (each iteration is one")
+    w("`try_acquire_owned` + release on each thread; thread CPU time would hide the time a")
+    w("thread waits on the other's lock). Ours is `WindowHandle` (one mutex today); the baseline")
+    w("is what a client writes without us: per-shard `Arc<tokio::sync::Semaphore>`s in a")
+    w("`RwLock`ed map, or in 16 such maps by the shard's low bits, created on first use. The")
+    w("ratio is ours against the faster of the two; above 1.0 ours has more throughput. On this")
+    w("2-core machine two threads are all there is, and a neighbour's load shows most here.")
+    w("")
+    w("| shape | ours | one `RwLock` map | 16 maps | throughput vs the faster | target |")
+    w("| --- | --- | --- | --- | --- | --- |")
+    for label, shape, target in THREAD_SHAPES:
+        ours = estimate(f"threads_2/ours/{shape}")
+        one = estimate(f"threads_2/tokio_rwlock_map/{shape}")
+        sixteen = estimate(f"threads_2/tokio_sharded_map/{shape}")
+        peers = [x for x in (one, sixteen) if x is not None]
+        if ours is None or not peers:
+            ratio, met = "missing", "—"
+        else:
+            r = min(peers) / ours
+            ratio = f"{r:.2f}×"
+            met = "report" if target is None else (
+                f"≥ {target:.1f}×: {'met' if r >= target else 'missed'}")
+        w(f"| {label} | {cell(fmt_ns(ours), None)} | {cell(fmt_ns(one), None)} | "
+          f"{cell(fmt_ns(sixteen), None)} | {ratio} | {met} |")
     w("")
 
     w("## Scaling of the earliest wake-up")
