@@ -986,7 +986,8 @@ where
     /// Closes every live connection, connecting or connected (the client shuts down): each
     /// queues a [`ConnAction::Close`] and records [`CloseCause::Shutdown`], in slot order.
     /// Returns how many. Endpoints keep their connect backoff, as after [`Self::disconnect`];
-    /// the table serves later inputs as before. Runs no user code, so it never panics.
+    /// the table serves later inputs as before. Runs no user code but the `Drop` of the keys
+    /// of endpoints it forgets (as [`Self::handle_timeout`]).
     pub fn close_all(&mut self, now: Instant) -> usize {
         let now = self.clock.observe(now);
         let slots = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);

@@ -14,7 +14,7 @@ proptest! {
     /// live connections for one endpoint, and closes every connection it opened exactly once.
     #[test]
     fn table_matches_reference_and_closes_every_connection_once(
-        data in common::bytes(37)
+        data in common::bytes(38)
     ) {
         if let Err(d) = check(&data) {
             prop_assert!(false, "{}", d);
@@ -34,7 +34,7 @@ fn long_deterministic_runs_match_reference() {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                common::biased_byte(x, 37)
+                common::biased_byte(x, 38)
             })
             .collect();
         assert_eq!(check(&data), Ok(()), "run {run}");

@@ -1613,10 +1613,10 @@ fn with_events_on_a_hand_on_copies_the_key_only_for_the_batcher_s_own_event() {
             .count();
         (clones() - before, dispatched)
     };
-    let (off, none) = hand_on(false);
-    let (on, one) = hand_on(true);
+    let (off, recorded_off) = hand_on(false);
+    let (on, recorded_on) = hand_on(true);
     assert_eq!(
-        (none, one),
+        (recorded_off, recorded_on),
         (0, 2),
         "both dispatches recorded with events on"
     );

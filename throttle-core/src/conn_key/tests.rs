@@ -327,6 +327,34 @@ fn disconnect_closes_every_endpoint_of_a_uid_and_nothing_else() {
 }
 
 #[test]
+fn close_all_closes_connecting_and_connected_in_slot_order_and_the_table_goes_on() {
+    let mut t = table();
+    t.set_event_capacity(8);
+    let a = open(&mut t, ms(0), &key("cs-0", "A")); // slot 0
+    let b = open(&mut t, ms(0), &key("cs-1", "B"));
+    assert!(t.handle_connected(ms(1), a));
+    t.handle_send(ms(1), a).unwrap();
+    while t.poll_event().is_some() {}
+    assert_eq!(t.close_all(ms(2)), 2);
+    assert_eq!(drain(&mut t), [ConnAction::Close(a), ConnAction::Close(b)]);
+    let shutdown = |conn| ConnEvent::Closed {
+        conn,
+        cause: CloseCause::Shutdown,
+    };
+    let events: Vec<_> = core::iter::from_fn(|| t.poll_event()).collect();
+    assert_eq!(events, [shutdown(a), shutdown(b)]);
+    assert_eq!((t.len(), t.state(a), t.state(b)), (0, None, None));
+    assert_eq!(
+        t.handle_finished(ms(3), a),
+        Err(FinishError::Disconnected(a))
+    );
+    assert_eq!(t.close_all(ms(3)), 0, "nothing left");
+    // The table serves on: the endpoint gets a fresh connection.
+    let c = open(&mut t, ms(4), &key("cs-0", "A"));
+    assert!(c != a && t.state(c) == Some(ConnState::Connecting));
+}
+
+#[test]
 fn send_on_closed_connection_is_retriable_disconnected() {
     let mut t = table();
     let k = key("u", "h");

@@ -12,17 +12,22 @@
 //!
 //! Where a critical section wakes someone after it unlocks (a waiter handed a credit, the
 //! timer loop re-armed, the callers of a finished refresh, a batch handed to the transport),
-//! the sink runs before those wakes. So an event is never delivered after one it caused: a
-//! credit handed to a waiter reaches the sink as `Dispatched` before that waiter can release
-//! it. Events of unrelated sections on different threads may reach the sink in either
-//! order. The cost: a slow sink delays those wakes, so a sink should only record, or hand
-//! the event to a channel.
+//! the sink runs before those wakes. So a task woken by a section acts only after the sink saw
+//! that section's events. That is not a causal order: a task that finds the change without
+//! being woken (a future re-polled on its own, an acquire's timeout firing, a dropped
+//! future releasing a credit handed to it) may deliver its own events first, so a waiter's
+//! `Released` can reach the sink before the `Dispatched` of the credit it got. Events of
+//! sections on different threads may reach the sink in either order. The cost: a slow sink
+//! delays those wakes, so a sink should only record, or hand the event to a channel.
 //!
 //! Setting and clearing a sink ([`EventTap::install`]) both run under the machine's lock,
 //! with the slot's lock taken inside it (the one lock order here: state, then slot), so
 //! whichever of two racing calls comes last wins both halves: the machine's events are on
-//! exactly while a sink is set. An event recorded before a `clear` and delivered after it
-//! finds no sink; it is counted ([`EventTap::unseen`]) in the handle's `events_dropped`.
+//! exactly while a sink is set (unless user code changes the machine's event capacity
+//! itself, as `GateHandle::update` could). An event recorded before a `clear` and delivered
+//! after it finds no sink; it is counted ([`EventTap::unseen`]) in the handle's
+//! `events_dropped`. A delivery already running when `clear` is called still calls the old
+//! sink (it holds its own reference), on its own thread, after `clear` returned.
 
 use core::ops::{Deref, DerefMut};
 
@@ -41,8 +46,7 @@ use super::unwind;
 /// `sync::trace::Tracing` is one for every event type.
 ///
 /// A sink must not block for long: the input that caused the event waits for it, and so do
-/// the wakes that input causes (the sink runs before them, so an event is never delivered
-/// after one it caused). It may call back into the handle (no lock is held). A panic in it is
+/// the wakes that input causes (the sink runs before them). It may call back into the handle (no lock is held). A panic in it is
 /// caught: the event is lost and counted, and nothing else changes.
 pub trait EventSink<E>: Send + Sync {
     /// One event.
@@ -308,6 +312,27 @@ mod tests {
         gate.clear_event_sink();
         let _ = gate.handle_kv_signal(t, &8, Signal::Full);
         assert_eq!(seen.lock().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_handle_over_a_gate_with_events_on_turns_them_off_until_a_sink_is_set() {
+        let mut g: crate::WriteGate<u32, TestHasher> =
+            crate::WriteGate::with_hasher(WriteGateConfig::default(), TestHasher::default())
+                .unwrap();
+        g.set_event_capacity(8);
+        let _ = g.handle_kv_signal(Instant::ZERO, &1, Signal::Full);
+        let gate = GateHandle::from_gate(g);
+        let _ = gate.handle_kv_signal(Instant::ZERO, &2, Signal::Full);
+        // Nothing recorded with no sink: none dropped, none lost unseen.
+        assert_eq!(gate.events_dropped(), 0);
+        let (seen, sink) = recorder(|| {});
+        gate.set_event_sink(sink);
+        let _ = gate.handle_kv_signal(Instant::ZERO, &3, Signal::Full);
+        let got: Vec<GateEvent<u32>> = seen.lock().unwrap().clone();
+        assert!(
+            matches!(got[..], [GateEvent::Installed { bucket: 3, .. }]),
+            "{got:?}"
+        );
     }
 
     #[test]

@@ -338,8 +338,12 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> GateHandle<K, S, Unbound> {
         WriteGate::with_hasher(cfg, hasher).map(Self::from_gate)
     }
 
-    /// An unbound handle over an existing gate.
-    pub fn from_gate(gate: WriteGate<K, S>) -> Self {
+    /// An unbound handle over an existing gate. The handle owns the gate's events from here
+    /// on: they are turned off (drained events are discarded, not counted) until
+    /// [`set_event_sink`](Self::set_event_sink).
+    pub fn from_gate(mut gate: WriteGate<K, S>) -> Self {
+        while gate.poll_event().is_some() {}
+        gate.set_event_capacity(0);
         GateHandle {
             gate: Arc::new(Mutex::new(gate)),
             // Never drawn from while unbound; `bind` replaces it with the bound handle's own.
@@ -550,7 +554,10 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
     /// Runs `input` on the gate under the lock, then turns the gate's `Wake` actions into a
     /// notify of [`signal`](Self::signal) (after the lock is dropped). Do not block in `input`.
     /// The `now` passed to the gate's inputs in `input` must be on the timeline of the rest
-    /// (the bound runtime's, for a bound handle).
+    /// (the bound runtime's, for a bound handle). Leave the gate's event capacity to
+    /// [`set_event_sink`](Self::set_event_sink): changed here, the events would run with no
+    /// sink (each one counted in [`events_dropped`](Self::events_dropped)) or stop reaching
+    /// the one set.
     ///
     /// # Panics
     ///

@@ -1609,7 +1609,7 @@ where
                 BatchEnd::Abandoned
             }
         };
-        let done = {
+        let (done, events) = {
             let mut guard = lock(&self.shared.state);
             let st = &mut *guard;
             let now = self.shared.rt.now();
@@ -1621,8 +1621,11 @@ where
                 credits.extend(effects.sends.drain(..).map(|out| out.credit));
             }
             st.delivering += 1;
-            effects.done
+            (effects.done, effects.events)
         };
+        // The releases and the dispatches this end made (each failed at once here), after
+        // unlock and before the results, as `apply` does.
+        self.shared.tap.deliver(events);
         for (tx, result) in done {
             tx.send(result);
         }
@@ -2581,6 +2584,9 @@ mod tests {
     #[test]
     fn a_send_task_dropped_unfinished_releases_its_credit() {
         let (mut exec, driver, held, _out) = setup(1);
+        let seen = Arc::new(StdMutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        driver.set_event_sink(move |e: &BatchEvent<u8>| log.lock().unwrap().push(e.clone()));
         let mut first = driver.submit(1, 1);
         exec.run_until_stalled();
         let mut parked = driver.submit(1, 2);
@@ -2606,6 +2612,16 @@ mod tests {
         assert!(held.take().is_empty());
         drop(sent);
         assert_books(&driver, 1, 0);
+        // The sink saw every credit dispatched released again, the dropped task's included.
+        let seen = seen.lock().unwrap();
+        let count = |released: bool| {
+            seen.iter()
+                .filter(|e| matches!(e, BatchEvent::Released { .. }) == released)
+                .count()
+        };
+        assert!(count(false) >= 1, "{seen:?}");
+        assert_eq!(count(true), count(false), "{seen:?}");
+        assert_eq!(driver.events_dropped(), 0);
     }
 
     #[test]

@@ -519,8 +519,10 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
                 None => f(&mut own),
             })
         };
-        let action = decide(&mut |b| call.start(rt.now(), b))?;
+        let action = decide(&mut |b| call.start(rt.now(), b));
+        // Emitted before a budget panic returns, so what the call recorded is not lost.
         emit(&mut call, sink);
+        let action = action?;
         if let CallAction::Surface { .. } = action {
             return Err(RetryError::Expired);
         }
@@ -539,8 +541,9 @@ impl<'a, R, Op, W, N, B> Retry<'a, R, Op, W, N, B> {
                 Some(cause) => ErrorClass::RETRY.with_cause(cause),
                 None => ErrorClass::SURFACE,
             };
-            let action = decide(&mut |b| call.handle_error(rt.now(), class, b, &mut rng))?;
+            let action = decide(&mut |b| call.handle_error(rt.now(), class, b, &mut rng));
             emit(&mut call, sink);
+            let action = action?;
             let after = match action {
                 CallAction::Retry { after, .. } => after,
                 CallAction::Surface { reason } => return Err(Surfaced::new(error, reason).into()),
