@@ -1575,7 +1575,6 @@ fn a_resume_reports_every_batch_it_sends_in_send_order() {
     assert_eq!(events, want);
 }
 
-#[cfg(feature = "std")]
 #[test]
 fn with_events_on_a_hand_on_copies_the_key_only_for_the_batcher_s_own_event() {
     use crate::test_key::{PanicKey, clones};
