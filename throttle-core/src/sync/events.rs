@@ -90,20 +90,20 @@ impl<E> Default for EventTap<E> {
 }
 
 impl<E> EventTap<E> {
-    /// Installs (or, with `None`, removes) the sink, and calls `turn(state, on)` to turn the
-    /// machine's events on or off to match, both under `state`'s lock (then the slot's): two
-    /// racing installs cannot leave the events on with no sink, or off with one. `turn` must
-    /// run no user code.
+    /// Installs (or, with `None`, removes) the sink, and calls `turn(state, capacity)` to set
+    /// the machine's event capacity to match ([`EVENT_CAPACITY`] with a sink, 0 without),
+    /// both under `state`'s lock (then the slot's): two racing installs cannot leave the
+    /// events on with no sink, or off with one. `turn` must run no user code.
     pub(crate) fn install<T>(
         &self,
         state: &Mutex<T>,
         sink: Option<Arc<dyn EventSink<E>>>,
-        turn: impl FnOnce(&mut T, bool),
+        turn: impl FnOnce(&mut T, usize),
     ) {
         let mut st = lock(state);
-        let on = sink.is_some();
+        let capacity = if sink.is_some() { EVENT_CAPACITY } else { 0 };
         let old = core::mem::replace(&mut lock(&self.slot).sink, sink);
-        turn(&mut st, on);
+        turn(&mut st, capacity);
         drop(st);
         // The old sink's own drop (user code) runs with no lock held.
         drop(old);

@@ -21,7 +21,7 @@ use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
 use super::drive::{Timed, drive, drive_timeouts};
-use super::events::{EVENT_CAPACITY, EventSink, EventTap, Observed};
+use super::events::{EventSink, EventTap, Observed};
 use super::loom::{Arc, Mutex, lock};
 use super::seed::{client_rng, next_client_id};
 use super::{Runtime, WakeSignal, wait_until};
@@ -610,8 +610,8 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
     }
 
     fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<GateEvent<K>>>>) {
-        self.tap.install(&self.gate, sink, |g, on| {
-            g.set_event_capacity(if on { EVENT_CAPACITY } else { 0 });
+        self.tap.install(&self.gate, sink, |g, capacity| {
+            g.set_event_capacity(capacity)
         });
     }
 

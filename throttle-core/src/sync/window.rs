@@ -30,7 +30,7 @@ use core::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::events::{EVENT_CAPACITY, EventSink, EventTap, Observed, ObservedGuard, lock_observed};
+use super::events::{EventSink, EventTap, Observed, ObservedGuard, lock_observed};
 use super::loom::{Arc, Mutex, lock};
 use super::signal::{WakeSignal, wait_for};
 use super::waiters::{WaiterKey, Waiters, wake_all};
@@ -725,10 +725,11 @@ where
     }
 
     fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<WindowEvent<Shard>>>>) {
-        self.shared.tap.install(&self.shared.state, sink, |st, on| {
-            st.window
-                .set_event_capacity(if on { EVENT_CAPACITY } else { 0 });
-        });
+        self.shared
+            .tap
+            .install(&self.shared.state, sink, |st, capacity| {
+                st.window.set_event_capacity(capacity);
+            });
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).

@@ -31,7 +31,7 @@ use core::time::Duration;
 
 use hashbrown::HashTable;
 
-use super::events::{Drained, EVENT_CAPACITY, EventSink, EventTap};
+use super::events::{Drained, EventSink, EventTap};
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Receiver, Sender};
 use super::signal::{WakeSignal, wait_for};
@@ -1068,10 +1068,11 @@ where
     }
 
     fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<BatchEvent<Shard>>>>) {
-        self.shared.tap.install(&self.shared.state, sink, |st, on| {
-            st.batcher
-                .set_event_capacity(if on { EVENT_CAPACITY } else { 0 });
-        });
+        self.shared
+            .tap
+            .install(&self.shared.state, sink, |st, capacity| {
+                st.batcher.set_event_capacity(capacity);
+            });
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).

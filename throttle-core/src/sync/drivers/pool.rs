@@ -22,7 +22,7 @@ use core::hash::{BuildHasher, Hash};
 use core::ops::Deref;
 
 use super::drive::{Timed, drive, drive_timeouts};
-use super::events::{EVENT_CAPACITY, EventSink, EventTap, Observed};
+use super::events::{EventSink, EventTap, Observed};
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot;
 use super::oneshot::Sender;
@@ -458,10 +458,11 @@ where
     }
 
     fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<ConnEvent>>>) {
-        self.shared.tap.install(&self.shared.state, sink, |st, on| {
-            st.table
-                .set_event_capacity(if on { EVENT_CAPACITY } else { 0 });
-        });
+        self.shared
+            .tap
+            .install(&self.shared.state, sink, |st, capacity| {
+                st.table.set_event_capacity(capacity);
+            });
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).

@@ -27,7 +27,7 @@ use core::pin::Pin;
 use core::task::{Context, Poll};
 
 use super::classify::WriteClassifier;
-use super::events::{EVENT_CAPACITY, EventSink, EventTap, Observed, ObservedGuard, lock_observed};
+use super::events::{EventSink, EventTap, Observed, ObservedGuard, lock_observed};
 use super::loom::{Arc, Mutex, lock};
 use super::oneshot::{self, Receiver, Sender};
 use super::signal::{WakeSignal, sleep_or_changed, wait_for};
@@ -511,10 +511,11 @@ where
     }
 
     fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<GateEvent<B>>>>) {
-        self.shared.tap.install(&self.shared.state, sink, |st, on| {
-            st.writer
-                .set_event_capacity(if on { EVENT_CAPACITY } else { 0 });
-        });
+        self.shared
+            .tap
+            .install(&self.shared.state, sink, |st, capacity| {
+                st.writer.set_event_capacity(capacity);
+            });
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).
