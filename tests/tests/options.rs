@@ -312,6 +312,18 @@ fn every_refusal_reports_the_option_that_sets_the_bad_value() {
             PacedWriterConfig::default().with_batch_bytes(0).validate(),
             &options::paced_writer::BATCH_BYTES,
         ),
+        (
+            PacedWriterConfig::default()
+                .with_wake_slack(Duration::from_secs(61))
+                .validate(),
+            &options::paced_writer::WAKE_SLACK,
+        ),
+        (
+            WriteGateConfig::default()
+                .with_wake_slack(Duration::from_secs(61))
+                .validate(),
+            &options::write_gate::WAKE_SLACK,
+        ),
         // Window, batcher, connections, failover.
         (
             WindowConfig::default().with_max_in_flight(0).validate(),
@@ -447,11 +459,13 @@ fn every_method_in_the_table_exists() {
         &write_gate::SET_PROBE_TTL => WriteGateConfig::set_probe_ttl,
         &write_gate::KV_JITTER => WriteGateConfig::with_kv_jitter,
         &write_gate::KV_HARD_REJECTION => WriteGateConfig::with_kv_hard_rejection_never_shorten,
+        &write_gate::WAKE_SLACK => WriteGateConfig::with_wake_slack,
         &paced_writer::BATCH_BYTES => PacedWriterConfig::with_batch_bytes,
         &paced_writer::MAX_RETRIES => PacedWriterConfig::with_max_retries,
         &paced_writer::GATE => PacedWriterConfig::with_gate,
         &paced_writer::DISK_BACKOFF => PacedWriterConfig::with_disk_backoff,
         &paced_writer::KV_PRESSURE => PacedWriterConfig::with_kv_pressure,
+        &paced_writer::WAKE_SLACK => PacedWriterConfig::with_wake_slack,
         &window::MAX_IN_FLIGHT => WindowConfig::with_max_in_flight,
         &batcher::MAX_REQUESTS_PER_BATCH => BatcherConfig::with_max_requests_per_batch,
         &batcher::MAX_BATCH_BYTES => BatcherConfig::with_max_batch_bytes,

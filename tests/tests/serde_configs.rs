@@ -543,10 +543,13 @@ fn configurations_off_their_presets_round_trip_too() {
     let gate = probed_gate();
     round_trip::<WriteGateConfig, WriteGateConfigMirror>(gate.clone(), debug_eq);
     let writer = PacedWriterConfig::default()
-        .with_gate(gate)
+        .with_gate(gate.clone().with_wake_slack(Duration::from_millis(20)))
         .with_batch_bytes(64)
         .with_disk_backoff(false);
-    round_trip::<PacedWriterConfig, PacedWriterConfigMirror>(writer, debug_eq);
+    round_trip::<PacedWriterConfig, PacedWriterConfigMirror>(writer.clone(), debug_eq);
+    // An explicit writer slack (zero: no coalescing) is kept apart from the derived default.
+    let exact = writer.with_wake_slack(Duration::ZERO);
+    round_trip::<PacedWriterConfig, PacedWriterConfigMirror>(exact, debug_eq);
     let batcher = BatcherConfig::reads()
         .with_op_timeout(Duration::from_secs(30))
         .with_oversized(throttle_sansio::Oversized::Reject);
@@ -826,4 +829,43 @@ fn a_config_file_loads_and_a_bad_value_is_refused_by_name() {
     let bad = text.replace("\"initial_ms\": 100,", "\"initial_ms\": 1.5,");
     let err = serde_json::from_str::<BackoffConfig>(&bad).unwrap_err();
     assert!(err.to_string().contains("`initial_ms`"), "{err}");
+}
+
+#[test]
+fn the_wake_slack_reads_back_defaults_when_absent_and_refuses_what_its_field_cannot_hold() {
+    // A gate file written before the option existed reads as no slack.
+    let old_gate = edited("write_gate.default", |m| {
+        m.remove("wake_slack_ms")
+            .expect("the preset writes the field");
+    });
+    let gate: WriteGateConfig = serde_json::from_str(&old_gate).unwrap();
+    assert_eq!(gate.wake_slack(), Duration::ZERO);
+    // A writer file without it takes the derived default (50 ms for the 1 s disk backoff).
+    let writer: PacedWriterConfig = serde_json::from_str(&edited("paced_writer.default", |m| {
+        assert!(
+            m.get("wake_slack_ms").is_none(),
+            "the default is not written"
+        );
+    }))
+    .unwrap();
+    assert_eq!(writer.explicit_wake_slack(), None);
+    assert_eq!(writer.wake_slack(), Duration::from_millis(50));
+    let set: PacedWriterConfig = serde_json::from_str(&edited("paced_writer.default", |m| {
+        m.insert("wake_slack_ms".into(), 7.into());
+    }))
+    .unwrap();
+    assert_eq!(set.wake_slack(), Duration::from_millis(7));
+    // Past the 60 s ceiling: refused, naming the builder method.
+    let e = refusal::<PacedWriterConfig>(&edited("paced_writer.default", |m| {
+        m.insert("wake_slack_ms".into(), 60_001.into());
+    }));
+    assert!(e.contains("PacedWriterConfig::with_wake_slack"), "{e}");
+    let e = refusal::<WriteGateConfig>(&edited("write_gate.default", |m| {
+        m.insert("wake_slack_ms".into(), "5".into());
+    }));
+    assert_names(&e, "wake_slack_ms");
+    // A slack that is not whole milliseconds cannot be written.
+    let sub_ms = PacedWriterConfig::default().with_wake_slack(Duration::from_micros(1_500));
+    let e = serde_json::to_string(&sub_ms).unwrap_err().to_string();
+    assert!(e.contains("whole number of milliseconds"), "{e}");
 }

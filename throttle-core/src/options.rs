@@ -577,6 +577,10 @@ pub mod write_gate {
     /// Jitter on KV throttles, ± ppm of the curve's delay (no upstream key: Fluss has none).
     pub const KV_JITTER: ConfigOption =
         ConfigOption::new(G, "kv_jitter_ppm", "WriteGateConfig::with_kv_jitter", NONE);
+    /// Wake coalescing: the timer slack added to the earliest opening (no upstream key: Fluss
+    /// wakes at the earliest deadline).
+    pub const WAKE_SLACK: ConfigOption =
+        ConfigOption::new(G, "wake_slack", "WriteGateConfig::with_wake_slack", NONE);
     /// The never-shorten rule for KV hard rejections (no upstream key: Fluss's clients let
     /// the latest KV response win).
     pub const KV_HARD_REJECTION: ConfigOption = ConfigOption::new(
@@ -624,6 +628,10 @@ pub mod paced_writer {
         "PacedWriterConfig::with_kv_pressure",
         NONE,
     );
+    /// The writer's wake slack (replaces its gate's own; default derived from the disk
+    /// backoff).
+    pub const WAKE_SLACK: ConfigOption =
+        ConfigOption::new(P, "wake_slack", "PacedWriterConfig::with_wake_slack", NONE);
 }
 
 /// [`WindowConfig`](crate::WindowConfig).
@@ -899,11 +907,13 @@ pub const ALL: &[&ConfigOption] = &[
     &write_gate::SET_PROBE_TTL,
     &write_gate::KV_JITTER,
     &write_gate::KV_HARD_REJECTION,
+    &write_gate::WAKE_SLACK,
     &paced_writer::BATCH_BYTES,
     &paced_writer::MAX_RETRIES,
     &paced_writer::GATE,
     &paced_writer::DISK_BACKOFF,
     &paced_writer::KV_PRESSURE,
+    &paced_writer::WAKE_SLACK,
     &window::MAX_IN_FLIGHT,
     &batcher::MAX_REQUESTS_PER_BATCH,
     &batcher::MAX_BATCH_BYTES,

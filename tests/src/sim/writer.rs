@@ -10,6 +10,9 @@
 //! `with_kv_pressure`) to obtain the clients upstream had before each change, so naive and
 //! ours share every other line of code.
 
+use std::collections::HashMap;
+use std::time::Duration;
+
 use throttle_sansio::Instant;
 use throttle_sansio::paced_writer::{
     BatchId, FailCause, PacedWriter, PacedWriterConfig, WriterAction,
@@ -36,6 +39,10 @@ pub struct Policy {
     /// ignore pressure and treat a rejection as an ordinary retriable error (retriable-write
     /// backoff).
     pub kv_pressure: bool,
+    /// Wake coalescing: the core writer's default wake slack
+    /// ([`PacedWriterConfig::wake_slack`], 50 ms for the 1 s disk backoff). Off: no slack, a
+    /// wake at every gate opening (the clients upstream had, which have no such tolerance).
+    pub coalesce: bool,
 }
 
 impl Policy {
@@ -43,11 +50,13 @@ impl Policy {
     pub const OURS: Policy = Policy {
         disk_backoff: true,
         kv_pressure: true,
+        coalesce: true,
     };
     /// Both pacing inputs off: the writer before Fluss PR #4293 and issue #3454.
     pub const NAIVE: Policy = Policy {
         disk_backoff: false,
         kv_pressure: false,
+        coalesce: false,
     };
 }
 
@@ -82,12 +91,17 @@ impl Default for WriterConfig {
 impl WriterConfig {
     /// The core machine's configuration.
     pub fn to_core(&self) -> PacedWriterConfig {
-        PacedWriterConfig::default()
+        let cfg = PacedWriterConfig::default()
             .with_batch_bytes(self.batch_bytes)
             .with_max_retries(self.max_retries)
             .with_gate(self.gate.clone())
             .with_disk_backoff(self.policy.disk_backoff)
-            .with_kv_pressure(self.policy.kv_pressure)
+            .with_kv_pressure(self.policy.kv_pressure);
+        if self.policy.coalesce {
+            cfg
+        } else {
+            cfg.with_wake_slack(Duration::ZERO)
+        }
     }
 }
 
@@ -144,6 +158,13 @@ pub struct WriterStats {
     pub acked: u64,
     /// Batches failed after `max_retries`.
     pub failed: u64,
+    /// Batch sends of a bucket before the opening its gate gave after its last answer (a
+    /// bucket sent early). Checked against the gate's own answer, not the writer's.
+    pub early_sends: u64,
+    /// The longest a bucket waited past that opening before its next send: at most the wake
+    /// slack when the bucket had nothing else to wait for (one batch per bucket, as in
+    /// `sim disk`).
+    pub max_late: Duration,
 }
 
 /// The reference writer: a [`PacedWriter`] over `u32` buckets and nodes, records of `()`
@@ -163,6 +184,8 @@ pub struct RefWriter {
     rng: SplitMix64,
     unknown: Vec<BucketId>,
     stats: WriterStats,
+    /// Per gated bucket, the opening its gate answered after the bucket's last answer.
+    opens: HashMap<BucketId, Instant>,
 }
 
 impl RefWriter {
@@ -173,6 +196,7 @@ impl RefWriter {
             rng: SplitMix64::new(seed),
             unknown: Vec::new(),
             stats: WriterStats::default(),
+            opens: HashMap::new(),
         }
     }
 
@@ -230,6 +254,12 @@ impl RefWriter {
                         id,
                     };
                     self.stats.batch_sends += 1;
+                    if let Some(opens) = self.opens.remove(&bucket) {
+                        if now < opens {
+                            self.stats.early_sends += 1;
+                        }
+                        self.stats.max_late = self.stats.max_late.max(now - opens);
+                    }
                     match out.last_mut() {
                         Some(req) if request == Some(r) => req.batches.push(batch),
                         _ => {
@@ -260,6 +290,11 @@ impl RefWriter {
         self.w
             .handle_response(now, batch.id, outcome, &mut self.rng)
             .expect("each batch is answered once");
+        // The gate's own opening for the bucket, to check the writer's next send against.
+        match self.w.gate().reopens_at(now, &batch.bucket) {
+            Some(at) => self.opens.insert(batch.bucket, at),
+            None => self.opens.remove(&batch.bucket),
+        };
         let mut done = None;
         while let Some(action) = self.w.poll_action() {
             match action {
@@ -425,7 +460,10 @@ mod tests {
                 batch_sends: 2,
                 retries: 1,
                 acked: 0,
-                failed: 1
+                failed: 1,
+                early_sends: 0,
+                // Sent at the wake: its opening plus the default 50 ms slack.
+                max_late: Duration::from_millis(50),
             }
         );
     }

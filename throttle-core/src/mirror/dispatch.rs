@@ -6,7 +6,7 @@ use core::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::leaf::{field, ser_enum, to_ms, unit_enums};
+use super::leaf::{field, ser_enum, to_ms_opt, unit_enums};
 use super::via_mirror;
 use crate::batcher::{BatchKind, BatcherConfig, Oversized};
 use crate::dispatch_window::WindowConfig;
@@ -90,10 +90,7 @@ impl TryFrom<&BatcherConfig> for BatcherConfigMirror {
     type Error = ConfigError;
     /// Refuses an operation timeout that is not a whole number of milliseconds.
     fn try_from(cfg: &BatcherConfig) -> Result<Self, ConfigError> {
-        let op_timeout_ms = match cfg.op_timeout() {
-            Some(t) => Some(to_ms(&opt::OP_TIMEOUT, t)?),
-            None => None,
-        };
+        let op_timeout_ms = to_ms_opt(&opt::OP_TIMEOUT, cfg.op_timeout())?;
         Ok(BatcherConfigMirror {
             kind: cfg.kind(),
             max_requests_per_batch: NonZeroUsize::new(cfg.max_requests_per_batch())

@@ -44,7 +44,7 @@ pub(super) mod field {
         preset initial_ms max_ms multiplier jitter jitter_order first_delay_unjittered floor_ms
         resolution_ns total_budget_ms max_attempts max_wait_ms ppm range_ms
         l0_trigger l0_slowdown_writes_trigger write_buffer_size max_write_buffers
-        exponent max_throttle_ms kv_jitter_ppm probe_sends probe_ttl_ms
+        exponent max_throttle_ms kv_jitter_ppm probe_sends probe_ttl_ms wake_slack_ms
         batch_bytes max_retries disk_backoff kv_pressure max_in_flight
         kind max_requests_per_batch max_batch_bytes oversized op_timeout_ms max_pending_bytes
         max_idle_ms min_connect_timeout_ms backoff_from max_auto_retries max_waiters
@@ -296,6 +296,14 @@ pub(super) fn to_ms(option: &'static ConfigOption, d: Duration) -> Result<u64, C
         option,
         reason: "is longer than u64::MAX milliseconds, which its serialised `_ms` field counts",
     })
+}
+
+/// [`to_ms`] of an optional span (an absent one stays absent).
+pub(super) fn to_ms_opt(
+    option: &'static ConfigOption,
+    d: Option<Duration>,
+) -> Result<Option<u64>, ConfigError> {
+    d.map(|d| to_ms(option, d)).transpose()
 }
 
 /// Whole milliseconds as a span the backoff holds in `u64` nanoseconds, or an error naming

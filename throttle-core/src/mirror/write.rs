@@ -5,7 +5,7 @@ use core::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::leaf::{field, to_ms};
+use super::leaf::{field, to_ms, to_ms_opt};
 use super::via_mirror;
 use crate::backoff::BackoffConfig;
 use crate::backpressure::{PressureConfig, ThrottleCurve};
@@ -169,6 +169,10 @@ pub struct WriteGateConfigMirror {
     pub kv_hard_rejection: Option<ReasonProbeMirror>,
     /// The probe settings of the built-in reasons.
     pub reasons: WriteGateReasonsMirror,
+    /// [`WriteGateConfig::with_wake_slack`], in ms; absent reads as 0 (files written before
+    /// the option existed).
+    #[serde(default, deserialize_with = "field::wake_slack_ms")]
+    pub wake_slack_ms: u64,
 }
 
 fn probe_of(cfg: &WriteGateConfig, reason: Reason) -> Result<ReasonProbeMirror, ConfigError> {
@@ -215,6 +219,7 @@ impl TryFrom<&WriteGateConfig> for WriteGateConfigMirror {
                 kv_backpressure: kv?,
                 retriable_write: retriable?,
             },
+            wake_slack_ms: to_ms(&opt::WAKE_SLACK, cfg.wake_slack())?,
         })
     }
 }
@@ -238,7 +243,8 @@ impl TryFrom<WriteGateConfigMirror> for WriteGateConfig {
             .with_disk_write_locked(m.disk_write_locked)
             .with_retriable_write(m.retriable_write)
             .with_kv_curve(m.kv_curve)
-            .with_kv_jitter(m.kv_jitter_ppm);
+            .with_kv_jitter(m.kv_jitter_ppm)
+            .with_wake_slack(Duration::from_millis(m.wake_slack_ms));
         if let Some(probe) = m.kv_hard_rejection {
             cfg = cfg.with_kv_hard_rejection_never_shorten()?;
             if let Some(hard) = cfg.kv_hard_rejection() {
@@ -278,17 +284,30 @@ pub struct PacedWriterConfigMirror {
     /// [`PacedWriterConfig::with_kv_pressure`].
     #[serde(deserialize_with = "field::kv_pressure")]
     pub kv_pressure: bool,
+    /// [`PacedWriterConfig::with_wake_slack`], in ms; absent or `null` for the default
+    /// derived from the gate's disk backoff.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "field::wake_slack_ms"
+    )]
+    pub wake_slack_ms: Option<u64>,
 }
 
-impl From<&PacedWriterConfig> for PacedWriterConfigMirror {
-    fn from(cfg: &PacedWriterConfig) -> Self {
-        PacedWriterConfigMirror {
+impl TryFrom<&PacedWriterConfig> for PacedWriterConfigMirror {
+    type Error = ConfigError;
+    /// Refuses a wake slack that is not a whole number of milliseconds.
+    fn try_from(cfg: &PacedWriterConfig) -> Result<Self, ConfigError> {
+        let option = &crate::options::paced_writer::WAKE_SLACK;
+        let wake_slack_ms = to_ms_opt(option, cfg.explicit_wake_slack())?;
+        Ok(PacedWriterConfigMirror {
             batch_bytes: cfg.batch_bytes(),
             max_retries: cfg.max_retries(),
             gate: cfg.gate().clone(),
             disk_backoff: cfg.disk_backoff(),
             kv_pressure: cfg.kv_pressure(),
-        }
+            wake_slack_ms,
+        })
     }
 }
 
@@ -301,6 +320,10 @@ impl TryFrom<PacedWriterConfigMirror> for PacedWriterConfig {
             .with_gate(m.gate)
             .with_disk_backoff(m.disk_backoff)
             .with_kv_pressure(m.kv_pressure);
+        let cfg = match m.wake_slack_ms {
+            Some(ms) => cfg.with_wake_slack(Duration::from_millis(ms)),
+            None => cfg,
+        };
         cfg.validate()?;
         Ok(cfg)
     }

@@ -15,8 +15,8 @@
 //! or re-queued); refusals of unknown and repeated ids with nothing changed; no send of a
 //! bucket whose gate is closed or probing (the reference only sends open buckets), so the
 //! probe allowance holds; attempts never above `max_retries`; after each drain,
-//! `poll_timeout` equal to the earliest [`WriteGate::reopens_at`] among buckets that wait,
-//! and later than the drain's `now` (a driver loop cannot spin); the queued and in-flight
+//! `poll_timeout` equal to the earliest [`WriteGate::reopens_at`] among buckets that wait plus
+//! the wake slack (none, the derived default, 5 ms or 1 s, from the flags byte), and later than the drain's `now` (a driver loop cannot spin); the queued and in-flight
 //! counts; the writer's internal invariants. At the end the writer is closed and every batch
 //! in flight answered: every record appended must have ended exactly once, in append order
 //! per bucket.
@@ -91,6 +91,8 @@ enum End {
 }
 
 struct State {
+    /// The writer's wake slack.
+    slack: Duration,
     m: Machine,
     gate: Gate,
     m_rng: SplitMix64,
@@ -164,7 +166,20 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
             let _ = gate_cfg.set_probe_ttl(Reason::RETRIABLE_WRITE, ttl);
         }
     }
-    let cfg = PacedWriterConfig::default()
+    // The wake slack, from the flags' bits 2 and 3: none, the derived default (50 ms for the
+    // default 1 s disk backoff), 5 ms, or 1 s (longer than the 5 ms probe lapses).
+    let slack = match (flags >> 2) & 3 {
+        0 => Some(Duration::ZERO),
+        1 => None,
+        2 => Some(Duration::from_millis(5)),
+        _ => Some(Duration::from_secs(1)),
+    };
+    let cfg = PacedWriterConfig::default();
+    let cfg = match slack {
+        Some(slack) => cfg.with_wake_slack(slack),
+        None => cfg,
+    };
+    let cfg = cfg
         .with_batch_bytes(batch_bytes)
         .with_max_retries(max_retries)
         .with_gate(gate_cfg.clone())
@@ -179,6 +194,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
     };
     let seed = c.u64();
     let mut s = State {
+        slack: cfg.wake_slack(),
         m,
         gate,
         m_rng: SplitMix64::new(seed),
@@ -624,6 +640,8 @@ fn drain(s: &mut State) -> Result<(), Divergence> {
         };
         want = Some(want.map_or(at, |w| w.min(at)));
     }
+    // The slack rule: the earliest instant plus the slack.
+    let want = want.map(|at| at + s.slack);
     let got = s.m.poll_timeout();
     if got != want {
         return Err(format!("poll_timeout {got:?}, reference {want:?}"));

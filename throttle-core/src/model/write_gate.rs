@@ -8,7 +8,8 @@
 //! generator (the backoff module, not the code under test), KV delays from `ThrottleCurve`.
 //!
 //! After every operation it compares: install results, `remaining`, `check`, `explain` and
-//! `reasons` for every bucket, `poll_timeout`, `len`, the `Wake` emitted (exactly when the reference
+//! `reasons` for every bucket, `poll_timeout` (the earliest opening plus the wake slack the
+//! seed's bits 56..60 pick, zero in half the runs), `len`, the `Wake` emitted (exactly when the reference
 //! says that bucket's remaining time decreased, at its new opening instant), the gate's own
 //! internal invariants, and after `handle_timeout` that no gate survives its deadline.
 //!
@@ -433,6 +434,23 @@ fn kv_options(seed: u64) -> (bool, u32) {
     (seed >> 63 == 1, jitter)
 }
 
+/// The wake slack the seed's bits 56..60 pick, in ns: none in half the runs, otherwise from a
+/// millisecond (below the spans between installs) to the 60 s ceiling (past every backoff).
+fn wake_slack(seed: u64) -> u64 {
+    let ms = match (seed >> 56) & 15 {
+        8 => 1,
+        9 => 5,
+        10 => 20,
+        11 => 50,
+        12 => 100,
+        13 => 1_000,
+        14 => 3_000,
+        15 => 60_000,
+        _ => 0,
+    };
+    ms * 1_000_000
+}
+
 /// The reason a KV signal installs on in the reference (5: the hard-rejection reason).
 fn kv_index(hard: bool, s: Signal) -> usize {
     if hard && s == Signal::Full { 5 } else { 1 }
@@ -475,7 +493,9 @@ fn configure(
     let retry_after = cfg
         .register(ReasonSpec::new("retry-after", UpdateRule::NeverShorten).probe(after_probe))
         .map_err(err)?;
-    let mut cfg = cfg.with_kv_jitter(kv_jitter);
+    let mut cfg = cfg
+        .with_kv_jitter(kv_jitter)
+        .with_wake_slack(Duration::from_nanos(wake_slack(seed)));
     if kv_hard {
         cfg = cfg.with_kv_hard_rejection_never_shorten().map_err(err)?;
         if cfg.kv_hard_rejection().map(Reason::index) != Some(5) {
@@ -634,7 +654,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         }
         check_events(&mut st, &done, wake, events).map_err(fail)?;
         st.gate.check_invariants().map_err(|e| fail(e.into()))?;
-        compare(&st.gate, &st.reference, st.now).map_err(fail)?;
+        compare(&st.gate, &st.reference, st.now, wake_slack(seed)).map_err(fail)?;
     }
     Ok(())
 }
@@ -935,8 +955,11 @@ fn apply(
             gate.handle_timeout(now_v);
             let t = reference.observe(now_v);
             reference.timeout(t);
-            if let Some(p) = gate.poll_timeout() {
-                if p.as_nanos() <= t {
+            // The earliest opening left (the slack taken off) is later than the pass: with a
+            // slack, the pass still evicted everything due by `t` and nothing else.
+            let slack = gate.config().wake_slack();
+            if let Some(p) = gate.poll_timeout().filter(|&p| p < Instant::MAX) {
+                if (p - slack).as_nanos() <= t {
                     return Err(format!(
                         "step {step}: {}: a gate at {p:?} survived",
                         done.what
@@ -968,7 +991,12 @@ fn apply(
     Ok(Some(done))
 }
 
-fn compare(gate: &Gate, reference: &Reference, now: Instant) -> Result<(), alloc::string::String> {
+fn compare(
+    gate: &Gate,
+    reference: &Reference,
+    now: Instant,
+    slack: u64,
+) -> Result<(), alloc::string::String> {
     let t = reference.peek(now);
     for b in 0..BUCKETS {
         let key = Key::new(b);
@@ -1031,10 +1059,13 @@ fn compare(gate: &Gate, reference: &Reference, now: Instant) -> Result<(), alloc
             gate.len()
         ));
     }
+    // The slack rule: the earliest opening plus the slack, saturating at the end of time.
     let got = gate.poll_timeout().map(Instant::as_nanos);
-    let want = reference.poll_timeout();
+    let want = reference.poll_timeout().map(|d| d.saturating_add(slack));
     if got != want {
-        return Err(format!("poll_timeout = {got:?}, reference {want:?}"));
+        return Err(format!(
+            "poll_timeout = {got:?}, reference {want:?} (slack {slack} ns)"
+        ));
     }
     if gate.len() != reference.len() {
         return Err(format!(

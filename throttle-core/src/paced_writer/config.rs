@@ -1,7 +1,12 @@
 //! The paced writer's settings.
 
+use core::time::Duration;
+
 use crate::error::ConfigError;
-use crate::write_gate::WriteGateConfig;
+use crate::write_gate::{MAX_WAKE_SLACK, WriteGateConfig};
+
+/// The cap on the writer's default wake slack: 50 ms.
+pub const DEFAULT_WAKE_SLACK_CAP: Duration = Duration::from_millis(50);
 
 /// Configuration of a [`PacedWriter`](super::PacedWriter): batch size, retry limit, the write
 /// gate's delay sources, and which gate inputs the writer feeds.
@@ -20,6 +25,8 @@ pub struct PacedWriterConfig {
     gate: WriteGateConfig,
     disk_backoff: bool,
     kv_pressure: bool,
+    /// `None`: derived from the gate's disk backoff ([`PacedWriterConfig::wake_slack`]).
+    wake_slack: Option<Duration>,
 }
 
 impl Default for PacedWriterConfig {
@@ -33,6 +40,7 @@ impl Default for PacedWriterConfig {
             gate: WriteGateConfig::default(),
             disk_backoff: true,
             kv_pressure: true,
+            wake_slack: None,
         }
     }
 }
@@ -80,6 +88,51 @@ impl PacedWriterConfig {
         self
     }
 
+    /// The writer's wake coalescing (timer slack, see
+    /// [`WriteGateConfig::with_wake_slack`]): its sleep ends `slack` after the earliest
+    /// parked bucket opens, and that drain sends every bucket open by then, so buckets whose
+    /// gates open within `slack` of each other share one request per node instead of one
+    /// request each. No bucket is sent before its gate opens; none waits more than `slack`
+    /// past it (the runtime timer's lateness aside). It replaces the slack of the gate
+    /// configuration given to [`Self::with_gate`]. `Duration::ZERO` wakes at every opening
+    /// (the writer before coalescing). At most [`MAX_WAKE_SLACK`].
+    ///
+    /// Unset, it is 5 % of the gate's disk backoff's initial delay, at most
+    /// [`DEFAULT_WAKE_SLACK_CAP`] (50 ms for the Fluss 1 s backoff). Why: a disk-write-locked
+    /// server rejects every bucket it leads at once, and their ±20 % jittered backoffs spread
+    /// the openings over 40 % of the delay; a 5 % window packs them into about eight
+    /// requests per round instead of one per bucket, while adding at most 5 % to the
+    /// shortest disk wait. The cap bounds the added latency of the other reasons (a 100 ms
+    /// retriable-write backoff or a short KV throttle can wait up to 50 ms more): set
+    /// `Duration::ZERO` where that matters more than request count.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::paced_writer::PacedWriterConfig;
+    /// assert_eq!(PacedWriterConfig::default().wake_slack(), Duration::from_millis(50));
+    /// let exact = PacedWriterConfig::default().with_wake_slack(Duration::ZERO);
+    /// assert_eq!(exact.wake_slack(), Duration::ZERO);
+    /// assert!(PacedWriterConfig::default().with_wake_slack(Duration::from_secs(61)).validate().is_err());
+    /// ```
+    #[must_use]
+    pub fn with_wake_slack(mut self, slack: Duration) -> Self {
+        self.wake_slack = Some(slack);
+        self
+    }
+
+    /// The wake slack the writer uses: the one set with [`Self::with_wake_slack`], else 5 %
+    /// of the gate's disk backoff's initial delay, at most [`DEFAULT_WAKE_SLACK_CAP`].
+    pub fn wake_slack(&self) -> Duration {
+        self.wake_slack.unwrap_or_else(|| {
+            (self.gate.disk_write_locked().initial() / 20).min(DEFAULT_WAKE_SLACK_CAP)
+        })
+    }
+
+    /// The wake slack set with [`Self::with_wake_slack`], or `None` when it is derived.
+    pub fn explicit_wake_slack(&self) -> Option<Duration> {
+        self.wake_slack
+    }
+
     /// Bytes per batch at most (a larger record goes alone).
     pub fn batch_bytes(&self) -> u64 {
         self.batch_bytes
@@ -105,8 +158,19 @@ impl PacedWriterConfig {
         self.kv_pressure
     }
 
-    /// Refuses a zero batch size and an invalid gate configuration.
+    /// Refuses a zero batch size, a wake slack above [`MAX_WAKE_SLACK`] and an invalid gate
+    /// configuration.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let slack = self.wake_slack();
+        if slack > MAX_WAKE_SLACK {
+            return Err(ConfigError::OutOfRange {
+                option: &crate::options::paced_writer::WAKE_SLACK,
+                got: u64::try_from(slack.as_millis()).unwrap_or(u64::MAX),
+                min: 0,
+                max: MAX_WAKE_SLACK.as_secs() * 1_000,
+                unit: "ms",
+            });
+        }
         if self.batch_bytes == 0 {
             return Err(ConfigError::OutOfRange {
                 option: &crate::options::paced_writer::BATCH_BYTES,

@@ -20,9 +20,11 @@
 //! - **Probe mode without spinning.** A `Probing` bucket is parked like a closed one, until
 //!   its probe state lapses; an answer to its probe (a response for the bucket) looks at it
 //!   again. So a loop that drains again and again sends nothing more than the gate allows.
-//! - **Sleep.** [`PacedWriter::poll_timeout`] is the earliest instant a parked bucket opens,
-//!   always later than the last drain; the driver sleeps until then, calls
-//!   [`PacedWriter::handle_timeout`] and drains again.
+//! - **Sleep, coalesced.** [`PacedWriter::poll_timeout`] is the earliest instant a parked
+//!   bucket opens plus the wake slack ([`PacedWriterConfig::with_wake_slack`]), always later
+//!   than the last drain; the driver sleeps until then, calls [`PacedWriter::handle_timeout`]
+//!   and drains again, sending together every bucket that opened by then. No bucket is sent
+//!   before its gate opens, and none waits more than the slack past it.
 //! - **Retries.** The writer owns `max_retries`: a batch rejected after that many retries
 //!   fails and installs nothing; otherwise the rejection is fed to the gate with the batch's
 //!   attempt count before the increment, and the batch is re-queued.
@@ -48,7 +50,7 @@ use crate::time::{Clock, Instant};
 use crate::write_gate::heap::{IndexedHeap, MAX_SLOTS};
 use crate::write_gate::{GateEvent, GateState, OutcomeFeed, WriteGate};
 
-pub use config::PacedWriterConfig;
+pub use config::{DEFAULT_WAKE_SLACK_CAP, PacedWriterConfig};
 
 /// A batch in flight: issued by [`PacedWriter::drain`] (in [`WriterAction::Send`]), answered
 /// once with [`PacedWriter::handle_response`]. Every send of a batch (each retry) gets a fresh
@@ -400,7 +402,10 @@ where
     pub fn with_hasher(cfg: PacedWriterConfig, hasher: S) -> Result<Self, ConfigError> {
         cfg.validate()?;
         Ok(PacedWriter {
-            gate: WriteGate::with_hasher(cfg.gate().clone(), hasher.clone())?,
+            gate: WriteGate::with_hasher(
+                cfg.gate().clone().with_wake_slack(cfg.wake_slack()),
+                hasher.clone(),
+            )?,
             cfg,
             hasher,
             clock: Clock::default(),
@@ -774,12 +779,17 @@ where
         self.actions.pop_front()
     }
 
-    /// The earliest instant a parked bucket's gate answer changes: sleep until then, call
-    /// [`handle_timeout`](Self::handle_timeout) and [`drain`](Self::drain). `None` while no
-    /// bucket with queued batches waits on its gate. After a drain, always later than its
-    /// `now`. O(1).
+    /// The earliest instant a parked bucket's gate answer changes, plus the
+    /// [wake slack](PacedWriterConfig::with_wake_slack): sleep until then, call
+    /// [`handle_timeout`](Self::handle_timeout) and [`drain`](Self::drain), which sends every
+    /// bucket whose instant has come by then (so the buckets opening within the slack after
+    /// the first travel together), and none before its own instant. `None` while no bucket
+    /// with queued batches waits on its gate. After a drain, always later than its `now`.
+    /// O(1).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.parked.peek().map(|(at, _)| at)
+        self.parked
+            .peek()
+            .map(|(at, _)| at + self.gate.config().wake_slack())
     }
 
     // ----------------------------------------------------------------------------- queries

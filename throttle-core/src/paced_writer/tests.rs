@@ -73,11 +73,13 @@ fn a_disk_rejection_parks_the_bucket_for_the_backoff_then_resends() {
     assert!(respond(&mut w, T0, s[0].3, WriteOutcome::DiskWriteLocked).is_empty());
     assert!(drain_sends(&mut w, T0).is_empty(), "gated bucket skipped");
     let wake = w.poll_timeout().expect("a batch waits behind the gate");
-    assert!(wake >= T0 + Duration::from_millis(800) && wake <= T0 + Duration::from_millis(1200));
-    assert_eq!(Some(wake), w.gate().reopens_at(T0, &7));
-    // Before the wake nothing is sent, however often the loop drains.
+    let opens = w.gate().reopens_at(T0, &7).expect("gated");
+    assert!(opens >= T0 + Duration::from_millis(800) && opens <= T0 + Duration::from_millis(1200));
+    // The default slack: 5 % of the 1 s disk backoff.
+    assert_eq!(wake, opens + Duration::from_millis(50));
+    // Before the gate opens nothing is sent, however often the loop drains.
     for _ in 0..10 {
-        assert!(drain_sends(&mut w, wake - Duration::from_nanos(1)).is_empty());
+        assert!(drain_sends(&mut w, opens - Duration::from_nanos(1)).is_empty());
     }
     w.handle_timeout(wake);
     let s = drain_sends(&mut w, wake);
@@ -499,7 +501,8 @@ fn a_bad_config_is_refused() {
 fn kv_jitter_configured_on_the_gate_reaches_the_writers_kv_holds() {
     let hold = |jitter: u32, pressure: Signal| {
         let gate = WriteGateConfig::default().with_kv_jitter(jitter);
-        let mut w = writer(PacedWriterConfig::default().with_gate(gate));
+        let cfg = PacedWriterConfig::default().with_gate(gate);
+        let mut w = writer(cfg.with_wake_slack(Duration::ZERO));
         w.set_leader(T0, 1, Some(1));
         w.append(T0, 1, 1, 1).unwrap();
         let s = drain_sends(&mut w, T0);
@@ -546,7 +549,7 @@ fn with_events_on_the_writer_yields_its_gate_s_install_with_the_reason_and_attem
     let s = drain_sends(&mut w, wake);
     let _ = respond(&mut w, wake, s[0].3, WriteOutcome::DiskWriteLocked);
     assert!(drain_sends(&mut w, wake).is_empty(), "gated again");
-    let opens = w.poll_timeout().expect("gated again");
+    let opens = w.poll_timeout().expect("gated again") - w.config().wake_slack();
     let got: Vec<_> = core::iter::from_fn(|| w.poll_event()).collect();
     assert!(
         matches!(
@@ -558,4 +561,57 @@ fn with_events_on_the_writer_yields_its_gate_s_install_with_the_reason_and_attem
         "{got:?}"
     );
     assert_eq!(w.events_dropped(), 0);
+}
+
+/// Buckets whose gates open within the slack of the first travel in one request at the first
+/// opening plus the slack; one opening later than that waits for its own wake, and none is
+/// sent before its gate opens. With no slack each opening is its own wake.
+#[test]
+fn the_wake_slack_sends_the_buckets_opening_within_it_together_and_none_early() {
+    let disk = crate::backoff::BackoffConfig::constant(Duration::from_secs(1)).unwrap();
+    let run = |slack: Duration| {
+        let gate = WriteGateConfig::default().with_disk_write_locked(disk.clone());
+        let mut w = writer(
+            PacedWriterConfig::default()
+                .with_gate(gate)
+                .with_wake_slack(slack),
+        );
+        // Buckets 1, 2, 3 rejected at 0, 10 and 70 ms: they open at 1.000, 1.010, 1.070 s.
+        let ms = Duration::from_millis;
+        for (b, at) in [(1u32, 0u64), (2, 10), (3, 70)] {
+            let now = T0 + ms(at);
+            w.set_leader(now, b, Some(9));
+            w.append(now, b, b, 1).unwrap();
+            let s = drain_sends(&mut w, now);
+            assert_eq!(s.len(), 1);
+            respond(&mut w, now, s[0].3, WriteOutcome::DiskWriteLocked);
+        }
+        let mut passes = Vec::new();
+        while let Some(at) = w.poll_timeout() {
+            // Never a bucket before its gate opens: a drain just before the wake sends
+            // nothing that is still gated.
+            w.handle_timeout(at);
+            let sent = drain_sends(&mut w, at);
+            for (_, _, b, id, _) in &sent {
+                assert_eq!(w.gate().check(at, b), GateState::Open, "sent while gated");
+                let _ = respond(&mut w, at, *id, OK);
+            }
+            let requests: Vec<u64> = sent.iter().map(|s| s.0).collect();
+            let buckets: Vec<u32> = sent.iter().map(|s| s.2).collect();
+            passes.push((at - T0, buckets, requests));
+        }
+        passes
+    };
+    let ms = Duration::from_millis;
+    let coalesced = run(ms(50));
+    assert_eq!(coalesced.len(), 2, "{coalesced:?}");
+    assert_eq!(
+        (coalesced[0].0, &coalesced[0].1[..]),
+        (ms(1_050), &[1, 2][..])
+    );
+    assert_eq!(coalesced[0].2[0], coalesced[0].2[1], "one request for both");
+    assert_eq!((coalesced[1].0, &coalesced[1].1[..]), (ms(1_120), &[3][..]));
+    let exact = run(Duration::ZERO);
+    let times: Vec<Duration> = exact.iter().map(|p| p.0).collect();
+    assert_eq!(times, [ms(1_000), ms(1_010), ms(1_070)]);
 }

@@ -265,6 +265,8 @@ pub struct WriteGateConfig {
     pub(super) kv_jitter_ppm: u32,
     /// The registered KV hard-rejection reason, if the never-shorten rule is on.
     kv_hard: Option<Reason>,
+    /// Wake coalescing: `poll_timeout` is the earliest opening plus this (zero: none).
+    pub(super) wake_slack: Duration,
     reasons: SmallVec<[ReasonSpec; INLINE_REASONS]>,
 }
 
@@ -279,6 +281,7 @@ impl Default for WriteGateConfig {
             kv_curve: ThrottleCurve::default(),
             kv_jitter_ppm: 0,
             kv_hard: None,
+            wake_slack: Duration::ZERO,
             reasons,
         }
     }
@@ -287,6 +290,11 @@ impl Default for WriteGateConfig {
 /// The largest KV jitter [`WriteGateConfig::with_kv_jitter`] accepts: ±50 % (500 000 ppm), so
 /// a jittered throttle keeps at least half of the curve's delay.
 pub const MAX_KV_JITTER_PPM: u32 = 500_000;
+
+/// The largest wake slack [`WriteGateConfig::with_wake_slack`] accepts: 60 s. Far past any
+/// useful coalescing window (the disk backoff caps at 10 s); a larger value is taken for a unit
+/// mistake and refused.
+pub const MAX_WAKE_SLACK: Duration = Duration::from_secs(60);
 
 /// The name of the reason [`WriteGateConfig::with_kv_hard_rejection_never_shorten`] registers.
 pub const KV_HARD_REJECTION_NAME: &str = "kv-hard-rejection";
@@ -353,6 +361,7 @@ impl WriteGateConfig {
             kv_curve: ThrottleCurve::fluss_landed(),
             kv_jitter_ppm: 0,
             kv_hard: None,
+            wake_slack: Duration::ZERO,
             reasons,
         }
     }
@@ -375,6 +384,35 @@ impl WriteGateConfig {
     pub fn with_kv_jitter(mut self, ppm: u32) -> Self {
         self.kv_jitter_ppm = ppm;
         self
+    }
+
+    /// Wake coalescing (timer slack): [`WriteGate::poll_timeout`](super::WriteGate::poll_timeout)
+    /// answers `d + slack`, where `d` is the earliest opening among the gated buckets, so one
+    /// wake-up serves every bucket that opens within `slack` after the first. A pass at `t`
+    /// still evicts and opens exactly the buckets whose deadline is `≤ t`: no bucket opens
+    /// before its deadline, and a loop that sleeps until `poll_timeout` lets none wait more
+    /// than `slack` past it (the runtime timer's own lateness aside). Zero, the default of
+    /// every preset, is the exact timing of the machine without coalescing. At most
+    /// [`MAX_WAKE_SLACK`]; a larger value is refused by [`Self::validate`]. The paced writer
+    /// sets its own ([`PacedWriterConfig::with_wake_slack`](crate::paced_writer::PacedWriterConfig::with_wake_slack)).
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use throttle_sansio::write_gate::WriteGateConfig;
+    /// let cfg = WriteGateConfig::default().with_wake_slack(Duration::from_millis(50));
+    /// assert_eq!(cfg.wake_slack(), Duration::from_millis(50));
+    /// assert!(cfg.validate().is_ok());
+    /// assert!(WriteGateConfig::default().with_wake_slack(Duration::from_secs(61)).validate().is_err());
+    /// ```
+    #[must_use]
+    pub fn with_wake_slack(mut self, slack: Duration) -> Self {
+        self.wake_slack = slack;
+        self
+    }
+
+    /// The wake slack (see [`Self::with_wake_slack`]).
+    pub fn wake_slack(&self) -> Duration {
+        self.wake_slack
     }
 
     /// The KV jitter in ppm (see [`Self::with_kv_jitter`]).
@@ -525,6 +563,15 @@ impl WriteGateConfig {
                 min: 0,
                 max: u64::from(MAX_KV_JITTER_PPM),
                 unit: "ppm",
+            });
+        }
+        if self.wake_slack > MAX_WAKE_SLACK {
+            return Err(ConfigError::OutOfRange {
+                option: &opt::WAKE_SLACK,
+                got: u64::try_from(self.wake_slack.as_millis()).unwrap_or(u64::MAX),
+                min: 0,
+                max: MAX_WAKE_SLACK.as_secs() * 1_000,
+                unit: "ms",
             });
         }
         self.reasons.iter().try_for_each(ReasonSpec::validate)

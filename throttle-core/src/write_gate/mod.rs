@@ -29,8 +29,8 @@ use crate::rng::Rng;
 use crate::time::{Clock, Instant, ceil_millis};
 
 pub use config::{
-    DEFAULT_PROBE_TTL, KV_HARD_REJECTION_NAME, MAX_KV_JITTER_PPM, MAX_REASONS, Reason, ReasonSpec,
-    UpdateRule, WriteGateConfig,
+    DEFAULT_PROBE_TTL, KV_HARD_REJECTION_NAME, MAX_KV_JITTER_PPM, MAX_REASONS, MAX_WAKE_SLACK,
+    Reason, ReasonSpec, UpdateRule, WriteGateConfig,
 };
 use heap::IndexedHeap;
 
@@ -801,10 +801,12 @@ where
 
     /// The earliest opening among gated buckets whose leader is known, where a probing
     /// bucket's opening is its probe lapse ([`ReasonSpec::probe_ttl`] after its gates
-    /// opened): sleep until then and call [`Self::handle_timeout`]. May be in the past (a gate expired but not yet evicted).
-    /// `None` when no such bucket is gated. O(1).
+    /// opened), plus the configured [wake slack](WriteGateConfig::with_wake_slack): sleep until
+    /// then and call [`Self::handle_timeout`], which evicts every bucket due by that instant
+    /// (all those opening within the slack after the first, in one pass). May be in the past
+    /// (a gate expired but not yet evicted). `None` when no such bucket is gated. O(1).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.heap.peek().map(|(at, _)| at)
+        self.heap.peek().map(|(at, _)| at + self.cfg.wake_slack)
     }
 
     // ---------------------------------------------------------------------------- helpers

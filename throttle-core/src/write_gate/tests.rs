@@ -307,6 +307,49 @@ fn reasons_lists_every_pending_reason_with_its_own_deadline_in_index_order() {
 }
 
 #[test]
+fn with_a_wake_slack_poll_timeout_is_the_earliest_opening_plus_it_and_a_pass_opens_only_the_due() {
+    let mut g = Gate::new(WriteGateConfig::default().with_wake_slack(ms(50))).unwrap();
+    install(&mut g, at(0), 1, DISK, ms(100));
+    install(&mut g, at(0), 2, DISK, ms(130));
+    install(&mut g, at(0), 3, DISK, ms(160));
+    assert_eq!(g.poll_timeout(), Some(at(150)));
+    // Queries still answer the exact deadlines: nothing opens early.
+    assert!(matches!(g.check(at(129), &2), GateState::Closed { until, .. } if until == at(130)));
+    assert_eq!(g.remaining(at(100), &2), ms(30));
+    // The pass at 150 evicts the buckets due by 150 (1 and 2), not 3.
+    g.handle_timeout(at(150));
+    assert_eq!((g.len(), g.gated_len()), (1, 1));
+    assert_eq!(g.check(at(150), &1), GateState::Open);
+    assert_eq!(g.check(at(150), &2), GateState::Open);
+    assert!(matches!(g.check(at(150), &3), GateState::Closed { .. }));
+    assert_eq!(g.poll_timeout(), Some(at(210)));
+    install(&mut g, at(150), 4, KV, ms(500));
+    g.handle_timeout(at(210));
+    assert_eq!(g.poll_timeout(), Some(at(700)));
+    // A wake (latest-wins KV shortened): it re-arms at the new opening plus the slack.
+    install(&mut g, at(210), 4, KV, ms(10));
+    assert_eq!(drain(&mut g), Some(GateAction::Wake { at: at(220) }));
+    assert_eq!(g.poll_timeout(), Some(at(270)));
+    // The slack saturates at the end of time, and its bound is checked.
+    let mut far = Gate::new(WriteGateConfig::default().with_wake_slack(ms(50))).unwrap();
+    far.handle_throttle(Instant::MAX - ms(1), &1, DISK, ms(10))
+        .unwrap();
+    assert_eq!(far.poll_timeout(), Some(Instant::MAX));
+    let err = Gate::new(WriteGateConfig::default().with_wake_slack(MAX_WAKE_SLACK + ms(1)));
+    assert!(
+        matches!(
+            err,
+            Err(ConfigError::OutOfRange {
+                got: 60_001,
+                max: 60_000,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn poll_timeout_is_the_earliest_opening_among_known_leader_buckets() {
     let mut g = gate();
     assert_eq!(g.poll_timeout(), None);

@@ -862,7 +862,12 @@ mod tests {
         let GateEvent::Installed { opens_at, .. } = got[0] else {
             unreachable!()
         };
+        // The driver's timer is armed at the opening plus the writer's default slack (50 ms):
+        // at the opening itself nothing is resent yet.
         clock.advance_to(opens_at);
+        exec.run_until_stalled();
+        assert!(done.lock().unwrap().is_none(), "coalescing: not yet");
+        clock.advance_to(opens_at + core::time::Duration::from_millis(50));
         exec.run_until_stalled();
         assert!(matches!(*done.lock().unwrap(), Some(Ok(_))));
         assert_eq!(sends.load(Ordering::SeqCst), 2);
