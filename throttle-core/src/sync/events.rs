@@ -20,8 +20,9 @@
 //! sections on different threads may reach the sink in either order. The cost: a slow sink
 //! delays those wakes, so a sink should only record, or hand the event to a channel.
 //!
-//! Setting and clearing a sink ([`EventTap::install`]) both run under the machine's lock,
-//! with the slot's lock taken inside it (the one lock order here: state, then slot), so
+//! Setting and clearing a sink ([`EventTap::install`]) both run under the machine's lock (a
+//! striped window's every stripe lock, in stripe order), with the slot's lock taken inside it
+//! (the one lock order here: state, then slot), so
 //! whichever of two racing calls comes last wins both halves: the machine's events are on
 //! exactly while a sink is set (unless user code changes the machine's event capacity
 //! itself, as `GateHandle::update` could). An event recorded before a `clear` and delivered
@@ -29,6 +30,7 @@
 //! `events_dropped`. A delivery already running when `clear` is called still calls the old
 //! sink (it holds its own reference), on its own thread, after `clear` returned.
 
+use alloc::vec::Vec;
 use core::ops::{Deref, DerefMut};
 
 use smallvec::SmallVec;
@@ -92,19 +94,23 @@ impl<E> Default for EventTap<E> {
 impl<E> EventTap<E> {
     /// Installs (or, with `None`, removes) the sink, and calls `turn(state, capacity)` to set
     /// the machine's event capacity to match ([`EVENT_CAPACITY`] with a sink, 0 without),
-    /// both under `state`'s lock (then the slot's): two racing installs cannot leave the
-    /// events on with no sink, or off with one. `turn` must run no user code.
+    /// on every one of `states` (one, or a striped handle's stripes), all under the states'
+    /// locks (taken in slice order, then the slot's): two racing installs cannot leave the
+    /// events on with no sink, or off with one, on any state. `turn` must run no user code.
     pub(crate) fn install<T>(
         &self,
-        state: &Mutex<T>,
+        states: &[Mutex<T>],
         sink: Option<Arc<dyn EventSink<E>>>,
-        turn: impl FnOnce(&mut T, usize),
+        mut turn: impl FnMut(&mut T, usize),
     ) {
-        let mut st = lock(state);
+        // Every state's lock, in order (a striped handle's stripes), then the slot's.
+        let mut all: Vec<_> = states.iter().map(lock).collect();
         let capacity = if sink.is_some() { EVENT_CAPACITY } else { 0 };
         let old = core::mem::replace(&mut lock(&self.slot).sink, sink);
-        turn(&mut st, capacity);
-        drop(st);
+        for st in &mut all {
+            turn(st, capacity);
+        }
+        drop(all);
         // The old sink's own drop (user code) runs with no lock held.
         drop(old);
     }

@@ -119,7 +119,8 @@ pub use runtime::{ManualClock, ManualSleep, Runtime};
 pub use seed::{client_rng, next_client_id, process_seed};
 pub use signal::{Changed, WakeSignal, wait_until};
 pub use window::{
-    Acquire, AcquireError, OwnedPermit, Permit, Released, TimedOut, TryAcquireError, WindowHandle,
+    Acquire, AcquireError, OwnedPermit, Permit, Released, STRIPES, TimedOut, TryAcquireError,
+    WindowHandle,
 };
 pub use writer::{Append, SendBatch, WriteDriver, WriteError};
 

@@ -1,8 +1,10 @@
 //! Async credit of a shared [`DispatchWindow`]: [`WindowHandle`], its [`Acquire`] future and
 //! [`Permit`], the only way to hold a credit.
 //!
-//! The handle keeps the window and its waiters' wakers behind one mutex. The window owns the
-//! per-shard FIFO line of waiters (each waiter is a held-back "batch" naming its waker slot),
+//! The handle keeps its shards on [`STRIPES`] independently locked stripes: a shard's key
+//! hashes onto one stripe, and each stripe is a window of its own with its waiters' wakers
+//! behind its own mutex, so tasks on shards of different stripes never wait for each other's
+//! lock. Within a stripe, the window owns the per-shard FIFO line of waiters (each waiter is a held-back "batch" naming its waker slot),
 //! no barging, O(1) cancel and the hand-off of a freed credit to the oldest waiter, so those
 //! rules are the core machine's, checked by its model and fuzz target; this file adds only the
 //! lock and the wakers.
@@ -20,7 +22,15 @@
 //!   have not yet observed them and fails every waiter.
 //!
 //! Wakers are taken out under the lock and woken after it is dropped.
+//!
+//! Every rule above holds per stripe, since a shard's credits, line and waiters all live in its
+//! one stripe; a [`Permit`] remembers its stripe ([`Permit::stripe`]) beside its credit id.
+//! Only [`close`](WindowHandle::close) and the event-sink switch take more than one stripe
+//! lock, always all of them in stripe order (and the event slot's lock inside them), so no two
+//! of them can deadlock.
 
+use alloc::boxed::Box;
+use alloc::vec::Vec;
 use core::fmt;
 use core::future::Future;
 use core::hash::{BuildHasher, Hash};
@@ -45,6 +55,26 @@ use crate::time::Instant;
 
 /// Wakers collected under the lock, woken after it is dropped.
 type Wakeups = SmallVec<[Waker; 2]>;
+
+/// Independently locked stripes of a [`WindowHandle`]: 16 (under loom, 2, so the models reach
+/// both cross-stripe and same-stripe interleavings in their budget).
+#[cfg(not(loom))]
+pub const STRIPES: usize = 16;
+/// Independently locked stripes of a [`WindowHandle`] (2 under loom).
+#[cfg(loom)]
+pub const STRIPES: usize = 2;
+
+/// The stripe of a shard whose key hashes to `hash`: bits 32 and up, which the stripe's own
+/// table (placing entries by the low bits and filtering by the top seven) barely reads, so
+/// striping costs the tables no spread.
+#[inline]
+pub(crate) fn stripe_of(hash: u64) -> usize {
+    ((hash >> 32) as usize) & (STRIPES - 1)
+}
+
+/// The id of a snapshot cursor that starts stripe `hash` from its beginning (no entry's id:
+/// ids count up from the start of a window and never reach it).
+const STRIPE_START: u64 = u64::MAX;
 
 /// What releasing a [`Permit`] did with its credit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -363,11 +393,12 @@ pub struct WindowHandle<Shard, S = std::hash::RandomState> {
     shared: Arc<Shared<Shard, S>>,
 }
 
-/// What a handle's clones, permits and futures share: the locked state, and a clone of the
-/// window's hasher so that a shard key is hashed before the lock is taken, not under it.
+/// What a handle's clones, permits and futures share: the locked stripes, and a clone of the
+/// window's hasher so that a shard key is hashed before a lock is taken, not under it.
 struct Shared<Shard, S> {
     hasher: S,
-    state: Mutex<WindowState<Shard, S>>,
+    /// Exactly [`STRIPES`] of them; a shard lives in `stripes[stripe_of(hash)]`.
+    stripes: Box<[Mutex<WindowState<Shard, S>>]>,
     /// Notified (after unlock) by every release that leaves the closed window with no live
     /// credit, and by `close` itself: [`WindowHandle::closed`] listens.
     drained: WakeSignal,
@@ -381,20 +412,41 @@ where
     Shard: Hash + Eq + Clone,
     S: BuildHasher,
 {
-    /// The state's lock, for a critical section that may change the window: its events go to
-    /// the sink once the lock is dropped. Queries take the plain lock.
+    /// Stripe `i` (masked into range).
     #[inline]
-    fn lock(&self) -> ObservedGuard<'_, WindowState<Shard, S>> {
-        lock_observed(&self.state, &self.tap)
+    fn stripe(&self, i: usize) -> &Mutex<WindowState<Shard, S>> {
+        &self.stripes[i & (STRIPES - 1)]
     }
 
-    /// Fails every waiter and refuses later acquires; wakes the waiters after unlocking.
+    /// Stripe `i`'s lock, for a critical section that may change its window: its events go to
+    /// the sink once the lock is dropped. Queries take the plain lock.
+    #[inline]
+    fn lock(&self, i: usize) -> ObservedGuard<'_, WindowState<Shard, S>> {
+        lock_observed(self.stripe(i), &self.tap)
+    }
+
+    /// Every stripe closed and no credit live in any: what [`WindowHandle::closed`] waits
+    /// for. Takes the stripes' locks one at a time.
+    fn is_drained(&self) -> bool {
+        self.stripes.iter().all(|st| lock(st).is_drained())
+    }
+
+    /// Fails every waiter and refuses later acquires, on every stripe at once: the stripes'
+    /// locks are all taken, in stripe order, before any closes, so no acquire on any stripe
+    /// succeeds once `close` returns and none sees some stripes closed and others open. Wakes
+    /// the waiters after unlocking.
     fn close(&self) {
         let mut wakeups = Wakeups::new();
         let drained = {
-            let mut st = self.lock();
-            st.close(&mut wakeups);
-            st.is_drained()
+            let mut all: Vec<_> = self
+                .stripes
+                .iter()
+                .map(|st| lock_observed(st, &self.tap))
+                .collect();
+            for st in &mut all {
+                st.close(&mut wakeups);
+            }
+            all.iter().all(|st| st.is_drained())
         };
         wake_all(wakeups);
         self.drained.notify_if(drained);
@@ -453,15 +505,20 @@ where
     where
         S: Clone,
     {
-        let window = DispatchWindow::with_hasher(cfg, hasher.clone())?;
-        Ok(WindowHandle {
-            shared: Arc::new(Shared {
-                state: Mutex::new(WindowState {
+        let stripes = (0..STRIPES)
+            .map(|_| {
+                let window = DispatchWindow::with_hasher(cfg, hasher.clone())?;
+                Ok(Mutex::new(WindowState {
                     window,
                     waiters: Waiters::new(),
                     #[cfg(test)]
                     stats: Stats::default(),
-                }),
+                }))
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        Ok(WindowHandle {
+            shared: Arc::new(Shared {
+                stripes: stripes.into_boxed_slice(),
                 tap: EventTap::default(),
                 hasher,
                 drained: WakeSignal::new(),
@@ -578,9 +635,10 @@ where
         hold: impl FnOnce() -> Holder<'a, Shard, S>,
     ) -> Result<Permit<'a, Shard, S>, TryAcquireError> {
         let hash = self.shared.hasher.hash_one(&shard);
-        let issued = self.shared.lock().try_issue(&shard, hash);
+        let stripe = stripe_of(hash);
+        let issued = self.shared.lock(stripe).try_issue(&shard, hash);
         match issued {
-            Issue::Credit(credit) => Ok(Permit::new(hold(), shard, credit)),
+            Issue::Credit(credit) => Ok(Permit::new(hold(), shard, stripe, credit)),
             Issue::NoCredit => Err(TryAcquireError::NoCredit),
             Issue::Closed => Err(TryAcquireError::Closed),
             Issue::Exhausted => {
@@ -603,20 +661,26 @@ where
     /// a graceful shutdown: `window.close(); window.closed().await`. Waits for the close
     /// itself too, so it may be awaited before `close` is called. Cancel-safe.
     pub async fn closed(&self) {
-        wait_for(&self.shared.drained, || {
-            lock(&self.shared.state).is_drained()
-        })
-        .await;
+        wait_for(&self.shared.drained, || self.shared.is_drained()).await;
     }
 
     /// Whether [`close`](Self::close) was called (or the window ran out of credit ids).
     pub fn is_closed(&self) -> bool {
-        lock(&self.shared.state).window.is_closed()
+        // `close` closes every stripe under all their locks, so any one of them answers.
+        lock(self.shared.stripe(0)).window.is_closed()
     }
 
     /// Credits per shard.
     pub fn capacity(&self) -> u32 {
-        lock(&self.shared.state).window.capacity()
+        lock(self.shared.stripe(0)).window.capacity()
+    }
+
+    /// The stripe of `shard`, for its key's `Hash`, locked for a query.
+    fn query(&self, shard: &Shard) -> crate::sync::loom::MutexGuard<'_, WindowState<Shard, S>> {
+        lock(
+            self.shared
+                .stripe(stripe_of(self.shared.hasher.hash_one(shard))),
+        )
     }
 
     /// Credits of `shard` held (by permits, or handed to waiters not yet woken).
@@ -625,7 +689,7 @@ where
     ///
     /// If `shard`'s `Hash` or `Eq` (or the hasher) panics; nothing changed.
     pub fn in_flight(&self, shard: &Shard) -> u32 {
-        lock(&self.shared.state).window.in_flight(shard)
+        self.query(shard).window.in_flight(shard)
     }
 
     /// Free credits of `shard`. Never positive while waiters are in the shard's line.
@@ -634,7 +698,7 @@ where
     ///
     /// If `shard`'s `Hash` or `Eq` (or the hasher) panics; nothing changed.
     pub fn available(&self, shard: &Shard) -> u32 {
-        lock(&self.shared.state).window.available(shard)
+        self.query(shard).window.available(shard)
     }
 
     /// Waiters in `shard`'s line.
@@ -643,24 +707,47 @@ where
     ///
     /// If `shard`'s `Hash` or `Eq` (or the hasher) panics; nothing changed.
     pub fn waiting(&self, shard: &Shard) -> usize {
-        lock(&self.shared.state).window.queued(shard)
+        self.query(shard).window.queued(shard)
+    }
+
+    /// The stripe `shard` hashes onto (`0..STRIPES`), as [`Permit::stripe`] reports it.
+    ///
+    /// # Panics
+    ///
+    /// If `shard`'s `Hash` (or the hasher) panics; nothing changed.
+    pub fn stripe_of(&self, shard: &Shard) -> usize {
+        stripe_of(self.shared.hasher.hash_one(shard))
     }
 
     #[cfg(test)]
     pub(crate) fn stats(&self) -> Stats {
-        lock(&self.shared.state).stats
+        let mut all = Stats::default();
+        for st in self.shared.stripes.iter() {
+            let stats = lock(st).stats;
+            all.refused_releases += stats.refused_releases;
+            all.peak_in_flight = all.peak_in_flight.max(stats.peak_in_flight);
+        }
+        all
+    }
+
+    /// `f` over every stripe's state, summed (tests look inside the stripes).
+    #[cfg(all(test, not(loom)))]
+    fn total(&self, f: impl Fn(&mut WindowState<Shard, S>) -> usize) -> usize {
+        let stripes = self.shared.stripes.iter();
+        stripes.map(|st| f(&mut lock(st))).sum()
     }
 
     #[cfg(test)]
     pub(crate) fn live_credits(&self) -> usize {
-        lock(&self.shared.state).window.live_credits()
+        let stripes = self.shared.stripes.iter();
+        stripes.map(|st| lock(st).window.live_credits()).sum()
     }
 
     /// One page of at most `max` tracked shards, each with its permits held and free, its
     /// tasks waiting in `acquire`, and whether it is paused ([`DispatchWindow::snapshot`]).
-    /// Start with `from = None`, then pass each page's `next` until it is `None`; the lock is
-    /// held for one page at a time, and every shard tracked throughout the walk is listed
-    /// exactly once.
+    /// Start with `from = None`, then pass each page's `next` until it is `None`. The walk goes
+    /// stripe by stripe (a cursor names its stripe), holding one stripe's lock at a time, and
+    /// every shard tracked throughout the walk is listed exactly once.
     ///
     /// ```
     /// use throttle_sansio::WindowConfig;
@@ -680,7 +767,36 @@ where
     /// Only if a shard's `Clone` panics (each listed key is cloned, under the lock, which
     /// changes nothing); the handle keeps serving.
     pub fn snapshot(&self, from: Option<Cursor>, max: usize) -> Page<ShardSnapshot<Shard>> {
-        lock(&self.shared.state).window.snapshot(from, max)
+        let max = max.max(1);
+        // A window's cursor is a place `(hash, id)` in its stripe, so its hash names the
+        // stripe; the start of a stripe is `(stripe, STRIPE_START)`, an id no entry has.
+        let (mut stripe, mut from) = match from.map(Cursor::order) {
+            None => (0, None),
+            Some((s, STRIPE_START)) => (usize::try_from(s).unwrap_or(STRIPES), None),
+            Some((hash, _)) => (stripe_of(hash), from),
+        };
+        let mut items = Vec::new();
+        while stripe < STRIPES {
+            let room = max.saturating_sub(items.len());
+            let page = lock(self.shared.stripe(stripe)).window.snapshot(from, room);
+            items.extend(page.items);
+            if page.next.is_some() {
+                return Page {
+                    items,
+                    next: page.next,
+                };
+            }
+            stripe += 1;
+            if items.len() >= max && stripe < STRIPES {
+                let next = Cursor::after(stripe as u64, STRIPE_START);
+                return Page {
+                    items,
+                    next: Some(next),
+                };
+            }
+            from = None;
+        }
+        Page { items, next: None }
     }
 
     /// Sends the window's observation events ([`WindowEvent`]: every credit issued, with its
@@ -727,7 +843,7 @@ where
     fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<WindowEvent<Shard>>>>) {
         self.shared
             .tap
-            .install(&self.shared.state, sink, |st, capacity| {
+            .install(&self.shared.stripes, sink, |st, capacity| {
                 st.window.set_event_capacity(capacity);
             });
     }
@@ -741,7 +857,10 @@ where
     /// that panicked as the handle copied it into one, or delivered just after a
     /// [`clear_event_sink`](Self::clear_event_sink).
     pub fn events_dropped(&self) -> u64 {
-        let dropped = lock(&self.shared.state).window.events_dropped();
+        let stripes = self.shared.stripes.iter();
+        let dropped = stripes.fold(0u64, |n, st| {
+            n.saturating_add(lock(st).window.events_dropped())
+        });
         dropped.saturating_add(self.shared.tap.unseen())
     }
 }
@@ -764,6 +883,8 @@ where
 {
     shared: Holder<'a, Shard, S>,
     shard: Shard,
+    /// The stripe the credit is from (`0..STRIPES`).
+    stripe: usize,
     credit: CreditId,
     /// Cleared by the first release, so `complete` followed by `Drop` releases once.
     live: bool,
@@ -781,6 +902,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
             .field("shard", &self.shard)
+            .field("stripe", &self.stripe)
             .field("credit", &self.credit)
             .finish()
     }
@@ -792,10 +914,11 @@ where
     S: BuildHasher,
 {
     #[inline]
-    fn new(shared: Holder<'a, Shard, S>, shard: Shard, credit: CreditId) -> Self {
+    fn new(shared: Holder<'a, Shard, S>, shard: Shard, stripe: usize, credit: CreditId) -> Self {
         Permit {
             shared,
             shard,
+            stripe,
             credit,
             live: true,
         }
@@ -806,9 +929,15 @@ where
         &self.shard
     }
 
-    /// The credit's id in the underlying window (unique for the window's life).
+    /// The credit's id in its stripe's window: unique for the handle's life together with
+    /// [`stripe`](Self::stripe) (two stripes number their credits independently).
     pub fn credit(&self) -> CreditId {
         self.credit
+    }
+
+    /// The stripe the credit is from (`0..STRIPES`), which its shard's key hashes onto.
+    pub fn stripe(&self) -> usize {
+        self.stripe
     }
 
     /// Releases the credit: the shard's oldest waiter receives one in its place
@@ -825,13 +954,13 @@ where
         if !core::mem::replace(&mut self.live, false) {
             return Released::Freed;
         }
-        let mut st = self.shared.get().lock();
+        let mut st = self.shared.get().lock(self.stripe);
         let mut wakeups = Wakeups::new();
         let released = st.release(self.credit, &mut wakeups);
         let drained = st.is_drained();
         drop(st);
         if drained {
-            // The last credit of a closed window: `closed()` may resolve.
+            // The last credit of a closed stripe: `closed()` may resolve (it checks them all).
             self.shared.get().drained.notify();
         }
         match released {
@@ -986,10 +1115,11 @@ where
         let Some(shared) = self.shared.as_ref() else {
             return Err(AcquireError::Closed);
         };
-        let taken = shared.get().lock().take_waiter(key);
+        let stripe = stripe_of(self.hash);
+        let taken = shared.get().lock(stripe).take_waiter(key);
         match (taken, self.shared.take(), self.shard.take()) {
             (Some(Waiter::Granted(credit)), Some(shared), Some(shard)) => {
-                Ok(Permit::new(shared, shard, credit))
+                Ok(Permit::new(shared, shard, stripe, credit))
             }
             (Some(Waiter::Waiting(_)), _, _) => timed_out,
             _ => Err(AcquireError::Closed),
@@ -1030,7 +1160,8 @@ where
         let Some(shard) = this.shard.as_ref() else {
             return Poll::Pending; // resolved already
         };
-        let mut st = shared.get().lock();
+        let stripe = stripe_of(this.hash);
+        let mut st = shared.get().lock(stripe);
         // `Err(true)`: the window just ran out of ids; close the handle before resolving.
         let outcome = match this.state {
             AcquireState::Start => match st.try_issue(shard, this.hash) {
@@ -1068,7 +1199,9 @@ where
         this.state = AcquireState::Done;
         // The key moves into the permit: no user `Clone` runs once the credit is ours.
         Poll::Ready(match (outcome, this.shared.take(), this.shard.take()) {
-            (Ok(credit), Some(shared), Some(shard)) => Ok(Permit::new(shared, shard, credit)),
+            (Ok(credit), Some(shared), Some(shard)) => {
+                Ok(Permit::new(shared, shard, stripe, credit))
+            }
             // `shared` and `shard` were checked above; an error resolves without them.
             (Ok(_), _, _) | (Err(_), _, _) => Err(Closed),
         })
@@ -1086,7 +1219,7 @@ impl<Shard: Hash + Eq + Clone, S: BuildHasher> Drop for Acquire<'_, Shard, S> {
         let mut exhausted = false;
         let mut drained = false;
         {
-            let mut st = shared.get().lock();
+            let mut st = shared.get().lock(stripe_of(self.hash));
             // Still in line: it leaves it (the window cancels its ticket). Cancelled after a
             // credit was handed to it: the credit goes back, to the next waiter if any. No
             // user code runs here: the window names the shard by its stored hash.

@@ -1068,11 +1068,13 @@ where
     }
 
     fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<BatchEvent<Shard>>>>) {
-        self.shared
-            .tap
-            .install(&self.shared.state, sink, |st, capacity| {
+        self.shared.tap.install(
+            core::slice::from_ref(&self.shared.state),
+            sink,
+            |st, capacity| {
                 st.batcher.set_event_capacity(capacity);
-            });
+            },
+        );
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).

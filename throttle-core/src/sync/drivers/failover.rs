@@ -356,12 +356,14 @@ where
     }
 
     fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<FailoverEvent>>>) {
-        self.shared
-            .tap
-            .install(&self.shared.state, sink, |st, capacity| {
+        self.shared.tap.install(
+            core::slice::from_ref(&self.shared.state),
+            sink,
+            |st, capacity| {
                 st.events = capacity > 0;
                 st.coalescer.set_event_capacity(capacity);
-            });
+            },
+        );
     }
 
     /// Events lost before a sink saw them: to the coalescer's bound before the executor

@@ -180,6 +180,24 @@ fn release_racing_a_newcomer_serves_the_older_waiter_first() {
     });
 }
 
+/// A `closed()` waiter on its own clone of `h`, polled once (pending: `h` is open), with the
+/// waker it was polled with and that waker's count.
+fn closed_listener(
+    h: &Handle,
+) -> (
+    core::pin::Pin<alloc::boxed::Box<impl core::future::Future<Output = ()>>>,
+    core::task::Waker,
+    crate::sync::test_support::WakeCount,
+) {
+    let (waker, wakes) = CountingWaker::new();
+    let mut closed = boxed({
+        let h = h.clone();
+        async move { h.closed().await }
+    });
+    assert!(poll_once(&mut closed, &waker).is_pending());
+    (closed, waker, wakes)
+}
+
 /// `close` on one thread races the last permit's release on another while a `closed()`
 /// waiter polls (and a second `closed()` is first polled): neither resolves before both have
 /// happened, and once both have the waiter is woken (or was ready already), so a graceful
@@ -188,12 +206,7 @@ fn release_racing_a_newcomer_serves_the_older_waiter_first() {
 fn window_closed_resolves_after_close_and_the_last_release_and_not_before() {
     super::model(|| {
         let (h, p) = full();
-        let (waker, wakes) = CountingWaker::new();
-        let mut closed = boxed({
-            let h = h.clone();
-            async move { h.closed().await }
-        });
-        assert!(poll_once(&mut closed, &waker).is_pending());
+        let (mut closed, waker, wakes) = closed_listener(&h);
 
         let h1 = h.clone();
         let t1 = thread::spawn(move || h1.close());
@@ -460,4 +473,88 @@ fn a_timed_out_acquire_racing_the_handoff_loses_no_credit() {
             assert_settled(&h, &[0]);
         });
     }
+}
+
+/// Two shards of one handle, one on each of loom's two stripes.
+fn keys_on_two_stripes<S: BuildHasher>(h: &Handle<S>) -> (u32, u32) {
+    let on = |s: usize| (0..1_000u32).find(|k| h.stripe_of(k) == s);
+    match (on(0), on(1)) {
+        (Some(a), Some(b)) => (a, b),
+        _ => panic!("no key on one of the two stripes"),
+    }
+}
+
+/// `close` races a release on each of two stripes, each stripe with a waiter in line, while
+/// a `closed()` waiter polls: on each stripe the waiter resolves to the permit handed to it or
+/// to `Closed`, never both and never neither; no credit is released twice or stranded on
+/// either stripe; once `close` has returned neither stripe issues a credit; `closed()`
+/// resolves only when both stripes are drained, and is woken for it.
+#[test]
+fn close_racing_releases_on_two_stripes_settles_both() {
+    super::model(|| {
+        let h = window::<TestHasher>(1);
+        let (a, b) = keys_on_two_stripes(&h);
+        let (pa, pb) = (permit(&h, a), permit(&h, b));
+        assert_ne!(pa.stripe(), pb.stripe());
+        let mut wa = Hand::new(h.acquire_owned(a));
+        let mut wb = Hand::new(h.acquire_owned(b));
+        assert!(wa.poll().is_pending() && wb.poll().is_pending());
+        let (mut closed, waker, wakes) = closed_listener(&h);
+
+        let h1 = h.clone();
+        let t1 = thread::spawn(move || {
+            h1.close();
+            // Nothing is issued on any stripe once close returned.
+            assert_eq!(h1.try_acquire(a).err(), Some(TryAcquireError::Closed));
+            assert_eq!(h1.try_acquire(b).err(), Some(TryAcquireError::Closed));
+        });
+        let t2 = thread::spawn(move || pa.complete());
+        let _ = pb.complete();
+        join(t1);
+        let _ = join(t2);
+
+        for (name, w) in [("a", &mut wa), ("b", &mut wb)] {
+            assert!(w.wakes() >= 1, "{name}'s waiter left unwoken");
+            match w.poll() {
+                Poll::Ready(Ok(p)) => drop(p),
+                Poll::Ready(Err(Closed)) => {}
+                Poll::Pending => panic!("{name}'s waiter never resolved"),
+            }
+        }
+        let early = poll_once(&mut closed, &waker);
+        if early.is_pending() {
+            assert!(wakes.wakes() >= 1, "closed() lost its wake-up");
+            assert!(poll_once(&mut closed, &waker).is_ready());
+        }
+        assert_settled(&h, &[a, b]);
+    });
+}
+
+/// Releases on two stripes run on two threads, each handing its credit to its own waiter:
+/// neither lock waits for the other (each release changes only its stripe), each waiter is
+/// woken once and served its own shard's credit.
+#[test]
+fn releases_on_two_stripes_each_serve_their_own_line() {
+    super::model(|| {
+        let h = window::<TestHasher>(1);
+        let (a, b) = keys_on_two_stripes(&h);
+        let (pa, pb) = (permit(&h, a), permit(&h, b));
+        let mut wa = Hand::new(h.acquire_owned(a));
+        let mut wb = Hand::new(h.acquire_owned(b));
+        assert!(wa.poll().is_pending() && wb.poll().is_pending());
+        let t1 = thread::spawn(move || pa.complete());
+        let t2 = thread::spawn(move || pb.complete());
+        assert_eq!(
+            (join(t1), join(t2)),
+            (Released::HandedOn, Released::HandedOn)
+        );
+        assert_eq!((wa.wakes(), wb.wakes()), (1, 1));
+        let (Poll::Ready(Ok(qa)), Poll::Ready(Ok(qb))) = (wa.poll(), wb.poll()) else {
+            panic!("a stripe's waiter was not served");
+        };
+        assert_eq!((*qa.shard(), *qb.shard()), (a, b));
+        assert_ne!(qa.stripe(), qb.stripe());
+        drop((qa, qb));
+        assert_settled(&h, &[a, b]);
+    });
 }

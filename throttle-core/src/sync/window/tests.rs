@@ -71,14 +71,19 @@ fn a_hint_that_finds_its_shard_is_not_trusted_after_the_table_grows() {
         drop(again);
         drop(others);
         assert_eq!(h.live_credits(), 0);
-        assert_eq!(lock(&h.shared.state).window.shard_count(), 0);
+        assert_eq!(h.total(|st| st.window.shard_count()), 0);
     }
 }
 
 #[test]
 fn running_out_of_credit_ids_closes_the_handle_on_every_path() {
     let (waker, count) = CountingWaker::new();
-    let spend_ids = |h: &Handle| lock(&h.shared.state).window.skip_generations_to(u64::MAX);
+    let spend_ids = |h: &Handle| {
+        h.total(|st| {
+            st.window.skip_generations_to(u64::MAX);
+            0
+        })
+    };
 
     // A release that would hand a fresh credit to a waiter finds no id left.
     let h = handle(1);
@@ -193,7 +198,7 @@ fn a_hasher_clone_that_hashes_differently_costs_a_lookup_not_a_second_window() {
     // A second entry for shard 5 would have handed out a third credit here.
     assert_eq!(h.try_acquire(5).unwrap_err(), TryAcquireError::NoCredit);
     assert_eq!(h.in_flight(&5), 2);
-    assert_eq!(lock(&h.shared.state).window.tracked_shards(), 1);
+    assert_eq!(h.total(|st| st.window.tracked_shards()), 1);
     // The hand-off to a waiter goes through the same hint.
     let (waker, _count) = CountingWaker::new();
     let mut waiter = h.acquire(5);
@@ -465,9 +470,9 @@ fn idle_handle_keeps_no_waiter_state() {
     }
     drop(ws);
     drop(first);
-    let st = lock(&h.shared.state);
-    assert_eq!((st.window.queued(&1), st.waiters.len()), (0, 0));
-    assert_eq!(st.window.live_credits(), 0);
+    assert_eq!(h.waiting(&1), 0);
+    assert_eq!(h.total(|st| st.waiters.len()), 0);
+    assert_eq!(h.live_credits(), 0);
 }
 
 #[test]
@@ -632,4 +637,91 @@ mod timeouts {
         drop(held);
         assert_eq!(h.live_credits(), 0);
     }
+}
+
+/// Shards spread over every stripe, each permit naming its shard's stripe; a waiter on one
+/// stripe is served by its own shard's release while another stripe's permits come and go;
+/// `close` fails the waiters of every stripe and `closed()` waits for the permits of all.
+#[test]
+fn shards_spread_over_all_stripes_and_close_reaches_every_one() {
+    let h = handle(1);
+    let mut by_stripe: Vec<Vec<u32>> = vec![Vec::new(); STRIPES];
+    for k in 0..4_000u32 {
+        by_stripe[h.stripe_of(&k)].push(k);
+    }
+    assert!(
+        by_stripe.iter().all(|ks| ks.len() > 100),
+        "every stripe takes a share: {:?}",
+        by_stripe.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    let (a, b) = (by_stripe[0][0], by_stripe[1][0]);
+    let pa = h.try_acquire(a).expect("free");
+    let pb = h.try_acquire(b).expect("free");
+    assert_eq!((pa.stripe(), pb.stripe()), (0, 1));
+    let (waker, count) = CountingWaker::new();
+    let mut wa = h.acquire(a);
+    let mut wb = h.acquire(b);
+    assert!(poll_once(&mut wa, &waker).is_pending());
+    assert!(poll_once(&mut wb, &waker).is_pending());
+    // Stripe 1's release serves stripe 1's waiter only.
+    assert_eq!(pb.complete(), Released::HandedOn);
+    assert_eq!(count.wakes(), 1);
+    let Poll::Ready(Ok(qb)) = poll_once(&mut wb, &waker) else {
+        panic!("b's waiter not served");
+    };
+    assert_eq!((h.waiting(&a), h.in_flight(&a), h.in_flight(&b)), (1, 1, 1));
+    // Close fails the waiter on stripe 0; closed() waits for both stripes' permits.
+    h.close();
+    assert_eq!(count.wakes(), 2);
+    assert!(matches!(
+        poll_once(&mut wa, &waker),
+        Poll::Ready(Err(Closed))
+    ));
+    assert_eq!(
+        h.try_acquire(by_stripe[5][0]).unwrap_err(),
+        TryAcquireError::Closed
+    );
+    let mut closed = Box::pin(h.closed());
+    assert!(poll_once(&mut closed, &waker).is_pending());
+    drop(pa);
+    assert!(
+        poll_once(&mut closed, &waker).is_pending(),
+        "stripe 1 still holds one"
+    );
+    drop(qb);
+    assert!(poll_once(&mut closed, &waker).is_ready());
+    assert_eq!(h.live_credits(), 0);
+}
+
+/// A paged walk over shards on every stripe lists each exactly once, whatever the page size,
+/// including pages that end exactly where a stripe does.
+#[test]
+fn a_snapshot_walk_lists_every_shard_of_every_stripe_exactly_once() {
+    let h = handle(2);
+    let permits: Vec<_> = (0..200u32)
+        .map(|k| h.try_acquire(k).expect("free"))
+        .collect();
+    let per_stripe = (0..STRIPES)
+        .map(|s| (0..200u32).filter(|k| h.stripe_of(k) == s).count())
+        .collect::<Vec<_>>();
+    let mut sizes: Vec<usize> = vec![1, 3, 7, 200, 500];
+    sizes.extend(per_stripe.iter().copied().filter(|&n| n > 0).take(2));
+    for max in sizes {
+        let (mut seen, mut from, mut pages) = (Vec::new(), None, 0);
+        loop {
+            let page = h.snapshot(from, max);
+            assert!(page.items.len() <= max);
+            pages += 1;
+            seen.extend(page.items.iter().map(|s| (s.shard, s.in_flight)));
+            match page.next {
+                Some(next) => from = Some(next),
+                None => break,
+            }
+            assert!(pages < 1_000, "the walk does not end");
+        }
+        seen.sort_unstable();
+        let want: Vec<(u32, u32)> = (0..200).map(|k| (k, 1)).collect();
+        assert_eq!(seen, want, "page size {max}");
+    }
+    drop(permits);
 }
