@@ -97,14 +97,14 @@ impl<E> EventTap<E> {
     /// on every one of `states` (one, or a striped handle's stripes), all under the states'
     /// locks (taken in slice order, then the slot's): two racing installs cannot leave the
     /// events on with no sink, or off with one, on any state. `turn` must run no user code.
-    pub(crate) fn install<T>(
+    pub(crate) fn install<'s, T: 's>(
         &self,
-        states: &[Mutex<T>],
+        states: impl IntoIterator<Item = &'s Mutex<T>>,
         sink: Option<Arc<dyn EventSink<E>>>,
         mut turn: impl FnMut(&mut T, usize),
     ) {
         // Every state's lock, in order (a striped handle's stripes), then the slot's.
-        let mut all: Vec<_> = states.iter().map(lock).collect();
+        let mut all: Vec<_> = states.into_iter().map(lock).collect();
         let capacity = if sink.is_some() { EVENT_CAPACITY } else { 0 };
         let old = core::mem::replace(&mut lock(&self.slot).sink, sink);
         for st in &mut all {

@@ -610,10 +610,9 @@ impl<K: Hash + Eq + Clone, S: BuildHasher, R> GateHandle<K, S, R> {
     }
 
     fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<GateEvent<K>>>>) {
-        self.tap
-            .install(core::slice::from_ref(&self.gate), sink, |g, capacity| {
-                g.set_event_capacity(capacity)
-            });
+        self.tap.install([&*self.gate], sink, |g, capacity| {
+            g.set_event_capacity(capacity)
+        });
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).

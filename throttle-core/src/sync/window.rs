@@ -56,10 +56,14 @@ use crate::time::Instant;
 /// Wakers collected under the lock, woken after it is dropped.
 type Wakeups = SmallVec<[Waker; 2]>;
 
-/// Independently locked stripes of a [`WindowHandle`]: 16 (under loom, 2, so the models reach
-/// both cross-stripe and same-stripe interleavings in their budget).
+/// Independently locked stripes of a [`WindowHandle`]: 64 (under loom, 2, so the models reach
+/// both cross-stripe and same-stripe interleavings in their budget). 64 and not 16: two
+/// threads on 64 shards each measured 273 ns per operation with 16 stripes and 160 ns with 64
+/// (one thread: 108 and 80), since every stripe both threads use moves its lock and table
+/// lines between the cores; 256 measured no better. Each stripe costs an empty window
+/// (`BENCHMARKS.md` records the handle's size).
 #[cfg(not(loom))]
-pub const STRIPES: usize = 16;
+pub const STRIPES: usize = 64;
 /// Independently locked stripes of a [`WindowHandle`] (2 under loom).
 #[cfg(loom)]
 pub const STRIPES: usize = 2;
@@ -391,14 +395,33 @@ where
 /// ```
 pub struct WindowHandle<Shard, S = std::hash::RandomState> {
     shared: Arc<Shared<Shard, S>>,
+    /// One owner count per stripe: an owned permit or future clones its stripe's, so owned
+    /// permits of different stripes touch different reference counts (one count for the
+    /// whole handle was a cache line every owned acquire and release on every core wrote).
+    owners: Arc<Owners<Shard, S>>,
 }
+
+/// The per-stripe owner counts of a handle, indexed by stripe.
+type Owners<Shard, S> = Box<[Arc<Owner<Shard, S>>]>;
+
+/// A locked stripe on its own cache lines.
+type Stripe<Shard, S> = Padded<Mutex<WindowState<Shard, S>>>;
+
+/// A stripe's reference count of the handle's state, on its own cache lines.
+#[repr(align(128))]
+struct Owner<Shard, S>(Arc<Shared<Shard, S>>);
+
+/// A stripe's state on cache lines of its own, so a lock taken on one stripe does not move
+/// the line holding a neighbouring stripe's lock word.
+#[repr(align(128))]
+struct Padded<T>(T);
 
 /// What a handle's clones, permits and futures share: the locked stripes, and a clone of the
 /// window's hasher so that a shard key is hashed before a lock is taken, not under it.
 struct Shared<Shard, S> {
     hasher: S,
     /// Exactly [`STRIPES`] of them; a shard lives in `stripes[stripe_of(hash)]`.
-    stripes: Box<[Mutex<WindowState<Shard, S>>]>,
+    stripes: Box<[Stripe<Shard, S>]>,
     /// Notified (after unlock) by every release that leaves the closed window with no live
     /// credit, and by `close` itself: [`WindowHandle::closed`] listens.
     drained: WakeSignal,
@@ -415,7 +438,7 @@ where
     /// Stripe `i` (masked into range).
     #[inline]
     fn stripe(&self, i: usize) -> &Mutex<WindowState<Shard, S>> {
-        &self.stripes[i & (STRIPES - 1)]
+        &self.stripes[i & (STRIPES - 1)].0
     }
 
     /// Stripe `i`'s lock, for a critical section that may change its window: its events go to
@@ -428,7 +451,7 @@ where
     /// Every stripe closed and no credit live in any: what [`WindowHandle::closed`] waits
     /// for. Takes the stripes' locks one at a time.
     fn is_drained(&self) -> bool {
-        self.stripes.iter().all(|st| lock(st).is_drained())
+        self.stripes.iter().all(|st| lock(&st.0).is_drained())
     }
 
     /// Fails every waiter and refuses later acquires, on every stripe at once: the stripes'
@@ -441,7 +464,7 @@ where
             let mut all: Vec<_> = self
                 .stripes
                 .iter()
-                .map(|st| lock_observed(st, &self.tap))
+                .map(|st| lock_observed(&st.0, &self.tap))
                 .collect();
             for st in &mut all {
                 st.close(&mut wakeups);
@@ -459,7 +482,8 @@ where
 /// [`WindowHandle::try_acquire_owned`]: `'static`, so it can move into a spawned task).
 enum Holder<'a, Shard, S> {
     Borrowed(&'a Shared<Shard, S>),
-    Owned(Arc<Shared<Shard, S>>),
+    /// The count of the permit's stripe.
+    Owned(Arc<Owner<Shard, S>>),
 }
 
 impl<Shard, S> Holder<'_, Shard, S> {
@@ -467,7 +491,7 @@ impl<Shard, S> Holder<'_, Shard, S> {
     fn get(&self) -> &Shared<Shard, S> {
         match self {
             Holder::Borrowed(shared) => shared,
-            Holder::Owned(shared) => shared,
+            Holder::Owned(owner) => &owner.0,
         }
     }
 }
@@ -476,6 +500,7 @@ impl<Shard, S> Clone for WindowHandle<Shard, S> {
     fn clone(&self) -> Self {
         WindowHandle {
             shared: Arc::clone(&self.shared),
+            owners: Arc::clone(&self.owners),
         }
     }
 }
@@ -508,21 +533,26 @@ where
         let stripes = (0..STRIPES)
             .map(|_| {
                 let window = DispatchWindow::with_hasher(cfg, hasher.clone())?;
-                Ok(Mutex::new(WindowState {
+                Ok(Padded(Mutex::new(WindowState {
                     window,
                     waiters: Waiters::new(),
                     #[cfg(test)]
                     stats: Stats::default(),
-                }))
+                })))
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
+        let shared = Arc::new(Shared {
+            stripes: stripes.into_boxed_slice(),
+            tap: EventTap::default(),
+            hasher,
+            drained: WakeSignal::new(),
+        });
+        let owners = (0..STRIPES)
+            .map(|_| Arc::new(Owner(Arc::clone(&shared))))
+            .collect::<Vec<_>>();
         Ok(WindowHandle {
-            shared: Arc::new(Shared {
-                stripes: stripes.into_boxed_slice(),
-                tap: EventTap::default(),
-                hasher,
-                drained: WakeSignal::new(),
-            }),
+            shared,
+            owners: Arc::new(owners.into_boxed_slice()),
         })
     }
 
@@ -537,7 +567,8 @@ where
     /// on the key's `Hash`, `Eq` or `Clone` and on the waker's `clone` (see [`Acquire`]).
     #[inline]
     pub fn acquire(&self, shard: Shard) -> Acquire<'_, Shard, S> {
-        Acquire::new(Holder::Borrowed(&self.shared), shard)
+        let hash = self.shared.hasher.hash_one(&shard);
+        Acquire::new(Holder::Borrowed(&self.shared), shard, hash)
     }
 
     /// As [`acquire`](Self::acquire), for a `'static` permit ([`OwnedPermit`]) that holds a
@@ -554,7 +585,8 @@ where
         Shard: 'static,
         S: 'static,
     {
-        Acquire::new(Holder::Owned(Arc::clone(&self.shared)), shard)
+        let hash = self.shared.hasher.hash_one(&shard);
+        Acquire::new(self.owned(stripe_of(hash)), shard, hash)
     }
 
     /// As [`acquire`](Self::acquire), giving up at `timeout` after this call on `rt`'s clock
@@ -608,7 +640,7 @@ where
     /// no credit issued, no entry made); other and later callers proceed.
     #[inline]
     pub fn try_acquire(&self, shard: Shard) -> Result<Permit<'_, Shard, S>, TryAcquireError> {
-        self.take_now(shard, || Holder::Borrowed(&self.shared))
+        self.take_now(shard, |_| Holder::Borrowed(&self.shared))
     }
 
     /// As [`try_acquire`](Self::try_acquire), for a `'static` permit ([`OwnedPermit`]).
@@ -624,21 +656,28 @@ where
         Shard: 'static,
         S: 'static,
     {
-        self.take_now(shard, || Holder::Owned(Arc::clone(&self.shared)))
+        self.take_now(shard, |stripe| self.owned(stripe))
     }
 
-    /// A credit now, held through the holder `hold` makes once the credit is issued.
+    /// An owner count of stripe `stripe`'s, for an owned permit or future.
+    #[inline]
+    fn owned(&self, stripe: usize) -> Holder<'static, Shard, S> {
+        Holder::Owned(Arc::clone(&self.owners[stripe & (STRIPES - 1)]))
+    }
+
+    /// A credit now, held through the holder `hold` makes (for the credit's stripe) once the
+    /// credit is issued.
     #[inline]
     fn take_now<'a>(
         &self,
         shard: Shard,
-        hold: impl FnOnce() -> Holder<'a, Shard, S>,
+        hold: impl FnOnce(usize) -> Holder<'a, Shard, S>,
     ) -> Result<Permit<'a, Shard, S>, TryAcquireError> {
         let hash = self.shared.hasher.hash_one(&shard);
         let stripe = stripe_of(hash);
         let issued = self.shared.lock(stripe).try_issue(&shard, hash);
         match issued {
-            Issue::Credit(credit) => Ok(Permit::new(hold(), shard, stripe, credit)),
+            Issue::Credit(credit) => Ok(Permit::new(hold(stripe), shard, stripe, credit)),
             Issue::NoCredit => Err(TryAcquireError::NoCredit),
             Issue::Closed => Err(TryAcquireError::Closed),
             Issue::Exhausted => {
@@ -723,7 +762,7 @@ where
     pub(crate) fn stats(&self) -> Stats {
         let mut all = Stats::default();
         for st in self.shared.stripes.iter() {
-            let stats = lock(st).stats;
+            let stats = lock(&st.0).stats;
             all.refused_releases += stats.refused_releases;
             all.peak_in_flight = all.peak_in_flight.max(stats.peak_in_flight);
         }
@@ -734,13 +773,13 @@ where
     #[cfg(all(test, not(loom)))]
     fn total(&self, f: impl Fn(&mut WindowState<Shard, S>) -> usize) -> usize {
         let stripes = self.shared.stripes.iter();
-        stripes.map(|st| f(&mut lock(st))).sum()
+        stripes.map(|st| f(&mut lock(&st.0))).sum()
     }
 
     #[cfg(test)]
     pub(crate) fn live_credits(&self) -> usize {
         let stripes = self.shared.stripes.iter();
-        stripes.map(|st| lock(st).window.live_credits()).sum()
+        stripes.map(|st| lock(&st.0).window.live_credits()).sum()
     }
 
     /// One page of at most `max` tracked shards, each with its permits held and free, its
@@ -841,11 +880,13 @@ where
     }
 
     fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<WindowEvent<Shard>>>>) {
-        self.shared
-            .tap
-            .install(&self.shared.stripes, sink, |st, capacity| {
+        self.shared.tap.install(
+            self.shared.stripes.iter().map(|st| &st.0),
+            sink,
+            |st, capacity| {
                 st.window.set_event_capacity(capacity);
-            });
+            },
+        );
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).
@@ -859,7 +900,7 @@ where
     pub fn events_dropped(&self) -> u64 {
         let stripes = self.shared.stripes.iter();
         let dropped = stripes.fold(0u64, |n, st| {
-            n.saturating_add(lock(st).window.events_dropped())
+            n.saturating_add(lock(&st.0).window.events_dropped())
         });
         dropped.saturating_add(self.shared.tap.unseen())
     }
@@ -1045,9 +1086,9 @@ where
     S: BuildHasher,
 {
     #[inline]
-    fn new(shared: Holder<'a, Shard, S>, shard: Shard) -> Self {
+    fn new(shared: Holder<'a, Shard, S>, shard: Shard, hash: u64) -> Self {
         Acquire {
-            hash: shared.get().hasher.hash_one(&shard),
+            hash,
             shared: Some(shared),
             shard: Some(shard),
             state: AcquireState::Start,

@@ -646,7 +646,7 @@ mod timeouts {
 fn shards_spread_over_all_stripes_and_close_reaches_every_one() {
     let h = handle(1);
     let mut by_stripe: Vec<Vec<u32>> = vec![Vec::new(); STRIPES];
-    for k in 0..4_000u32 {
+    for k in 0..16_000u32 {
         by_stripe[h.stripe_of(&k)].push(k);
     }
     assert!(
