@@ -26,13 +26,14 @@ use cpu_time::ThreadCpuTime;
 use criterion::{
     BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
+use throttle_sansio::PendingBytesConfig;
 use throttle_sansio::backoff::{Backoff, BackoffConfig};
 use throttle_sansio::backpressure::{PressureConfig, ServerPressure, Signal, ThrottleCurve};
 use throttle_sansio::batcher::{Batcher, BatcherConfig};
 use throttle_sansio::dispatch_window::WindowEvent;
 use throttle_sansio::dispatch_window::{DispatchWindow, WindowConfig};
 use throttle_sansio::rng::{Rng, SplitMix64};
-use throttle_sansio::sync::WindowHandle;
+use throttle_sansio::sync::{PendingBytes, WindowHandle};
 use throttle_sansio::time::Instant;
 use throttle_sansio::write_gate::{GateState, Reason, WriteGate, WriteGateConfig};
 use workloads::batcher_round;
@@ -871,6 +872,29 @@ fn threads_2(c: &mut Criterion) {
             });
         }
     }
+    // The pending-bytes limiter is one FIFO for the whole client by design (Oxia's
+    // `maxPendingBytes`): both threads take and give back one byte-count under its one lock,
+    // whatever the shard. Reported beside one tokio semaphore used the same way.
+    let bytes = PendingBytes::new(PendingBytesConfig::default());
+    g.bench_function(BenchmarkId::new("pending_bytes", "any"), |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, Shape::Own, &|_| {
+                let p = bytes.try_acquire(4_096).expect("far below the bound");
+                p.release();
+            })
+        })
+    });
+    let one = Arc::new(tokio::sync::Semaphore::new(1 << 20));
+    g.bench_function(BenchmarkId::new("tokio_semaphore", "any"), |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, Shape::Own, &|_| {
+                let p = Arc::clone(&one)
+                    .try_acquire_many_owned(4_096)
+                    .expect("room");
+                drop(black_box(p));
+            })
+        })
+    });
     g.finish();
 }
 
