@@ -23,12 +23,12 @@ use core::ops::Range;
 /// Where a paged walk resumes: pass a page's [`Page::next`] to the next call, on the same
 /// machine (a cursor of another walk or machine resumes somewhere, never out of bounds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Cursor(u64, u64);
+pub struct Cursor(u64, u64, u64);
 
 impl Cursor {
     /// A position in dense storage or slots.
     pub(crate) fn position(at: usize) -> Self {
-        Cursor(at as u64, 0)
+        Cursor(at as u64, 0, 0)
     }
 
     /// The position this cursor names (saturating).
@@ -38,7 +38,20 @@ impl Cursor {
 
     /// A place in an order by `(hash, id)`: the walk resumes after it.
     pub(crate) fn after(hash: u64, id: u64) -> Self {
-        Cursor(hash, id)
+        Cursor(hash, id, 0)
+    }
+
+    /// This cursor, tagged with the part of a composite walk it belongs to (a striped
+    /// handle's stripe); the machine that made it ignores the tag.
+    #[cfg(feature = "std")]
+    pub(crate) fn in_part(self, part: u64) -> Self {
+        Cursor(self.0, self.1, part)
+    }
+
+    /// The part tag given with [`Self::in_part`] (0 for a cursor without one).
+    #[cfg(feature = "std")]
+    pub(crate) fn part(self) -> u64 {
+        self.2
     }
 
     /// The `(hash, id)` a walk in that order resumes after.

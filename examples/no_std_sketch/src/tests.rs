@@ -133,7 +133,7 @@ impl Board for FakeBoard {
 }
 
 #[test]
-fn the_loop_writes_every_batch_and_retries_exactly_when_each_wait_ends() {
+fn the_loop_writes_every_batch_and_retries_within_the_slack_of_each_wait_end() {
     let mut up = uplink(SEED);
     let mut board = FakeBoard::new();
     for bucket in 0..4u8 {

@@ -94,7 +94,9 @@ impl PacedWriterConfig {
     /// gates open within `slack` of each other share one request per node instead of one
     /// request each. No bucket is sent before its gate opens; none waits more than `slack`
     /// past it (the runtime timer's lateness aside). It replaces the slack of the gate
-    /// configuration given to [`Self::with_gate`]. `Duration::ZERO` wakes at every opening
+    /// configuration given to [`Self::with_gate`], set or derived (a slack on that gate
+    /// configuration is ignored), and is derived from the disk backoff even when
+    /// [`Self::with_disk_backoff`] is off. `Duration::ZERO` wakes at every opening
     /// (the writer before coalescing). At most [`MAX_WAKE_SLACK`].
     ///
     /// Unset, it is 5 % of the gate's disk backoff's initial delay, at most

@@ -40,7 +40,7 @@ use core::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::events::{EventSink, EventTap, Observed, ObservedGuard, lock_observed};
+use super::events::{EventSink, EventTap, Observed, ObservedGuard, drain, lock_observed};
 use super::loom::{Arc, Mutex, lock};
 use super::signal::{WakeSignal, wait_for};
 use super::waiters::{WaiterKey, Waiters, wake_all};
@@ -75,10 +75,6 @@ pub const STRIPES: usize = 2;
 pub(crate) fn stripe_of(hash: u64) -> usize {
     ((hash >> 32) as usize) & (STRIPES - 1)
 }
-
-/// The id of a snapshot cursor that starts stripe `hash` from its beginning (no entry's id:
-/// ids count up from the start of a window and never reach it).
-const STRIPE_START: u64 = u64::MAX;
 
 /// What releasing a [`Permit`] did with its credit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -460,17 +456,21 @@ where
     /// the waiters after unlocking.
     fn close(&self) {
         let mut wakeups = Wakeups::new();
-        let drained = {
-            let mut all: Vec<_> = self
-                .stripes
-                .iter()
-                .map(|st| lock_observed(&st.0, &self.tap))
-                .collect();
+        let (drained, events) = {
+            let mut all: Vec<_> = self.stripes.iter().map(|st| lock(&st.0)).collect();
             for st in &mut all {
                 st.close(&mut wakeups);
             }
-            all.iter().all(|st| st.is_drained())
+            let drained = all.iter().all(|st| st.is_drained());
+            // The events of every stripe come out under the locks and reach the sink only
+            // once all of them are released: a sink that reads the handle (another stripe)
+            // must not find a lock still held by this thread.
+            let events: Vec<_> = all.iter_mut().map(|st| drain(&mut **st)).collect();
+            (drained, events)
         };
+        for batch in events {
+            self.tap.deliver(batch);
+        }
         wake_all(wakeups);
         self.drained.notify_if(drained);
     }
@@ -807,27 +807,32 @@ where
     /// changes nothing); the handle keeps serving.
     pub fn snapshot(&self, from: Option<Cursor>, max: usize) -> Page<ShardSnapshot<Shard>> {
         let max = max.max(1);
-        // A window's cursor is a place `(hash, id)` in its stripe, so its hash names the
-        // stripe; the start of a stripe is `(stripe, STRIPE_START)`, an id no entry has.
-        let (mut stripe, mut from) = match from.map(Cursor::order) {
+        // The cursor's part tag names the stripe: `2·stripe` to resume inside it after the
+        // window's place, `2·stripe + 1` to start it from its beginning. Not the place's
+        // hash: that is the stripe's window's own hash of the key, which a hasher whose
+        // clones hash differently puts on another stripe than the handle's.
+        let (mut stripe, mut from) = match from {
             None => (0, None),
-            Some((s, STRIPE_START)) => (usize::try_from(s).unwrap_or(STRIPES), None),
-            Some((hash, _)) => (stripe_of(hash), from),
+            Some(c) => {
+                let stripe = usize::try_from(c.part() >> 1).unwrap_or(STRIPES);
+                (stripe, (c.part() & 1 == 0).then_some(c))
+            }
         };
         let mut items = Vec::new();
         while stripe < STRIPES {
             let room = max.saturating_sub(items.len());
             let page = lock(self.shared.stripe(stripe)).window.snapshot(from, room);
             items.extend(page.items);
-            if page.next.is_some() {
+            if let Some(next) = page.next {
+                let next = next.in_part((stripe as u64) << 1);
                 return Page {
                     items,
-                    next: page.next,
+                    next: Some(next),
                 };
             }
             stripe += 1;
             if items.len() >= max && stripe < STRIPES {
-                let next = Cursor::after(stripe as u64, STRIPE_START);
+                let next = Cursor::after(0, 0).in_part(((stripe as u64) << 1) | 1);
                 return Page {
                     items,
                     next: Some(next),
@@ -970,8 +975,9 @@ where
         &self.shard
     }
 
-    /// The credit's id in its stripe's window: unique for the handle's life together with
-    /// [`stripe`](Self::stripe) (two stripes number their credits independently).
+    /// The credit's id in its stripe's window. Unique for the handle's life: each stripe's
+    /// window tags its ids with its own instance tag, so two stripes' ids never coincide (and
+    /// a [`WindowEvent`]'s `credit` names one credit of the handle).
     pub fn credit(&self) -> CreditId {
         self.credit
     }

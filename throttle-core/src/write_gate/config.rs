@@ -396,6 +396,12 @@ impl WriteGateConfig {
     /// [`MAX_WAKE_SLACK`]; a larger value is refused by [`Self::validate`]. The paced writer
     /// sets its own ([`PacedWriterConfig::with_wake_slack`](crate::paced_writer::PacedWriterConfig::with_wake_slack)).
     ///
+    /// Coalescing is what a loop that sleeps until `poll_timeout` gets (a single-owner sender
+    /// with [`GateTimer`](super::GateTimer), the paced writer). The `sync` layer's
+    /// `GateHandle::wait_until_open` (and the tower gate layer on it) waits for each bucket's
+    /// own opening, exactly: there the slack only delays when `drive_timeouts` evicts expired
+    /// state.
+    ///
     /// ```
     /// use core::time::Duration;
     /// use throttle_sansio::write_gate::WriteGateConfig;

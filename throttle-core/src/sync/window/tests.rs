@@ -725,3 +725,72 @@ fn a_snapshot_walk_lists_every_shard_of_every_stripe_exactly_once() {
     }
     drop(permits);
 }
+
+/// `close` gives back a credit handed to a waiter that has not polled, which records a
+/// `Released` event; the sink that receives it reads another stripe of the handle. The sink
+/// runs once every stripe's lock is released, so it neither deadlocks nor finds a lock held.
+#[test]
+fn a_sink_reading_another_stripe_during_close_finds_every_stripe_unlocked() {
+    let h = handle(1);
+    let on = |s: usize| (0..10_000u32).find(|k| h.stripe_of(k) == s).expect("a key");
+    let (a, b) = (on(0), on(1));
+    let seen = std::sync::Arc::new(StdMutex::new(Vec::new()));
+    let (log, probe) = (std::sync::Arc::clone(&seen), h.clone());
+    h.set_event_sink(move |e: &WindowEvent<u32>| {
+        // Locks stripe 1 (and stripe 0 for `a`) from inside the sink.
+        let read = (probe.available(&b), probe.in_flight(&a));
+        log.lock().unwrap().push((e.clone(), read));
+    });
+    let held = h.try_acquire(a).expect("free");
+    let (waker, _count) = CountingWaker::new();
+    let mut waiter = h.acquire(a);
+    assert!(poll_once(&mut waiter, &waker).is_pending());
+    assert_eq!(held.complete(), Released::HandedOn);
+    seen.lock().unwrap().clear();
+    h.close();
+    let got = seen.lock().unwrap().clone();
+    assert!(
+        matches!(
+            &got[..],
+            [(WindowEvent::Released { in_flight: 0, .. }, (1, 0))]
+        ),
+        "{got:?}"
+    );
+    assert!(matches!(
+        poll_once(&mut waiter, &waker),
+        Poll::Ready(Err(Closed))
+    ));
+    assert_eq!(h.live_credits(), 0);
+}
+
+/// A hasher whose clones hash differently gives each stripe's window hashes the handle's
+/// stripe choice does not match; a paged walk must still list every shard exactly once and
+/// end (a cursor that derived its stripe from the window's hash went back to an earlier
+/// stripe and looped).
+#[test]
+fn a_snapshot_walk_ends_and_lists_each_shard_once_when_the_hasher_clones_drift() {
+    let h: WindowHandle<u32, DriftingHasher> =
+        match WindowHandle::with_hasher(WindowConfig::default(), DriftingHasher(3)) {
+            Ok(h) => h,
+            Err(e) => panic!("valid config refused: {e}"),
+        };
+    let permits: Vec<_> = (0..300u32)
+        .map(|k| h.try_acquire(k).expect("free"))
+        .collect();
+    for max in [1, 2, 5, 64] {
+        let (mut seen, mut from, mut pages) = (Vec::new(), None, 0);
+        loop {
+            let page = h.snapshot(from, max);
+            pages += 1;
+            assert!(pages < 2_000, "page size {max}: the walk does not end");
+            seen.extend(page.items.iter().map(|s| s.shard));
+            match page.next {
+                Some(next) => from = Some(next),
+                None => break,
+            }
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..300).collect::<Vec<u32>>(), "page size {max}");
+    }
+    drop(permits);
+}
