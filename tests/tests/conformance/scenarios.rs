@@ -61,9 +61,11 @@ pub async fn window_of_two_serves_five_submitters_in_arrival_order_never_more_th
             let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
             peak.fetch_max(now, Ordering::SeqCst);
             arrived.lock().unwrap().push(i);
-            // Pairs hold their credits until 10, 20, 30 ms (absolute, so a slow task cannot
-            // push its own release past the scenario's next step).
-            let release = 10 * (i as u64 / 2 + 1);
+            // Submitter i holds its credit until (i + 1) * 10 ms: absolute, so a slow task cannot
+            // push its own release past the scenario's next step, and one release per step, so
+            // each step grants exactly one waiter (two grants at one instant would race to
+            // `arrived` on a multi-threaded executor, and the test could not see the grant order).
+            let release = 10 * (i as u64 + 1);
             rt2.sleep_until(Instant::from_millis(release)).await;
             holding.fetch_sub(1, Ordering::SeqCst);
             drop(permit);
@@ -76,12 +78,13 @@ pub async fn window_of_two_serves_five_submitters_in_arrival_order_never_more_th
     }
     assert_eq!(*order.lock().unwrap(), [0, 1]);
     assert_eq!((window.in_flight(&7), window.waiting(&7)), (2, 3));
-    h.advance(10 * MS).await;
-    until(h, "2 and 3 served", || order.lock().unwrap().len() == 4).await;
-    assert!(window.in_flight(&7) <= 2);
-    h.advance(10 * MS).await;
-    until(h, "4 served", || order.lock().unwrap().len() == 5).await;
-    h.advance(10 * MS).await;
+    for (served, label) in [(3, "2 served"), (4, "3 served"), (5, "4 served")] {
+        h.advance(10 * MS).await;
+        until(h, label, || order.lock().unwrap().len() == served).await;
+        assert!(window.in_flight(&7) <= 2);
+        assert_eq!(window.waiting(&7), 5 - served);
+    }
+    h.advance(20 * MS).await;
     until(h, "all released", || window.in_flight(&7) == 0).await;
     assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4], "FIFO");
     assert_eq!(peak.load(Ordering::SeqCst), 2, "never more than 2 at once");
