@@ -3,7 +3,7 @@
 use core::time::Duration;
 
 use crate::error::ConfigError;
-use crate::write_gate::{MAX_WAKE_SLACK, WriteGateConfig};
+use crate::write_gate::{WriteGateConfig, check_wake_slack};
 
 /// The cap on the writer's default wake slack: 50 ms.
 pub const DEFAULT_WAKE_SLACK_CAP: Duration = Duration::from_millis(50);
@@ -97,7 +97,7 @@ impl PacedWriterConfig {
     /// configuration given to [`Self::with_gate`], set or derived (a slack on that gate
     /// configuration is ignored), and is derived from the disk backoff even when
     /// [`Self::with_disk_backoff`] is off. `Duration::ZERO` wakes at every opening
-    /// (the writer before coalescing). At most [`MAX_WAKE_SLACK`].
+    /// (the writer before coalescing). At most [`MAX_WAKE_SLACK`](crate::write_gate::MAX_WAKE_SLACK).
     ///
     /// Unset, it is 5 % of the gate's disk backoff's initial delay, at most
     /// [`DEFAULT_WAKE_SLACK_CAP`] (50 ms for the Fluss 1 s backoff). Why: a disk-write-locked
@@ -160,19 +160,10 @@ impl PacedWriterConfig {
         self.kv_pressure
     }
 
-    /// Refuses a zero batch size, a wake slack above [`MAX_WAKE_SLACK`] and an invalid gate
+    /// Refuses a zero batch size, a wake slack above [`MAX_WAKE_SLACK`](crate::write_gate::MAX_WAKE_SLACK) and an invalid gate
     /// configuration.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let slack = self.wake_slack();
-        if slack > MAX_WAKE_SLACK {
-            return Err(ConfigError::OutOfRange {
-                option: &crate::options::paced_writer::WAKE_SLACK,
-                got: u64::try_from(slack.as_millis()).unwrap_or(u64::MAX),
-                min: 0,
-                max: MAX_WAKE_SLACK.as_secs() * 1_000,
-                unit: "ms",
-            });
-        }
+        check_wake_slack(&crate::options::paced_writer::WAKE_SLACK, self.wake_slack())?;
         if self.batch_bytes == 0 {
             return Err(ConfigError::OutOfRange {
                 option: &crate::options::paced_writer::BATCH_BYTES,

@@ -296,6 +296,24 @@ pub const MAX_KV_JITTER_PPM: u32 = 500_000;
 /// mistake and refused.
 pub const MAX_WAKE_SLACK: Duration = Duration::from_secs(60);
 
+/// Refuses a wake slack above [`MAX_WAKE_SLACK`], naming `option` (the gate's, or the paced
+/// writer's, which replaces it).
+pub(crate) fn check_wake_slack(
+    option: &'static ConfigOption,
+    slack: Duration,
+) -> Result<(), ConfigError> {
+    if slack > MAX_WAKE_SLACK {
+        return Err(ConfigError::OutOfRange {
+            option,
+            got: u64::try_from(slack.as_millis()).unwrap_or(u64::MAX),
+            min: 0,
+            max: MAX_WAKE_SLACK.as_secs() * 1_000,
+            unit: "ms",
+        });
+    }
+    Ok(())
+}
+
 /// The name of the reason [`WriteGateConfig::with_kv_hard_rejection_never_shorten`] registers.
 pub const KV_HARD_REJECTION_NAME: &str = "kv-hard-rejection";
 
@@ -571,15 +589,7 @@ impl WriteGateConfig {
                 unit: "ppm",
             });
         }
-        if self.wake_slack > MAX_WAKE_SLACK {
-            return Err(ConfigError::OutOfRange {
-                option: &opt::WAKE_SLACK,
-                got: u64::try_from(self.wake_slack.as_millis()).unwrap_or(u64::MAX),
-                min: 0,
-                max: MAX_WAKE_SLACK.as_secs() * 1_000,
-                unit: "ms",
-            });
-        }
+        check_wake_slack(&opt::WAKE_SLACK, self.wake_slack)?;
         self.reasons.iter().try_for_each(ReasonSpec::validate)
     }
 

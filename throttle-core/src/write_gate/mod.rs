@@ -11,6 +11,7 @@
 
 mod cleanup;
 mod config;
+pub(crate) use config::check_wake_slack;
 pub(crate) mod heap;
 mod queries;
 mod timer;
