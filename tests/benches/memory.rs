@@ -131,6 +131,26 @@ fn batcher_allocs(results: &mut BTreeMap<String, f64>) {
     }
 }
 
+/// Bytes of a `WindowHandle`: empty, then holding one permit on each of 128 shards (the
+/// two-thread bench's shard set), then with those released (their idle entries kept).
+fn window_handle(results: &mut BTreeMap<String, f64>) {
+    use throttle_sansio::WindowConfig;
+    use throttle_sansio::sync::WindowHandle;
+
+    let before = live_bytes();
+    let handle: WindowHandle<u32> =
+        WindowHandle::new(WindowConfig::default()).expect("the default config is valid");
+    let empty = live_bytes().saturating_sub(before);
+    let permits: Vec<_> = (0..128u32)
+        .map(|k| handle.try_acquire_owned(k).expect("a free credit"))
+        .collect();
+    let held = live_bytes().saturating_sub(before);
+    drop(permits);
+    results.insert("window_handle_empty_bytes".into(), empty as f64);
+    results.insert("window_handle_128_shards_bytes".into(), held as f64);
+    drop(handle);
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing: measure only when
     // benchmarking, like criterion.
@@ -141,6 +161,7 @@ fn main() {
     gate(&mut results);
     governor(&mut results);
     batcher_allocs(&mut results);
+    window_handle(&mut results);
 
     let dir = criterion_dir().join("memory");
     std::fs::create_dir_all(&dir).expect("create the memory results dir");

@@ -297,7 +297,7 @@ THREAD_SHAPES = [
 
 
 
-STRIPES = 64
+STRIPES = 1024
 
 
 def amdahl(w):
@@ -596,8 +596,8 @@ def main():
     w("")
     w("Wall-clock time per operation while two threads run at once (each iteration is one")
     w("`try_acquire_owned` + release on each thread; thread CPU time would hide the time a")
-    w("thread waits on the other's lock). Ours is `WindowHandle` (64 stripes, each its own lock);")
-    w("the baseline")
+    w(f"thread waits on the other's lock). Ours is `WindowHandle` ({STRIPES} stripes, each its own")
+    w("lock, each stripe's window made on its first use); the baseline
     w("is what a client writes without us: per-shard `Arc<tokio::sync::Semaphore>`s in a")
     w("`RwLock`ed map, or in 16 such maps by the shard's low bits, created on first use. The")
     w("ratio is ours against the faster of the two; above 1.0 ours has more throughput. On this")
@@ -628,6 +628,14 @@ def main():
           f"{fmt_ns(pb)} per operation, against one `tokio::sync::Semaphore` used the same way, "
           f"{fmt_ns(sem)} ({sem / pb:.2f}× its throughput). Reported, not striped: its FIFO is "
           f"the point.")
+        w("")
+    empty = MEM.get("window_handle_empty_bytes")
+    held = MEM.get("window_handle_128_shards_bytes")
+    if empty is not None and held is not None:
+        w(f"The handle's size (the memory bench, live bytes requested): empty, {fmt_bytes(empty)} "
+          f"(one lock slot per stripe and one owner slot per stripe, no window made yet); "
+          f"holding one permit on each of 128 shards, {fmt_bytes(held)} (each used stripe's "
+          f"window, its shard entries and its owner count).")
         w("")
 
     amdahl(w)

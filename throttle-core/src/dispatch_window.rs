@@ -474,7 +474,7 @@ where
     }
 
     /// A window of a config that passed `validate`.
-    fn valid(cfg: WindowConfig, hasher: S) -> Self {
+    pub(crate) fn valid(cfg: WindowConfig, hasher: S) -> Self {
         DispatchWindow {
             cfg,
             shards: HashTable::new(),

@@ -9,6 +9,37 @@ pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 #[cfg(not(all(test, loom)))]
 pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
+/// A slot filled once, on first use, then only read: `std::sync::OnceLock` (its read is one
+/// load, so readers on different cores share its line), under loom a locked `Option`.
+pub(crate) struct OnceSlot<T> {
+    #[cfg(not(all(test, loom)))]
+    cell: std::sync::OnceLock<T>,
+    #[cfg(all(test, loom))]
+    cell: Mutex<Option<T>>,
+}
+
+impl<T: Clone> OnceSlot<T> {
+    /// An empty slot.
+    pub(crate) fn new() -> Self {
+        OnceSlot {
+            cell: Default::default(),
+        }
+    }
+
+    /// A clone of the slot's value, filling it with `init()` first if it is empty.
+    #[inline]
+    pub(crate) fn get_or_init(&self, init: impl FnOnce() -> T) -> T {
+        #[cfg(not(all(test, loom)))]
+        {
+            self.cell.get_or_init(init).clone()
+        }
+        #[cfg(all(test, loom))]
+        {
+            lock(&self.cell).get_or_insert_with(init).clone()
+        }
+    }
+}
+
 /// Locks `mutex`, recovering the state if a previous holder panicked.
 ///
 /// Under the locks of the window, pending-bytes and gate handles, the signals and the manual

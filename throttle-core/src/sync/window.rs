@@ -28,6 +28,11 @@
 //! Only [`close`](WindowHandle::close) and the event-sink switch take more than one stripe
 //! lock, always all of them in stripe order (and the event slot's lock inside them), so no two
 //! of them can deadlock.
+//!
+//! A stripe's window is made on the stripe's first use, under its lock. The two handle-wide
+//! settings (closed, and the event capacity of the sink) are kept in every stripe's slot and
+//! changed on all of them under all the locks, so a window made later starts as the made ones
+//! are: closed after a close, with events on while a sink is set.
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -41,7 +46,7 @@ use core::time::Duration;
 use smallvec::SmallVec;
 
 use super::events::{EventSink, EventTap, Observed, ObservedGuard, drain, lock_observed};
-use super::loom::{Arc, Mutex, lock};
+use super::loom::{Arc, Mutex, OnceSlot, lock};
 use super::signal::{WakeSignal, wait_for};
 use super::waiters::{WaiterKey, Waiters, wake_all};
 use super::{Closed, Runtime};
@@ -56,14 +61,17 @@ use crate::time::Instant;
 /// Wakers collected under the lock, woken after it is dropped.
 type Wakeups = SmallVec<[Waker; 2]>;
 
-/// Independently locked stripes of a [`WindowHandle`]: 64 (under loom, 2, so the models reach
-/// both cross-stripe and same-stripe interleavings in their budget). 64 and not 16: two
-/// threads on 64 shards each measured 273 ns per operation with 16 stripes and 160 ns with 64
-/// (one thread: 108 and 80), since every stripe both threads use moves its lock and table
-/// lines between the cores; 256 measured no better. Each stripe costs an empty window
-/// (`BENCHMARKS.md` records the handle's size).
+/// Independently locked stripes of a [`WindowHandle`]: 1024 (under loom, 2, so the models
+/// reach both cross-stripe and same-stripe interleavings in their budget).
+///
+/// Why so many: a stripe two threads both use moves its lock and its window's lines between
+/// their cores on every operation, even when the two never wait for each other. With two
+/// threads on 64 shards each, 64 stripes leave about 63 % of a thread's shards on a stripe the
+/// other also uses, 1024 about 6 %; the two-thread benchmark (`BENCHMARKS.md`) measures the
+/// difference. A stripe nobody has used costs only its lock slot (32 bytes): its window is
+/// made on the stripe's first use, so an empty handle stays small.
 #[cfg(not(loom))]
-pub const STRIPES: usize = 64;
+pub const STRIPES: usize = 1024;
 /// Independently locked stripes of a [`WindowHandle`] (2 under loom).
 #[cfg(loom)]
 pub const STRIPES: usize = 2;
@@ -183,24 +191,6 @@ enum Issue {
     /// waiting could ever be served (kept out of the hot path, which therefore needs no
     /// buffer of wakers).
     Exhausted,
-}
-
-impl<Shard, S> Observed for WindowState<Shard, S>
-where
-    Shard: Hash + Eq + Clone,
-    S: BuildHasher,
-{
-    type Event = WindowEvent<Shard>;
-
-    #[inline]
-    fn poll_event(&mut self) -> Option<WindowEvent<Shard>> {
-        self.window.poll_event()
-    }
-
-    #[inline]
-    fn has_events(&self) -> bool {
-        self.window.has_events()
-    }
 }
 
 impl<Shard, S> WindowState<Shard, S>
@@ -397,11 +387,68 @@ pub struct WindowHandle<Shard, S = std::hash::RandomState> {
     owners: Arc<Owners<Shard, S>>,
 }
 
-/// The per-stripe owner counts of a handle, indexed by stripe.
-type Owners<Shard, S> = Box<[Arc<Owner<Shard, S>>]>;
+/// The per-stripe owner counts of a handle, indexed by stripe, each made on the first owned
+/// permit or future of its stripe.
+type Owners<Shard, S> = Box<[OnceSlot<Arc<Owner<Shard, S>>>]>;
 
-/// A locked stripe on its own cache lines.
-type Stripe<Shard, S> = Padded<Mutex<WindowState<Shard, S>>>;
+/// A stripe, behind its lock: its window, made on the stripe's first use, and the two
+/// handle-wide settings every stripe's window follows. `close` and the sink's install change
+/// those on every stripe, made or not, under all the stripes' locks, so a window made later
+/// (under its stripe's lock) starts closed, and with events on, exactly when the made ones
+/// are.
+struct Stripe<Shard, S> {
+    /// On its own cache lines, so two stripes' windows never share one.
+    state: Option<Box<Padded<WindowState<Shard, S>>>>,
+    /// The handle was closed.
+    closed: bool,
+    /// The event capacity the handle's sink asks for (0 without a sink).
+    event_capacity: usize,
+}
+
+impl<Shard, S> Stripe<Shard, S> {
+    /// A stripe not used yet.
+    fn unused() -> Self {
+        Stripe {
+            state: None,
+            closed: false,
+            event_capacity: 0,
+        }
+    }
+
+    /// The stripe's window, if it was made.
+    #[inline]
+    fn made(&self) -> Option<&WindowState<Shard, S>> {
+        self.state.as_deref().map(|st| &st.0)
+    }
+
+    /// Closed, and no credit live: [`WindowState::is_drained`], for a stripe never used (so
+    /// holding no credit) simply whether the handle is closed.
+    fn is_drained(&self) -> bool
+    where
+        Shard: Hash + Eq + Clone,
+        S: BuildHasher,
+    {
+        self.made().map_or(self.closed, WindowState::is_drained)
+    }
+}
+
+impl<Shard, S> Observed for Stripe<Shard, S>
+where
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher,
+{
+    type Event = WindowEvent<Shard>;
+
+    #[inline]
+    fn poll_event(&mut self) -> Option<WindowEvent<Shard>> {
+        self.state.as_deref_mut()?.0.window.poll_event()
+    }
+
+    #[inline]
+    fn has_events(&self) -> bool {
+        self.made().is_some_and(|st| st.window.has_events())
+    }
+}
 
 /// A stripe's reference count of the handle's state, on its own cache lines.
 #[repr(align(128))]
@@ -416,8 +463,13 @@ struct Padded<T>(T);
 /// window's hasher so that a shard key is hashed before a lock is taken, not under it.
 struct Shared<Shard, S> {
     hasher: S,
+    /// `S::clone`, for the hasher of a stripe's window made on first use (a function pointer,
+    /// so that only [`WindowHandle::with_hasher`] needs `S: Clone`).
+    clone_hasher: fn(&S) -> S,
+    /// The config every stripe's window is made with (validated by `with_hasher`).
+    cfg: WindowConfig,
     /// Exactly [`STRIPES`] of them; a shard lives in `stripes[stripe_of(hash)]`.
-    stripes: Box<[Stripe<Shard, S>]>,
+    stripes: Box<[Mutex<Stripe<Shard, S>>]>,
     /// Notified (after unlock) by every release that leaves the closed window with no live
     /// credit, and by `close` itself: [`WindowHandle::closed`] listens.
     drained: WakeSignal,
@@ -433,21 +485,56 @@ where
 {
     /// Stripe `i` (masked into range).
     #[inline]
-    fn stripe(&self, i: usize) -> &Mutex<WindowState<Shard, S>> {
-        &self.stripes[i & (STRIPES - 1)].0
+    fn stripe(&self, i: usize) -> &Mutex<Stripe<Shard, S>> {
+        &self.stripes[i & (STRIPES - 1)]
     }
 
     /// Stripe `i`'s lock, for a critical section that may change its window: its events go to
     /// the sink once the lock is dropped. Queries take the plain lock.
     #[inline]
-    fn lock(&self, i: usize) -> ObservedGuard<'_, WindowState<Shard, S>> {
+    fn lock(&self, i: usize) -> ObservedGuard<'_, Stripe<Shard, S>> {
         lock_observed(self.stripe(i), &self.tap)
+    }
+
+    /// The window of a locked stripe, made now if this is the stripe's first use.
+    #[inline]
+    fn live<'g>(&self, stripe: &'g mut Stripe<Shard, S>) -> &'g mut WindowState<Shard, S> {
+        let Stripe {
+            state,
+            closed,
+            event_capacity,
+        } = stripe;
+        match state {
+            Some(st) => &mut st.0,
+            None => &mut state.insert(self.fresh(*closed, *event_capacity)).0,
+        }
+    }
+
+    /// A stripe's first window: the handle's config and a clone of its hasher (user code:
+    /// if it panics, the stripe stays unused and nothing changed), closed at once if the
+    /// handle is (the window's own close, which then has no waiter to fail), and with the
+    /// events of the handle's sink.
+    #[cold]
+    #[inline(never)]
+    fn fresh(&self, closed: bool, event_capacity: usize) -> Box<Padded<WindowState<Shard, S>>> {
+        let mut window = DispatchWindow::valid(self.cfg, (self.clone_hasher)(&self.hasher));
+        window.set_event_capacity(event_capacity);
+        let mut st = WindowState {
+            window,
+            waiters: Waiters::new(),
+            #[cfg(test)]
+            stats: Stats::default(),
+        };
+        if closed {
+            st.close(&mut Wakeups::new());
+        }
+        Box::new(Padded(st))
     }
 
     /// Every stripe closed and no credit live in any: what [`WindowHandle::closed`] waits
     /// for. Takes the stripes' locks one at a time.
     fn is_drained(&self) -> bool {
-        self.stripes.iter().all(|st| lock(&st.0).is_drained())
+        self.stripes.iter().all(|st| lock(st).is_drained())
     }
 
     /// Fails every waiter and refuses later acquires, on every stripe at once: the stripes'
@@ -457,15 +544,23 @@ where
     fn close(&self) {
         let mut wakeups = Wakeups::new();
         let (drained, events) = {
-            let mut all: Vec<_> = self.stripes.iter().map(|st| lock(&st.0)).collect();
+            let mut all: Vec<_> = self.stripes.iter().map(lock).collect();
             for st in &mut all {
-                st.close(&mut wakeups);
+                // A stripe not used yet makes its window closed (`Shared::fresh`).
+                st.closed = true;
+                if let Some(made) = st.state.as_deref_mut() {
+                    made.0.close(&mut wakeups);
+                }
             }
             let drained = all.iter().all(|st| st.is_drained());
             // The events of every stripe come out under the locks and reach the sink only
             // once all of them are released: a sink that reads the handle (another stripe)
             // must not find a lock still held by this thread.
-            let events: Vec<_> = all.iter_mut().map(|st| drain(&mut **st)).collect();
+            let events: Vec<_> = all
+                .iter_mut()
+                .map(|st| drain(&mut **st))
+                .filter(|batch| !batch.is_empty())
+                .collect();
             (drained, events)
         };
         for batch in events {
@@ -530,29 +625,21 @@ where
     where
         S: Clone,
     {
-        let stripes = (0..STRIPES)
-            .map(|_| {
-                let window = DispatchWindow::with_hasher(cfg, hasher.clone())?;
-                Ok(Padded(Mutex::new(WindowState {
-                    window,
-                    waiters: Waiters::new(),
-                    #[cfg(test)]
-                    stats: Stats::default(),
-                })))
-            })
-            .collect::<Result<Vec<_>, ConfigError>>()?;
+        cfg.validate()?;
+        // Each stripe's window is made on the stripe's first use (`Shared::live`).
+        let stripes = (0..STRIPES).map(|_| Mutex::new(Stripe::unused()));
         let shared = Arc::new(Shared {
-            stripes: stripes.into_boxed_slice(),
+            stripes: stripes.collect::<Vec<_>>().into_boxed_slice(),
             tap: EventTap::default(),
             hasher,
+            clone_hasher: S::clone,
+            cfg,
             drained: WakeSignal::new(),
         });
-        let owners = (0..STRIPES)
-            .map(|_| Arc::new(Owner(Arc::clone(&shared))))
-            .collect::<Vec<_>>();
+        let owners = (0..STRIPES).map(|_| OnceSlot::new());
         Ok(WindowHandle {
             shared,
-            owners: Arc::new(owners.into_boxed_slice()),
+            owners: Arc::new(owners.collect::<Vec<_>>().into_boxed_slice()),
         })
     }
 
@@ -662,7 +749,8 @@ where
     /// An owner count of stripe `stripe`'s, for an owned permit or future.
     #[inline]
     fn owned(&self, stripe: usize) -> Holder<'static, Shard, S> {
-        Holder::Owned(Arc::clone(&self.owners[stripe & (STRIPES - 1)]))
+        let slot = &self.owners[stripe & (STRIPES - 1)];
+        Holder::Owned(slot.get_or_init(|| Arc::new(Owner(Arc::clone(&self.shared)))))
     }
 
     /// A credit now, held through the holder `hold` makes (for the credit's stripe) once the
@@ -675,7 +763,10 @@ where
     ) -> Result<Permit<'a, Shard, S>, TryAcquireError> {
         let hash = self.shared.hasher.hash_one(&shard);
         let stripe = stripe_of(hash);
-        let issued = self.shared.lock(stripe).try_issue(&shard, hash);
+        let issued = self
+            .shared
+            .live(&mut self.shared.lock(stripe))
+            .try_issue(&shard, hash);
         match issued {
             Issue::Credit(credit) => Ok(Permit::new(hold(stripe), shard, stripe, credit)),
             Issue::NoCredit => Err(TryAcquireError::NoCredit),
@@ -705,21 +796,25 @@ where
 
     /// Whether [`close`](Self::close) was called (or the window ran out of credit ids).
     pub fn is_closed(&self) -> bool {
-        // `close` closes every stripe under all their locks, so any one of them answers.
-        lock(self.shared.stripe(0)).window.is_closed()
+        // `close` marks every stripe (and closes every window made) under all their locks,
+        // so any one of them answers.
+        lock(self.shared.stripe(0)).closed
     }
 
     /// Credits per shard.
     pub fn capacity(&self) -> u32 {
-        lock(self.shared.stripe(0)).window.capacity()
+        self.query_stripe(0, |st| st.window.capacity())
     }
 
-    /// The stripe of `shard`, for its key's `Hash`, locked for a query.
-    fn query(&self, shard: &Shard) -> crate::sync::loom::MutexGuard<'_, WindowState<Shard, S>> {
-        lock(
-            self.shared
-                .stripe(stripe_of(self.shared.hasher.hash_one(shard))),
-        )
+    /// `f` on stripe `i`'s window, locked for a query (made if the stripe was not used yet,
+    /// so every answer is the window's own).
+    fn query_stripe<R>(&self, i: usize, f: impl FnOnce(&WindowState<Shard, S>) -> R) -> R {
+        f(self.shared.live(&mut lock(self.shared.stripe(i))))
+    }
+
+    /// `f` on the window of `shard`'s stripe (for its key's `Hash`), locked for a query.
+    fn query<R>(&self, shard: &Shard, f: impl FnOnce(&WindowState<Shard, S>) -> R) -> R {
+        self.query_stripe(stripe_of(self.shared.hasher.hash_one(shard)), f)
     }
 
     /// Credits of `shard` held (by permits, or handed to waiters not yet woken).
@@ -728,7 +823,7 @@ where
     ///
     /// If `shard`'s `Hash` or `Eq` (or the hasher) panics; nothing changed.
     pub fn in_flight(&self, shard: &Shard) -> u32 {
-        self.query(shard).window.in_flight(shard)
+        self.query(shard, |st| st.window.in_flight(shard))
     }
 
     /// Free credits of `shard`. Never positive while waiters are in the shard's line.
@@ -737,7 +832,7 @@ where
     ///
     /// If `shard`'s `Hash` or `Eq` (or the hasher) panics; nothing changed.
     pub fn available(&self, shard: &Shard) -> u32 {
-        self.query(shard).window.available(shard)
+        self.query(shard, |st| st.window.available(shard))
     }
 
     /// Waiters in `shard`'s line.
@@ -746,7 +841,7 @@ where
     ///
     /// If `shard`'s `Hash` or `Eq` (or the hasher) panics; nothing changed.
     pub fn waiting(&self, shard: &Shard) -> usize {
-        self.query(shard).window.queued(shard)
+        self.query(shard, |st| st.window.queued(shard))
     }
 
     /// The stripe `shard` hashes onto (`0..STRIPES`), as [`Permit::stripe`] reports it.
@@ -762,24 +857,29 @@ where
     pub(crate) fn stats(&self) -> Stats {
         let mut all = Stats::default();
         for st in self.shared.stripes.iter() {
-            let stats = lock(&st.0).stats;
+            let Some(stats) = lock(st).made().map(|made| made.stats) else {
+                continue;
+            };
             all.refused_releases += stats.refused_releases;
             all.peak_in_flight = all.peak_in_flight.max(stats.peak_in_flight);
         }
         all
     }
 
-    /// `f` over every stripe's state, summed (tests look inside the stripes).
+    /// `f` over every stripe's state (made now if the stripe was not used yet), summed (tests
+    /// look inside the stripes).
     #[cfg(all(test, not(loom)))]
     fn total(&self, f: impl Fn(&mut WindowState<Shard, S>) -> usize) -> usize {
         let stripes = self.shared.stripes.iter();
-        stripes.map(|st| f(&mut lock(&st.0))).sum()
+        stripes.map(|st| f(self.shared.live(&mut lock(st)))).sum()
     }
 
     #[cfg(test)]
     pub(crate) fn live_credits(&self) -> usize {
         let stripes = self.shared.stripes.iter();
-        stripes.map(|st| lock(&st.0).window.live_credits()).sum()
+        stripes
+            .map(|st| lock(st).made().map_or(0, |made| made.window.live_credits()))
+            .sum()
     }
 
     /// One page of at most `max` tracked shards, each with its permits held and free, its
@@ -821,7 +921,14 @@ where
         let mut items = Vec::new();
         while stripe < STRIPES {
             let room = max.saturating_sub(items.len());
-            let page = lock(self.shared.stripe(stripe)).window.snapshot(from, room);
+            let page = match lock(self.shared.stripe(stripe)).made() {
+                Some(made) => made.window.snapshot(from, room),
+                // A stripe never used tracks no shard.
+                None => Page {
+                    items: Vec::new(),
+                    next: None,
+                },
+            };
             items.extend(page.items);
             if let Some(next) = page.next {
                 let next = next.in_part((stripe as u64) << 1);
@@ -885,13 +992,15 @@ where
     }
 
     fn install_sink(&self, sink: Option<std::sync::Arc<dyn EventSink<WindowEvent<Shard>>>>) {
-        self.shared.tap.install(
-            self.shared.stripes.iter().map(|st| &st.0),
-            sink,
-            |st, capacity| {
-                st.window.set_event_capacity(capacity);
-            },
-        );
+        self.shared
+            .tap
+            .install(self.shared.stripes.iter(), sink, |st, capacity| {
+                // A stripe not used yet makes its window with it (`Shared::fresh`).
+                st.event_capacity = capacity;
+                if let Some(made) = st.state.as_deref_mut() {
+                    made.0.window.set_event_capacity(capacity);
+                }
+            });
     }
 
     /// Events the sink panicked on (each one lost; nothing else changed).
@@ -905,7 +1014,10 @@ where
     pub fn events_dropped(&self) -> u64 {
         let stripes = self.shared.stripes.iter();
         let dropped = stripes.fold(0u64, |n, st| {
-            n.saturating_add(lock(&st.0).window.events_dropped())
+            let made = lock(st)
+                .made()
+                .map_or(0, |made| made.window.events_dropped());
+            n.saturating_add(made)
         });
         dropped.saturating_add(self.shared.tap.unseen())
     }
@@ -1001,11 +1113,13 @@ where
         if !core::mem::replace(&mut self.live, false) {
             return Released::Freed;
         }
-        let mut st = self.shared.get().lock(self.stripe);
+        let shared = self.shared.get();
+        let mut guard = shared.lock(self.stripe);
+        let st = shared.live(&mut guard);
         let mut wakeups = Wakeups::new();
         let released = st.release(self.credit, &mut wakeups);
         let drained = st.is_drained();
-        drop(st);
+        drop(guard);
         if drained {
             // The last credit of a closed stripe: `closed()` may resolve (it checks them all).
             self.shared.get().drained.notify();
@@ -1163,7 +1277,10 @@ where
             return Err(AcquireError::Closed);
         };
         let stripe = stripe_of(self.hash);
-        let taken = shared.get().lock(stripe).take_waiter(key);
+        let taken = {
+            let shared = shared.get();
+            shared.live(&mut shared.lock(stripe)).take_waiter(key)
+        };
         match (taken, self.shared.take(), self.shard.take()) {
             (Some(Waiter::Granted(credit)), Some(shared), Some(shard)) => {
                 Ok(Permit::new(shared, shard, stripe, credit))
@@ -1208,7 +1325,8 @@ where
             return Poll::Pending; // resolved already
         };
         let stripe = stripe_of(this.hash);
-        let mut st = shared.get().lock(stripe);
+        let mut guard = shared.get().lock(stripe);
+        let st = shared.get().live(&mut guard);
         // `Err(true)`: the window just ran out of ids; close the handle before resolving.
         let outcome = match this.state {
             AcquireState::Start => match st.try_issue(shard, this.hash) {
@@ -1239,7 +1357,7 @@ where
             },
             AcquireState::Done => return Poll::Pending,
         };
-        drop(st);
+        drop(guard);
         if outcome == Err(true) {
             shared.get().close();
         }
@@ -1266,7 +1384,8 @@ impl<Shard: Hash + Eq + Clone, S: BuildHasher> Drop for Acquire<'_, Shard, S> {
         let mut exhausted = false;
         let mut drained = false;
         {
-            let mut st = shared.get().lock(stripe_of(self.hash));
+            let mut guard = shared.get().lock(stripe_of(self.hash));
+            let st = shared.get().live(&mut guard);
             // Still in line: it leaves it (the window cancels its ticket). Cancelled after a
             // credit was handed to it: the credit goes back, to the next waiter if any. No
             // user code runs here: the window names the shard by its stored hash.

@@ -558,3 +558,47 @@ fn releases_on_two_stripes_each_serve_their_own_line() {
         assert_settled(&h, &[a, b]);
     });
 }
+
+/// `close` races the first use of a stripe (its window made under its lock, with the owner
+/// count of an owned permit made beside it), and a second owned acquire of the same new
+/// stripe: each acquire either gets a credit that `close` then leaves valid, or finds the
+/// handle closed, never a credit issued after `close` returned; the stripe's window is made
+/// once; `closed()` resolves only after the permits are released.
+#[test]
+fn close_racing_the_first_use_of_a_stripe() {
+    super::model(|| {
+        let h = window::<TestHasher>(2);
+        let (a, b) = keys_on_two_stripes(&h);
+        let pa = permit(&h, a); // stripe 1 is not used yet
+        let (mut closed, waker, wakes) = closed_listener(&h);
+
+        let h1 = h.clone();
+        let t1 = thread::spawn(move || {
+            h1.close();
+            assert_eq!(h1.try_acquire(b).err(), Some(TryAcquireError::Closed));
+        });
+        let h2 = h.clone();
+        let t2 = thread::spawn(move || h2.try_acquire_owned(b).map(|p| p.complete()));
+        let mine = h.try_acquire_owned(b);
+        join(t1);
+        let theirs = join(t2);
+        assert!(matches!(theirs, Ok(_) | Err(TryAcquireError::Closed)));
+        assert!(matches!(mine, Ok(_) | Err(TryAcquireError::Closed)));
+        assert!(
+            poll_once(&mut closed, &waker).is_pending(),
+            "a's permit is held"
+        );
+        drop(pa);
+        if let Ok(p) = mine {
+            assert_eq!(h.in_flight(&b), 1);
+            assert!(
+                poll_once(&mut closed, &waker).is_pending(),
+                "b's permit is held"
+            );
+            drop(p);
+        }
+        assert!(wakes.wakes() >= 1, "closed() lost its wake-up");
+        assert!(poll_once(&mut closed, &waker).is_ready());
+        assert_settled(&h, &[a, b]);
+    });
+}

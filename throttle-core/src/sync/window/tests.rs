@@ -646,13 +646,14 @@ mod timeouts {
 fn shards_spread_over_all_stripes_and_close_reaches_every_one() {
     let h = handle(1);
     let mut by_stripe: Vec<Vec<u32>> = vec![Vec::new(); STRIPES];
-    for k in 0..16_000u32 {
+    let keys = 32 * STRIPES as u32;
+    for k in 0..keys {
         by_stripe[h.stripe_of(&k)].push(k);
     }
+    let sizes: Vec<_> = by_stripe.iter().map(Vec::len).collect();
     assert!(
-        by_stripe.iter().all(|ks| ks.len() > 100),
-        "every stripe takes a share: {:?}",
-        by_stripe.iter().map(Vec::len).collect::<Vec<_>>()
+        sizes.iter().all(|&n| n > 0 && n < 4 * 32),
+        "every stripe takes a share, none four times its share: {sizes:?}"
     );
     let (a, b) = (by_stripe[0][0], by_stripe[1][0]);
     let pa = h.try_acquire(a).expect("free");
