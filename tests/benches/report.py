@@ -597,7 +597,7 @@ def main():
     w("Wall-clock time per operation while two threads run at once (each iteration is one")
     w("`try_acquire_owned` + release on each thread; thread CPU time would hide the time a")
     w(f"thread waits on the other's lock). Ours is `WindowHandle` ({STRIPES} stripes, each its own")
-    w("lock, each stripe's window made on its first use); the baseline
+    w("lock, each stripe's window made on its first use); the baseline")
     w("is what a client writes without us: per-shard `Arc<tokio::sync::Semaphore>`s in a")
     w("`RwLock`ed map, or in 16 such maps by the shard's low bits, created on first use. The")
     w("ratio is ours against the faster of the two; above 1.0 ours has more throughput. On this")
