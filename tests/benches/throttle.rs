@@ -32,6 +32,9 @@ use throttle_sansio::backpressure::{PressureConfig, ServerPressure, Signal, Thro
 use throttle_sansio::batcher::{Batcher, BatcherConfig};
 use throttle_sansio::dispatch_window::WindowEvent;
 use throttle_sansio::dispatch_window::{DispatchWindow, WindowConfig};
+use throttle_sansio::limiter::{
+    AimdConfig, Gradient2Config, Limiter, LimiterConfig, Sample, SampleWindowConfig,
+};
 use throttle_sansio::rng::{Rng, SplitMix64};
 use throttle_sansio::sync::{PendingBytes, WindowHandle};
 use throttle_sansio::time::Instant;
@@ -662,6 +665,72 @@ fn pressure(c: &mut C) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Adaptive limiter: one `on_sample` decision (no allocation: throttle-core's no-alloc test)
+// ---------------------------------------------------------------------------------------------
+
+fn limiter(c: &mut C) {
+    let mut g = c.benchmark_group("limiter");
+    // 4,096 samples drawn beforehand: round trips 0.5–3.5 ms, in flight 0–79, a drop in 50.
+    let mut rng = SplitMix64::new(5);
+    let samples: Vec<(Instant, Sample)> = (0..4096u64)
+        .map(|i| {
+            let now = Instant::from_nanos(i * 300_000);
+            let rtt = Duration::from_micros(500 + rng.next_u64() % 3_000);
+            let start = now.saturating_sub(rtt);
+            let in_flight = (rng.next_u64() % 80) as u32;
+            let sample = if rng.next_u64() % 50 == 0 {
+                Sample::dropped(start, now, in_flight)
+            } else {
+                Sample::ok(start, now, in_flight)
+            };
+            (now, sample)
+        })
+        .collect();
+    let window = SampleWindowConfig::default()
+        .with_window_time(Duration::from_millis(10), Duration::from_millis(100))
+        .with_window_size(4);
+    let shard = |c: Gradient2Config| c.with_limits(1, 4, 64);
+    for (name, config) in [
+        (
+            "aimd",
+            LimiterConfig::aimd(AimdConfig::default().with_limits(1, 4, 64)),
+        ),
+        (
+            "gradient2",
+            LimiterConfig::gradient2(shard(Gradient2Config::default())),
+        ),
+        (
+            "gradient2_windowed",
+            LimiterConfig::gradient2(shard(Gradient2Config::default())).with_window(window),
+        ),
+    ] {
+        let mut l = Limiter::new(config).expect("valid config");
+        let (mut i, mut lap) = (0usize, 0u64);
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                i = (i + 1) % samples.len();
+                if i == 0 {
+                    lap += 1;
+                }
+                let (now, s) = samples[i];
+                // Each lap moves on in time, so windows keep closing.
+                let shift = Duration::from_nanos(lap * 4096 * 300_000);
+                let (now, s) = (
+                    now + shift,
+                    Sample {
+                        start: s.start + shift,
+                        end: s.end + shift,
+                        ..s
+                    },
+                );
+                black_box(l.on_sample(black_box(now), black_box(s)))
+            })
+        });
+    }
+    g.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Batcher throughput: submit -> batch -> dispatch -> complete
 // ---------------------------------------------------------------------------------------------
 
@@ -912,7 +981,7 @@ criterion_group! {
     name = benches;
     config = config();
     targets = window_credit, permit_sync, permit_async, backoff_jitter, gate_check, wake_1m,
-        wake_scaling, pressure, batcher, events
+        wake_scaling, pressure, limiter, batcher, events
 }
 criterion_group! {
     name = threads;

@@ -85,6 +85,7 @@ fn every_fuzz_target_has_a_corpus_replay() {
 corpus_replays! {
     grpc_config_corpus_matches_reference => "grpc_config", throttle_sansio::model::grpc_config::check;
     backoff_corpus_matches_reference => "backoff", throttle_sansio::model::backoff::check;
+    limiter_corpus_matches_reference => "limiter", throttle_sansio::model::limiter::check;
     backpressure_corpus_matches_reference => "backpressure", throttle_sansio::model::backpressure::check;
     write_gate_corpus_matches_reference => "write_gate", throttle_sansio::model::write_gate::check;
     dispatch_window_corpus_matches_reference => "dispatch_window", throttle_sansio::model::dispatch_window::check_all;

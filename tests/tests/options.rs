@@ -15,6 +15,7 @@ use throttle_sansio::failover::{
     AwsRetryQuotaConfig, CallConfig, CoalescerConfig, FinagleBudgetConfig, GrpcThrottleConfig,
 };
 use throttle_sansio::grpc_config::{GrpcRetryPolicy, GrpcRetryThrottling};
+use throttle_sansio::limiter::{AimdConfig, Gradient2Config, SampleWindowConfig};
 use throttle_sansio::options::{self, ConfigOption};
 use throttle_sansio::paced_writer::PacedWriterConfig;
 use throttle_sansio::pending_bytes::PendingBytesConfig;
@@ -467,6 +468,22 @@ fn every_method_in_the_table_exists() {
         &paced_writer::KV_PRESSURE => PacedWriterConfig::with_kv_pressure,
         &paced_writer::WAKE_SLACK => PacedWriterConfig::with_wake_slack,
         &window::MAX_IN_FLIGHT => WindowConfig::with_max_in_flight,
+        &limiter::AIMD_INITIAL => AimdConfig::with_limits,
+        &limiter::AIMD_MIN => AimdConfig::with_limits,
+        &limiter::AIMD_MAX => AimdConfig::with_limits,
+        &limiter::AIMD_BACKOFF_RATIO => AimdConfig::with_backoff_ratio_ppm,
+        &limiter::AIMD_TIMEOUT => AimdConfig::with_timeout,
+        &limiter::GRADIENT2_INITIAL => Gradient2Config::with_limits,
+        &limiter::GRADIENT2_MIN => Gradient2Config::with_limits,
+        &limiter::GRADIENT2_MAX => Gradient2Config::with_limits,
+        &limiter::GRADIENT2_SMOOTHING => Gradient2Config::with_smoothing_ppm,
+        &limiter::GRADIENT2_QUEUE_SIZE => Gradient2Config::with_queue_size,
+        &limiter::GRADIENT2_LONG_WINDOW => Gradient2Config::with_long_window,
+        &limiter::GRADIENT2_RTT_TOLERANCE => Gradient2Config::with_rtt_tolerance_ppm,
+        &limiter::WINDOW_MIN_TIME => SampleWindowConfig::with_window_time,
+        &limiter::WINDOW_MAX_TIME => SampleWindowConfig::with_window_time,
+        &limiter::WINDOW_SIZE => SampleWindowConfig::with_window_size,
+        &limiter::WINDOW_MIN_RTT_THRESHOLD => SampleWindowConfig::with_min_rtt_threshold,
         &batcher::MAX_REQUESTS_PER_BATCH => BatcherConfig::with_max_requests_per_batch,
         &batcher::MAX_BATCH_BYTES => BatcherConfig::with_max_batch_bytes,
         &batcher::WINDOW => BatcherConfig::with_window,

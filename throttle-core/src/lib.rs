@@ -22,6 +22,7 @@ pub mod error;
 pub mod event;
 pub mod failover;
 pub mod grpc_config;
+pub mod limiter;
 mod maintenance;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
@@ -65,6 +66,7 @@ pub use failover::{
     Call, CallAction, CallConfig, CallEvent, ErrorClass, RefreshCoalescer, RefreshEvent,
     RetryBudget,
 };
+pub use limiter::{Limiter, LimiterConfig};
 pub use paced_writer::{PacedWriter, PacedWriterConfig, WriteOutcome, WriterAction};
 pub use pending_bytes::{Grant, PendingBytesConfig, PendingBytesLimiter, Ticket};
 pub use rng::Rng;

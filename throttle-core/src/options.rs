@@ -650,6 +650,130 @@ pub mod window {
     );
 }
 
+/// [`AimdConfig`](crate::limiter::AimdConfig), [`Gradient2Config`](crate::limiter::Gradient2Config)
+/// and [`SampleWindowConfig`](crate::limiter::SampleWindowConfig): the adaptive limiter.
+pub mod limiter {
+    use super::{ConfigOption, Upstream};
+
+    const NETFLIX: &str = "Netflix concurrency-limits";
+    const A: &str = "AimdConfig";
+    const G: &str = "Gradient2Config";
+    const W: &str = "SampleWindowConfig";
+
+    /// AIMD: the limit before the first sample.
+    pub const AIMD_INITIAL: ConfigOption = ConfigOption::new(
+        A,
+        "initial",
+        "AimdConfig::with_limits",
+        &[Upstream::new(NETFLIX, "AIMDLimit.initialLimit")],
+    );
+    /// AIMD: the smallest limit.
+    pub const AIMD_MIN: ConfigOption = ConfigOption::new(
+        A,
+        "min",
+        "AimdConfig::with_limits",
+        &[Upstream::new(NETFLIX, "AIMDLimit.minLimit")],
+    );
+    /// AIMD: the largest limit.
+    pub const AIMD_MAX: ConfigOption = ConfigOption::new(
+        A,
+        "max",
+        "AimdConfig::with_limits",
+        &[Upstream::new(NETFLIX, "AIMDLimit.maxLimit")],
+    );
+    /// AIMD: the factor a drop multiplies the limit by, in ppm.
+    pub const AIMD_BACKOFF_RATIO: ConfigOption = ConfigOption::new(
+        A,
+        "backoff_ratio_ppm",
+        "AimdConfig::with_backoff_ratio_ppm",
+        &[Upstream::new(NETFLIX, "AIMDLimit.backoffRatio")],
+    );
+    /// AIMD: a round trip longer than this counts as a drop.
+    pub const AIMD_TIMEOUT: ConfigOption = ConfigOption::new(
+        A,
+        "timeout",
+        "AimdConfig::with_timeout",
+        &[Upstream::new(NETFLIX, "AIMDLimit.timeout")],
+    );
+    /// Gradient2: the limit before the first sample.
+    pub const GRADIENT2_INITIAL: ConfigOption = ConfigOption::new(
+        G,
+        "initial",
+        "Gradient2Config::with_limits",
+        &[Upstream::new(NETFLIX, "Gradient2Limit.initialLimit")],
+    );
+    /// Gradient2: the smallest limit.
+    pub const GRADIENT2_MIN: ConfigOption = ConfigOption::new(
+        G,
+        "min",
+        "Gradient2Config::with_limits",
+        &[Upstream::new(NETFLIX, "Gradient2Limit.minLimit")],
+    );
+    /// Gradient2: the largest limit.
+    pub const GRADIENT2_MAX: ConfigOption = ConfigOption::new(
+        G,
+        "max",
+        "Gradient2Config::with_limits",
+        &[Upstream::new(NETFLIX, "Gradient2Limit.maxConcurrency")],
+    );
+    /// Gradient2: the share of a new estimate taken into the limit per update, in ppm.
+    pub const GRADIENT2_SMOOTHING: ConfigOption = ConfigOption::new(
+        G,
+        "smoothing_ppm",
+        "Gradient2Config::with_smoothing_ppm",
+        &[Upstream::new(NETFLIX, "Gradient2Limit.smoothing")],
+    );
+    /// Gradient2: the growth allowed while latency stays low (requests of queueing).
+    pub const GRADIENT2_QUEUE_SIZE: ConfigOption = ConfigOption::new(
+        G,
+        "queue_size",
+        "Gradient2Config::with_queue_size",
+        &[Upstream::new(NETFLIX, "Gradient2Limit.queueSize")],
+    );
+    /// Gradient2: the samples the long-term round trip averages over.
+    pub const GRADIENT2_LONG_WINDOW: ConfigOption = ConfigOption::new(
+        G,
+        "long_window",
+        "Gradient2Config::with_long_window",
+        &[Upstream::new(NETFLIX, "Gradient2Limit.longWindow")],
+    );
+    /// Gradient2: the rise of the round trip over its long-term average tolerated, in ppm.
+    pub const GRADIENT2_RTT_TOLERANCE: ConfigOption = ConfigOption::new(
+        G,
+        "rtt_tolerance_ppm",
+        "Gradient2Config::with_rtt_tolerance_ppm",
+        &[Upstream::new(NETFLIX, "Gradient2Limit.rttTolerance")],
+    );
+    /// Sample window: the shortest window.
+    pub const WINDOW_MIN_TIME: ConfigOption = ConfigOption::new(
+        W,
+        "min_window",
+        "SampleWindowConfig::with_window_time",
+        &[Upstream::new(NETFLIX, "WindowedLimit.minWindowTime")],
+    );
+    /// Sample window: the longest window.
+    pub const WINDOW_MAX_TIME: ConfigOption = ConfigOption::new(
+        W,
+        "max_window",
+        "SampleWindowConfig::with_window_time",
+        &[Upstream::new(NETFLIX, "WindowedLimit.maxWindowTime")],
+    );
+    /// Sample window: the samples a window needs before it updates the limit.
+    pub const WINDOW_SIZE: ConfigOption = ConfigOption::new(
+        W,
+        "window_size",
+        "SampleWindowConfig::with_window_size",
+        &[Upstream::new(NETFLIX, "WindowedLimit.windowSize")],
+    );
+    /// Sample window: round trips below this are ignored.
+    pub const WINDOW_MIN_RTT_THRESHOLD: ConfigOption = ConfigOption::new(
+        W,
+        "min_rtt_threshold",
+        "SampleWindowConfig::with_min_rtt_threshold",
+        &[Upstream::new(NETFLIX, "WindowedLimit.minRttThreshold")],
+    );
+}
+
 /// [`BatcherConfig`](crate::BatcherConfig).
 pub mod batcher {
     use super::{ConfigOption, NONE, Upstream};
@@ -915,6 +1039,22 @@ pub const ALL: &[&ConfigOption] = &[
     &paced_writer::KV_PRESSURE,
     &paced_writer::WAKE_SLACK,
     &window::MAX_IN_FLIGHT,
+    &limiter::AIMD_INITIAL,
+    &limiter::AIMD_MIN,
+    &limiter::AIMD_MAX,
+    &limiter::AIMD_BACKOFF_RATIO,
+    &limiter::AIMD_TIMEOUT,
+    &limiter::GRADIENT2_INITIAL,
+    &limiter::GRADIENT2_MIN,
+    &limiter::GRADIENT2_MAX,
+    &limiter::GRADIENT2_SMOOTHING,
+    &limiter::GRADIENT2_QUEUE_SIZE,
+    &limiter::GRADIENT2_LONG_WINDOW,
+    &limiter::GRADIENT2_RTT_TOLERANCE,
+    &limiter::WINDOW_MIN_TIME,
+    &limiter::WINDOW_MAX_TIME,
+    &limiter::WINDOW_SIZE,
+    &limiter::WINDOW_MIN_RTT_THRESHOLD,
     &batcher::MAX_REQUESTS_PER_BATCH,
     &batcher::MAX_BATCH_BYTES,
     &batcher::WINDOW,

@@ -346,3 +346,51 @@ fn paced_writer_rounds_allocate_nothing_after_warm_up() {
         assert_eq!(steady, 0, "{buckets} buckets");
     }
 }
+
+/// The adaptive limiter has no heap at all: construction and every decision, windowed or
+/// not, allocate nothing, from the first sample on (there is no warm-up to grow).
+#[test]
+fn the_adaptive_limiter_allocates_nothing_from_construction_on() {
+    use throttle_sansio::limiter::{
+        AimdConfig, Gradient2Config, Limiter, LimiterConfig, Sample, SampleWindowConfig,
+    };
+    let ms = Duration::from_millis(1);
+    let window = SampleWindowConfig::default()
+        .with_window_time(10 * ms, 100 * ms)
+        .with_window_size(4);
+    let configs = [
+        LimiterConfig::aimd(AimdConfig::default().with_limits(1, 4, 64)),
+        LimiterConfig::gradient2(Gradient2Config::default().with_limits(1, 4, 64)),
+        LimiterConfig::aimd(AimdConfig::default()).with_window(window),
+        LimiterConfig::gradient2(Gradient2Config::default()).with_window(window),
+    ];
+    // The counter works on this thread (a Vec allocates).
+    assert!(allocations_during(|| drop(Vec::<u8>::with_capacity(8))) > 0);
+    for config in configs {
+        let (mut changes, mut spread) = (0u32, (u32::MAX, 0u32));
+        let n = allocations_during(|| {
+            let mut limiter = Limiter::new(config).expect("valid");
+            for i in 0..20_000u64 {
+                let now = Instant::from_nanos(i * 300_000);
+                let rtt = Duration::from_micros(500 + (i * 7919) % 3_000);
+                let start = now.saturating_sub(rtt);
+                let in_flight = (i % 80) as u32;
+                let sample = if i % 50 == 0 {
+                    Sample::dropped(start, now, in_flight)
+                } else {
+                    Sample::ok(start, now, in_flight)
+                };
+                if limiter.on_sample(now, sample).is_some() {
+                    changes += 1;
+                }
+                spread = (spread.0.min(limiter.limit()), spread.1.max(limiter.limit()));
+            }
+        });
+        assert_eq!(n, 0, "{config:?}");
+        // The runs did decide: the limit moved, both ways.
+        assert!(
+            changes > 10 && spread.0 < spread.1,
+            "{config:?}: {changes} {spread:?}"
+        );
+    }
+}

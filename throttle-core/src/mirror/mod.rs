@@ -1,4 +1,5 @@
-//! Plain mirrors of every configuration, for `serde` (feature `serde`).
+//! Plain mirrors of every configuration, for `serde` (feature `serde`), except the adaptive
+//! limiter's ([`crate::limiter`]), which has no mirror yet.
 //!
 //! Each configuration serialises and deserialises through its mirror here: a struct of plain
 //! public fields, one per option a user sets through the builder methods, and nothing derived

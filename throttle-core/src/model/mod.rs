@@ -22,6 +22,7 @@ pub mod conn_key;
 pub mod dispatch_window;
 pub mod failover;
 pub mod grpc_config;
+pub mod limiter;
 pub mod paced_writer;
 pub mod pending_bytes;
 pub mod user;
@@ -132,6 +133,29 @@ impl<'a> Cursor<'a> {
 
     fn duration_short(&mut self) -> Duration {
         Duration::from_micros(u64::from(self.u32() % 3_000_000))
+    }
+}
+
+/// Runs `check` on `rounds` inputs of `len` bytes drawn from SplitMix64 seeded with `seed`
+/// (two rounds under miri), panicking with the first divergence.
+#[cfg(test)]
+pub(crate) fn random_inputs_pass(
+    check: fn(&[u8]) -> Result<(), Divergence>,
+    seed: u64,
+    rounds: usize,
+    len: usize,
+) {
+    use crate::rng::{Rng, SplitMix64};
+    let mut rng = SplitMix64::new(seed);
+    let rounds = if cfg!(miri) { 2 } else { rounds };
+    let mut data = alloc::vec![0u8; len];
+    for round in 0..rounds {
+        for b in data.iter_mut() {
+            *b = rng.next_u64() as u8;
+        }
+        if let Err(d) = check(&data) {
+            panic!("round {round}: {d}");
+        }
     }
 }
 

@@ -610,17 +610,6 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn pseudo_random_inputs_pass() {
-        use crate::rng::{Rng, SplitMix64};
-        let mut rng = SplitMix64::new(1);
-        let rounds = if cfg!(miri) { 2 } else { 300 };
-        for _ in 0..rounds {
-            let mut data = [0u8; 512];
-            for b in data.iter_mut() {
-                *b = rng.next_u64() as u8;
-            }
-            if let Err(d) = check(&data) {
-                panic!("{d}");
-            }
-        }
+        crate::model::random_inputs_pass(check, 1, 300, 512);
     }
 }
