@@ -941,6 +941,36 @@ fn threads_2(c: &mut Criterion) {
             });
         }
     }
+    // One thread alone on the own-shards shape: what the two-thread rows cost over it is the
+    // contention; what it costs over the single-shard permit rows is the 64 shards' working set.
+    let shards = Shape::Own.shards(0);
+    let handle: WindowHandle<u32> =
+        WindowHandle::new(WindowConfig::default()).expect("valid config");
+    g.bench_function(BenchmarkId::new("ours", "own_64_one_thread"), |b| {
+        b.iter_custom(|iters| {
+            let start = std::time::Instant::now();
+            for i in 0..iters {
+                let p = handle
+                    .try_acquire_owned(shards[(i % 4096) as usize])
+                    .expect("credit");
+                let _ = black_box(p.complete());
+            }
+            start.elapsed()
+        })
+    });
+    let sems = KeyedSemaphores::new(16);
+    g.bench_function(
+        BenchmarkId::new("tokio_sharded_map", "own_64_one_thread"),
+        |b| {
+            b.iter_custom(|iters| {
+                let start = std::time::Instant::now();
+                for i in 0..iters {
+                    sems.permit(shards[(i % 4096) as usize]);
+                }
+                start.elapsed()
+            })
+        },
+    );
     // The pending-bytes limiter is one FIFO for the whole client by design (Oxia's
     // `maxPendingBytes`): both threads take and give back one byte-count under its one lock,
     // whatever the shard. Reported beside one tokio semaphore used the same way.

@@ -15,7 +15,7 @@ use throttle_sansio::failover::{
     AwsRetryQuotaConfig, CallConfig, CoalescerConfig, FinagleBudgetConfig, GrpcThrottleConfig,
 };
 use throttle_sansio::grpc_config::{GrpcRetryPolicy, GrpcRetryThrottling};
-use throttle_sansio::limiter::{AimdConfig, Gradient2Config, SampleWindowConfig};
+use throttle_sansio::limiter::{AimdConfig, Gradient2Config, LimiterConfig, SampleWindowConfig};
 use throttle_sansio::options::{self, ConfigOption};
 use throttle_sansio::paced_writer::PacedWriterConfig;
 use throttle_sansio::pending_bytes::PendingBytesConfig;
@@ -480,6 +480,9 @@ fn every_method_in_the_table_exists() {
         &limiter::GRADIENT2_QUEUE_SIZE => Gradient2Config::with_queue_size,
         &limiter::GRADIENT2_LONG_WINDOW => Gradient2Config::with_long_window,
         &limiter::GRADIENT2_RTT_TOLERANCE => Gradient2Config::with_rtt_tolerance_ppm,
+        &limiter::ALGORITHM_AIMD => LimiterConfig::aimd,
+        &limiter::ALGORITHM_GRADIENT2 => LimiterConfig::gradient2,
+        &limiter::WINDOW => LimiterConfig::with_window,
         &limiter::WINDOW_MIN_TIME => SampleWindowConfig::with_window_time,
         &limiter::WINDOW_MAX_TIME => SampleWindowConfig::with_window_time,
         &limiter::WINDOW_SIZE => SampleWindowConfig::with_window_size,

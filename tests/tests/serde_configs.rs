@@ -20,10 +20,12 @@ use throttle_sansio::dispatch_window::WindowConfig;
 use throttle_sansio::failover::{
     AwsRetryQuotaConfig, CallConfig, CoalescerConfig, FinagleBudgetConfig, GrpcThrottleConfig,
 };
+use throttle_sansio::limiter::{AimdConfig, Gradient2Config, LimiterConfig, SampleWindowConfig};
 use throttle_sansio::mirror::{
-    AwsRetryQuotaConfigMirror, BackoffConfigMirror, BatcherConfigMirror, CallConfigMirror,
-    CoalescerConfigMirror, ConnConfigMirror, FinagleBudgetConfigMirror, GrpcThrottleConfigMirror,
-    PacedWriterConfigMirror, PendingBytesConfigMirror, PressureConfigMirror, ThrottleCurveMirror,
+    AimdConfigMirror, AwsRetryQuotaConfigMirror, BackoffConfigMirror, BatcherConfigMirror,
+    CallConfigMirror, CoalescerConfigMirror, ConnConfigMirror, FinagleBudgetConfigMirror,
+    Gradient2ConfigMirror, GrpcThrottleConfigMirror, LimiterConfigMirror, PacedWriterConfigMirror,
+    PendingBytesConfigMirror, PressureConfigMirror, SampleWindowConfigMirror, ThrottleCurveMirror,
     WindowConfigMirror, WriteGateConfigMirror,
 };
 use throttle_sansio::options;
@@ -234,6 +236,41 @@ fn presets() -> Vec<Preset> {
             WindowConfigMirror,
             eq,
             WindowConfig::default()
+        ),
+        preset!(
+            "aimd.default",
+            AimdConfig,
+            AimdConfigMirror,
+            eq,
+            AimdConfig::default()
+        ),
+        preset!(
+            "gradient2.default",
+            Gradient2Config,
+            Gradient2ConfigMirror,
+            eq,
+            Gradient2Config::default()
+        ),
+        preset!(
+            "sample_window.default",
+            SampleWindowConfig,
+            SampleWindowConfigMirror,
+            eq,
+            SampleWindowConfig::default()
+        ),
+        preset!(
+            "limiter.aimd",
+            LimiterConfig,
+            LimiterConfigMirror,
+            eq,
+            LimiterConfig::aimd(AimdConfig::default())
+        ),
+        preset!(
+            "limiter.gradient2",
+            LimiterConfig,
+            LimiterConfigMirror,
+            eq,
+            LimiterConfig::gradient2(Gradient2Config::default())
         ),
         preset!(
             "batcher.default",
@@ -452,6 +489,7 @@ fn field_names_are_the_option_names() {
                 .unwrap(),
         ),
         serde_json::to_value(probed_gate()),
+        serde_json::to_value(windowed_limiter()),
         serde_json::to_value(
             CallConfig::fluss_admin()
                 .with_backoff(BackoffConfig::kafka_retry())
@@ -487,6 +525,52 @@ fn field_names_are_the_option_names() {
             option.config()
         );
     }
+}
+
+/// Gradient2 behind a sample window, every value off its default.
+fn windowed_limiter() -> LimiterConfig {
+    LimiterConfig::gradient2(
+        Gradient2Config::default()
+            .with_limits(1, 4, 64)
+            .with_smoothing_ppm(300_000)
+            .with_queue_size(2)
+            .with_long_window(100)
+            .with_rtt_tolerance_ppm(2_000_000),
+    )
+    .with_window(
+        SampleWindowConfig::default()
+            .with_window_time(Duration::from_millis(10), Duration::from_millis(250))
+            .with_window_size(4)
+            .with_min_rtt_threshold(Duration::from_micros(50)),
+    )
+}
+
+#[test]
+fn a_limiter_file_names_exactly_one_algorithm_and_may_add_a_window() {
+    let cfg = windowed_limiter();
+    let json = serde_json::to_string(&cfg).unwrap();
+    assert!(json.contains("\"min_rtt_threshold_ns\":50000"), "{json}");
+    assert_eq!(serde_json::from_str::<LimiterConfig>(&json).unwrap(), cfg);
+    let both = r#"{"aimd": {"min": 1, "initial": 4, "max": 64, "backoff_ratio_ppm": 900000,
+        "timeout_ms": 500}, "gradient2": {"min": 1, "initial": 4, "max": 64,
+        "smoothing_ppm": 200000, "queue_size": 4, "long_window": 600,
+        "rtt_tolerance_ppm": 1500000}}"#;
+    let message = refusal::<LimiterConfig>(both);
+    assert!(
+        message.contains("exactly one of `aimd` and `gradient2`"),
+        "{message}"
+    );
+    let message = refusal::<LimiterConfig>("{}");
+    assert!(message.contains("exactly one"), "{message}");
+    // A refused value inside the algorithm names its option.
+    let bad = r#"{"aimd": {"min": 5, "initial": 4, "max": 64, "backoff_ratio_ppm": 900000,
+        "timeout_ms": 500}}"#;
+    assert_names(&refusal::<LimiterConfig>(bad), "initial");
+    // A sub-millisecond AIMD timeout cannot be written to its `_ms` field.
+    let sub_ms =
+        LimiterConfig::aimd(AimdConfig::default().with_timeout(Duration::from_micros(1500)));
+    let err = serde_json::to_string(&sub_ms).unwrap_err().to_string();
+    assert!(err.contains("whole number of milliseconds"), "{err}");
 }
 
 /// A general backoff with every option off its default.
@@ -643,7 +727,9 @@ fn a_missing_required_field_is_refused_by_name() {
 
 #[test]
 fn a_wrong_type_is_refused_by_name() {
-    let cases: [(&str, &str, serde_json::Value); 6] = [
+    let cases: [(&str, &str, serde_json::Value); 8] = [
+        ("aimd.default", "timeout_ms", "5000".into()),
+        ("sample_window.default", "min_rtt_threshold_ns", 1.5.into()),
         ("window.default", "max_in_flight", "4".into()),
         ("backoff.default", "initial_ms", 1.5.into()),
         ("backoff.default", "first_delay_unjittered", 0.into()),
@@ -662,6 +748,8 @@ fn a_wrong_type_is_refused_by_name() {
         let message = match file {
             "window.default" => refusal::<WindowConfig>(&json),
             "conn.default" => refusal::<ConnConfig>(&json),
+            "aimd.default" => refusal::<AimdConfig>(&json),
+            "sample_window.default" => refusal::<SampleWindowConfig>(&json),
             _ => refusal::<BackoffConfig>(&json),
         };
         assert_names(&message, field);

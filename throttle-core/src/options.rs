@@ -744,6 +744,23 @@ pub mod limiter {
         "Gradient2Config::with_rtt_tolerance_ppm",
         &[Upstream::new(NETFLIX, "Gradient2Limit.rttTolerance")],
     );
+    /// The limiter's algorithm: `aimd` or `gradient2` (a file gives exactly one).
+    pub const ALGORITHM_AIMD: ConfigOption =
+        ConfigOption::new("LimiterConfig", "aimd", "LimiterConfig::aimd", &[]);
+    /// The limiter's algorithm, the other choice.
+    pub const ALGORITHM_GRADIENT2: ConfigOption = ConfigOption::new(
+        "LimiterConfig",
+        "gradient2",
+        "LimiterConfig::gradient2",
+        &[],
+    );
+    /// The limiter's optional sample window.
+    pub const WINDOW: ConfigOption = ConfigOption::new(
+        "LimiterConfig",
+        "window",
+        "LimiterConfig::with_window",
+        &[Upstream::new(NETFLIX, "WindowedLimit")],
+    );
     /// Sample window: the shortest window.
     pub const WINDOW_MIN_TIME: ConfigOption = ConfigOption::new(
         W,
@@ -1051,6 +1068,9 @@ pub const ALL: &[&ConfigOption] = &[
     &limiter::GRADIENT2_QUEUE_SIZE,
     &limiter::GRADIENT2_LONG_WINDOW,
     &limiter::GRADIENT2_RTT_TOLERANCE,
+    &limiter::ALGORITHM_AIMD,
+    &limiter::ALGORITHM_GRADIENT2,
+    &limiter::WINDOW,
     &limiter::WINDOW_MIN_TIME,
     &limiter::WINDOW_MAX_TIME,
     &limiter::WINDOW_SIZE,

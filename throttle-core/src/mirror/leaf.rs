@@ -50,6 +50,8 @@ pub(super) mod field {
         max_idle_ms min_connect_timeout_ms backoff_from max_auto_retries max_waiters
         max_tokens milli_token_ratio ttl_ms min_retries_per_sec percent_can_retry_ppm
         retry_cost timeout_cost throttling_cost no_retry_increment
+        min initial max backoff_ratio_ppm timeout_ms smoothing_ppm queue_size long_window
+        rtt_tolerance_ppm min_window_ms max_window_ms window_size min_rtt_threshold_ns
     }
 }
 

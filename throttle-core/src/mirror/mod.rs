@@ -1,5 +1,4 @@
-//! Plain mirrors of every configuration, for `serde` (feature `serde`), except the adaptive
-//! limiter's ([`crate::limiter`]), which has no mirror yet.
+//! Plain mirrors of every configuration, for `serde` (feature `serde`).
 //!
 //! Each configuration serialises and deserialises through its mirror here: a struct of plain
 //! public fields, one per option a user sets through the builder methods, and nothing derived
@@ -44,6 +43,7 @@ mod conn;
 mod dispatch;
 mod failover;
 mod leaf;
+mod limiter;
 mod write;
 
 pub use backoff::{BackoffConfigMirror, BackoffPreset, JitterMirror};
@@ -52,6 +52,9 @@ pub use dispatch::{BatcherConfigMirror, PendingBytesConfigMirror, WindowConfigMi
 pub use failover::{
     AwsRetryQuotaConfigMirror, CallConfigMirror, CoalescerConfigMirror, FinagleBudgetConfigMirror,
     GrpcThrottleConfigMirror,
+};
+pub use limiter::{
+    AimdConfigMirror, Gradient2ConfigMirror, LimiterConfigMirror, SampleWindowConfigMirror,
 };
 pub use write::{
     FlushBudgetMirror, PacedWriterConfigMirror, PressureConfigMirror, ReasonProbeMirror,
