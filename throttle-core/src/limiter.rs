@@ -16,7 +16,7 @@
 //!
 //! The machine is pure and integer-only: time comes in as `now`, round trips are nanoseconds,
 //! ratios are ppm, Gradient2's fractional limit and average are 32.32 fixed point, and every
-//! division rounds down. It holds a few words of state and never allocates.
+//! division rounds down. It holds a few hundred bytes of state and never allocates.
 //! `docs/limiter.md` specifies the integer rules, where they differ from Netflix's floating
 //! point, and how far (pinned by a float reference in the tests).
 //!
@@ -221,7 +221,9 @@ impl Window {
         let (min, max) = self.config.window_ns();
         let next = closed.min_rtt_ns.saturating_mul(2).clamp(min, max);
         self.ends = Some(now.saturating_add(Duration::from_nanos(next)));
-        (closed.count >= self.config.window_size).then(|| Update {
+        // Netflix's readiness: enough samples, and a smallest round trip below the maximum.
+        let ready = closed.count >= self.config.window_size && closed.min_rtt_ns < u64::MAX;
+        ready.then(|| Update {
             rtt_ns: u64::try_from(closed.sum_ns / u128::from(closed.count)).unwrap_or(u64::MAX),
             in_flight: closed.max_in_flight,
             dropped: closed.dropped,

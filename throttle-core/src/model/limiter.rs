@@ -56,7 +56,23 @@ struct RefWindow {
     samples: Vec<(u64, u32, bool)>,
 }
 
+/// How often a run reached each interesting state (for the decoder's coverage test).
+#[derive(Clone, Copy, Debug, Default)]
+struct Coverage {
+    /// Windowed updates of Gradient2 after its warm-up.
+    windowed_after_warmup: u32,
+    /// Decays of Gradient2's long-term round trip.
+    decays: u32,
+    /// Gradient2 updates held because the application did not use the limit.
+    app_limited: u32,
+    /// Gradient2 gradients strictly between 1/2 and 1.
+    interior_gradients: u32,
+    /// AIMD decreases.
+    aimd_decreases: u32,
+}
+
 struct Reference {
+    coverage: Coverage,
     config: LimiterConfig,
     limit: u32,
     /// Gradient2's estimate, in 2^-32 requests.
@@ -72,6 +88,7 @@ impl Reference {
     fn new(config: LimiterConfig) -> Self {
         let (_, initial, _) = config.limits();
         Reference {
+            coverage: Coverage::default(),
             config,
             limit: initial,
             estimate: u128::from(initial) * SCALE,
@@ -110,8 +127,13 @@ impl Reference {
                     .max(u128::from(ns(w.config.min_window())))
                     .min(u128::from(ns(w.config.max_window())));
                 w.end = Some(now.saturating_add(length as u64));
-                if (samples.len() as u64) < u64::from(w.config.window_size()) {
+                if (samples.len() as u64) < u64::from(w.config.window_size())
+                    || smallest == u64::MAX
+                {
                     return None;
+                }
+                if self.first.len() >= 10 {
+                    self.coverage.windowed_after_warmup += 1;
                 }
                 let sum: u128 = samples.iter().map(|s| u128::from(s.0)).sum();
                 (
@@ -133,9 +155,10 @@ impl Reference {
         }
     }
 
-    fn aimd(&self, a: &AimdConfig, rtt: u64, in_flight: u32, dropped: bool) -> u32 {
+    fn aimd(&mut self, a: &AimdConfig, rtt: u64, in_flight: u32, dropped: bool) -> u32 {
         let l = u128::from(self.limit);
         let next = if dropped || rtt > ns(a.timeout()) {
+            self.coverage.aimd_decreases += 1;
             l * u128::from(a.backoff_ratio_ppm()) / MILLION
         } else if 2 * u128::from(in_flight) >= l {
             l + 1
@@ -159,13 +182,18 @@ impl Reference {
         let long_before_decay = self.long;
         if self.long > 2 * short * SCALE {
             self.long = self.long * 950_000 / MILLION;
+            self.coverage.decays += 1;
         }
         let whole = |e: u128| (e / SCALE).min(u128::from(u32::MAX)) as u32;
         if 2 * u128::from(in_flight) * SCALE < self.estimate {
+            self.coverage.app_limited += 1;
             return whole(self.estimate);
         }
         let gradient = (u128::from(g.rtt_tolerance_ppm()) * long_before_decay / (MILLION * short))
             .clamp(SCALE / 2, SCALE);
+        if SCALE / 2 < gradient && gradient < SCALE {
+            self.coverage.interior_gradients += 1;
+        }
         let target = self.estimate * gradient / SCALE + u128::from(g.queue_size()) * SCALE;
         let s = u128::from(g.smoothing_ppm());
         let smoothed = (self.estimate * (MILLION - s) + target * s) / MILLION;
@@ -189,6 +217,26 @@ impl Reference {
             }
             _ => None,
         }
+    }
+}
+
+/// The next `now`: mostly forward by up to a second, sometimes back or unchanged, and only
+/// one step in 256 a leap to the end of time (after which no window closes again, so the
+/// shared `Cursor::time_step`'s 1 in 16 would leave windowed runs mostly stuck).
+fn time_step(c: &mut Cursor<'_>, now: Instant) -> Instant {
+    match c.u8() {
+        0 => Instant::MAX.saturating_sub(Duration::from_nanos(u64::from(c.u8()))),
+        1..=15 => now.saturating_sub(Duration::from_micros(u64::from(c.u16()))),
+        16..=31 => now,
+        _ => now + Duration::from_micros(u64::from(c.u16()) * 16),
+    }
+}
+
+/// A window time: mostly 1 µs to about 0.5 s, one in eight anything `Cursor::duration` gives.
+fn window_time(c: &mut Cursor<'_>) -> Duration {
+    match c.below(8) {
+        0 => c.duration(),
+        _ => Duration::from_micros(1 + u64::from(c.u16()) * 8),
     }
 }
 
@@ -243,11 +291,11 @@ fn config(c: &mut Cursor<'_>) -> LimiterConfig {
     };
     if c.bool() {
         // Mostly in order (the max at least the min); one in eight drawn apart.
-        let min_window = c.duration();
+        let min_window = window_time(c);
         let max_window = if c.below(8) == 0 {
-            c.duration()
+            window_time(c)
         } else {
-            min_window.saturating_add(c.duration())
+            min_window.saturating_add(window_time(c))
         };
         base.with_window(
             SampleWindowConfig::default()
@@ -266,6 +314,11 @@ fn config(c: &mut Cursor<'_>) -> LimiterConfig {
 
 /// Runs the bytes; `Err` describes the first disagreement.
 pub fn check(data: &[u8]) -> Result<(), Divergence> {
+    run(data).map(|_| ())
+}
+
+/// [`check`], returning what the run reached.
+fn run(data: &[u8]) -> Result<Coverage, Divergence> {
     let mut c = Cursor::new(data);
     let cfg = config(&mut c);
     let machine = Limiter::new(cfg);
@@ -277,14 +330,14 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         ));
     }
     let Ok(mut machine) = machine else {
-        return Ok(());
+        return Ok(Coverage::default());
     };
     let mut reference = Reference::new(cfg);
     let (min, _, max) = cfg.limits();
     let mut now = Instant::ZERO;
     let mut step = 0u32;
     while !c.is_empty() {
-        now = c.time_step(now);
+        now = time_step(&mut c, now);
         let rtt = c.duration();
         let backwards = c.below(16) == 0;
         let in_flight = match c.below(4) {
@@ -336,7 +389,7 @@ pub fn check(data: &[u8]) -> Result<(), Divergence> {
         }
         step += 1;
     }
-    Ok(())
+    Ok(reference.coverage)
 }
 
 #[cfg(test)]
@@ -350,6 +403,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
     fn random_bytes_reach_valid_configurations_with_and_without_a_window() {
         // The decoder must not drift into testing refusals only.
         use crate::rng::{Rng, SplitMix64};
@@ -366,6 +420,32 @@ mod tests {
         assert!(
             accepted >= 300 && windowed >= 120,
             "valid {accepted}, windowed {windowed}"
+        );
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)] // slow under miri; runs in the ordinary test pass
+    fn random_bytes_reach_every_interesting_state() {
+        use crate::rng::{Rng, SplitMix64};
+        let mut rng = SplitMix64::new(11);
+        let mut total = Coverage::default();
+        for _ in 0..400 {
+            let data: Vec<u8> = (0..2048).map(|_| rng.next_u64() as u8).collect();
+            let c = run(&data).unwrap_or_else(|d| panic!("{d}"));
+            total.windowed_after_warmup += c.windowed_after_warmup;
+            total.decays += c.decays;
+            total.app_limited += c.app_limited;
+            total.interior_gradients += c.interior_gradients;
+            total.aimd_decreases += c.aimd_decreases;
+        }
+        let t = total;
+        assert!(
+            t.windowed_after_warmup >= 50
+                && t.decays >= 50
+                && t.app_limited >= 50
+                && t.interior_gradients >= 50
+                && t.aimd_decreases >= 50,
+            "{t:?}"
         );
     }
 
