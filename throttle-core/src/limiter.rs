@@ -161,17 +161,6 @@ impl LongRtt {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-enum State {
-    Aimd(AimdConfig),
-    Gradient2 {
-        config: Gradient2Config,
-        /// The limit estimate, 32.32 fixed point, within `[min, max]`.
-        estimate: u128,
-        long: LongRtt,
-    },
-}
-
 /// The open window's aggregate (Netflix's `ImmutableAverageSampleWindow`).
 #[derive(Clone, Copy, Debug)]
 struct Gathered {
@@ -192,9 +181,9 @@ impl Gathered {
     };
 }
 
+/// The sample window's state; its settings stay in the limiter's [`LimiterConfig`].
 #[derive(Clone, Copy, Debug)]
 struct Window {
-    config: SampleWindowConfig,
     /// The open window ends here; `None` before the first sample (which closes a window at
     /// once, as Netflix's `nextUpdateTime` of 0 does).
     ends: Option<Instant>,
@@ -204,8 +193,13 @@ struct Window {
 impl Window {
     /// Adds a sample; returns the closed window's aggregate when this sample closed a window
     /// that holds enough samples.
-    fn add(&mut self, now: Instant, rtt_ns: u64, in_flight: u32, dropped: bool) -> Option<Update> {
-        if rtt_ns < self.config.threshold_ns() {
+    fn add(&mut self, config: &SampleWindowConfig, now: Instant, u: Update) -> Option<Update> {
+        let Update {
+            rtt_ns,
+            in_flight,
+            dropped,
+        } = u;
+        if rtt_ns < config.threshold_ns() {
             return None;
         }
         let g = &mut self.gathered;
@@ -218,11 +212,11 @@ impl Window {
             return None;
         }
         let closed = core::mem::replace(&mut self.gathered, Gathered::EMPTY);
-        let (min, max) = self.config.window_ns();
+        let (min, max) = config.window_ns();
         let next = closed.min_rtt_ns.saturating_mul(2).clamp(min, max);
         self.ends = Some(now.saturating_add(Duration::from_nanos(next)));
         // Netflix's readiness: enough samples, and a smallest round trip below the maximum.
-        let ready = closed.count >= self.config.window_size && closed.min_rtt_ns < u64::MAX;
+        let ready = closed.count >= config.window_size && closed.min_rtt_ns < u64::MAX;
         ready.then(|| Update {
             rtt_ns: u64::try_from(closed.sum_ns / u128::from(closed.count)).unwrap_or(u64::MAX),
             in_flight: closed.max_in_flight,
@@ -240,8 +234,12 @@ impl Window {
 pub struct Limiter {
     config: LimiterConfig,
     limit: u32,
-    state: State,
-    window: Option<Window>,
+    /// Gradient2's limit estimate, 32.32 fixed point, within `[min, max]` (unused by AIMD).
+    estimate: u128,
+    /// Gradient2's long-term round trip (unused by AIMD).
+    long: LongRtt,
+    /// The sample window's state (unused without a window).
+    window: Window,
 }
 
 impl Limiter {
@@ -250,27 +248,19 @@ impl Limiter {
     pub fn new(config: LimiterConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         let (_, initial, _) = config.limits();
-        let state = match config.algorithm {
-            Algorithm::Aimd(c) => State::Aimd(c),
-            Algorithm::Gradient2(c) => State::Gradient2 {
-                config: c,
-                estimate: u128::from(c.initial()) << FRAC,
-                long: LongRtt {
-                    count: 0,
-                    sum_ns: 0,
-                    value: 0,
-                },
-            },
-        };
         Ok(Limiter {
             config,
             limit: initial,
-            state,
-            window: config.window.map(|config| Window {
-                config,
+            estimate: u128::from(initial) << FRAC,
+            long: LongRtt {
+                count: 0,
+                sum_ns: 0,
+                value: 0,
+            },
+            window: Window {
                 ends: None,
                 gathered: Gathered::EMPTY,
-            }),
+            },
         })
     }
 
@@ -288,9 +278,9 @@ impl Limiter {
     /// Gradient2's long-term round trip (Netflix `getRttNoLoad`), rounded down to a
     /// nanosecond; `None` for AIMD and before Gradient2's first update.
     pub fn rtt_no_load(&self) -> Option<Duration> {
-        match &self.state {
-            State::Gradient2 { long, .. } if long.count > 0 => Some(Duration::from_nanos(
-                u64::try_from(long.value >> FRAC).unwrap_or(u64::MAX),
+        match self.config.algorithm {
+            Algorithm::Gradient2(_) if self.long.count > 0 => Some(Duration::from_nanos(
+                u64::try_from(self.long.value >> FRAC).unwrap_or(u64::MAX),
             )),
             _ => None,
         }
@@ -299,10 +289,10 @@ impl Limiter {
     /// Gradient2's limit estimate in millionths of a request (its fractional part is kept
     /// between updates); AIMD's limit times a million.
     pub fn estimate_micros(&self) -> u64 {
-        match &self.state {
-            State::Aimd(_) => u64::from(self.limit) * u64::from(PPM),
-            State::Gradient2 { estimate, .. } => {
-                u64::try_from((estimate * u128::from(PPM)) >> FRAC).unwrap_or(u64::MAX)
+        match self.config.algorithm {
+            Algorithm::Aimd(_) => u64::from(self.limit) * u64::from(PPM),
+            Algorithm::Gradient2(_) => {
+                u64::try_from((self.estimate * u128::from(PPM)) >> FRAC).unwrap_or(u64::MAX)
             }
         }
     }
@@ -318,14 +308,14 @@ impl Limiter {
             Outcome::Dropped => true,
             Outcome::Rejected => return None,
         };
-        let (rtt_ns, in_flight) = (sample.rtt_ns(), sample.in_flight);
-        let update = match &mut self.window {
-            None => Update {
-                rtt_ns,
-                in_flight,
-                dropped,
-            },
-            Some(window) => window.add(now, rtt_ns, in_flight, dropped)?,
+        let update = Update {
+            rtt_ns: sample.rtt_ns(),
+            in_flight: sample.in_flight,
+            dropped,
+        };
+        let update = match &self.config.window {
+            None => update,
+            Some(config) => self.window.add(config, now, update)?,
         };
         let limit = self.update(update);
         (limit != self.limit).then(|| {
@@ -335,13 +325,9 @@ impl Limiter {
     }
 
     fn update(&mut self, u: Update) -> u32 {
-        match &mut self.state {
-            State::Aimd(c) => aimd(c, self.limit, u),
-            State::Gradient2 {
-                config,
-                estimate,
-                long,
-            } => gradient2(config, estimate, long, u),
+        match &self.config.algorithm {
+            Algorithm::Aimd(c) => aimd(c, self.limit, u),
+            Algorithm::Gradient2(c) => gradient2(c, &mut self.estimate, &mut self.long, u),
         }
     }
 }

@@ -2,7 +2,6 @@ use core::time::Duration;
 
 use proptest::prelude::*;
 
-use super::State;
 use super::*;
 use crate::error::ConfigError;
 use crate::options::limiter as opt;
@@ -234,15 +233,13 @@ impl FloatGradient2 {
 /// Our Gradient2 state as reals: (estimate, long-term rtt ns, warm-up count, warm-up sum).
 fn internals(l: &Limiter) -> (f64, f64, u32, f64) {
     let scale = (1u64 << 32) as f64;
-    match &l.state {
-        State::Gradient2 { estimate, long, .. } => (
-            *estimate as f64 / scale,
-            long.value as f64 / scale,
-            long.count,
-            long.sum_ns as f64,
-        ),
-        State::Aimd(_) => unreachable!("a Gradient2 limiter"),
-    }
+    assert!(matches!(l.config.algorithm, Algorithm::Gradient2(_)));
+    (
+        l.estimate as f64 / scale,
+        l.long.value as f64 / scale,
+        l.long.count,
+        l.long.sum_ns as f64,
+    )
 }
 
 /// The largest relative difference of one update from Netflix's double arithmetic, started
