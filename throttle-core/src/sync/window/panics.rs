@@ -413,3 +413,48 @@ fn with_events_on_a_clone_that_panics_for_an_event_loses_only_that_event() {
     check_invariants(&f);
     serve_to_the_end(&mut f);
 }
+
+std::thread_local!(static CLONE_PANICS: core::cell::Cell<bool> = const { core::cell::Cell::new(false) });
+
+/// A hasher whose `Clone` panics while `CLONE_PANICS` is set: a stripe's window is made on
+/// the stripe's first use with a clone of the handle's hasher, under the stripe's lock.
+struct CloneTrap(TestHasher);
+
+impl Clone for CloneTrap {
+    fn clone(&self) -> Self {
+        assert!(!CLONE_PANICS.with(|p| p.get()), "hasher clone trapped");
+        CloneTrap(self.0.clone())
+    }
+}
+
+impl core::hash::BuildHasher for CloneTrap {
+    type Hasher = <TestHasher as core::hash::BuildHasher>::Hasher;
+    fn build_hasher(&self) -> Self::Hasher {
+        self.0.build_hasher()
+    }
+}
+
+#[test]
+fn a_hasher_clone_that_panics_making_a_stripe_leaves_it_unmade_and_the_handle_serving() {
+    let cfg = WindowConfig::default().with_max_in_flight(1);
+    let h =
+        WindowHandle::<u32, CloneTrap>::with_hasher(cfg, CloneTrap(TestHasher::default())).unwrap();
+    CLONE_PANICS.with(|p| p.set(true));
+    let first = catch_unwind(AssertUnwindSafe(|| h.try_acquire(7).map(|_| ())));
+    let owned = catch_unwind(AssertUnwindSafe(|| h.try_acquire_owned(7).map(|_| ())));
+    CLONE_PANICS.with(|p| p.set(false));
+    assert!(
+        first.is_err() && owned.is_err(),
+        "both first uses reached the clone"
+    );
+    // Nothing was taken: the stripe's window is made on the next use, with its one credit.
+    let permit = h
+        .try_acquire_owned(7)
+        .expect("the stripe serves after the panic");
+    assert_eq!((h.in_flight(&7), h.available(&7)), (1, 0));
+    assert!(h.try_acquire(7).is_err(), "the one credit is held");
+    drop(permit);
+    assert_eq!((h.in_flight(&7), h.available(&7)), (0, 1));
+    h.close();
+    assert!(h.is_closed() && h.shared.is_drained());
+}
