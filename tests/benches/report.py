@@ -227,6 +227,8 @@ REPORT_ROWS = [
     ("adaptive limiter", "Gradient2 `on_sample` (limits 1–64, unwindowed)", "limiter/gradient2"),
     ("adaptive limiter", "Gradient2 `on_sample` behind a sample window (10–100 ms, 4 samples)",
      "limiter/gradient2_windowed"),
+    ("dispatch window", "limit change: grow (sends the queued batch), shrink, a release that retires",
+     "limiter/window_resize"),
 ]
 
 # Why a row misses and what would close it: printed only under a row that missed.

@@ -727,6 +727,34 @@ fn limiter(c: &mut C) {
             })
         });
     }
+    // A limit change in the window, as the limiter's output drives it: one shard at its
+    // limit (4 in flight) with a batch queued. Per iteration the limit grows to 5 (the queued
+    // batch leaves), a new batch queues, the limit shrinks to 4 (nothing revoked) and a
+    // release retires its credit (hands nothing on), which restores the state. The batch sent
+    // goes into a reused buffer: no allocation.
+    let mut w: DispatchWindow<u32, u64, Fx> =
+        DispatchWindow::new(WindowConfig::default()).expect("valid config");
+    let mut live: VecDeque<_> = (0..4)
+        .map(|i| w.submit(7, i).expect("open").expect("credit").credit)
+        .collect();
+    assert_eq!(w.submit(7, 4), Ok(None));
+    let (four, five) = (
+        std::num::NonZeroUsize::new(4),
+        std::num::NonZeroUsize::new(5),
+    );
+    let (mut next, mut sent) = (5u64, Vec::new());
+    g.bench_function("window_resize", |b| {
+        b.iter(|| {
+            w.set_max_in_flight_into(black_box(&7), five, &mut sent);
+            live.extend(sent.drain(..).map(|d| d.credit));
+            next += 1;
+            let _ = black_box(w.submit(7, next));
+            let _ = w.set_max_in_flight(black_box(&7), four);
+            let oldest = live.pop_front().expect("a credit in flight");
+            black_box(w.complete(oldest).expect("live"))
+        })
+    });
+    assert_eq!((w.in_flight(&7), w.queued(&7)), (4, 1));
     g.finish();
 }
 

@@ -575,6 +575,9 @@ pub struct Batcher<Shard, H, S, P = (), E = ()> {
     events: EventQueue<BatchEvent<Shard>>,
     /// A `Dispatched` is being recorded for the head `Send` (set while its key is copied).
     noting: bool,
+    /// The batches a grown limit sent ([`Self::set_max_in_flight`]), kept between calls so
+    /// that a limit change allocates nothing after warm-up.
+    granted: Vec<Dispatch<Shard, Batch<H, P>>>,
 }
 
 impl<Shard, H, S, P, E> Batcher<Shard, H, S, P, E>
@@ -627,6 +630,7 @@ where
             peak_actions: Peak::default(),
             events: EventQueue::new(),
             noting: false,
+            granted: Vec::new(),
         }
     }
 

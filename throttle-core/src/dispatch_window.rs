@@ -35,6 +35,7 @@ pub use crate::slab::{Exhausted, Ticket};
 use crate::snapshot::{Cursor, Page};
 use crate::time::Instant;
 
+use limit::limit_of;
 pub(crate) use shard::Entered;
 use shard::{Books, Mode, ShardWindow};
 pub use single::SingleWindow;
@@ -235,9 +236,13 @@ fn note_sent<Shard>(
 pub struct ShardSnapshot<Shard> {
     /// The shard.
     pub shard: Shard,
-    /// Batches in flight (credits held; through `WindowHandle`, permits).
+    /// Batches in flight (credits held; through `WindowHandle`, permits). Above `capacity`
+    /// only after a shrink, until releases retire the excess.
     pub in_flight: u32,
-    /// Credits free: the capacity less `in_flight`.
+    /// The shard's capacity now: its own limit if one was set at run time, else the
+    /// window's configured one.
+    pub capacity: u32,
+    /// Credits free: `capacity` less `in_flight`, floored at 0.
     pub available: u32,
     /// Full batches waiting for credit (through `WindowHandle`, tasks waiting in `acquire`).
     pub queued: usize,
@@ -300,10 +305,11 @@ struct ShardEntry<Shard, B> {
 }
 
 impl<Shard, B> ShardEntry<Shard, B> {
-    /// Whether eviction may drop the entry: idle, not pinned and not paused.
+    /// Whether eviction may drop the entry: idle, not pinned, not paused and without a limit
+    /// of its own.
     #[inline]
     fn evictable(&self) -> bool {
-        self.w.is_idle() && !self.pinned && !self.w.paused
+        self.w.is_idle() && !self.pinned && !self.w.paused && self.w.limit == 0
     }
 }
 
@@ -370,7 +376,10 @@ pub(crate) enum Take {
 /// [`SubmitError::Exhausted`] while issued credits still complete. Each carries this window's
 /// instance tag; another window's ids are refused as [`ReleaseError::Unknown`].
 ///
-/// Invariants after every call: per shard `in_flight + available == capacity`; a shard with
+/// Invariants after every call: per shard `available == capacity_of − in_flight`, floored at
+/// 0 (`in_flight` exceeds the shard's capacity only after
+/// [`set_max_in_flight`](Self::set_max_in_flight) shrank it, and no credit is issued until
+/// releases bring it back under); a shard with
 /// available credit holds nothing back. A shard with nothing in flight, queued or parked is
 /// idle: it is not counted by [`shard_count`](Self::shard_count), holds no queue buffer, and
 /// its empty entry stays in the map so that its next batch costs one lookup, not an insert
@@ -552,13 +561,14 @@ where
             return Err(SubmitError::Closed(batch));
         }
         let hash = self.hasher.hash_one(&shard);
-        let cap = self.cfg.cap();
+        let default = self.cfg.cap();
         // The lookup (user `Eq`) is the only user code, and it runs before anything changes.
         let Some(e) = self.shards.find_mut(hash, |e| e.key == shard) else {
             return self.open_shard(shard, hash, batch).map(Some);
         };
         let place = Place { hash, entry: e.id };
         let noted = noted(&self.events, self.dispatch_events, &shard);
+        let cap = e.w.cap(default);
         let sent = self.books.park_or_send(&mut e.w, place, cap, batch)?;
         Ok(sent.map(|(credit, batch)| {
             note_sent(&mut self.events, noted, credit);
@@ -584,13 +594,14 @@ where
         if self.books.refuses() {
             return Err(SubmitError::Closed(batch));
         }
-        let cap = self.cfg.cap();
+        let default = self.cfg.cap();
         // The lookup (user `Eq`) is the only user code, and it runs before anything changes.
         let Some(e) = self.shards.find_mut(hash, |e| e.key == shard) else {
             return self.open_shard(shard, hash, batch).map(sent);
         };
         let place = Place { hash, entry: e.id };
         let noted = noted(&self.events, self.dispatch_events, &shard);
+        let cap = e.w.cap(default);
         match self.books.enter(&mut e.w, place, batch, cap)? {
             Entered::Credit(credit, batch) => {
                 note_sent(&mut self.events, noted, credit);
@@ -753,12 +764,13 @@ where
         noted: Option<Shard>,
         batch: B,
     ) -> Result<Submitted<Shard, B>, SubmitError<B>> {
-        let cap = self.cfg.cap();
+        let default = self.cfg.cap();
         let Some(e) = entry_at(&mut self.shards, place) else {
             // Unreachable: the caller pinned the entry.
             debug_assert!(false, "a pinned shard has no entry");
             return Err(SubmitError::Closed(batch));
         };
+        let cap = e.w.cap(default);
         match self.books.enter(&mut e.w, place, batch, cap)? {
             Entered::Credit(credit, batch) => {
                 note_sent(&mut self.events, noted, credit);
@@ -797,12 +809,13 @@ where
         noted: Option<Shard>,
         batch: B,
     ) -> Result<Option<Dispatch<Shard, B>>, SubmitError<B>> {
-        let cap = self.cfg.cap();
+        let default = self.cfg.cap();
         let Some(e) = entry_at(&mut self.shards, place) else {
             // Unreachable: the caller pinned the entry.
             debug_assert!(false, "a pinned shard has no entry");
             return Err(SubmitError::Closed(batch));
         };
+        let cap = e.w.cap(default);
         let sent = self.books.park_or_send(&mut e.w, place, cap, batch)?;
         Ok(sent.map(|(credit, batch)| {
             note_sent(&mut self.events, noted, credit);
@@ -867,13 +880,14 @@ where
             debug_assert!(false, "a live credit's shard has no window");
             return Ok(None);
         };
+        let cap = e.w.cap(self.cfg.cap());
         // The key is cloned for the next dispatch before anything changes (user code).
-        let shard = self.books.hands_on(&e.w).then(|| e.key.clone());
+        let shard = self.books.hands_on(&e.w, cap).then(|| e.key.clone());
         let noted = shard
             .as_ref()
             .and_then(|k| noted(&self.events, self.dispatch_events, k));
         let _ = self.books.credits.remove(credit.0);
-        let next = self.books.hand_on(&mut e.w, place);
+        let next = self.books.hand_on(&mut e.w, place, cap);
         let in_flight = e.w.in_flight;
         self.events
             .emit(|| WindowEvent::Released { credit, in_flight });
@@ -906,7 +920,8 @@ where
             debug_assert!(false, "a live credit's shard has no window");
             return Ok(None);
         };
-        let next = self.books.hand_on(&mut e.w, place);
+        let cap = e.w.cap(self.cfg.cap());
+        let next = self.books.hand_on(&mut e.w, place, cap);
         let in_flight = e.w.in_flight;
         self.events
             .emit(|| WindowEvent::Released { credit, in_flight });
@@ -1036,9 +1051,21 @@ where
         self.shards.find(hash, |e| e.key == *shard).map(|e| &e.w)
     }
 
-    /// Batches allowed outstanding per shard.
+    /// Batches allowed outstanding per shard, as configured: the capacity of every shard
+    /// without a limit of its own ([`set_max_in_flight`](Self::set_max_in_flight)).
     pub fn capacity(&self) -> u32 {
         self.cfg.cap()
+    }
+
+    /// `shard`'s capacity now: its own limit if [`set_max_in_flight`](Self::set_max_in_flight)
+    /// gave it one, else [`capacity`](Self::capacity).
+    ///
+    /// # Panics
+    ///
+    /// Only if the shard's `Hash` or `Eq`, or the hasher, panics; the window is unchanged.
+    pub fn capacity_of(&self, shard: &Shard) -> u32 {
+        let default = self.cfg.cap();
+        self.window(shard).map_or(default, |w| w.cap(default))
     }
 
     /// Batches of `shard` in flight (holding a credit).
@@ -1050,13 +1077,16 @@ where
         self.window(shard).map_or(0, |w| w.in_flight)
     }
 
-    /// Credits of `shard` not in use: `capacity() - in_flight(shard)`.
+    /// Credits of `shard` not in use: `capacity_of(shard) - in_flight(shard)`, floored at 0
+    /// (after a shrink below the credits in flight, 0 until releases bring them under it).
     ///
     /// # Panics
     ///
     /// Only if the shard's `Hash` or `Eq`, or the hasher, panics; the window is unchanged.
     pub fn available(&self, shard: &Shard) -> u32 {
-        self.cfg.cap().saturating_sub(self.in_flight(shard))
+        let default = self.cfg.cap();
+        self.window(shard)
+            .map_or(default, |w| w.cap(default).saturating_sub(w.in_flight))
     }
 
     /// Full batches of `shard` waiting for credit (cancelled ones not counted).
@@ -1160,14 +1190,15 @@ where
             .last()
             .filter(|_| more)
             .map(|&(hash, id)| Cursor::after(hash, id));
-        let cap = self.cfg.cap();
+        let default = self.cfg.cap();
         let items = places
             .iter()
             .filter_map(|&(hash, id)| self.shards.find(hash, |e| e.id == id))
             .map(|e| ShardSnapshot {
                 shard: e.key.clone(),
                 in_flight: e.w.in_flight,
-                available: cap.saturating_sub(e.w.in_flight),
+                capacity: e.w.cap(default),
+                available: e.w.cap(default).saturating_sub(e.w.in_flight),
                 queued: e.w.queued,
                 parked: e.w.parked.is_some(),
                 paused: e.w.paused,
@@ -1240,6 +1271,7 @@ where
 mod held;
 #[cfg(feature = "std")]
 mod hinted;
+mod limit;
 mod shard;
 mod single;
 #[cfg(test)]

@@ -174,23 +174,89 @@ fn exhausted_batcher_rounds_that_queue_and_park_allocate_nothing_after_warm_up()
         .with_max_requests_per_batch(core::num::NonZeroUsize::MIN.saturating_add(1))
         .with_window(WindowConfig::default().with_max_in_flight(1))
         .expect("valid window");
+    steady_rounds(cfg, |d, shards| d.round(shards, 7));
+}
+
+/// Five rounds of warm-up (which must allocate), then 100 that must not, over 4 and 64
+/// shards at each cadence.
+fn steady_rounds(cfg: BatcherConfig, mut round: impl FnMut(&mut Driver, u32)) {
     for step in CADENCES {
         for shards in [4, 64] {
             let mut d = Driver::new(cfg, step);
             let warm_up = allocations_during(|| {
                 for _ in 0..5 {
-                    d.round(shards, 7);
+                    round(&mut d, shards);
                 }
             });
             assert!(warm_up > 0);
             let steady = allocations_during(|| {
                 for _ in 0..100 {
-                    d.round(shards, 7);
+                    round(&mut d, shards);
                 }
             });
             assert_eq!(steady, 0, "{shards} shards every {step:?}");
         }
     }
+}
+
+/// A round under limits that change at run time, as a per-shard limiter drives them: each
+/// shard starts the round at a limit of 1 (one batch sent, two queued, the open one parked),
+/// grows to 4 (the three held-back batches leave at once), shrinks to 1 with four in flight
+/// (releases retire credits until one is left), and ends back at the configured limit.
+fn limited_round(d: &mut Driver, shards: u32) {
+    let one = core::num::NonZeroUsize::new(1);
+    for s in 0..shards {
+        d.b.set_max_in_flight(d.now, &s, one);
+        for h in 0..7 {
+            d.b.handle_op(d.now, s, h, 10).expect("open");
+        }
+    }
+    d.b.flush(d.now);
+    d.collect();
+    assert_eq!(
+        d.credits.len(),
+        shards as usize,
+        "one batch each under a limit of 1"
+    );
+    for s in 0..shards {
+        d.b.set_max_in_flight(d.now, &s, core::num::NonZeroUsize::new(4));
+    }
+    d.collect();
+    assert_eq!(
+        d.credits.len(),
+        4 * shards as usize,
+        "the grown limit sends the held batches"
+    );
+    for s in 0..shards {
+        d.b.set_max_in_flight(d.now, &s, one);
+        assert_eq!(
+            d.b.window().available(&s),
+            0,
+            "nothing revoked: 4 in flight over 1"
+        );
+    }
+    while let Some(credit) = d.credits.pop() {
+        let n = d.b.batch(credit).map_or(0, |b| b.len());
+        d.b.handle_response(d.now, credit, 0..n)
+            .expect("live credit");
+        d.collect();
+    }
+    for s in 0..shards {
+        d.b.set_max_in_flight(d.now, &s, None);
+    }
+    assert_eq!(d.b.window().live_credits(), 0);
+    assert_eq!(d.b.window().shard_count(), 0);
+    d.now += d.step;
+    d.b.handle_timeout(d.now);
+}
+
+#[test]
+fn limits_changed_at_run_time_allocate_nothing_after_warm_up() {
+    let cfg = BatcherConfig::reads()
+        .with_max_requests_per_batch(core::num::NonZeroUsize::MIN.saturating_add(1))
+        .with_window(WindowConfig::default().with_max_in_flight(2))
+        .expect("valid window");
+    steady_rounds(cfg, limited_round);
 }
 
 #[test]

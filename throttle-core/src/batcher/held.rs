@@ -151,6 +151,32 @@ where
         self.close_if_window_closed();
     }
 
+    /// Gives `shard`'s window a limit of its own at run time (`None`: the configured one
+    /// again), for a concurrency limiter ([`crate::limiter::Limiter`]) that sizes each shard's
+    /// window from what it observes. The rule is the window's
+    /// ([`DispatchWindow::set_max_in_flight`]): a larger limit sends the shard's held-back
+    /// batches at once, oldest first (requeued, queued, then the parked open batch), as far
+    /// as it has credit, each as a [`BatchAction::Send`]; a smaller one revokes nothing, and
+    /// releases retire credits until the shard is under it. Allocates nothing after warm-up
+    /// for a change that sends at most four batches. Does nothing after
+    /// [`close`](Self::close).
+    ///
+    /// # Panics
+    ///
+    /// Only if the shard's `Hash`, `Eq` or `Clone`, or the hasher, panics (every key copy is
+    /// made before anything changes); the batcher is then unchanged.
+    pub fn set_max_in_flight(&mut self, now: Instant, shard: &Shard, limit: Option<NonZeroUsize>) {
+        let mut granted = core::mem::take(&mut self.granted);
+        self.window
+            .set_max_in_flight_into(shard, limit, &mut granted);
+        self.clock.observe(now);
+        self.maintenance.touch();
+        for d in granted.drain(..) {
+            self.record(d);
+        }
+        self.granted = granted;
+    }
+
     /// Whether `shard` is paused ([`pause`](Self::pause), not resumed since).
     ///
     /// # Panics

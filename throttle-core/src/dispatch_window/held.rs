@@ -93,10 +93,11 @@ where
     pub fn resume(&mut self, now: Instant, shard: &Shard) -> Vec<Dispatch<Shard, B>> {
         let mut out = Vec::new();
         let hash = self.hasher.hash_one(shard);
-        let cap = self.cfg.cap();
+        let default = self.cfg.cap();
         let Some(e) = self.shards.find_mut(hash, |e| e.key == *shard) else {
             return out;
         };
+        let cap = e.w.cap(default);
         let place = Place { hash, entry: e.id };
         // Every key copy first (user `Clone`), so a panic leaves the window paused as it was.
         let n = self.books.resumable(&e.w, cap);
@@ -171,9 +172,10 @@ where
             debug_assert!(false, "a live credit's shard has no window");
             return Ok((Err(SubmitError::Closed(batch)), None));
         };
+        let cap = e.w.cap(self.cfg.cap());
         let (back, next) = self
             .books
-            .requeue(&mut e.w, place, batch, credit.0.generation);
+            .requeue(&mut e.w, place, cap, batch, credit.0.generation);
         let in_flight = e.w.in_flight;
         self.events
             .emit(|| WindowEvent::Released { credit, in_flight });

@@ -14,7 +14,7 @@ use hashbrown::HashTable;
 use super::{DispatchWindow, Entered, Exhausted, Place, ShardEntry, SubmitError, Take};
 
 /// Where a hinted lookup of a shard ended.
-enum Found<'a, Shard, B> {
+pub(super) enum Found<'a, Shard, B> {
     /// The shard's entry, and its place.
     Entry(&'a mut ShardEntry<Shard, B>, Place),
     /// No entry: the shard is new, and this is the window's own hash of its key.
@@ -24,7 +24,7 @@ enum Found<'a, Shard, B> {
 /// `shard`'s entry, looked up first with `hint` (one probe in the common case), then, on a
 /// miss, with the window's own hash of the key.
 #[inline]
-fn find_hinted<'a, Shard: Hash + Eq, B, S: BuildHasher>(
+pub(super) fn find_hinted<'a, Shard: Hash + Eq, B, S: BuildHasher>(
     shards: &'a mut HashTable<ShardEntry<Shard, B>>,
     hasher: &S,
     shard: &Shard,
@@ -67,9 +67,12 @@ where
         if self.books.refuses() {
             return Take::Closed;
         }
-        let cap = self.cfg.cap();
+        let default = self.cfg.cap();
         match find_hinted(&mut self.shards, &self.hasher, shard, hint) {
-            Found::Entry(e, place) => self.books.admit(&mut e.w, place, cap),
+            Found::Entry(e, place) => {
+                let cap = e.w.cap(default);
+                self.books.admit(&mut e.w, place, cap)
+            }
             Found::New(hash) => match self.open_entry(shard.clone(), hash) {
                 Ok(credit) => Take::Credit(credit),
                 Err(Exhausted) => Take::Exhausted,
@@ -101,9 +104,12 @@ where
         if self.books.refuses() {
             return Err(SubmitError::Closed(waiter));
         }
-        let cap = self.cfg.cap();
+        let default = self.cfg.cap();
         match find_hinted(&mut self.shards, &self.hasher, shard, hint) {
-            Found::Entry(e, place) => self.books.enter(&mut e.w, place, waiter, cap),
+            Found::Entry(e, place) => {
+                let cap = e.w.cap(default);
+                self.books.enter(&mut e.w, place, waiter, cap)
+            }
             Found::New(hash) => match self.open_entry(shard.clone(), hash) {
                 Ok(credit) => Ok(Entered::Credit(credit, waiter)),
                 Err(Exhausted) => Err(SubmitError::Exhausted(waiter)),

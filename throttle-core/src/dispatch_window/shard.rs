@@ -37,6 +37,10 @@ pub(super) struct ShardWindow<B> {
     /// Paused ([`Books::pause`]): no credit is granted and nothing is handed on until
     /// [`Books::resume`]; new batches queue (or park) as if the shard had no credit.
     pub(super) paused: bool,
+    /// The shard's own limit set at run time ([`Books::set_limit`]), or 0 for the window's
+    /// configured one. A shard with its own limit is never evicted while idle (the limit
+    /// would be lost).
+    pub(super) limit: u32,
 }
 
 impl<B> ShardWindow<B> {
@@ -49,7 +53,20 @@ impl<B> ShardWindow<B> {
             parked: None,
             owns_queue: false,
             paused: false,
+            limit: 0,
         }
+    }
+
+    /// The shard's capacity: its own limit, else `default` (the window's configured one).
+    #[inline(always)]
+    pub(super) fn cap(&self, default: u32) -> u32 {
+        self.cap_for(self.limit, default)
+    }
+
+    /// The capacity the shard would have with its own limit `limit` (0: none).
+    #[inline]
+    pub(super) fn cap_for(&self, limit: u32, default: u32) -> u32 {
+        if limit == 0 { default } else { limit }
     }
 
     pub(super) fn is_idle(&self) -> bool {
@@ -192,11 +209,14 @@ impl<B, P: Copy> Books<B, P> {
         self.mode != Mode::Open
     }
 
-    /// Whether a release of a credit of `w` hands a fresh one to a held-back batch (the
-    /// window is open or draining, and `w` holds one back). Ids permitting: see `hand_on`.
+    /// Whether a release of a credit of `w` (of capacity `cap`), asked before the release,
+    /// hands a fresh one to a held-back batch: the window is open or draining, `w` holds one
+    /// back and is not paused, and after the release fewer than `cap` credits are in flight
+    /// (after a shrink, a release retires its credit until the shard is back under its
+    /// limit). Ids permitting: see `hand_on`.
     #[inline]
-    pub(super) fn hands_on(&self, w: &ShardWindow<B>) -> bool {
-        self.mode != Mode::Closed && w.holds_back() && !w.paused
+    pub(super) fn hands_on(&self, w: &ShardWindow<B>, cap: u32) -> bool {
+        self.mode != Mode::Closed && w.holds_back() && !w.paused && w.in_flight <= cap
     }
 
     /// Refuses new batches from now on, and keeps handing on the held-back ones. Nothing
@@ -353,11 +373,12 @@ impl<B, P: Copy> Books<B, P> {
         &mut self,
         w: &mut ShardWindow<B>,
         place: P,
+        cap: u32,
         batch: B,
         order: u64,
     ) -> (Result<Ticket, SubmitError<B>>, Option<(CreditId, B)>) {
         if self.mode == Mode::Closed {
-            return (Err(SubmitError::Closed(batch)), self.hand_on(w, place));
+            return (Err(SubmitError::Closed(batch)), self.hand_on(w, place, cap));
         }
         let ticket = match self.held.insert(Held {
             place,
@@ -368,7 +389,7 @@ impl<B, P: Copy> Books<B, P> {
             Err((_, held)) => {
                 return (
                     Err(SubmitError::Exhausted(held.batch)),
-                    self.hand_on(w, place),
+                    self.hand_on(w, place, cap),
                 );
             }
         };
@@ -384,7 +405,7 @@ impl<B, P: Copy> Books<B, P> {
         w.line.insert(at, ticket);
         w.queued += 1;
         self.peak_queue_len.see(w.line.len());
-        (Ok(Ticket(ticket)), self.hand_on(w, place))
+        (Ok(Ticket(ticket)), self.hand_on(w, place, cap))
     }
 
     /// Pauses the shard `w`: from now on it is granted no credit and hands nothing on, so
@@ -407,18 +428,53 @@ impl<B, P: Copy> Books<B, P> {
         place: P,
         cap: u32,
         limit: usize,
-        mut f: impl FnMut(CreditId, B),
+        f: impl FnMut(CreditId, B),
     ) {
         if !w.paused {
             return;
         }
         w.paused = false;
         self.maintenance.touch();
+        self.grant(w, place, cap, limit, f);
+    }
+
+    /// Gives the shard `w` at `place` its own limit `limit` (0: the window's configured one
+    /// again), whose capacity is now `cap`, and, if it grew past the credits in flight, hands
+    /// the free credits to its held-back batches in line order as [`Self::resume`] does (at
+    /// most `most`, the caller's count of key copies; none while paused or closed). A shrink
+    /// revokes nothing: the credits in flight stay valid, and releases retire them (hand
+    /// nothing on) until fewer than `cap` are in flight.
+    pub(super) fn set_limit(
+        &mut self,
+        w: &mut ShardWindow<B>,
+        place: P,
+        limit: u32,
+        cap: u32,
+        most: usize,
+        f: impl FnMut(CreditId, B),
+    ) {
+        w.limit = limit;
+        self.maintenance.touch();
+        self.grant(w, place, cap, most, f);
+    }
+
+    /// Hands the free credits of `w` (up to `cap` in flight, at most `most` of them) to its
+    /// held-back batches in line order, passing each to `f`: the common tail of a resume and
+    /// of a limit that grew. Nothing while paused or closed, or once no id can be issued.
+    fn grant(
+        &mut self,
+        w: &mut ShardWindow<B>,
+        place: P,
+        cap: u32,
+        most: usize,
+        mut f: impl FnMut(CreditId, B),
+    ) {
         // An idle shard stays idle (and uncounted); a busy one stays busy below: each credit
         // handed out is in flight.
         let mut handed = 0usize;
-        while handed < limit
+        while handed < most
             && self.mode != Mode::Closed
+            && !w.paused
             && w.in_flight < cap
             && w.holds_back()
             && self.credits.can_issue()
@@ -438,22 +494,41 @@ impl<B, P: Copy> Books<B, P> {
 
     /// How many batches [`Self::resume`] of `w` would hand out now (before the id space).
     pub(super) fn resumable(&self, w: &ShardWindow<B>, cap: u32) -> usize {
-        if !w.paused || self.mode == Mode::Closed {
+        if w.paused { self.free_held(w, cap) } else { 0 }
+    }
+
+    /// How many batches a capacity of `cap` lets [`Self::set_limit`] hand out of `w` now
+    /// (before the id space): none while paused.
+    pub(super) fn grantable(&self, w: &ShardWindow<B>, cap: u32) -> usize {
+        if w.paused { 0 } else { self.free_held(w, cap) }
+    }
+
+    /// Held-back batches of `w` that its free credits under `cap` could take (none once
+    /// closed), whatever its pause.
+    fn free_held(&self, w: &ShardWindow<B>, cap: u32) -> usize {
+        if self.mode == Mode::Closed {
             return 0;
         }
         let free = usize::try_from(cap.saturating_sub(w.in_flight)).unwrap_or(usize::MAX);
         free.min(w.held_count())
     }
 
-    /// After a credit of the shard at `place` (window `w`) was freed: hands a fresh one to
-    /// the shard's oldest held-back batch (queued first, then parked) and returns it, unless
-    /// the window is closed or can issue no new id.
+    /// After a credit of the shard at `place` (window `w`, of capacity `cap`) was freed:
+    /// hands a fresh one to the shard's oldest held-back batch (queued first, then parked)
+    /// and returns it, unless the window is closed, the shard is paused or still at or above
+    /// `cap` (a shrink: the credit retires), or no new id can be issued.
     #[inline(always)]
-    pub(super) fn hand_on(&mut self, w: &mut ShardWindow<B>, place: P) -> Option<(CreditId, B)> {
+    pub(super) fn hand_on(
+        &mut self,
+        w: &mut ShardWindow<B>,
+        place: P,
+        cap: u32,
+    ) -> Option<(CreditId, B)> {
         self.maintenance.touch();
+        let hands_on = self.hands_on(w, cap);
         w.in_flight = w.in_flight.saturating_sub(1);
         let mut next = None;
-        if self.hands_on(w) && self.credits.can_issue() {
+        if hands_on && self.credits.can_issue() {
             let batch = take_oldest_held(w, &mut self.held);
             if let Some(batch) = batch {
                 // `can_issue` was checked above and nothing was issued since.
@@ -501,8 +576,9 @@ impl<B, P: Copy> Books<B, P> {
     /// gives its line buffer back to the pool. For `close`, after [`Self::close`].
     pub(super) fn close_shard(&mut self, w: &mut ShardWindow<B>, mut f: impl FnMut(B)) {
         let was_idle = w.is_idle();
-        // Closed: nothing is handed on any more, so a pause means nothing.
+        // Closed: nothing is handed on any more, so a pause or a limit means nothing.
         w.paused = false;
+        w.limit = 0;
         for key in w.line.drain(..) {
             if let Ok(held) = self.held.remove(key) {
                 f(held.batch);

@@ -124,14 +124,16 @@ impl<B> SingleWindow<B> {
     }
 
     fn enter(&mut self, batch: B) -> Result<Entered<B>, SubmitError<B>> {
-        self.books.enter(&mut self.w, (), batch, self.cap)
+        let cap = self.cap_now();
+        self.books.enter(&mut self.w, (), batch, cap)
     }
 
     /// Sends the open batch at once if a credit is free and nothing is held back, else parks
     /// it, where it can be [`reclaim`](Self::reclaim)ed to keep growing. `Ok(None)` means
     /// parked. A second parked batch is refused with [`SubmitError::AlreadyParked`].
     pub fn submit_or_park(&mut self, batch: B) -> Result<Option<Dispatch<(), B>>, SubmitError<B>> {
-        let got = self.books.park_or_send(&mut self.w, (), self.cap, batch)?;
+        let cap = self.cap_now();
+        let got = self.books.park_or_send(&mut self.w, (), cap, batch)?;
         Ok(got.map(|(credit, batch)| self.sent(credit, batch)))
     }
 
@@ -161,7 +163,8 @@ impl<B> SingleWindow<B> {
     /// (collect it with `close`).
     pub fn complete(&mut self, credit: CreditId) -> Result<Option<Dispatch<(), B>>, ReleaseError> {
         self.books.credits.remove(credit.0)?;
-        let next = self.books.hand_on(&mut self.w, ());
+        let cap = self.cap_now();
+        let next = self.books.hand_on(&mut self.w, (), cap);
         let in_flight = self.w.in_flight;
         self.events
             .emit(|| WindowEvent::Released { credit, in_flight });
@@ -192,15 +195,15 @@ impl<B> SingleWindow<B> {
     /// (queued, then parked), as many as there are free credits. As
     /// [`DispatchWindow::resume`](super::DispatchWindow::resume).
     pub fn resume(&mut self, now: Instant) -> Vec<Dispatch<(), B>> {
-        let n = self.books.resumable(&self.w, self.cap);
+        let cap = self.cap_now();
+        let n = self.books.resumable(&self.w, cap);
         let mut out = Vec::with_capacity(n);
         self.books.observe(now);
         let events = &mut self.events;
-        self.books
-            .resume(&mut self.w, (), self.cap, n, |credit, batch| {
-                events.emit(|| WindowEvent::Dispatched { shard: (), credit });
-                out.push(sent(credit, batch));
-            });
+        self.books.resume(&mut self.w, (), cap, n, |credit, batch| {
+            events.emit(|| WindowEvent::Dispatched { shard: (), credit });
+            out.push(sent(credit, batch));
+        });
         out
     }
 
@@ -243,9 +246,59 @@ impl<B> SingleWindow<B> {
         self.books.maintenance.deadline()
     }
 
-    /// Batches allowed in flight.
+    /// Batches allowed in flight now: the limit set by
+    /// [`set_max_in_flight`](Self::set_max_in_flight), else the configured one.
     pub fn capacity(&self) -> u32 {
-        self.cap
+        self.cap_now()
+    }
+
+    /// The capacity now: the shard's own limit, else the configured one.
+    #[inline]
+    fn cap_now(&self) -> u32 {
+        self.w.cap(self.cap)
+    }
+
+    /// Changes the limit at run time: `Some(n)` allows `n` batches in flight from now on
+    /// (clamped to `u32::MAX`), `None` goes back to the configured limit. Returns the batches
+    /// a larger limit sends now: the held-back ones oldest first (queued, then parked), as
+    /// many as there are free credits, each under a fresh credit (none while paused). A
+    /// smaller limit revokes nothing: the credits in flight stay valid, and each release
+    /// retires its credit (sends nothing) until fewer than the new limit are in flight. As
+    /// [`DispatchWindow::set_max_in_flight`](super::DispatchWindow::set_max_in_flight)
+    /// (same rules, same code). Does nothing after [`close`](Self::close), which also ends
+    /// the limit set here.
+    ///
+    /// ```
+    /// use core::num::NonZeroUsize;
+    /// use throttle_sansio::dispatch_window::SingleWindow;
+    ///
+    /// let mut w = SingleWindow::limited(NonZeroUsize::new(2).unwrap());
+    /// let a = w.submit("a").unwrap().unwrap();
+    /// let b = w.submit("b").unwrap().unwrap();
+    /// assert_eq!(w.submit("c").unwrap(), None, "two in flight: queued");
+    /// assert!(w.set_max_in_flight(NonZeroUsize::new(1)).is_empty(), "a shrink sends nothing");
+    /// assert_eq!((w.in_flight(), w.available()), (2, 0));
+    /// assert_eq!(w.complete(a.credit).unwrap(), None, "retired: still one in flight");
+    /// let grown = w.set_max_in_flight(NonZeroUsize::new(3));
+    /// assert_eq!(grown.iter().map(|d| d.batch).collect::<Vec<_>>(), ["c"]);
+    /// assert_eq!((w.in_flight(), w.available()), (2, 1));
+    /// # let _ = b;
+    /// ```
+    pub fn set_max_in_flight(&mut self, limit: Option<NonZeroUsize>) -> Vec<Dispatch<(), B>> {
+        if self.books.mode == Mode::Closed {
+            return Vec::new();
+        }
+        let limit = super::limit_of(limit);
+        let cap = self.w.cap_for(limit, self.cap);
+        let n = self.books.grantable(&self.w, cap);
+        let mut out = Vec::with_capacity(n);
+        let events = &mut self.events;
+        self.books
+            .set_limit(&mut self.w, (), limit, cap, n, |credit, batch| {
+                events.emit(|| WindowEvent::Dispatched { shard: (), credit });
+                out.push(sent(credit, batch));
+            });
+        out
     }
 
     /// Batches in flight (holding a credit).
@@ -253,9 +306,9 @@ impl<B> SingleWindow<B> {
         self.w.in_flight
     }
 
-    /// Credits not in use: `capacity() - in_flight()`.
+    /// Credits not in use: `capacity() - in_flight()`, floored at 0.
     pub fn available(&self) -> u32 {
-        self.cap.saturating_sub(self.w.in_flight)
+        self.cap_now().saturating_sub(self.w.in_flight)
     }
 
     /// Full batches waiting for credit (cancelled ones not counted).

@@ -956,3 +956,53 @@ fn a_walk_over_a_window_that_rehashes_between_pages_lists_every_steady_shard_exa
     all.dedup();
     assert_eq!(all.len(), len, "a shard listed twice");
 }
+
+#[test]
+fn a_shard_with_its_own_limit_keeps_its_entry_until_the_limit_is_cleared() {
+    let mut w = window(1);
+    let d = sent(w.submit(1, "a"));
+    assert!(w.set_max_in_flight(&1, NonZeroUsize::new(3)).is_empty());
+    assert!(w.set_max_in_flight(&2, NonZeroUsize::new(2)).is_empty());
+    assert_eq!(w.shard_count(), 1, "an idle limited shard is not active");
+    assert_eq!(w.complete(d.credit), Ok(None));
+    w.handle_timeout(secs(1));
+    w.handle_timeout(secs(100));
+    assert_eq!(w.tracked_shards(), 2, "both limited idle entries kept");
+    assert_eq!(
+        (w.capacity_of(&1), w.capacity_of(&2), w.capacity_of(&3)),
+        (3, 2, 1)
+    );
+    let page = w.snapshot(None, 10);
+    let mut caps: Vec<_> = page.items.iter().map(|s| (s.shard, s.capacity)).collect();
+    caps.sort_unstable();
+    assert_eq!(caps, [(1, 3), (2, 2)]);
+    assert!(w.set_max_in_flight(&1, None).is_empty());
+    assert!(w.set_max_in_flight(&2, None).is_empty());
+    assert!(
+        w.set_max_in_flight(&4, None).is_empty(),
+        "no entry made for no limit"
+    );
+    w.handle_timeout(secs(200));
+    w.handle_timeout(secs(300));
+    assert_eq!(w.tracked_shards(), 0, "cleared limits: evicted");
+}
+
+#[test]
+fn a_grown_limit_sends_queued_then_parked_and_close_ends_the_limit() {
+    let mut w = window(1);
+    let a = sent(w.submit(7, "a"));
+    assert_eq!(w.submit(7, "b"), Ok(None));
+    assert_eq!(w.submit_or_park(7, "open"), Ok(None));
+    let out: Vec<_> = w
+        .set_max_in_flight(&7, NonZeroUsize::new(usize::MAX))
+        .into_iter()
+        .map(|d| (d.shard, d.batch))
+        .collect();
+    assert_eq!(out, [(7, "b"), (7, "open")]);
+    assert_eq!((w.capacity_of(&7), w.in_flight(&7)), (u32::MAX, 3));
+    assert!(w.close().is_empty());
+    assert_eq!(w.capacity_of(&7), 1, "close ends the limit");
+    assert!(w.set_max_in_flight(&7, NonZeroUsize::new(5)).is_empty());
+    assert_eq!(w.capacity_of(&7), 1, "nothing changes after close");
+    assert_eq!(w.complete(a.credit), Ok(None));
+}

@@ -45,6 +45,15 @@
 //! 24–26 (one byte, as before: the others are no-ops). [`SingleWindow`] has `pause` and
 //! `resume` but no `requeue`: the single-shard run reads a `requeue`'s bytes and skips it.
 //!
+//! Operation 27 (issue 18) is `set_max_in_flight`: a shard's limit set at run time (1 to 6,
+//! `usize::MAX`, or `None` for the configured one again). The reference keeps each shard's
+//! own limit beside the configured one. A larger capacity sends the shard's held-back batches
+//! at once, in the order they would have left, as many as it has free credits (none while
+//! paused); a smaller one revokes nothing, and the reference hands nothing on at a release
+//! until the shard is below its capacity again. Checked after each operation: `available ==
+//! capacity_of − in_flight`, floored at 0, and `capacity_of` per shard; an idle shard with a
+//! limit of its own keeps its entry through maintenance; `close` ends every limit.
+//!
 //! [`check_single`] runs the same decoder and reference over a [`SingleWindow`], as one
 //! shard: every output of the single-shard window is checked against what the reference
 //! (and so the multi-shard window, on its shard) answers.
@@ -52,6 +61,7 @@
 use alloc::format;
 use alloc::vec::Vec;
 use core::fmt::Debug;
+use core::num::NonZeroUsize;
 
 use super::user::{self, Arm, Key};
 use super::{Cursor, Divergence};
@@ -80,8 +90,11 @@ const RESUME: u8 = PAUSE + 1;
 /// `requeue` of a credit's batch (a torn stream): multi-shard window only.
 const REQUEUE: u8 = RESUME + 1;
 
+/// `set_max_in_flight` of a shard (issue 18): a limit that changes at run time.
+const SET_LIMIT: u8 = REQUEUE + 1;
+
 /// Every operation value assigned.
-const ALL: u8 = REQUEUE + 1;
+const ALL: u8 = SET_LIMIT + 1;
 
 /// What [`DispatchWindow::requeue`] returns: the requeued batch's ticket (or the batch handed
 /// back), and the dispatch of the freed credit.
@@ -119,6 +132,8 @@ pub(crate) trait Subject: Debug + Sized {
     fn is_paused(&self, shard: &Key) -> bool;
     /// `None`: the window has no `requeue` (the operation is skipped).
     fn requeue(&mut self, credit: CreditId, shard: Key, batch: u32) -> Option<Requeued>;
+    fn set_limit(&mut self, shard: &Key, limit: Option<NonZeroUsize>) -> Vec<Dispatch<Key, u32>>;
+    fn capacity_of(&self, shard: &Key) -> u32;
     fn handle_timeout(&mut self, now: Instant);
     fn poll_timeout(&self) -> Option<Instant>;
     fn skip_generations_to(&mut self, next: u64);
@@ -197,6 +212,12 @@ impl Subject for Window {
             let noted = self.note_key(&shard);
             Some(Window::requeue(self, credit, shard, noted, batch))
         }
+    }
+    fn set_limit(&mut self, shard: &Key, limit: Option<NonZeroUsize>) -> Vec<Dispatch<Key, u32>> {
+        Window::set_max_in_flight(self, shard, limit)
+    }
+    fn capacity_of(&self, shard: &Key) -> u32 {
+        Window::capacity_of(self, shard)
     }
     fn handle_timeout(&mut self, now: Instant) {
         Window::handle_timeout(self, now);
@@ -325,6 +346,15 @@ impl Subject for SingleWindow<u32> {
     fn requeue(&mut self, _: CreditId, _: Key, _: u32) -> Option<Requeued> {
         None
     }
+    fn set_limit(&mut self, _: &Key, limit: Option<NonZeroUsize>) -> Vec<Dispatch<Key, u32>> {
+        SingleWindow::set_max_in_flight(self, limit)
+            .into_iter()
+            .map(on_shard_0)
+            .collect()
+    }
+    fn capacity_of(&self, _: &Key) -> u32 {
+        SingleWindow::capacity(self)
+    }
     fn handle_timeout(&mut self, now: Instant) {
         SingleWindow::handle_timeout(self, now);
     }
@@ -450,6 +480,9 @@ struct Reference {
     parked: Vec<(u8, u32)>,
     /// Paused shards (`pause` and no `resume` or `close` since).
     paused: Vec<u8>,
+    /// Shards given a limit of their own by `set_max_in_flight` (and no `None` or `close`
+    /// since), with it.
+    limits: Vec<(u8, u32)>,
     /// Every ticket the window returned, with its batch and, for a `requeue` ticket, the
     /// `seq` the batch was requeued under (`None`: an `enqueue` ticket).
     tickets: Vec<(Ticket, u32, Option<u64>)>,
@@ -458,6 +491,14 @@ struct Reference {
 }
 
 impl Reference {
+    /// The shard's capacity: its own limit, else the configured one.
+    fn cap_of(&self, shard: u8) -> u32 {
+        self.limits
+            .iter()
+            .find(|(s, _)| *s == shard)
+            .map_or(self.cap, |(_, n)| *n)
+    }
+
     fn in_flight(&self, shard: u8) -> u32 {
         let n = self
             .credits
@@ -546,7 +587,9 @@ impl Reference {
     }
 
     fn has_credit(&self, shard: u8) -> bool {
-        self.in_flight(shard) < self.cap && !self.holds_back(shard) && !self.is_paused(shard)
+        self.in_flight(shard) < self.cap_of(shard)
+            && !self.holds_back(shard)
+            && !self.is_paused(shard)
     }
 
     fn set_fate(&mut self, batch: u32, fate: Fate) -> Result<(), Divergence> {
@@ -572,6 +615,48 @@ impl Reference {
         }
     }
 
+    /// Takes out the batches `shard`'s free credits send now, oldest first, as many as it
+    /// has free credits under its capacity and ids left (for `resume` and a grown limit).
+    fn take_free(&mut self, shard: u8) -> Vec<u32> {
+        let free = self.cap_of(shard).saturating_sub(self.in_flight(shard));
+        let mut want = Vec::new();
+        while u64::try_from(want.len()).unwrap_or(u64::MAX) < self.ids_left
+            && u32::try_from(want.len()).unwrap_or(u32::MAX) < free
+        {
+            let Some(at) = self.oldest_held(shard) else {
+                break;
+            };
+            want.push(self.take_held(at));
+        }
+        want
+    }
+
+    /// Checks that `what` sent exactly `want` (batches of `shard`, in order) and records each
+    /// dispatch.
+    fn sent(
+        &mut self,
+        shard: u8,
+        got: Vec<Dispatch<Key, u32>>,
+        want: Vec<u32>,
+        what: &str,
+    ) -> Result<(), Divergence> {
+        if got.len() != want.len() {
+            return Err(format!(
+                "{what}({shard}) = {got:?}, want batches {want:?} of shard {shard}"
+            ));
+        }
+        for (d, batch) in got.into_iter().zip(want) {
+            if d.shard.id() != shard || d.batch != batch {
+                return Err(format!(
+                    "{what}({shard}) sent {d:?}, want batch {batch} of shard {shard}"
+                ));
+            }
+            self.issued(d.credit, shard, batch)?;
+            self.set_fate(batch, Fate::Dispatched)?;
+        }
+        Ok(())
+    }
+
     /// Records a fresh credit the machine issued for `shard`, carrying `batch`.
     fn issued(&mut self, credit: CreditId, shard: u8, batch: u32) -> Result<(), Divergence> {
         if self.credits.iter().any(|x| x.id == credit) {
@@ -591,14 +676,19 @@ impl Reference {
 
     /// After one of `shard`'s credits was released: what the machine handed on (`got`) must
     /// be the shard's oldest held-back batch under a fresh credit, unless the window is
-    /// closed, the shard is paused, nothing is held back or no id is left.
+    /// closed, the shard is paused or still at its capacity or above (after a shrink: the
+    /// credit retires), nothing is held back or no id is left.
     fn hand_on(
         &mut self,
         shard: u8,
         got: Option<Dispatch<Key, u32>>,
         what: &str,
     ) -> Result<(), Divergence> {
-        let next = if self.hard_closed() || self.is_paused(shard) || self.ids_left == 0 {
+        let next = if self.hard_closed()
+            || self.is_paused(shard)
+            || self.ids_left == 0
+            || self.in_flight(shard) >= self.cap_of(shard)
+        {
             None
         } else {
             self.oldest_held(shard)
@@ -686,6 +776,7 @@ fn run<W: Subject>(data: &[u8]) -> Result<Vec<(u8, u32)>, Divergence> {
         queued: Vec::new(),
         parked: Vec::new(),
         paused: Vec::new(),
+        limits: Vec::new(),
         tickets: Vec::new(),
         fates: Vec::new(),
     };
@@ -940,11 +1031,12 @@ fn apply<W: Subject>(
             *now = c.time_step(*now);
             let due = w.poll_timeout().is_some_and(|t| t <= *now);
             w.handle_timeout(*now);
-            // Paused idle shards keep their entries (the pause is remembered there).
+            // Paused idle shards keep their entries (the pause is remembered there), and so do
+            // idle shards with a limit of their own.
             let kept = if W::PAUSE_KEEPS_ENTRY {
-                r.paused
-                    .iter()
-                    .filter(|&&s| r.in_flight(s) == 0 && !r.holds_back(s))
+                (0..W::SHARDS)
+                    .filter(|&s| r.is_paused(s) || r.limits.iter().any(|(l, _)| *l == s))
+                    .filter(|&s| r.in_flight(s) == 0 && !r.holds_back(s))
                     .count()
             } else {
                 0
@@ -952,7 +1044,7 @@ fn apply<W: Subject>(
             if due && w.tracked_shards() != w.shard_count() + kept {
                 return Err(format!(
                     "step {step}: maintenance ran at {now:?} and left {} entries for {} active \
-                     shards and {kept} paused idle ones",
+                     shards and {kept} paused or limited idle ones",
                     w.tracked_shards(),
                     w.shard_count()
                 ));
@@ -1024,6 +1116,14 @@ fn apply<W: Subject>(
         }
         RESUME => {
             resume(w, r, *now, shard).map_err(|e| format!("step {step}: {e}"))?;
+        }
+        SET_LIMIT => {
+            let limit = match c.below(8) {
+                0 => None,
+                7 => NonZeroUsize::new(usize::MAX),
+                n => NonZeroUsize::new(usize::from(n)),
+            };
+            set_limit(w, r, shard, limit).map_err(|e| format!("step {step}: {e}"))?;
         }
         REQUEUE => {
             // A torn stream: the batch under a live credit (or, one time in four, under any
@@ -1152,9 +1252,51 @@ mod tests {
     }
 
     #[test]
+    fn a_shrunk_limit_retires_releases_and_a_grown_one_sends_in_order() {
+        let data = [
+            1, //                max_in_flight 2
+            0, 0, 0, //          batch 0 leaves
+            0, 0, 0, //          batch 1 leaves
+            0, 0, 0, //          batch 2 queued
+            0, 0, 0, //          batch 3 queued
+            SET_LIMIT, 0, 1, //  limit 1: nothing revoked, nothing sent
+            7, 0, 0, //          complete batch 0: 1 in flight, at the limit: retired
+            7, 0, 0, //          complete batch 1: 0 in flight: batch 2 leaves
+            SET_LIMIT, 0, 3, //  limit 3: batch 3 leaves at once
+            SET_LIMIT, 0, 0, //  back to 2: nothing revoked (2 in flight)
+        ];
+        assert_eq!(
+            run::<Window>(&data),
+            Ok(vec![(0, 0), (0, 1), (0, 2), (0, 3)])
+        );
+        assert_eq!(
+            run::<SingleWindow<u32>>(&data),
+            Ok(vec![(0, 0), (0, 1), (0, 2), (0, 3)])
+        );
+    }
+
+    #[test]
+    fn a_limit_set_while_paused_applies_at_resume() {
+        let data = [
+            4, //                max_in_flight 1
+            0, 0, 0, //          batch 0 leaves
+            PAUSE, 0, //
+            0, 0, 0, //          batch 1 queued
+            0, 0, 0, //          batch 2 queued
+            SET_LIMIT, 0, 3, //  paused: nothing sent
+            RESUME, 0, //        two free credits under the new limit: batches 1 and 2
+        ];
+        assert_eq!(run::<Window>(&data), Ok(vec![(0, 0), (0, 1), (0, 2)]));
+    }
+
+    #[test]
     fn new_operations_took_new_selector_values() {
-        // Every value below 24 kept its meaning; 24..27 are pause, resume, requeue.
-        assert_eq!((DRAIN, PAUSE, RESUME, REQUEUE, ALL), (23, 24, 25, 26, 27));
+        // Every value below 24 kept its meaning; 24..27 are pause, resume, requeue, and 27
+        // is set_max_in_flight.
+        assert_eq!(
+            (DRAIN, PAUSE, RESUME, REQUEUE, SET_LIMIT, ALL),
+            (23, 24, 25, 26, 27, 28)
+        );
         // A value past them is a one-byte no-op.
         assert_eq!(run::<Window>(&[1, ALL, 0, 0, 0]), Ok(vec![(0, 0)]));
     }

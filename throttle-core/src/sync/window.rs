@@ -39,6 +39,7 @@ use alloc::vec::Vec;
 use core::fmt;
 use core::future::Future;
 use core::hash::{BuildHasher, Hash};
+use core::num::NonZeroUsize;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
@@ -298,6 +299,31 @@ where
                 Ok(Released::Freed)
             }
         }
+    }
+
+    /// Gives `shard` its own limit (`None`: the configured one again); the window hands the
+    /// credits a grown limit frees to the shard's oldest waiters, whose wakers are collected.
+    /// Returns how many waiters were handed one. The key's `Hash`, `Eq` and `Clone` run in the
+    /// window before anything changes.
+    fn set_limit(
+        &mut self,
+        shard: &Shard,
+        hash: u64,
+        limit: Option<NonZeroUsize>,
+        wakeups: &mut Wakeups,
+    ) -> usize {
+        let mut granted = SmallVec::<[(CreditId, WaiterKey); 4]>::new();
+        self.window
+            .set_limit_hinted(shard, hash, limit, |credit, key| {
+                granted.push((credit, key))
+            });
+        let n = granted.len();
+        for (credit, key) in granted {
+            self.waiters.resolve(key, Waiter::Granted(credit), wakeups);
+            self.saw_in_flight(credit);
+            self.note_issued(credit);
+        }
+        n
     }
 
     /// Frees the slot of a finished waiter and returns what it held; a waiter still in line
@@ -804,9 +830,64 @@ where
         lock(self.shared.stripe(0)).closed
     }
 
-    /// Credits per shard.
+    /// Credits per shard, as configured: the capacity of every shard without a limit of its
+    /// own ([`set_max_in_flight`](Self::set_max_in_flight)).
     pub fn capacity(&self) -> u32 {
         self.query_stripe(0, |st| st.window.capacity())
+    }
+
+    /// `shard`'s capacity now: its own limit if one was set, else [`capacity`](Self::capacity).
+    ///
+    /// # Panics
+    ///
+    /// If `shard`'s `Hash` or `Eq` (or the hasher) panics; nothing changed.
+    pub fn capacity_of(&self, shard: &Shard) -> u32 {
+        self.query(shard, |st| st.window.capacity_of(shard))
+    }
+
+    /// Gives `shard` its own limit at run time, for every clone of the handle: `Some(n)`
+    /// allows `n` permits of it at once from now on, `None` gives it the configured limit
+    /// again ([`DispatchWindow::set_max_in_flight`], the same rule): a larger limit hands
+    /// the credits it frees to the shard's oldest waiters at once, in line order (returned:
+    /// how many), and wakes them after the lock is dropped; a smaller one revokes no permit,
+    /// and each release frees its credit instead of handing it on until fewer than the new
+    /// limit are held. Does nothing after [`close`](Self::close).
+    ///
+    /// A shard with its own limit keeps its entry in the stripe's map while idle; `None`
+    /// lets it go again.
+    ///
+    /// ```
+    /// use core::num::NonZeroUsize;
+    /// use throttle_sansio::WindowConfig;
+    /// use throttle_sansio::sync::{TryAcquireError, WindowHandle};
+    ///
+    /// let window = WindowHandle::new(WindowConfig::default().with_max_in_flight(2)).unwrap();
+    /// let a = window.try_acquire(7u32).unwrap();
+    /// let b = window.try_acquire(7).unwrap();
+    /// assert_eq!(window.set_max_in_flight(&7, NonZeroUsize::new(1)), 0);
+    /// drop(a); // retired: 1 held, the new limit
+    /// assert_eq!(window.try_acquire(7).unwrap_err(), TryAcquireError::NoCredit);
+    /// assert_eq!(window.set_max_in_flight(&7, NonZeroUsize::new(3)), 0, "nobody waits");
+    /// assert_eq!((window.capacity_of(&7), window.available(&7)), (3, 2));
+    /// # drop(b);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `shard`'s `Hash`, `Eq` or `Clone` (or the hasher) panics; nothing changed. A
+    /// waiter's waker that panics in `wake` is caught: the others are still woken.
+    pub fn set_max_in_flight(&self, shard: &Shard, limit: Option<NonZeroUsize>) -> usize {
+        let hash = self.shared.hasher.hash_one(shard);
+        let stripe = stripe_of(hash);
+        let mut wakeups = Wakeups::new();
+        let granted = {
+            let mut guard = self.shared.lock(stripe);
+            self.shared
+                .live(&mut guard)
+                .set_limit(shard, hash, limit, &mut wakeups)
+        };
+        wake_all(wakeups);
+        granted
     }
 
     /// `f` on stripe `i`'s window, locked for a query (made if the stripe was not used yet,

@@ -258,32 +258,36 @@ pub(super) fn resume<W: Subject>(
     let mut want = Vec::new();
     if let Some(i) = r.paused.iter().position(|&s| s == shard) {
         r.paused.remove(i);
-        let free = r.cap.saturating_sub(r.in_flight(shard));
-        while u64::try_from(want.len()).unwrap_or(u64::MAX) < r.ids_left
-            && u32::try_from(want.len()).unwrap_or(u32::MAX) < free
-        {
-            let Some(at) = r.oldest_held(shard) else {
-                break;
-            };
-            want.push(r.take_held(at));
-        }
+        want = r.take_free(shard);
     }
-    if got.len() != want.len() {
-        return Err(format!(
-            "resume({shard}) = {got:?}, want batches {want:?} of shard {shard}"
-        ));
-    }
-    for (d, batch) in got.into_iter().zip(want) {
-        if d.shard.id() != shard || d.batch != batch {
-            return Err(format!(
-                "resume({shard}) sent {d:?}, want batch {batch} of shard {shard}"
-            ));
-        }
-        r.issued(d.credit, shard, batch)?;
-        r.set_fate(batch, Fate::Dispatched)?;
-    }
+    r.sent(shard, got, want, "resume")?;
     // `compare` checks `is_paused` next (a query here would run user `Hash` under the arm).
     Ok(())
+}
+
+/// `set_max_in_flight(shard, limit)`: the shard's capacity becomes `limit` (`None`: the
+/// configured one); if it now has free credits and is not paused, its held-back batches leave
+/// oldest first (requeued in the order they first left, then queued, then parked), as many as
+/// it has free credits and ids left. Nothing is revoked; nothing changes after `close`.
+pub(super) fn set_limit<W: Subject>(
+    w: &mut W,
+    r: &mut Reference,
+    shard: u8,
+    limit: Option<NonZeroUsize>,
+) -> Result<(), Divergence> {
+    let got = w.set_limit(&Key::new(shard), limit);
+    let mut want = Vec::new();
+    if !r.hard_closed() {
+        r.limits.retain(|(s, _)| *s != shard);
+        if let Some(n) = limit {
+            r.limits
+                .push((shard, u32::try_from(n.get()).unwrap_or(u32::MAX)));
+        }
+        if !r.is_paused(shard) {
+            want = r.take_free(shard);
+        }
+    }
+    r.sent(shard, got, want, "set_max_in_flight")
 }
 
 /// `close`: every held-back batch is returned, per shard in line order (requeued ones in
@@ -319,6 +323,8 @@ pub(super) fn close<W: Subject>(w: &mut W, r: &mut Reference) -> Result<(), Dive
     r.queued.clear();
     r.parked.clear();
     r.paused.clear();
+    // A closed window sends nothing: its limits end with its pauses.
+    r.limits.clear();
     for b in failed {
         r.set_fate(b, Fate::Failed)?;
     }
@@ -370,13 +376,20 @@ pub(super) fn compare<W: Subject>(w: &W, r: &Reference) -> Result<(), Divergence
                 w.available(&key)
             ));
         }
-        if w.in_flight(&key).saturating_add(w.available(&key)) != w.capacity()
-            || w.in_flight(&key) > r.cap
-        {
+        // Credits conserved, floored at 0: after a shrink below `in_flight`, none is free.
+        let cap = r.cap_of(shard);
+        let want = (cap, cap.saturating_sub(in_flight));
+        if (w.capacity_of(&key), w.available(&key)) != want {
             return Err(format!(
-                "shard {shard}: in_flight {} + available {} != capacity {}",
-                w.in_flight(&key),
-                w.available(&key),
+                "shard {shard}: (capacity_of, available) = {:?}, want {want:?} with {in_flight} \
+                 in flight",
+                (w.capacity_of(&key), w.available(&key)),
+            ));
+        }
+        if r.limits.is_empty() && w.capacity_of(&key) != w.capacity() {
+            return Err(format!(
+                "shard {shard}: capacity_of {} without a limit of its own, capacity {}",
+                w.capacity_of(&key),
                 w.capacity()
             ));
         }

@@ -1,6 +1,7 @@
 //! The window handle: permits, waiters, close, and two shards under the one lock.
 
 use core::hash::{BuildHasher, Hasher};
+use core::num::NonZeroUsize;
 use core::task::Poll;
 
 use loom::thread;
@@ -43,13 +44,18 @@ fn full() -> (Handle, OwnedPermit<u32, TestHasher>) {
 }
 
 /// The end state every window model reaches once its permits are gone: no credit live, the
-/// shard's credits all available again, none released twice, never more than the capacity
-/// in flight, and `closed()` ready if the handle was closed.
+/// shard's credits all available again (its own capacity, if a limit was set), none released
+/// twice, never more than the largest capacity in flight, and `closed()` ready if the handle
+/// was closed.
 fn assert_settled<S: BuildHasher>(h: &Handle<S>, shards: &[u32]) {
     let stats = h.stats();
     assert_eq!(stats.refused_releases, 0, "a credit was released twice");
+    let most = shards
+        .iter()
+        .map(|s| h.capacity_of(s))
+        .fold(h.capacity(), u32::max);
     assert!(
-        stats.peak_in_flight <= h.capacity(),
+        stats.peak_in_flight <= most,
         "over capacity: {} in flight",
         stats.peak_in_flight
     );
@@ -58,7 +64,7 @@ fn assert_settled<S: BuildHasher>(h: &Handle<S>, shards: &[u32]) {
         assert_eq!(h.in_flight(shard), 0, "shard {shard} still counts a credit");
         assert_eq!(
             h.available(shard),
-            h.capacity(),
+            h.capacity_of(shard),
             "shard {shard} lost credit"
         );
         assert_eq!(h.waiting(shard), 0, "shard {shard} still has a line");
@@ -600,5 +606,104 @@ fn close_racing_the_first_use_of_a_stripe() {
         assert!(wakes.wakes() >= 1, "closed() lost its wake-up");
         assert!(poll_once(&mut closed, &waker).is_ready());
         assert_settled(&h, &[a, b]);
+    });
+}
+
+/// Sets shard 0's limit to `n` on a thread of its own; joins to the waiters it granted.
+fn limit_on_a_thread(h: &Handle, n: usize) -> thread::JoinHandle<usize> {
+    let h = h.clone();
+    thread::spawn(move || h.set_max_in_flight(&0, NonZeroUsize::new(n)))
+}
+
+/// A limit that grows (1 to 2) races a release while two waiters wait: whichever runs first,
+/// each of the two freed credits reaches one waiter, in line order, exactly once (the release
+/// hands its credit to the oldest waiter; the grown limit hands the new one to the oldest still
+/// waiting), each waiter is woken once, and never more than the new limit is in flight.
+#[test]
+fn a_grown_limit_racing_a_release_serves_both_waiters_once() {
+    super::model(|| {
+        let (h, p) = full();
+        let [mut a, mut b] = in_line(|| h.acquire_owned(0));
+        let t1 = limit_on_a_thread(&h, 2);
+        let t2 = thread::spawn(move || p.complete());
+        let granted = join(t1);
+        let released = join(t2);
+        // The grow found the release's freed slot or not: the two hand two credits in all.
+        let handed = granted + usize::from(released == Released::HandedOn);
+        assert_eq!(
+            handed, 2,
+            "the grow granted {granted}, the release {released:?}"
+        );
+        let pa = woken_once_and_served(&mut a, "a", "credit");
+        let pb = woken_once_and_served(&mut b, "b", "credit");
+        assert_eq!((h.in_flight(&0), h.capacity_of(&0)), (2, 2));
+        drop((pa, pb));
+        assert_settled(&h, &[0]);
+    });
+}
+
+/// A limit that shrinks (2 to 1) races a release while a waiter waits: if the release runs
+/// first it hands its credit to the waiter (two held, above the new limit: nothing revoked);
+/// if the shrink runs first the release retires its credit (one held, at the limit) and the
+/// waiter still waits. Either way the last permit's release serves the waiter (or frees),
+/// no credit is lost or duplicated, and once settled the shard has the new limit free.
+#[test]
+fn a_shrunk_limit_racing_a_release_retires_or_hands_on_and_never_revokes() {
+    super::model(|| {
+        let h = window::<TestHasher>(2);
+        let (p1, p2) = (permit(&h, 0), permit(&h, 0));
+        let [mut a] = in_line(|| h.acquire_owned(0));
+        let t1 = limit_on_a_thread(&h, 1);
+        let t2 = thread::spawn(move || p1.complete());
+        assert_eq!(join(t1), 0, "a shrink grants nothing");
+        let released = join(t2);
+        let pa = match released {
+            Released::HandedOn => {
+                assert_eq!((h.in_flight(&0), h.available(&0)), (2, 0));
+                let pa = woken_once_and_served(&mut a, "a", "credit");
+                assert_eq!(p2.complete(), Released::Freed, "one held: at the limit");
+                pa
+            }
+            Released::Freed => {
+                assert_eq!((h.in_flight(&0), h.waiting(&0)), (1, 1), "retired");
+                assert_eq!(a.wakes(), 0, "woken with no credit");
+                assert_eq!(p2.complete(), Released::HandedOn);
+                woken_once_and_served(&mut a, "a", "credit")
+            }
+        };
+        assert_eq!(h.in_flight(&0), 1);
+        drop(pa);
+        assert_eq!(h.capacity_of(&0), 1);
+        assert_settled(&h, &[0]);
+    });
+}
+
+/// A grown limit races a newcomer's first poll: the newcomer is served at once (it saw the
+/// free credit) or joins the line and the grow hands it the credit and wakes it: no lost
+/// wake-up, no credit issued twice.
+#[test]
+fn a_grown_limit_racing_a_first_poll_loses_no_wakeup() {
+    super::model(|| {
+        let (h, p) = full();
+        let t1 = limit_on_a_thread(&h, 2);
+        let (waker, wakes) = CountingWaker::new();
+        let mut w = h.acquire_owned(0);
+        let first = poll_once(&mut w, &waker);
+        let granted = join(t1);
+        assert_eq!(
+            granted,
+            usize::from(first.is_pending()),
+            "granted to nobody waiting"
+        );
+        let permit = served_now_or_after_one_wake(
+            first,
+            &mut w,
+            (&waker, &wakes),
+            "lost wake-up",
+            "woken but no credit",
+        );
+        assert_eq!(h.in_flight(&0), 2);
+        drop((p, permit));
+        assert_settled(&h, &[0]);
     });
 }

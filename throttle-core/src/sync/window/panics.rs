@@ -90,7 +90,7 @@ fn check_invariants(f: &Fixture) {
         let k = TrapKey(s);
         assert_eq!(
             h.in_flight(&k) + h.available(&k),
-            h.capacity(),
+            h.capacity_of(&k),
             "shard {s}: in_flight + available == capacity"
         );
         assert!(
@@ -162,7 +162,8 @@ fn serve_to_the_end(f: &mut Fixture) {
     );
     assert_eq!(h.stats().refused_releases, 0);
     for s in SHARDS {
-        assert_eq!(h.available(&TrapKey(s)), 1, "shard {s} serves again");
+        let k = TrapKey(s);
+        assert_eq!(h.available(&k), h.capacity_of(&k), "shard {s} serves again");
     }
     let again = h.try_acquire(TrapKey(3));
     assert_eq!(again.is_ok(), !h.is_closed(), "a later caller is served");
@@ -242,6 +243,27 @@ fn a_first_poll_survives_a_panic_at_each_key_call() {
         }
     });
     assert_eq!(points, [H, H, C]);
+}
+
+#[test]
+fn a_limit_change_survives_a_panic_at_each_key_call() {
+    // Shard 1 grows to 2: the head of its line, `a`, is handed the new credit, after the
+    // handle's hash and the lookup.
+    let points = sweep_window(|f| {
+        let two = core::num::NonZeroUsize::new(2);
+        assert_eq!(f.h.set_max_in_flight(&TrapKey(1), two), 1);
+        assert_eq!(f.line[0].wakes.wakes(), 1, "a was woken");
+    });
+    assert_eq!(points, [H, E]);
+    // A new shard gets an entry holding its limit: the window hashes the key itself and
+    // clones it, before it changes anything.
+    let points = sweep_window(|f| {
+        let two = core::num::NonZeroUsize::new(2);
+        assert_eq!(f.h.set_max_in_flight(&TrapKey(3), two), 0);
+        assert_eq!(f.h.capacity_of(&TrapKey(3)), 2);
+    });
+    // Then the query: the handle's hash, the window's, and the lookup.
+    assert_eq!(points, [H, H, C, H, H, E]);
 }
 
 #[test]

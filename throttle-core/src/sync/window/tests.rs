@@ -795,3 +795,70 @@ fn a_snapshot_walk_ends_and_lists_each_shard_once_when_the_hasher_clones_drift()
     }
     drop(permits);
 }
+
+#[test]
+fn a_grown_limit_serves_waiters_in_line_order_and_a_shrink_retires_releases() {
+    use core::num::NonZeroUsize;
+    let h = handle(1);
+    let seen = std::sync::Arc::new(StdMutex::new(Vec::new()));
+    let log = std::sync::Arc::clone(&seen);
+    h.set_event_sink(move |e: &WindowEvent<u32>| {
+        if let WindowEvent::Dispatched { shard, .. } = e {
+            log.lock().unwrap_or_else(|p| p.into_inner()).push(*shard);
+        }
+    });
+    let first = h.try_acquire(5).expect("free");
+    let mut line: Vec<_> = (0..3)
+        .map(|_| {
+            let (waker, wakes) = CountingWaker::new();
+            let mut fut = h.acquire(5);
+            assert!(poll_once(&mut fut, &waker).is_pending());
+            (fut, waker, wakes)
+        })
+        .collect();
+    // Grow to 3: two credits free, for the two oldest waiters, each woken once.
+    assert_eq!(h.set_max_in_flight(&5, NonZeroUsize::new(3)), 2);
+    let wakes: Vec<usize> = line.iter().map(|(_, _, w)| w.wakes()).collect();
+    assert_eq!(wakes, [1, 1, 0]);
+    assert_eq!((h.in_flight(&5), h.waiting(&5), h.available(&5)), (3, 1, 0));
+    assert_eq!(
+        seen.lock().unwrap_or_else(|p| p.into_inner()).len(),
+        3,
+        "one Dispatched per credit issued, the two granted ones included"
+    );
+    let mut permits = Vec::new();
+    for (fut, waker, _) in line.iter_mut().take(2) {
+        let Poll::Ready(Ok(p)) = poll_once(fut, waker) else {
+            panic!("a granted waiter was not served");
+        };
+        permits.push(p);
+    }
+    // Shrink to 1 with three held and one waiting: nothing is revoked; the next two releases
+    // retire their credits, and the third hands its credit to the last waiter.
+    assert_eq!(h.set_max_in_flight(&5, NonZeroUsize::new(1)), 0);
+    assert_eq!(h.in_flight(&5), 3);
+    assert_eq!(first.complete(), Released::Freed);
+    assert_eq!(permits.remove(0).complete(), Released::Freed);
+    assert_eq!(line[2].2.wakes(), 0, "woken above the limit");
+    assert_eq!(permits.remove(0).complete(), Released::HandedOn);
+    let (fut, waker, wakes) = &mut line[2];
+    assert_eq!(wakes.wakes(), 1);
+    let Poll::Ready(Ok(last)) = poll_once(fut, waker) else {
+        panic!("the last waiter was not served");
+    };
+    assert_eq!((h.in_flight(&5), h.available(&5)), (1, 0));
+    drop(last);
+    // Back to the configured limit: the shard's entry may go again.
+    assert_eq!(h.set_max_in_flight(&5, None), 0);
+    assert_eq!((h.capacity_of(&5), h.available(&5)), (1, 1));
+    assert_eq!(h.stats().refused_releases, 0);
+    assert_eq!(h.live_credits(), 0);
+}
+
+#[test]
+fn a_limit_change_after_close_does_nothing() {
+    let h = handle(1);
+    h.close();
+    assert_eq!(h.set_max_in_flight(&5, core::num::NonZeroUsize::new(4)), 0);
+    assert_eq!(h.capacity_of(&5), 1);
+}
