@@ -40,6 +40,7 @@ use crate::error::ConfigError;
 use crate::time::{Instant, duration_to_nanos};
 
 mod config;
+mod per_shard;
 #[cfg(test)]
 mod tests;
 
@@ -48,6 +49,7 @@ pub use config::{
     AimdConfig, Algorithm, Gradient2Config, LimiterConfig, MAX_LONG_WINDOW, MAX_RTT_TOLERANCE_PPM,
     SampleWindowConfig,
 };
+pub use per_shard::{BatchEnd, PerShard};
 
 /// Fractional bits of the fixed-point values (Gradient2's limit estimate and average).
 const FRAC: u32 = 32;

@@ -25,6 +25,7 @@ use alloc::vec::Vec;
 use core::fmt;
 use core::future::Future;
 use core::hash::{BuildHasher, Hash};
+use core::num::NonZeroUsize;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
@@ -43,6 +44,7 @@ use crate::batcher::{
     BatchAction, BatchEvent, Batcher, BatcherConfig, FailReason, OpId, RefuseReason, Withdrawal,
 };
 use crate::dispatch_window::CreditId;
+use crate::limiter::{BatchEnd as LimitEnd, PerShard};
 use crate::rng::SplitMix64;
 use crate::slab::{Key, Slab};
 use crate::time::Instant;
@@ -396,6 +398,14 @@ impl<Shard: Hash + Eq + Clone, S: BuildHasher> Shards<Shard, S> {
             .map(|&id| ShardId(id))
     }
 
+    /// Keeps `id` stored for as long as the driver lives (one more count that is never
+    /// released): its shard's limiter remembers it by this id.
+    fn pin(&mut self, id: ShardId) {
+        if let Some(Some(e)) = self.entries.get_mut(id.0) {
+            e.ops = e.ops.saturating_add(1);
+        }
+    }
+
     /// The id of `shard`, counted for one more operation slot; a shard not yet stored is
     /// stored (a clone of the key). Every call of the key's code comes first.
     fn intern(&mut self, shard: &Shard) -> ShardId {
@@ -494,6 +504,8 @@ struct DriverState<T: Transport<Shard, Op>, Shard, Op, S> {
     keep_sent: bool,
     /// Events lost because the shard key's `Clone` panicked as the driver copied it into one.
     events_lost: u64,
+    /// A limiter per shard driving its window ([`BatchDriverBuilder::with_limiter`]), if on.
+    adaptive: Option<PerShard>,
 }
 
 struct DriverShared<R, T: Transport<Shard, Op>, Shard, Op, S> {
@@ -1012,6 +1024,7 @@ where
             hasher,
             order,
             requeue,
+            limiter,
             ..
         } = builder;
         let keep_sent = requeue.is_some();
@@ -1035,6 +1048,7 @@ where
                 rng: super::client_rng(super::next_client_id()),
                 keep_sent,
                 events_lost: 0,
+                adaptive: limiter.and_then(|cfg| PerShard::new(cfg).ok()),
             }),
             drained: WakeSignal::new(),
             tap: EventTap::default(),
@@ -1171,11 +1185,12 @@ where
             let mut guard = lock(&self.shared.state);
             let st = &mut *guard;
             st.closed = true;
+            let now = self.shared.rt.now();
             let mut effects = Effects::new();
             // Oldest first: what the batcher holds back arrived before what still waits in
             // the input queue, and the batcher fails its own in arrival order.
             st.batcher.close();
-            drain(st, &mut effects, &mut Ending::Nothing);
+            drain(st, now, &mut effects, &mut Ending::Nothing);
             while let Some((_, index, _)) = st.inbox.pop_front() {
                 if let Some(slot) = take_slot(st, index) {
                     effects.done.push((slot.tx, Err(OpError::Closed)));
@@ -1233,7 +1248,7 @@ where
                 let mut effects = Effects::new();
                 feed(st, now, &mut effects);
                 st.batcher.drain(now);
-                drain(st, &mut effects, &mut Ending::Nothing);
+                drain(st, now, &mut effects, &mut Ending::Nothing);
                 st.delivering += 1;
                 Some(effects)
             };
@@ -1285,6 +1300,17 @@ where
             .map_or(0, |id| st.batcher.window().in_flight(&id))
     }
 
+    /// `shard`'s window limit now: its limiter's limit with
+    /// [`BatchDriverBuilder::with_limiter`] once its first batch left, else the configured
+    /// one. Runs the key's `Hash` and `Eq`, as [`in_flight`](Self::in_flight) does.
+    pub fn capacity_of(&self, shard: &Shard) -> u32 {
+        let st = lock(&self.shared.state);
+        match st.shards.find(shard) {
+            Some(id) => st.batcher.window().capacity_of(&id),
+            None => st.batcher.window().capacity(),
+        }
+    }
+
     /// Operations of `shard` waiting in its open (or parked) batch. Runs the key's `Hash` and
     /// `Eq`, as [`in_flight`](Self::in_flight) does.
     pub fn open_ops(&self, shard: &Shard) -> usize {
@@ -1329,7 +1355,7 @@ where
                     }
                     busy |= resume_due(st, now);
                     if busy {
-                        drain(st, &mut effects, &mut Ending::Nothing);
+                        drain(st, now, &mut effects, &mut Ending::Nothing);
                     }
                     // A deadline that did not move past `now` waits for the next wake.
                     let next = next_deadline(st).filter(|&at| at > now);
@@ -1568,6 +1594,12 @@ where
         // A failure goes to the batcher, which copies it to each operation's `Fail`.
         // An unknown credit cannot come back here (each credit is reported once), so what
         // each release returns is not needed.
+        let end = match &ending {
+            Ending::Answered(_) => LimitEnd::Answered,
+            Ending::Failed(_) => LimitEnd::Failed,
+            Ending::TimedOut => LimitEnd::TimedOut,
+            _ => LimitEnd::Other,
+        };
         match core::mem::replace(&mut ending, Ending::Nothing) {
             Ending::Answered(results) => {
                 let n = results.len();
@@ -1595,7 +1627,8 @@ where
                 let _ = st.batcher.handle_failure(now, credit, BatchEnd::Abandoned);
             }
         }
-        drain(st, &mut effects, &mut ending);
+        adapt_ended(st, now, credit, end);
+        drain(st, now, &mut effects, &mut ending);
         st.delivering += 1;
         effects
     }
@@ -1620,7 +1653,7 @@ where
             let mut credits = alloc::vec![credit];
             while let Some(credit) = credits.pop() {
                 let _ = st.batcher.handle_failure(now, credit, end());
-                drain(st, &mut effects, &mut Ending::Nothing);
+                drain(st, now, &mut effects, &mut Ending::Nothing);
                 credits.extend(effects.sends.drain(..).map(|out| out.credit));
             }
             st.delivering += 1;
@@ -1757,6 +1790,55 @@ where
         .ops()
         .iter()
         .find_map(|&h| st.slots.get(h).map(|slot| slot.shard))
+}
+
+/// With an adaptive limit ([`BatchDriverBuilder::with_limiter`]): the batch under `credit`
+/// left for `shard` at `now`; the shard's first batch makes its limiter, whose initial limit
+/// the shard's window takes (and the shard's id is kept for it from then on).
+fn adapt_sent<T, Shard, Op, S>(
+    st: &mut DriverState<T, Shard, Op, S>,
+    now: Instant,
+    shard: ShardId,
+    credit: CreditId,
+) where
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    let in_flight = st.batcher.window().in_flight(&shard);
+    let first = st
+        .adaptive
+        .as_mut()
+        .and_then(|limits| limits.on_sent(shard.0, credit, now, in_flight));
+    if let Some(first) = first {
+        // The limiter lives as long as the driver: its shard's id must not name another key.
+        st.shards.pin(shard);
+        let limit = NonZeroUsize::new(usize::try_from(first).unwrap_or(usize::MAX));
+        st.batcher.set_max_in_flight(now, &shard, limit);
+    }
+}
+
+/// With an adaptive limit: the batch under `credit` ended at `now` as `end` (its credit
+/// released already); a new limit from its shard's limiter goes to the shard's window, whose
+/// batches it sends come out of the next `drain`.
+fn adapt_ended<T, Shard, Op, S>(
+    st: &mut DriverState<T, Shard, Op, S>,
+    now: Instant,
+    credit: CreditId,
+    end: LimitEnd,
+) where
+    T: Transport<Shard, Op>,
+    Shard: Hash + Eq + Clone,
+    S: BuildHasher + Clone,
+{
+    let changed = st
+        .adaptive
+        .as_mut()
+        .and_then(|limits| limits.on_end(credit, now, end));
+    if let Some((shard, limit)) = changed {
+        let limit = NonZeroUsize::new(usize::try_from(limit).unwrap_or(usize::MAX));
+        st.batcher.set_max_in_flight(now, &ShardId(shard), limit);
+    }
 }
 
 /// The batch under `credit` was answered: its shard's stream works, so its reconnect backoff
@@ -1900,6 +1982,7 @@ where
 /// Drains the batcher's actions into effects; `ending` is how the reported batch ended.
 fn drain<T, Shard, Op, S>(
     st: &mut DriverState<T, Shard, Op, S>,
+    now: Instant,
     effects: &mut Effects<T, Shard, Op>,
     ending: &mut EndOf<T, Shard, Op>,
 ) where
@@ -1910,6 +1993,7 @@ fn drain<T, Shard, Op, S>(
     while let Some(action) = st.batcher.poll_action() {
         match action {
             BatchAction::Send { shard, credit, .. } => {
+                adapt_sent(st, now, shard, credit);
                 let batch = st.batcher.batch(credit);
                 let deadline = batch.and_then(|b| b.deadline());
                 let handles: Vec<Key> = batch.map(|b| b.ops().to_vec()).unwrap_or_default();

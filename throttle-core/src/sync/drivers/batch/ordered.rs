@@ -34,6 +34,8 @@ use super::{
 };
 use crate::backoff::BackoffConfig;
 use crate::batcher::BatcherConfig;
+use crate::error::ConfigError;
+use crate::limiter::LimiterConfig;
 use crate::sync::{Panicked, Runtime};
 
 /// How a [`BatchDriver`] hands a shard's batches to its [`Transport`].
@@ -147,6 +149,8 @@ pub struct BatchDriverBuilder<R, T: Transport<Shard, Op>, Shard, Op, S = std::ha
     pub(super) hasher: S,
     pub(super) order: SendOrder,
     pub(super) requeue: Option<Requeue<Op>>,
+    /// A limiter per shard driving its window ([`Self::with_limiter`]), if on.
+    pub(super) limiter: Option<LimiterConfig>,
     /// `BatchDriver::start` for these types, taken where their bounds hold, so that `build`
     /// needs none (a new hasher takes it anew: [`with_hasher`](Self::with_hasher)).
     pub(super) start: StartFn<R, T, Shard, Op, S>,
@@ -164,6 +168,7 @@ impl<R, T: Transport<Shard, Op>, Shard, Op, S> fmt::Debug
             .field("cfg", &self.cfg)
             .field("order", &self.order)
             .field("requeue", &self.requeue.as_ref().map(|rq| &rq.backoff))
+            .field("limiter", &self.limiter)
             .finish_non_exhaustive()
     }
 }
@@ -185,6 +190,7 @@ impl<R, T: Transport<Shard, Op>, Shard, Op, S> BatchDriverBuilder<R, T, Shard, O
             hasher,
             order: SendOrder::Concurrent,
             requeue: None,
+            limiter: None,
             start,
         }
     }
@@ -249,6 +255,53 @@ impl<R, T: Transport<Shard, Op>, Shard, Op, S> BatchDriverBuilder<R, T, Shard, O
         self
     }
 
+    /// Sizes each shard's window from what its batches observe (off by default: every shard
+    /// keeps the configured window). Each shard gets a [`Limiter`](crate::limiter::Limiter) of
+    /// `config` when its first batch leaves, and its window takes the limiter's initial limit;
+    /// each batch's end is then one sample (its round trip from the moment it left, and the
+    /// shard's batches in flight then), and every new limit becomes the shard's window limit
+    /// ([`DispatchWindow::set_max_in_flight`](crate::DispatchWindow::set_max_in_flight): a
+    /// larger one sends held-back batches at once, a smaller one revokes nothing).
+    ///
+    /// The outcome of a batch for its limiter ([`limiter::BatchEnd`](crate::limiter::BatchEnd)):
+    /// answered (whatever each operation's result) is `Ok`; a whole-batch error from the
+    /// transport, and the operation timeout, are drops; a torn stream, a panic or an abandoned
+    /// send says nothing about load and is ignored. The rule lives in
+    /// [`limiter::PerShard`](crate::limiter::PerShard), which the simulator drives too.
+    ///
+    /// Memory: a shard keeps its stored key, its limiter (a few hundred bytes) and its window
+    /// entry for as long as the driver lives, once its first batch left.
+    ///
+    /// `Err` if `config` is invalid ([`LimiterConfig::validate`]).
+    ///
+    /// ```
+    #[doc = include_str!("../../doc/tiny_runtime.md")]
+    /// use throttle_sansio::BatcherConfig;
+    /// use throttle_sansio::limiter::{AimdConfig, LimiterConfig};
+    /// use throttle_sansio::sync::{BatchDriver, BatchOutcome};
+    ///
+    /// let send = |_: &u8, gets: Vec<u64>| async move {
+    ///     let ok: BatchOutcome<u64, std::io::Error> = Ok(gets.into_iter().map(Ok).collect());
+    ///     ok
+    /// };
+    /// let rt = Tiny::default();
+    /// let aimd = LimiterConfig::aimd(AimdConfig::default().with_limits(1, 2, 16));
+    /// let driver = BatchDriver::builder(rt.clone(), send, BatcherConfig::reads())
+    ///     .with_limiter(aimd)
+    ///     .unwrap()
+    ///     .build();
+    /// assert_eq!(driver.capacity_of(&1), 4, "the configured window until shard 1 sends");
+    /// assert_eq!(rt.block_on(driver.submit(1, 5)).unwrap(), 5);
+    /// // AIMD's initial 2, then one answered batch with 1 of 2 in flight: in use, + 1.
+    /// assert_eq!(driver.capacity_of(&1), 3);
+    /// driver.close();
+    /// ```
+    pub fn with_limiter(mut self, config: LimiterConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        self.limiter = Some(config);
+        Ok(self)
+    }
+
     /// Hashes shard keys with `hasher` (as [`BatchDriver::with_hasher`]).
     pub fn with_hasher<S2>(self, hasher: S2) -> BatchDriverBuilder<R, T, Shard, Op, S2>
     where
@@ -265,6 +318,7 @@ impl<R, T: Transport<Shard, Op>, Shard, Op, S> BatchDriverBuilder<R, T, Shard, O
             hasher,
             order: self.order,
             requeue: self.requeue,
+            limiter: self.limiter,
             start: BatchDriver::start,
         }
     }
