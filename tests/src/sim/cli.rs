@@ -3,14 +3,17 @@
 use std::time::Duration;
 
 /// The scenarios, as named on the command line.
-pub const SCENARIOS: [&str; 6] = ["disk", "kv", "reads", "lockstep", "failover", "all"];
+pub const SCENARIOS: [&str; 7] = [
+    "disk", "kv", "reads", "lockstep", "failover", "capacity", "all",
+];
 
 /// Usage text.
 pub const USAGE: &str =
-    "usage: sim <disk|kv|reads|lockstep|failover|all> [--seed N] [--scale X] [--svg PATH]
+    "usage: sim <disk|kv|reads|lockstep|failover|capacity|all> [--seed N] [--scale X] [--svg PATH]
   --seed N     u64 seed for every generator (default 1)
   --scale X    size factor in (0, 1] applied to the fleet/load (default 1 = full scale)
-  --svg PATH   lockstep only: write the arrival histogram as SVG to PATH";
+  --svg PATH   lockstep (and all): write the arrival histogram as SVG to PATH; capacity: the
+               window limits and latencies over time";
 
 /// Parsed options.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,7 +24,7 @@ pub struct Options {
     pub seed: u64,
     /// Scale factor.
     pub scale: f64,
-    /// Where to write the lockstep SVG.
+    /// Where to write the lockstep (or capacity) SVG.
     pub svg: Option<String>,
 }
 
@@ -66,8 +69,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Options, String>
         }
     }
     let scenario = scenario.ok_or_else(|| "missing scenario".to_string())?;
-    if svg.is_some() && !matches!(scenario.as_str(), "lockstep" | "all") {
-        return Err("--svg applies to the lockstep scenario only".into());
+    if svg.is_some() && !matches!(scenario.as_str(), "lockstep" | "capacity" | "all") {
+        return Err("--svg applies to the lockstep and capacity scenarios only".into());
     }
     Ok(Options {
         scenario,
@@ -77,7 +80,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Options, String>
     })
 }
 
-/// Run the chosen scenario(s) and return the printed text (and the SVG, for lockstep).
+/// Run the chosen scenario(s) and return the printed text (and the SVG, for lockstep or
+/// capacity).
 pub fn run(o: &Options) -> (String, Option<String>) {
     let mut out = String::new();
     let mut svg = None;
@@ -114,6 +118,23 @@ pub fn run(o: &Options) -> (String, Option<String>) {
         out += &r.table().to_string();
         out += "\n";
         svg = Some(r.svg(Duration::from_secs(40)));
+    }
+    if all || o.scenario == "capacity" {
+        out += &header("capacity");
+        // `--scale` below 1 shortens the phases (the CI-sized run is `CapacityParams::ci`).
+        let mut p = super::capacity::CapacityParams::full();
+        if o.scale < 1.0 {
+            p.phase = p.phase.mul_f64(o.scale.max(0.05));
+            p.settle = p.settle.mul_f64(o.scale.max(0.05));
+        }
+        let r = super::capacity::compare(&p, o.seed);
+        out += &r.table().to_string();
+        out += "\n";
+        out += &r.candidates_table().to_string();
+        out += "\n";
+        if o.scenario == "capacity" {
+            svg = Some(r.svg());
+        }
     }
     if all || o.scenario == "failover" {
         out += &header("failover");

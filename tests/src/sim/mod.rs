@@ -9,10 +9,12 @@
 //!   [`WriteGate`](throttle_sansio::WriteGate)), `docs/design.md` §6.
 //! - [`reader`]: the reference reader (the [`Batcher`](throttle_sansio::Batcher) and its window).
 //! - One module per scenario ([`disk`], [`kv`], [`reads`], [`lockstep`], [`failover`]), each
-//!   comparing the client upstream had before a change (the "naive" one) with ours.
+//!   comparing the client upstream had before a change (the "naive" one) with ours, and
+//!   [`capacity`], fixed windows against adaptive limits.
 //!
 //! The server models, parameters and figures are described in `docs/simulation.md`.
 
+pub mod capacity;
 pub mod cli;
 pub mod disk;
 pub mod failover;

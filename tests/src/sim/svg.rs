@@ -18,6 +18,17 @@ pub fn histogram_panels(
     bin: Duration,
     span: Duration,
 ) -> String {
+    panels(title, series, bin, span, "per 10 ms")
+}
+
+/// As [`histogram_panels`], each panel's peak labelled with `unit` (what a bin's value is).
+pub fn panels(
+    title: &str,
+    series: &[(&str, &[u64])],
+    bin: Duration,
+    span: Duration,
+    unit: &str,
+) -> String {
     let bins = (span.as_nanos() / bin.as_nanos().max(1)) as usize;
     let plot_w = WIDTH - LEFT - RIGHT;
     let height = TOP + series.len() as f64 * (PANEL_H + GAP) + 20.0;
@@ -44,11 +55,12 @@ pub fn histogram_panels(
         );
         let _ = writeln!(
             s,
-            r#"<text x="{}" y="{}">{} (peak {} per 10 ms)</text>"#,
+            r#"<text x="{}" y="{}">{} (peak {} {})</text>"#,
             LEFT + 6.0,
             y0 + 15.0,
             escape(name),
-            peak
+            peak,
+            escape(unit)
         );
         let _ = writeln!(
             s,

@@ -146,6 +146,12 @@ impl PerShard {
     /// The batch under `credit` ended at `now` as `end`: its sample goes to its shard's
     /// limiter. Returns the shard and its new limit when the limit changed. A credit
     /// [`on_sent`](Self::on_sent) never saw (or saw end already) changes nothing.
+    ///
+    /// Call it before the `on_sent` of any credit the window issued after releasing this
+    /// one: batches are remembered by credit slot, and a new credit may take the released
+    /// one's slot (its `on_sent` then replaces this batch's record, and this end is ignored).
+    /// The batch driver releases, calls `on_end`, and only then sends what the release
+    /// handed on.
     pub fn on_end(
         &mut self,
         credit: CreditId,
@@ -244,6 +250,105 @@ mod tests {
             None
         );
         assert_eq!(l.limit(0), Some(11));
+    }
+
+    use proptest::prelude::*;
+
+    /// One input: a batch of `shard` leaving under a fresh credit in `slot` (`end` is
+    /// `None`), or the end of the `pick`-th credit issued so far, as `end`.
+    #[derive(Clone, Debug)]
+    struct Op {
+        shard: usize,
+        slot: u32,
+        end: Option<u8>,
+        pick: usize,
+        step_us: u64,
+        in_flight: u32,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        (
+            0..3usize,
+            0..5u32,
+            proptest::option::of(0..4u8),
+            any::<usize>(),
+            0..5_000u64,
+            0..40u32,
+        )
+            .prop_map(|(shard, slot, end, pick, step_us, in_flight)| Op {
+                shard,
+                slot,
+                end,
+                pick,
+                step_us,
+                in_flight,
+            })
+    }
+
+    fn end_of(n: u8) -> BatchEnd {
+        [
+            BatchEnd::Answered,
+            BatchEnd::Failed,
+            BatchEnd::TimedOut,
+            BatchEnd::Other,
+        ][usize::from(n % 4)]
+    }
+
+    proptest! {
+        #![proptest_config(crate::proptest_config(256))]
+
+        /// Against a naive reference: every batch in flight is a record in a plain list
+        /// (the latest departure under a slot replaces the record of that slot, as the window
+        /// reuses a released credit's slot); an end of a recorded credit is one sample of its
+        /// shard, with the round trip since its departure, its in-flight count and the
+        /// outcome of its end, fed to that shard's own limiter; any other end changes nothing.
+        #[test]
+        #[cfg_attr(miri, ignore)] // u128 division is slow under miri
+        fn each_batch_is_one_sample_of_its_own_shard(ops in proptest::collection::vec(op(), 0..120)) {
+            let cfg = LimiterConfig::aimd(AimdConfig::default().with_limits(1, 4, 32));
+            let mut got = PerShard::new(cfg).unwrap();
+            let mut records: Vec<(CreditId, usize, Instant, u32)> = Vec::new();
+            let mut shards: Vec<Option<Limiter>> = alloc::vec![None, None, None];
+            let mut issued: Vec<CreditId> = Vec::new();
+            let mut now = Instant::ZERO;
+            for (i, o) in ops.iter().enumerate() {
+                now += core::time::Duration::from_micros(o.step_us);
+                match o.end {
+                    None => {
+                        let credit = CreditId::forge(0, o.slot, i as u64);
+                        issued.push(credit);
+                        records.retain(|r| r.0.slot() != credit.slot());
+                        records.push((credit, o.shard, now, o.in_flight));
+                        let first = shards[o.shard].is_none().then(|| {
+                            let l = Limiter::new(cfg).unwrap();
+                            let n = l.limit();
+                            shards[o.shard] = Some(l);
+                            n
+                        });
+                        prop_assert_eq!(got.on_sent(o.shard, credit, now, o.in_flight), first);
+                    }
+                    Some(e) => {
+                        let Some(&credit) = issued.get(o.pick % issued.len().max(1)) else {
+                            continue;
+                        };
+                        let end = end_of(e);
+                        let want = match records.iter().position(|r| r.0 == credit) {
+                            Some(at) => {
+                                let (_, shard, start, in_flight) = records.remove(at);
+                                let l = shards[shard].as_mut().unwrap();
+                                let sample = Sample { start, end: now, in_flight, outcome: end.outcome() };
+                                l.on_sample(now, sample).map(|n| (shard, n))
+                            }
+                            None => None,
+                        };
+                        prop_assert_eq!(got.on_end(credit, now, end), want);
+                    }
+                }
+                for (s, l) in shards.iter().enumerate() {
+                    prop_assert_eq!(got.limit(s), l.as_ref().map(Limiter::limit));
+                }
+            }
+        }
     }
 
     #[test]
