@@ -972,9 +972,10 @@ where
     /// frees at least half the entries, so it runs at most once per that many inserts
     /// (amortized O(1), like the rehash it replaces), and the map stays within about twice the
     /// shards active at once even if maintenance never runs (the `sync` handle never runs it).
-    /// Entries pinned by a batcher (idle, with an open batch there) are kept: a scan that
-    /// frees less than that lets the map grow, so the next scan waits for it to fill again,
-    /// and the bound counts a batcher's open shards as active.
+    /// Entries pinned by a batcher (idle, with an open batch there), paused ones and ones with
+    /// a limit of their own are kept: a scan that frees less than that lets the map grow, so
+    /// the next scan waits for it to fill again, and the bound counts those shards as
+    /// active.
     fn make_room(&mut self) {
         // `capacity()` is `len` plus the inserts left before the table must rehash or grow.
         let len = self.shards.len();

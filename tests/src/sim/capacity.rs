@@ -56,7 +56,7 @@ pub struct CapacityParams {
 
 impl CapacityParams {
     /// 96 callers thinking up to 2 ms; 1 ms RTT; 16 workers at 1 ms per request (16,000/s,
-    /// 4,000/s in the second phase) queueing up to 16; phases of 10 s, 2 s left out of each.
+    /// 4,000/s in the second phase) queueing up to 64; phases of 10 s, 2 s left out of each.
     pub fn full() -> Self {
         CapacityParams {
             users: 96,
@@ -203,11 +203,9 @@ impl Run<'_> {
     /// Sends the window's dispatch of request `r` under `credit`.
     fn send(&mut self, now: Instant, r: u32, credit: CreditId) {
         self.reqs[r as usize].credit = Some(credit);
-        if let Some(limits) = self.limits.as_mut() {
-            let in_flight = self.window.in_flight(&0);
-            if let Some(first) = limits.on_sent(0, credit, now, in_flight) {
-                self.resize(now, first);
-            }
+        let first = self.limits.as_mut().and_then(|l| l.on_sent(0, credit, now));
+        if let Some(first) = first {
+            self.resize(now, first);
         }
         self.q.after(self.p.rtt / 2, Ev::Arrive(r));
     }
@@ -360,6 +358,10 @@ pub fn run(p: &CapacityParams, sizing: Sizing, seed: u64) -> RunResult {
         limit: Vec::new(),
         bin_sum: Vec::new(),
     };
+    // As the batch driver does: the limiter's initial limit before the shard's first request.
+    if let Some(first) = r.limits.as_mut().and_then(|l| l.open(0)) {
+        r.resize(Instant::ZERO, first);
+    }
     for u in 0..p.users {
         r.q.at(Instant::ZERO, Ev::Issue(u));
     }

@@ -166,15 +166,17 @@ where
     /// Only if the shard's `Hash`, `Eq` or `Clone`, or the hasher, panics (every key copy is
     /// made before anything changes); the batcher is then unchanged.
     pub fn set_max_in_flight(&mut self, now: Instant, shard: &Shard, limit: Option<NonZeroUsize>) {
-        let mut granted = core::mem::take(&mut self.granted);
+        // A panicking key leaves the window and the buffer as they were.
         self.window
-            .set_max_in_flight_into(shard, limit, &mut granted);
+            .set_max_in_flight_into(shard, limit, &mut self.granted);
         self.clock.observe(now);
         self.maintenance.touch();
+        let mut granted = core::mem::take(&mut self.granted);
         for d in granted.drain(..) {
             self.record(d);
         }
         self.granted = granted;
+        self.close_if_window_closed();
     }
 
     /// Whether `shard` is paused ([`pause`](Self::pause), not resumed since).

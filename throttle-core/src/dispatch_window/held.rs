@@ -154,7 +154,8 @@ where
     /// it (credit generations grow in dispatch order), before every batch of the shard that
     /// never left. Then the freed credit is handed on as by [`complete`](Self::complete)
     /// (returned, naming `shard`, a copy of the credit's key from [`Self::credit_key`]),
-    /// unless the shard is paused. The first value is the requeued batch's ticket, or the
+    /// unless the shard is paused or still at or above its capacity (after a shrink: the
+    /// credit retires). The first value is the requeued batch's ticket, or the
     /// batch handed back when the window is closed or can issue no ticket (the credit is
     /// released all the same). `Err` for an unknown or released credit: nothing changes, and
     /// the batch is dropped (the batcher reads its batch under a live credit only). Runs no
@@ -194,7 +195,7 @@ where
     /// (which hands the batch back), but every batch already held back still leaves, as
     /// before: each [`complete`](Self::complete) hands its shard's oldest queued batch, then
     /// its parked one, a fresh credit, so batches leave whole and in arrival order, at most
-    /// `capacity()` per shard. [`is_drained`](Self::is_drained) turns true once the last credit
+    /// `capacity_of(shard)` per shard. [`is_drained`](Self::is_drained) turns true once the last credit
     /// is completed with nothing left held back.
     ///
     /// This is the graceful close (Oxia's `close()`, which sends what it holds); [`close`]

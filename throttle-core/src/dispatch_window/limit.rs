@@ -42,8 +42,8 @@ where
     /// # Panics
     ///
     /// Only if user code panics: the shard's `Hash`, `Eq` or `Clone` (one copy for a new
-    /// entry, one per batch returned, all made before anything changes), or the hasher. The
-    /// window is then unchanged.
+    /// entry, one per batch returned and, with events on, one more per batch for its event,
+    /// all made before anything changes), or the hasher. The window is then unchanged.
     ///
     /// ```
     /// use core::num::NonZeroUsize;

@@ -365,7 +365,8 @@ impl<B, P: Copy> Books<B, P> {
     /// the batches requeued before it that left before it, before every other held-back
     /// batch (queued or parked). Then hands the freed credit on as [`Self::hand_on`] does
     /// (to the head of the line: the requeued batch itself unless one that left before it was
-    /// requeued too), unless the shard is paused: the second value. The first is the requeued
+    /// requeued too), unless the shard is paused or still at or above `cap`: the second
+    /// value. The first is the requeued
     /// batch's ticket (stale at once if the hand-on sent it), or the batch handed back when the window is closed (the caller fails it) or can issue no ticket
     /// (`Exhausted`); the credit is released either way.
     #[allow(clippy::type_complexity)]

@@ -2,6 +2,7 @@
 //! limits drive the window (issue 18 item 3; `docs/limiter.md`, "Driving a window").
 
 use alloc::vec::Vec;
+use core::time::Duration;
 
 use super::{Limiter, LimiterConfig, Outcome, Sample};
 use crate::dispatch_window::CreditId;
@@ -14,6 +15,7 @@ struct Started {
     credit: CreditId,
     shard: usize,
     at: Instant,
+    /// The shard's batches in flight when it left, counting it.
     in_flight: u32,
 }
 
@@ -25,8 +27,16 @@ pub enum BatchEnd {
     Answered,
     /// The batch failed as a whole (the server refused or dropped it): [`Outcome::Dropped`].
     Failed,
-    /// The batch timed out: [`Outcome::Dropped`] (Netflix counts a timeout as a drop).
-    TimedOut,
+    /// The batch's operations timed out after `timeout` (the operation timeout, which counts
+    /// from submission): a drop ([`Outcome::Dropped`], as Netflix counts a timeout) if the
+    /// batch spent at least half of `timeout` in flight; otherwise its deadline went mostly
+    /// on waiting for a credit, which says nothing about the server, and it is ignored
+    /// ([`Outcome::Rejected`]). Without that rule a client-side backlog would time batches
+    /// out soon after they leave, and each timeout would shrink the window further.
+    TimedOut {
+        /// The operation timeout.
+        timeout: Duration,
+    },
     /// It ended for a reason that says nothing about the server's load (a torn stream, a
     /// panicking transport, a send abandoned at shutdown): [`Outcome::Rejected`], which the
     /// limiter ignores.
@@ -34,12 +44,13 @@ pub enum BatchEnd {
 }
 
 impl BatchEnd {
-    /// The limiter's outcome for a batch that ended so.
-    pub const fn outcome(self) -> Outcome {
+    /// The limiter's outcome for a batch that ended so after `flight` in flight.
+    pub fn outcome(self, flight: Duration) -> Outcome {
         match self {
             BatchEnd::Answered => Outcome::Ok,
-            BatchEnd::Failed | BatchEnd::TimedOut => Outcome::Dropped,
-            BatchEnd::Other => Outcome::Rejected,
+            BatchEnd::Failed => Outcome::Dropped,
+            BatchEnd::TimedOut { timeout } if flight >= timeout / 2 => Outcome::Dropped,
+            BatchEnd::TimedOut { .. } | BatchEnd::Other => Outcome::Rejected,
         }
     }
 }
@@ -49,9 +60,14 @@ impl BatchEnd {
 /// shard's window limit ([`DispatchWindow::set_max_in_flight`]).
 ///
 /// Shards are named by a dense index the caller keeps (the batch driver's shard id), so no
-/// user code runs here. A shard's limiter is made when its first batch leaves
-/// ([`on_sent`](Self::on_sent) returns its initial limit then, for the window); from then on
-/// [`on_end`](Self::on_end) returns each new limit. Memory: one limiter (a few hundred bytes)
+/// user code runs here. A shard's limiter is made by [`open`](Self::open) (before its first
+/// batch is handed to the window, so that the first burst already obeys the initial limit),
+/// or else by its first [`on_sent`](Self::on_sent); either returns the initial limit, for the
+/// window. From then on [`on_end`](Self::on_end) returns each new limit. The in-flight count
+/// of a sample is this type's own count of the shard's batches between `on_sent` and
+/// `on_end` (Netflix's limiter counts its own in-flight requests too), so every batch that
+/// `on_sent` saw must reach `on_end` once, however it ended ([`BatchEnd::Other`] for an end
+/// that says nothing about load). Memory: one limiter (a few hundred bytes)
 /// per shard index used, and one small record per credit slot of the window; nothing is
 /// allocated after the indices and slots in use have been seen.
 ///
@@ -74,7 +90,7 @@ impl BatchEnd {
 /// let t0 = Instant::from_millis(0);
 /// let d = w.submit(0, "a").unwrap().expect("sent");
 /// // The shard's first batch: its limiter starts at its initial limit, which the window takes.
-/// let first = limits.on_sent(0, d.credit, t0, w.in_flight(&0));
+/// let first = limits.on_sent(0, d.credit, t0);
 /// assert_eq!(first, Some(2));
 /// let _ = w.set_max_in_flight(&0, first.and_then(|n| core::num::NonZeroUsize::new(n as usize)));
 /// // It failed as a whole: AIMD backs off (2 × 0.9 = 1.8, rounded down).
@@ -89,6 +105,8 @@ pub struct PerShard {
     limiters: Vec<Option<Limiter>>,
     /// By credit slot: the batch in flight under that slot's credit.
     started: Vec<Option<Started>>,
+    /// By shard index: its batches between `on_sent` and `on_end`.
+    flying: Vec<u32>,
 }
 
 impl PerShard {
@@ -99,6 +117,7 @@ impl PerShard {
             config,
             limiters: Vec::new(),
             started: Vec::new(),
+            flying: Vec::new(),
         })
     }
 
@@ -107,30 +126,12 @@ impl PerShard {
         &self.config
     }
 
-    /// A batch of `shard` left at `now` under `credit`, with `in_flight` batches of the shard
-    /// in flight counting it. Returns the shard's initial limit if this is its first batch
-    /// (its limiter is made now): give it to the window.
-    pub fn on_sent(
-        &mut self,
-        shard: usize,
-        credit: CreditId,
-        now: Instant,
-        in_flight: u32,
-    ) -> Option<u32> {
-        let slot = credit.slot();
-        if self.started.len() <= slot {
-            self.started.resize(slot.saturating_add(1), None);
-        }
-        if let Some(s) = self.started.get_mut(slot) {
-            *s = Some(Started {
-                credit,
-                shard,
-                at: now,
-                in_flight,
-            });
-        }
+    /// Makes `shard`'s limiter if it has none, and returns its initial limit then (give it
+    /// to the window before the shard's first batch); `None` if it has one already.
+    pub fn open(&mut self, shard: usize) -> Option<u32> {
         if self.limiters.len() <= shard {
             self.limiters.resize_with(shard.saturating_add(1), || None);
+            self.flying.resize(shard.saturating_add(1), 0);
         }
         let entry = self.limiters.get_mut(shard)?;
         if entry.is_some() {
@@ -141,6 +142,41 @@ impl PerShard {
         let limit = limiter.limit();
         *entry = Some(limiter);
         Some(limit)
+    }
+
+    /// A batch of `shard` left at `now` under `credit`. Returns the shard's initial limit if
+    /// its limiter was made now (no [`open`](Self::open) before): give it to the window.
+    pub fn on_sent(&mut self, shard: usize, credit: CreditId, now: Instant) -> Option<u32> {
+        let first = self.open(shard);
+        let slot = credit.slot();
+        if self.started.len() <= slot {
+            self.started.resize(slot.saturating_add(1), None);
+        }
+        // A record still in the slot is a batch whose end never came (a caller that skipped
+        // `on_end`): it is no longer in flight.
+        if let Some(stale) = self.started.get_mut(slot).and_then(Option::take) {
+            self.land(stale.shard);
+        }
+        let flying = self.flying.get_mut(shard).map_or(1, |n| {
+            *n = n.saturating_add(1);
+            *n
+        });
+        if let Some(s) = self.started.get_mut(slot) {
+            *s = Some(Started {
+                credit,
+                shard,
+                at: now,
+                in_flight: flying,
+            });
+        }
+        first
+    }
+
+    /// One batch of `shard` no longer in flight.
+    fn land(&mut self, shard: usize) {
+        if let Some(n) = self.flying.get_mut(shard) {
+            *n = n.saturating_sub(1);
+        }
     }
 
     /// The batch under `credit` ended at `now` as `end`: its sample goes to its shard's
@@ -163,17 +199,18 @@ impl PerShard {
             return None;
         }
         let s = slot.take()?;
+        self.land(s.shard);
         let limiter = self.limiters.get_mut(s.shard)?.as_mut()?;
         let sample = Sample {
             start: s.at,
             end: now,
             in_flight: s.in_flight,
-            outcome: end.outcome(),
+            outcome: end.outcome(now.saturating_duration_since(s.at)),
         };
         limiter.on_sample(now, sample).map(|limit| (s.shard, limit))
     }
 
-    /// `shard`'s limit now, if its first batch left.
+    /// `shard`'s limit now, once its limiter was made.
     pub fn limit(&self, shard: usize) -> Option<u32> {
         self.limiters.get(shard)?.as_ref().map(Limiter::limit)
     }
@@ -197,49 +234,77 @@ mod tests {
     fn a_shards_first_batch_makes_its_limiter_and_later_ones_do_not() {
         let mut l = limits();
         let (a, b) = (CreditId::forge(0, 0, 1), CreditId::forge(0, 1, 2));
-        assert_eq!(l.on_sent(3, a, ms(0), 1), Some(10));
-        assert_eq!(l.on_sent(3, b, ms(0), 2), None);
+        assert_eq!(l.on_sent(3, a, ms(0)), Some(10));
+        assert_eq!(l.on_sent(3, b, ms(0)), None);
         assert_eq!((l.limit(3), l.limit(0), l.limit(9)), (Some(10), None, None));
+        assert_eq!(l.open(3), None, "made already");
+        assert_eq!(l.open(4), Some(10), "made before its first batch");
+        assert_eq!(l.on_sent(4, CreditId::forge(0, 2, 3), ms(0)), None);
     }
 
     #[test]
     fn each_end_is_one_sample_of_its_shard_with_the_outcome_of_its_end() {
         let mut l = limits();
-        let credits: Vec<CreditId> = (0..4)
+        // Six batches of each shard, interleaved: the sixth of each leaves with 6 in flight.
+        let credits: Vec<CreditId> = (0..12)
             .map(|i| CreditId::forge(0, i, u64::from(i)))
             .collect();
         for (i, &c) in credits.iter().enumerate() {
-            let _ = l.on_sent(i % 2, c, ms(0), 6);
+            let _ = l.on_sent(i % 2, c, ms(0));
         }
-        // Shard 0: in use (2 · 6 ≥ 10) and answered: + 1.
+        // Shard 0's sixth: in use (2 · 6 ≥ 10) and answered: + 1.
         assert_eq!(
-            l.on_end(credits[0], ms(5), BatchEnd::Answered),
+            l.on_end(credits[10], ms(5), BatchEnd::Answered),
             Some((0, 11))
         );
-        // Shard 1: a timeout is a drop: × 0.9.
-        assert_eq!(
-            l.on_end(credits[1], ms(5), BatchEnd::TimedOut),
-            Some((1, 9))
-        );
+        // Shard 1: a timeout after 5 ms in flight of a 4 ms operation timeout is a drop: × 0.9.
+        let timeout = |ms| BatchEnd::TimedOut {
+            timeout: Duration::from_millis(ms),
+        };
+        assert_eq!(l.on_end(credits[1], ms(5), timeout(4)), Some((1, 9)));
+        // Of a 20 ms one, the deadline went mostly on waiting for a credit: ignored.
+        assert_eq!(l.on_end(credits[3], ms(5), timeout(20)), None);
         // A torn stream says nothing about load.
-        assert_eq!(l.on_end(credits[2], ms(5), BatchEnd::Other), None);
-        assert_eq!(l.on_end(credits[3], ms(5), BatchEnd::Failed), Some((1, 8)));
+        assert_eq!(l.on_end(credits[5], ms(5), BatchEnd::Other), None);
+        assert_eq!(l.on_end(credits[7], ms(5), BatchEnd::Failed), Some((1, 8)));
         assert_eq!((l.limit(0), l.limit(1)), (Some(11), Some(8)));
     }
 
     #[test]
+    fn the_in_flight_count_is_the_shards_batches_between_sent_and_end() {
+        // Limits 1, 2, 20: a batch is "in use" when 2 · in_flight ≥ the limit.
+        let cfg = LimiterConfig::aimd(AimdConfig::default().with_limits(1, 2, 20));
+        let mut l = PerShard::new(cfg).expect("valid");
+        let (a, b) = (CreditId::forge(0, 0, 1), CreditId::forge(0, 1, 2));
+        let _ = l.on_sent(0, a, ms(0));
+        let _ = l.on_sent(0, b, ms(0));
+        // a left with 1 in flight (2 · 1 ≥ 2): in use, + 1.
+        assert_eq!(l.on_end(a, ms(1), BatchEnd::Answered), Some((0, 3)));
+        // b left with 2 in flight (2 · 2 ≥ 3): + 1. A batch leaving now counts only itself.
+        assert_eq!(l.on_end(b, ms(1), BatchEnd::Answered), Some((0, 4)));
+        let c = CreditId::forge(0, 0, 3);
+        let _ = l.on_sent(0, c, ms(2));
+        assert_eq!(
+            l.on_end(c, ms(3), BatchEnd::Answered),
+            None,
+            "1 of 4: not in use"
+        );
+    }
+
+    #[test]
     fn an_end_seen_twice_or_of_a_stale_credit_changes_nothing() {
-        let mut l = limits();
+        let cfg = LimiterConfig::aimd(AimdConfig::default().with_limits(1, 2, 20));
+        let mut l = PerShard::new(cfg).expect("valid");
         let old = CreditId::forge(0, 0, 1);
-        let _ = l.on_sent(0, old, ms(0), 6);
-        assert_eq!(l.on_end(old, ms(1), BatchEnd::Answered), Some((0, 11)));
+        let _ = l.on_sent(0, old, ms(0));
+        assert_eq!(l.on_end(old, ms(1), BatchEnd::Answered), Some((0, 3)));
         assert_eq!(
             l.on_end(old, ms(1), BatchEnd::Answered),
             None,
             "ended already"
         );
         let new = CreditId::forge(0, 0, 2);
-        let _ = l.on_sent(0, new, ms(2), 6);
+        let _ = l.on_sent(0, new, ms(2));
         assert_eq!(
             l.on_end(old, ms(3), BatchEnd::Failed),
             None,
@@ -249,7 +314,7 @@ mod tests {
             l.on_end(CreditId::forge(0, 7, 9), ms(3), BatchEnd::Failed),
             None
         );
-        assert_eq!(l.limit(0), Some(11));
+        assert_eq!(l.limit(0), Some(3));
     }
 
     use proptest::prelude::*;
@@ -263,7 +328,6 @@ mod tests {
         end: Option<u8>,
         pick: usize,
         step_us: u64,
-        in_flight: u32,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -273,15 +337,13 @@ mod tests {
             proptest::option::of(0..4u8),
             any::<usize>(),
             0..5_000u64,
-            0..40u32,
         )
-            .prop_map(|(shard, slot, end, pick, step_us, in_flight)| Op {
+            .prop_map(|(shard, slot, end, pick, step_us)| Op {
                 shard,
                 slot,
                 end,
                 pick,
                 step_us,
-                in_flight,
             })
     }
 
@@ -289,7 +351,9 @@ mod tests {
         [
             BatchEnd::Answered,
             BatchEnd::Failed,
-            BatchEnd::TimedOut,
+            BatchEnd::TimedOut {
+                timeout: Duration::from_millis(3),
+            },
             BatchEnd::Other,
         ][usize::from(n % 4)]
     }
@@ -300,8 +364,9 @@ mod tests {
         /// Against a naive reference: every batch in flight is a record in a plain list
         /// (the latest departure under a slot replaces the record of that slot, as the window
         /// reuses a released credit's slot); an end of a recorded credit is one sample of its
-        /// shard, with the round trip since its departure, its in-flight count and the
-        /// outcome of its end, fed to that shard's own limiter; any other end changes nothing.
+        /// shard, with the round trip since its departure, its shard's records when it left
+        /// (itself included) and the outcome of its end (a 3 ms timeout is a drop after
+        /// 1.5 ms in flight), fed to that shard's own limiter; any other end changes nothing.
         #[test]
         #[cfg_attr(miri, ignore)] // u128 division is slow under miri
         fn each_batch_is_one_sample_of_its_own_shard(ops in proptest::collection::vec(op(), 0..120)) {
@@ -318,14 +383,15 @@ mod tests {
                         let credit = CreditId::forge(0, o.slot, i as u64);
                         issued.push(credit);
                         records.retain(|r| r.0.slot() != credit.slot());
-                        records.push((credit, o.shard, now, o.in_flight));
+                        let in_flight = 1 + records.iter().filter(|r| r.1 == o.shard).count() as u32;
+                        records.push((credit, o.shard, now, in_flight));
                         let first = shards[o.shard].is_none().then(|| {
                             let l = Limiter::new(cfg).unwrap();
                             let n = l.limit();
                             shards[o.shard] = Some(l);
                             n
                         });
-                        prop_assert_eq!(got.on_sent(o.shard, credit, now, o.in_flight), first);
+                        prop_assert_eq!(got.on_sent(o.shard, credit, now), first);
                     }
                     Some(e) => {
                         let Some(&credit) = issued.get(o.pick % issued.len().max(1)) else {
@@ -336,7 +402,8 @@ mod tests {
                             Some(at) => {
                                 let (_, shard, start, in_flight) = records.remove(at);
                                 let l = shards[shard].as_mut().unwrap();
-                                let sample = Sample { start, end: now, in_flight, outcome: end.outcome() };
+                                let flight = now.saturating_duration_since(start);
+                                let sample = Sample { start, end: now, in_flight, outcome: end.outcome(flight) };
                                 l.on_sample(now, sample).map(|n| (shard, n))
                             }
                             None => None,

@@ -398,14 +398,6 @@ impl<Shard: Hash + Eq + Clone, S: BuildHasher> Shards<Shard, S> {
             .map(|&id| ShardId(id))
     }
 
-    /// Keeps `id` stored for as long as the driver lives (one more count that is never
-    /// released): its shard's limiter remembers it by this id.
-    fn pin(&mut self, id: ShardId) {
-        if let Some(Some(e)) = self.entries.get_mut(id.0) {
-            e.ops = e.ops.saturating_add(1);
-        }
-    }
-
     /// The id of `shard`, counted for one more operation slot; a shard not yet stored is
     /// stored (a clone of the key). Every call of the key's code comes first.
     fn intern(&mut self, shard: &Shard) -> ShardId {
@@ -441,6 +433,14 @@ impl<Shard: Hash + Eq + Clone, S: BuildHasher> Shards<Shard, S> {
 }
 
 impl<Shard, S> Shards<Shard, S> {
+    /// Keeps `id` stored for as long as the driver lives (one more count that is never
+    /// released): its shard's limiter remembers it by this id.
+    fn pin(&mut self, id: ShardId) {
+        if let Some(Some(e)) = self.entries.get_mut(id.0) {
+            e.ops = e.ops.saturating_add(1);
+        }
+    }
+
     /// The key stored under `id`, if any (no user code).
     fn key(&self, id: ShardId) -> Option<&Shard> {
         self.entries
@@ -700,7 +700,9 @@ type Raced<O, E> = Option<BatchOutcome<O, E>>;
 ///   next batch). Dropped later, the operation still goes out and its result is discarded.
 /// - Batching: the driver task drains the queue, then flushes: a shard with free credit sends
 ///   its open batch at once; an exhausted shard's batch is parked and grows until a credit
-///   returns. At most `window.max_in_flight` batches per shard are in the transport.
+///   returns. At most the shard's window limit of batches are in the transport: the
+///   configured `window.max_in_flight`, or, built
+///   [`with_limiter`](BatchDriverBuilder::with_limiter), the shard's limiter's limit.
 /// - Send order: each batch is sent and awaited on its own ([`SendOrder::Concurrent`], what
 ///   [`new`](Self::new) builds), or, built with
 ///   [`builder`](Self::builder)`.with_send_order(SendOrder::PerShard)`, each shard's batches
@@ -1597,7 +1599,9 @@ where
         let end = match &ending {
             Ending::Answered(_) => LimitEnd::Answered,
             Ending::Failed(_) => LimitEnd::Failed,
-            Ending::TimedOut => LimitEnd::TimedOut,
+            Ending::TimedOut => LimitEnd::TimedOut {
+                timeout: self.shared.op_timeout.unwrap_or(Duration::ZERO),
+            },
             _ => LimitEnd::Other,
         };
         match core::mem::replace(&mut ending, Ending::Nothing) {
@@ -1653,6 +1657,8 @@ where
             let mut credits = alloc::vec![credit];
             while let Some(credit) = credits.pop() {
                 let _ = st.batcher.handle_failure(now, credit, end());
+                // Its limiter counts it out of flight (and learns nothing from it).
+                adapt_ended(st, now, credit, LimitEnd::Other);
                 drain(st, now, &mut effects, &mut Ending::Nothing);
                 credits.extend(effects.sends.drain(..).map(|out| out.credit));
             }
@@ -1746,6 +1752,7 @@ fn admit<T, Shard, Op, S>(
     T: Transport<Shard, Op>,
     S: BuildHasher + Clone,
 {
+    adapt_open(st, now, shard);
     match st.batcher.handle_op(now, shard, slot, bytes) {
         Ok(id) => {
             if let Some(s) = st.slots.get_mut(slot) {
@@ -1792,9 +1799,38 @@ where
         .find_map(|&h| st.slots.get(h).map(|slot| slot.shard))
 }
 
-/// With an adaptive limit ([`BatchDriverBuilder::with_limiter`]): the batch under `credit`
-/// left for `shard` at `now`; the shard's first batch makes its limiter, whose initial limit
-/// the shard's window takes (and the shard's id is kept for it from then on).
+/// With an adaptive limit ([`BatchDriverBuilder::with_limiter`]): before `shard`'s first
+/// operation goes to the batcher, its limiter is made and the shard's window takes the
+/// initial limit, so the first burst already obeys it; the shard's id is kept for the limiter
+/// from then on.
+fn adapt_open<T, Shard, Op, S>(st: &mut DriverState<T, Shard, Op, S>, now: Instant, shard: ShardId)
+where
+    T: Transport<Shard, Op>,
+    S: BuildHasher + Clone,
+{
+    let first = st.adaptive.as_mut().and_then(|limits| limits.open(shard.0));
+    adopt(st, now, shard, first);
+}
+
+/// A limiter made now for `shard` with initial limit `first`: the limiter lives as long as
+/// the driver, so the shard's id must not name another key later, and the window takes it.
+fn adopt<T, Shard, Op, S>(
+    st: &mut DriverState<T, Shard, Op, S>,
+    now: Instant,
+    shard: ShardId,
+    first: Option<u32>,
+) where
+    T: Transport<Shard, Op>,
+    S: BuildHasher + Clone,
+{
+    if let Some(first) = first {
+        st.shards.pin(shard);
+        let limit = NonZeroUsize::new(usize::try_from(first).unwrap_or(usize::MAX));
+        st.batcher.set_max_in_flight(now, &shard, limit);
+    }
+}
+
+/// With an adaptive limit: the batch under `credit` left for `shard` at `now`.
 fn adapt_sent<T, Shard, Op, S>(
     st: &mut DriverState<T, Shard, Op, S>,
     now: Instant,
@@ -1802,20 +1838,13 @@ fn adapt_sent<T, Shard, Op, S>(
     credit: CreditId,
 ) where
     T: Transport<Shard, Op>,
-    Shard: Hash + Eq + Clone,
     S: BuildHasher + Clone,
 {
-    let in_flight = st.batcher.window().in_flight(&shard);
     let first = st
         .adaptive
         .as_mut()
-        .and_then(|limits| limits.on_sent(shard.0, credit, now, in_flight));
-    if let Some(first) = first {
-        // The limiter lives as long as the driver: its shard's id must not name another key.
-        st.shards.pin(shard);
-        let limit = NonZeroUsize::new(usize::try_from(first).unwrap_or(usize::MAX));
-        st.batcher.set_max_in_flight(now, &shard, limit);
-    }
+        .and_then(|limits| limits.on_sent(shard.0, credit, now));
+    adopt(st, now, shard, first);
 }
 
 /// With an adaptive limit: the batch under `credit` ended at `now` as `end` (its credit

@@ -42,7 +42,7 @@ use crate::sync::{Panicked, Runtime};
 ///
 /// - [`Concurrent`](Self::Concurrent) (the default, and what [`BatchDriver::new`] builds):
 ///   each batch is sent from whichever task dispatched it and awaited in a task of its own.
-///   Up to the window's `max_in_flight` batches of a shard are in the transport at once, and
+///   Up to the shard's window limit of batches are in the transport at once, and
 ///   nothing orders them: two batches dispatched one after the other can reach `send`, or
 ///   have their futures first polled, in either order (two threads dispatching at once, or a
 ///   runtime that runs the second batch's task first).
@@ -51,7 +51,7 @@ use crate::sync::{Panicked, Runtime};
 ///   batches took their window credits), and polls the shard's in-flight send futures in that
 ///   same order on every pass, so a batch's future is first polled only after every earlier
 ///   batch's future of the shard has been polled at least once. The window still pipelines:
-///   up to `max_in_flight` batches of the shard are in flight, and their answers are taken in
+///   up to the shard's window limit of batches are in flight, and their answers are taken in
 ///   whatever order they come.
 ///
 /// With `PerShard`, a transport that puts its request on an ordered stream inside `send`, or
@@ -257,20 +257,23 @@ impl<R, T: Transport<Shard, Op>, Shard, Op, S> BatchDriverBuilder<R, T, Shard, O
 
     /// Sizes each shard's window from what its batches observe (off by default: every shard
     /// keeps the configured window). Each shard gets a [`Limiter`](crate::limiter::Limiter) of
-    /// `config` when its first batch leaves, and its window takes the limiter's initial limit;
-    /// each batch's end is then one sample (its round trip from the moment it left, and the
-    /// shard's batches in flight then), and every new limit becomes the shard's window limit
+    /// `config` before its first operation is batched, and its window takes the limiter's
+    /// initial limit; each batch's end is then one sample (its round trip from the moment it
+    /// left, and the shard's batches in flight then), and every new limit becomes the shard's
+    /// window limit
     /// ([`DispatchWindow::set_max_in_flight`](crate::DispatchWindow::set_max_in_flight): a
     /// larger one sends held-back batches at once, a smaller one revokes nothing).
     ///
     /// The outcome of a batch for its limiter ([`limiter::BatchEnd`](crate::limiter::BatchEnd)):
     /// answered (whatever each operation's result) is `Ok`; a whole-batch error from the
-    /// transport, and the operation timeout, are drops; a torn stream, a panic or an abandoned
-    /// send says nothing about load and is ignored. The rule lives in
+    /// transport is a drop, and so is the operation timeout if the batch spent at least half of
+    /// it in flight (else the deadline went on waiting for a credit); a torn stream, a panic or
+    /// an abandoned send says nothing about load and is ignored. The rule lives in
     /// [`limiter::PerShard`](crate::limiter::PerShard), which the simulator drives too.
     ///
     /// Memory: a shard keeps its stored key, its limiter (a few hundred bytes) and its window
-    /// entry for as long as the driver lives, once its first batch left.
+    /// entry for as long as the driver lives, once it was used: a driver for a fixed set of
+    /// shards stays bounded by it, one whose shard keys come and go grows with them.
     ///
     /// `Err` if `config` is invalid ([`LimiterConfig::validate`]).
     ///
@@ -290,7 +293,7 @@ impl<R, T: Transport<Shard, Op>, Shard, Op, S> BatchDriverBuilder<R, T, Shard, O
     ///     .with_limiter(aimd)
     ///     .unwrap()
     ///     .build();
-    /// assert_eq!(driver.capacity_of(&1), 4, "the configured window until shard 1 sends");
+    /// assert_eq!(driver.capacity_of(&1), 4, "the configured window until shard 1 is used");
     /// assert_eq!(rt.block_on(driver.submit(1, 5)).unwrap(), 5);
     /// // AIMD's initial 2, then one answered batch with 1 of 2 in flight: in use, + 1.
     /// assert_eq!(driver.capacity_of(&1), 3);
