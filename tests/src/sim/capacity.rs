@@ -12,7 +12,7 @@
 //! `workers / 4`, and at `2 × phase` they come back.
 //!
 //! Each client is the same window: fixed at a limit, or driven by a
-//! [`PerShard`](throttle_sansio::limiter::PerShard) limiter (the batch driver's wiring: an
+//! [`PerShard`] limiter (the batch driver's wiring: an
 //! answered batch is `Ok`, a dropped one is a drop). Per phase (`[0, phase)`,
 //! `[phase, 2·phase)`, `[2·phase, 3·phase)`, each without its first `settle`, which leaves out
 //! the start and the 2 s after each change) it reports the requests answered per second and
